@@ -1,0 +1,3 @@
+from fxtrack.cli import main
+
+main()

@@ -1,0 +1,149 @@
+"""The one architecture table: every framework reads its model sizes from here.
+
+Canonical sizes follow the papers and the public reference implementations whose trainable
+parameter counts DESIGN.md fixes:
+
+- ResNet-50 v1.5 (He et al. 2015, stride 2 on the 3x3 conv of each down-sampling bottleneck as in
+  torchvision): 25,557,032 parameters with 1000 classes.
+- BERT-base / BERT-large (Devlin et al. 2018) with the masked-LM head whose decoder is tied to the
+  word embeddings and no pooler (as Hugging Face's ``BertForMaskedLM``): 109,514,298 / 335,174,458.
+- ViT-B/16 and ViT-L/16 (Dosovitskiy et al. 2020, class token, learned position embeddings,
+  final LayerNorm, linear head, as timm's ``vit_*_patch16_224``): 86,567,656 / 304,326,632.
+
+Dropout is 0 everywhere: the benchmark measures the same deterministic function in every
+framework (parity tests copy weights across frameworks and compare outputs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# model name -> (family, canonical sizes, tiny overrides). ``size=tiny`` keeps widths and
+# shrinks depth and input: transformers get 2 layers and 32-pixel images or 16-token
+# sequences, ResNet-50 keeps its depth and gets 32-pixel images.
+_TABLE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
+    "resnet50": (
+        "resnet",
+        dict(image_size=224, num_classes=1000, stage_sizes=(3, 4, 6, 3), width=64),
+        dict(image_size=32),
+    ),
+    "bert": (
+        "bert",
+        dict(layers=12, hidden=768, heads=12, mlp_dim=3072, seq_len=128, vocab_size=30522,
+             max_position=512, type_vocab=2),
+        dict(layers=2, seq_len=16),
+    ),
+    "bert_large": (
+        "bert",
+        dict(layers=24, hidden=1024, heads=16, mlp_dim=4096, seq_len=128, vocab_size=30522,
+             max_position=512, type_vocab=2),
+        dict(layers=2, seq_len=16),
+    ),
+    "vit": (
+        "vit",
+        dict(image_size=224, patch=16, layers=12, hidden=768, heads=12, mlp_dim=3072,
+             num_classes=1000),
+        dict(layers=2, image_size=32),
+    ),
+    "vit_large": (
+        "vit",
+        dict(image_size=224, patch=16, layers=24, hidden=1024, heads=16, mlp_dim=4096,
+             num_classes=1000),
+        dict(layers=2, image_size=32),
+    ),
+}
+
+# Trainable parameters of the canonical models (DESIGN.md section 2); the correctness guard and
+# the parity tests compare every framework against these.
+PARAM_COUNTS = {
+    "resnet50": 25_557_032,
+    "bert": 109_514_298,
+    "vit": 86_567_656,
+    "vit_large": 304_326_632,
+    "bert_large": 335_174_458,
+}
+
+MODELS = tuple(_TABLE)
+SIZES = ("full", "tiny")
+
+# The keys a user may override per family (DESIGN.md section 2).
+USER_KEYS = {
+    "resnet": ("image_size", "num_classes"),
+    "vit": ("image_size", "num_classes", "patch", "layers", "hidden", "heads", "mlp_dim"),
+    "bert": ("layers", "hidden", "heads", "mlp_dim", "seq_len", "vocab_size"),
+}
+
+BERT_MASK_TOKEN = 103  # [MASK] in the uncased BERT vocabulary
+BERT_MASK_FRACTION = 0.15  # share of positions the MLM task predicts (Devlin et al.)
+
+
+@dataclasses.dataclass(frozen=True)
+class Arch:
+    """One resolved architecture: a model name, its family, and every size it needs."""
+
+    name: str
+    family: str  # "resnet" | "vit" | "bert"
+    dims: dict[str, Any]
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.__dict__["dims"][key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+    @property
+    def canonical(self) -> bool:
+        """True when every size equals the canonical one (the parameter table applies)."""
+        return dict(self.dims) == dict(_TABLE[self.name][1])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "family": self.family,
+                "dims": {k: list(v) if isinstance(v, tuple) else v for k, v in self.dims.items()}}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Arch":
+        dims = {k: tuple(v) if isinstance(v, list) else v for k, v in data["dims"].items()}
+        return cls(data["name"], data["family"], dims)
+
+
+def family(name: str) -> str:
+    return _TABLE[name][0]
+
+
+def size_default(name: str, size: str, key: str) -> Any:
+    """The table's value of ``key`` for model ``name`` at ``size`` (``full`` or ``tiny``)."""
+    if name not in _TABLE:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
+    _, full, tiny = _TABLE[name]
+    return tiny.get(key, full[key]) if size == "tiny" else full[key]
+
+
+def resolve(name: str, size: str = "full", **overrides: Any) -> Arch:
+    """The architecture of ``name`` at ``size``, with explicit overrides applied and checked."""
+    fam, full, _ = _TABLE[name]
+    dims = {key: size_default(name, size, key) for key in full}
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if key not in dims:
+            raise ValueError(f"model {name!r} has no size {key!r}")
+        dims[key] = value
+    _check(name, fam, dims)
+    return Arch(name, fam, dims)
+
+
+def _check(name: str, fam: str, d: dict[str, Any]) -> None:
+    for key, value in d.items():
+        if isinstance(value, int) and value <= 0:
+            raise ValueError(f"model.{key} must be positive, got {value}")
+    if fam in ("vit", "bert") and d["hidden"] % d["heads"]:
+        raise ValueError(f"model.hidden ({d['hidden']}) must be divisible by model.heads ({d['heads']})")
+    if fam == "vit" and d["image_size"] % d["patch"]:
+        raise ValueError(f"model.image_size ({d['image_size']}) must be divisible by model.patch ({d['patch']})")
+    if fam == "resnet" and d["image_size"] < 32:
+        raise ValueError(f"model.image_size must be at least 32 for {name} (it down-samples 32x)")
+    if fam == "bert" and d["seq_len"] > d["max_position"]:
+        raise ValueError(f"model.seq_len ({d['seq_len']}) exceeds the {d['max_position']} position embeddings")

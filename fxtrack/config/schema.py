@@ -1,0 +1,157 @@
+"""Dataclass schemas for ``conf/``: types come from here, values from the YAML files.
+
+Every group option's YAML file names its schema in its defaults list (``/schema/<group>/<name>``),
+so a typo, a wrong type or an unknown key fails while Hydra composes the config, before any
+work starts. Value checks (``batch_size=0``) run in ``__post_init__`` when the orchestrator turns
+the composed config into objects with ``OmegaConf.to_object``.
+
+Model sizes default to the one architecture table (``fxtrack.architectures``) through the
+``fx.arch`` resolver, at the chosen ``size``; an explicit override (``model.layers=2``) wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, II, OmegaConf
+
+from fxtrack import architectures
+
+
+def _arch(key: str) -> Any:
+    return dataclasses.field(default=II(f"fx.arch:{key}"))
+
+
+def _arch_resolver(key: str, *, _root_: Any) -> Any:
+    value = architectures.size_default(_root_.model.name, _root_.size.name, key)
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _positive(owner: str, **values: Any) -> None:
+    for key, value in values.items():
+        if value is not None and value <= 0:
+            raise ValueError(f"{owner}{key} must be a positive number, got {value}")
+
+
+@dataclasses.dataclass
+class FrameworkConfig:
+    name: str = MISSING
+    backend: str = MISSING  # "module.Class" of the worker-side Backend
+    extra: str = MISSING  # the pip extra that installs this framework
+    compile: bool = True  # torch.compile / tf.function(jit_compile=True) / always jit in JAX
+    python: Optional[str] = None  # interpreter for this framework's worker; None: the current one
+
+
+@dataclasses.dataclass
+class ResNetConfig:
+    name: str = MISSING
+    image_size: int = _arch("image_size")  # pixels, square
+    num_classes: int = _arch("num_classes")
+
+    def __post_init__(self) -> None:
+        _positive("model.", image_size=self.image_size, num_classes=self.num_classes)
+
+
+@dataclasses.dataclass
+class ViTConfig(ResNetConfig):
+    patch: int = _arch("patch")  # pixels, square
+    layers: int = _arch("layers")
+    hidden: int = _arch("hidden")
+    heads: int = _arch("heads")
+    mlp_dim: int = _arch("mlp_dim")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("model.", patch=self.patch, layers=self.layers, hidden=self.hidden,
+                  heads=self.heads, mlp_dim=self.mlp_dim)
+
+
+@dataclasses.dataclass
+class BertConfig:
+    name: str = MISSING
+    layers: int = _arch("layers")
+    hidden: int = _arch("hidden")
+    heads: int = _arch("heads")
+    mlp_dim: int = _arch("mlp_dim")
+    seq_len: int = _arch("seq_len")  # tokens per sequence
+    vocab_size: int = _arch("vocab_size")
+
+    def __post_init__(self) -> None:
+        _positive("model.", **dataclasses.asdict(self) | {"name": None})
+
+
+@dataclasses.dataclass
+class PrecisionConfig:
+    name: str = MISSING  # fp32 | bf16 | fp16
+
+
+@dataclasses.dataclass
+class ScenarioConfig:
+    name: str = MISSING
+    runner: Optional[str] = None  # "module.function" run in the worker; None: not implemented yet
+
+
+@dataclasses.dataclass
+class HardwareConfig:
+    name: str = MISSING  # auto | cpu | gpu
+    nodes: int = 1
+    node_rank: int = 0
+    coordinator: Optional[str] = None  # host:port of node 0 for multi-node runs
+
+
+@dataclasses.dataclass
+class SizeConfig:
+    name: str = MISSING  # full | tiny
+
+
+@dataclasses.dataclass
+class TrackingConfig:
+    experiment: str = "fxtrack"
+    # None: $MLFLOW_TRACKING_URI, else sqlite:///<launch directory>/mlflow.db
+    uri: Optional[str] = None
+
+
+@dataclasses.dataclass
+class FxtrackConfig:
+    framework: FrameworkConfig = MISSING
+    model: Any = MISSING
+    precision: PrecisionConfig = MISSING
+    scenario: ScenarioConfig = MISSING
+    hardware: HardwareConfig = MISSING
+    size: SizeConfig = MISSING
+    batch_size: Optional[int] = None  # per device; None: the hardware's default for the model
+    devices: int = 1  # data-parallel device count
+    steps: Optional[int] = None  # timed steps; None: the hardware's default
+    warmup_steps: Optional[int] = None  # untimed steps, the first one is compile_time_s
+    seed: int = 0
+    timeout_s: float = 7200.0  # a worker running longer is stopped and its run marked FAILED
+    verbose: bool = False  # let frameworks print their own log spam
+    tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
+
+    def __post_init__(self) -> None:
+        _positive("", batch_size=self.batch_size, devices=self.devices, steps=self.steps,
+                  warmup_steps=self.warmup_steps, timeout_s=self.timeout_s)
+
+
+_GROUP_SCHEMAS = {
+    "framework": FrameworkConfig,
+    "precision": PrecisionConfig,
+    "scenario": ScenarioConfig,
+    "hardware": HardwareConfig,
+    "size": SizeConfig,
+}
+_MODEL_SCHEMAS = {"resnet": ResNetConfig, "vit": ViTConfig, "bert": BertConfig}
+
+
+def register() -> None:
+    """Register the schemas in Hydra's ConfigStore and the ``fx.arch`` resolver (idempotent)."""
+    if not OmegaConf.has_resolver("fx.arch"):
+        OmegaConf.register_new_resolver("fx.arch", _arch_resolver)
+    cs = ConfigStore.instance()
+    cs.store(name="fxtrack_schema", node=FxtrackConfig)
+    for group, schema in _GROUP_SCHEMAS.items():
+        cs.store(group=f"schema/{group}", name="base", node=schema)
+    for fam, schema in _MODEL_SCHEMAS.items():
+        cs.store(group="schema/model", name=fam, node=schema)

@@ -1,0 +1,62 @@
+"""The small contract between a scenario and a framework (no framework imported here)."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, Optional
+
+from fxtrack.architectures import Arch
+from fxtrack.job import JobSpec
+
+# Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
+# nothing L2 weight decay for ResNet-50 (Goyal et al. 2017), AdamW for the transformers.
+SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)
+ADAMW = dict(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
+LAYER_NORM_EPS = {"vit": 1e-6, "bert": 1e-12}
+BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-5, 0.1  # torch convention: new = 0.9 old + 0.1 batch
+
+
+class Backend(abc.ABC):
+    """One framework, set up for one job. The worker calls, in order: ``device_kind``,
+    ``build``, then ``train_step`` (or another scenario's hooks) many times."""
+
+    name: ClassVar[str]
+
+    def __init__(self, spec: JobSpec) -> None:
+        self.spec = spec
+        self.arch = Arch.from_json(spec.arch)
+
+    @abc.abstractmethod
+    def version(self) -> str:
+        """The framework's version string."""
+
+    @abc.abstractmethod
+    def device_kind(self) -> str:
+        """``"gpu"`` or ``"cpu"``: what ``spec.hardware`` resolved to; raises if ``gpu`` is
+        asked for and the framework sees none."""
+
+    def device_tags(self) -> dict[str, str]:
+        """Facts about the device this framework runs on (name, CUDA/cuDNN versions, ...)."""
+        return {}
+
+    @abc.abstractmethod
+    def build(self, batch_size: int) -> None:
+        """Build model and optimiser from ``spec.seed`` and put one synthetic batch
+        (``fxtrack.synthetic.make_batch``) on the device."""
+
+    @abc.abstractmethod
+    def param_count(self) -> int:
+        """Trainable parameters of the built model."""
+
+    @abc.abstractmethod
+    def train_step(self) -> Any:
+        """One optimiser step on the resident batch; returns only when the device has finished,
+        with a handle to the loss that ``loss_value`` reads later (outside the timed window)."""
+
+    @abc.abstractmethod
+    def loss_value(self, handle: Any) -> float:
+        """The loss behind a handle from ``train_step``, as a Python float."""
+
+    def peak_memory_bytes(self) -> Optional[int]:
+        """The framework's own peak device memory, or None where it has no such counter (CPU)."""
+        return None

@@ -1,0 +1,1 @@
+"""PyTorch: ``nn.Module`` models, SDPA attention, autocast, ``torch.compile``."""

@@ -1,0 +1,53 @@
+"""The PyTorch Backend: wires models, data, devices and the training step together."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Optional
+
+import torch
+
+from fxtrack.frameworks.base import Backend
+from fxtrack.frameworks.torch import data, devices, models, train
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def device_kind(self) -> str:
+        self.device = devices.select(self.spec.hardware)
+        return "gpu" if self.device.type == "cuda" else "cpu"
+
+    def device_tags(self) -> dict[str, str]:
+        return devices.tags(self.device)
+
+    def build(self, batch_size: int) -> None:
+        torch.manual_seed(self.spec.seed)
+        # Channels-last lets cuDNN / oneDNN use their NHWC convolution kernels.
+        channels_last = self.arch.family == "resnet"
+        model = models.build(self.arch).to(self.device)
+        if channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        model.train()
+        self.model = model
+        self.opt = train.optimizer(model, self.arch, self.device)
+        self.batch = data.device_batch(self.arch, batch_size, self.spec.seed, self.device,
+                                       channels_last)
+        runnable = torch.compile(model) if self.spec.compile else model
+        self._step = train.make_step(runnable, self.opt, self.batch, self.spec.precision,
+                                     self.device, functools.partial(devices.sync, self.device))
+
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+
+    def train_step(self) -> torch.Tensor:
+        return self._step()
+
+    def loss_value(self, handle: Any) -> float:
+        return float(handle)
+
+    def peak_memory_bytes(self) -> Optional[int]:
+        return devices.peak_memory_bytes(self.device)

@@ -1,0 +1,173 @@
+"""ResNet-50 v1.5, ViT and BERT (masked-LM) as PyTorch ``nn.Module``s, sized by ``Arch``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxtrack.architectures import Arch
+from fxtrack.frameworks.base import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS
+
+
+# ----------------------------------------------------------------------------- ResNet-50 v1.5
+class Bottleneck(nn.Module):
+    """1x1 reduce, 3x3 (carries the stride: the "v1.5" change), 1x1 expand x4, residual."""
+
+    expansion = 4
+
+    def __init__(self, in_ch: int, width: int, stride: int) -> None:
+        super().__init__()
+        out_ch = width * self.expansion
+        self.conv1 = nn.Conv2d(in_ch, width, 1, bias=False)
+        self.bn1 = _bn(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = _bn(width)
+        self.conv3 = nn.Conv2d(width, out_ch, 1, bias=False)
+        self.bn3 = _bn(out_ch)
+        self.downsample = None
+        if stride != 1 or in_ch != out_ch:
+            self.downsample = nn.Sequential(nn.Conv2d(in_ch, out_ch, 1, stride=stride, bias=False),
+                                            _bn(out_ch))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        y = F.relu(self.bn1(self.conv1(x)))
+        y = F.relu(self.bn2(self.conv2(y)))
+        return F.relu(self.bn3(self.conv3(y)) + identity)
+
+
+def _bn(ch: int) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(ch, eps=BATCH_NORM_EPS, momentum=BATCH_NORM_MOMENTUM)
+
+
+class ResNet(nn.Module):
+    def __init__(self, arch: Arch) -> None:
+        super().__init__()
+        w = arch.width
+        self.conv1 = nn.Conv2d(3, w, 7, stride=2, padding=3, bias=False)
+        self.bn1 = _bn(w)
+        stages, in_ch = [], w
+        for i, blocks in enumerate(arch.stage_sizes):
+            width = w * 2**i
+            for b in range(blocks):
+                stages.append(Bottleneck(in_ch, width, stride=2 if b == 0 and i > 0 else 1))
+                in_ch = width * Bottleneck.expansion
+        self.blocks = nn.Sequential(*stages)
+        self.fc = nn.Linear(in_ch, arch.num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(x, 3, stride=2, padding=1)
+        x = self.blocks(x)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+# ----------------------------------------------------------------------------- transformers
+class SelfAttention(nn.Module):
+    """Multi-head self-attention through SDPA (flash / memory-efficient kernels where present)."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v)  # (B, heads, T, head_dim)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class Mlp(nn.Sequential):
+    def __init__(self, hidden: int, mlp_dim: int) -> None:
+        super().__init__(nn.Linear(hidden, mlp_dim), nn.GELU(), nn.Linear(mlp_dim, hidden))
+
+
+class Block(nn.Module):
+    """A transformer encoder block: pre-LN (ViT) or post-LN (BERT)."""
+
+    def __init__(self, hidden: int, heads: int, mlp_dim: int, eps: float, pre_norm: bool) -> None:
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.norm1 = nn.LayerNorm(hidden, eps=eps)
+        self.attn = SelfAttention(hidden, heads)
+        self.norm2 = nn.LayerNorm(hidden, eps=eps)
+        self.mlp = Mlp(hidden, mlp_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pre_norm:
+            x = x + self.attn(self.norm1(x))
+            return x + self.mlp(self.norm2(x))
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.mlp(x))
+
+
+def _blocks(arch: Arch, pre_norm: bool) -> nn.ModuleList:
+    eps = LAYER_NORM_EPS[arch.family]
+    return nn.ModuleList(Block(arch.hidden, arch.heads, arch.mlp_dim, eps, pre_norm)
+                         for _ in range(arch.layers))
+
+
+def _init_transformer(module: nn.Module) -> None:
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
+class ViT(nn.Module):
+    def __init__(self, arch: Arch) -> None:
+        super().__init__()
+        h = arch.hidden
+        tokens = (arch.image_size // arch.patch) ** 2 + 1  # patches + class token
+        self.patch_embed = nn.Conv2d(3, h, arch.patch, stride=arch.patch)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, h))
+        self.pos_embed = nn.Parameter(torch.randn(1, tokens, h) * 0.02)
+        self.blocks = _blocks(arch, pre_norm=True)
+        self.norm = nn.LayerNorm(h, eps=LAYER_NORM_EPS["vit"])
+        self.head = nn.Linear(h, arch.num_classes)
+        _init_transformer(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (B, 3, H, W) -> (B, classes)
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)  # (B, patches, hidden)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x[:, 0]))
+
+
+class Bert(nn.Module):
+    """BERT encoder with the masked-LM head; the decoder reuses the word-embedding matrix."""
+
+    def __init__(self, arch: Arch) -> None:
+        super().__init__()
+        h, eps = arch.hidden, LAYER_NORM_EPS["bert"]
+        self.word_embeddings = nn.Embedding(arch.vocab_size, h)
+        self.position_embeddings = nn.Embedding(arch.max_position, h)
+        self.token_type_embeddings = nn.Embedding(arch.type_vocab, h)
+        self.embed_norm = nn.LayerNorm(h, eps=eps)
+        self.blocks = _blocks(arch, pre_norm=False)
+        self.mlm_dense = nn.Linear(h, h)
+        self.mlm_norm = nn.LayerNorm(h, eps=eps)
+        self.mlm_bias = nn.Parameter(torch.zeros(arch.vocab_size))
+        _init_transformer(self)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # (B, T) -> (B, T, vocab)
+        t = ids.shape[1]
+        x = (self.word_embeddings(ids) + self.position_embeddings.weight[:t]
+             + self.token_type_embeddings.weight[0])  # a single segment: token type 0
+        x = self.embed_norm(x)
+        for block in self.blocks:
+            x = block(x)
+        x = self.mlm_norm(F.gelu(self.mlm_dense(x)))
+        return F.linear(x, self.word_embeddings.weight, self.mlm_bias)  # tied decoder
+
+
+def build(arch: Arch) -> nn.Module:
+    return {"resnet": ResNet, "vit": ViT, "bert": Bert}[arch.family](arch)

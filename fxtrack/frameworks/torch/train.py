@@ -1,0 +1,58 @@
+"""Optimiser, loss and the training step for PyTorch (autocast, GradScaler, fused optimisers)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxtrack.architectures import Arch
+from fxtrack.frameworks.base import ADAMW, SGD
+
+AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def optimizer(model: nn.Module, arch: Arch, device: torch.device) -> torch.optim.Optimizer:
+    """SGD+momentum for ResNet-50, AdamW for transformers; the fused kernels where they exist."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if arch.family == "resnet":
+        make = lambda **kw: torch.optim.SGD(params, **SGD, **kw)  # noqa: E731
+    else:
+        make = lambda **kw: torch.optim.AdamW(  # noqa: E731
+            params, lr=ADAMW["lr"], betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
+            weight_decay=ADAMW["weight_decay"], **kw)
+    try:
+        return make(fused=True)
+    except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device/optimiser
+        return make()
+
+
+def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    if "images" in batch:
+        return F.cross_entropy(model(batch["images"]).float(), batch["labels"])
+    logits = model(batch["input_ids"]).float()  # (B, T, vocab)
+    ce = F.cross_entropy(logits.flatten(0, 1), batch["mlm_labels"].flatten(), reduction="none")
+    w = batch["mlm_weights"].flatten()
+    return (ce * w).sum() / w.sum()
+
+
+def make_step(model: nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
+              precision: str, device: torch.device,
+              sync: Callable[[], None]) -> Callable[[], torch.Tensor]:
+    """One training step: forward under autocast, (scaled) backward, optimiser step, sync."""
+    amp = AMP_DTYPES[precision]
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+    def step() -> torch.Tensor:
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_fn(model, batch)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        sync()
+        return loss.detach()
+
+    return step

@@ -1,0 +1,57 @@
+"""What crosses the process boundary: the JobSpec the orchestrator writes and the Result the
+worker writes back, both plain JSON so that the worker needs neither Hydra nor MLflow."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+
+@dataclasses.dataclass
+class JobSpec:
+    result_id: str  # unique per run; becomes the fxtrack.result_id tag
+    framework: str
+    backend: str  # "module.Class" of the Backend the worker runs
+    extra: str  # pip extra that installs the framework, for error messages
+    scenario: str
+    runner: str  # "module.function" of the scenario
+    arch: dict[str, Any]  # fxtrack.architectures.Arch.to_json()
+    precision: str  # fp32 | bf16 | fp16
+    hardware: str  # auto | cpu | gpu
+    devices: int
+    compile: bool
+    seed: int
+    batch_size: Optional[int]  # None: the device's default (fxtrack.defaults)
+    steps: Optional[int]
+    warmup_steps: Optional[int]
+    result_path: str
+    verbose: bool = False
+    progress: bool = True
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> "JobSpec":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+@dataclasses.dataclass
+class Result:
+    result_id: str
+    status: str = "FAILED"  # FINISHED | FAILED (the MLflow run status)
+    error: Optional[str] = None  # one line, for the fxtrack.error tag
+    guard: str = "ok"  # "ok" or why the correctness guard failed
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # keys carry their units
+    series: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per-step values
+    tags: dict[str, str] = dataclasses.field(default_factory=dict)
+    resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # defaults the worker chose
+
+    def dump(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> "Result":
+        return cls(**json.loads(Path(path).read_text()))

@@ -1,0 +1,1 @@
+"""Measurement shared by every framework: the one step timer, statistics, process memory."""

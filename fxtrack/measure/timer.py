@@ -1,0 +1,78 @@
+"""The one step timer every framework's run goes through (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any, Callable
+
+from fxtrack.measure.progress import progress
+
+
+@dataclasses.dataclass
+class StepTimes:
+    compile_time_s: float  # the first step: tracing, compilation, autotuning
+    step_times_s: list[float]  # each timed step, each ended by the backend's explicit sync
+    window_s: float  # wall time of the whole timed window
+    loss_handles: list[Any]  # one per step (warm-up included), read only after the window
+
+
+def time_steps(step: Callable[[], Any], warmup_steps: int, steps: int, show: bool = True,
+               label: str = "") -> StepTimes:
+    """Run ``warmup_steps`` untimed steps (the first is compile_time_s), then ``steps`` timed ones.
+
+    ``step`` runs one step on device-resident data and returns only once the device is done
+    (torch.cuda.synchronize / block_until_ready / fetching the loss), handing back a loss handle
+    that is converted to a number only after the timed window.
+    """
+    handles: list[Any] = []
+    bar = progress(total=warmup_steps + steps, desc=f"{label} warm-up", enabled=show)
+    t0 = time.perf_counter()
+    handles.append(step())
+    compile_time_s = time.perf_counter() - t0
+    bar.update(1)
+    for _ in range(warmup_steps - 1):
+        handles.append(step())
+        bar.update(1)
+    bar.set_description(f"{label} timed")
+    times: list[float] = []
+    window_start = time.perf_counter()
+    for _ in range(steps):
+        t = time.perf_counter()
+        handles.append(step())
+        times.append(time.perf_counter() - t)
+        bar.update(1)
+    window_s = time.perf_counter() - window_start
+    bar.close()
+    return StepTimes(compile_time_s, times, window_s, handles)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method), without numpy."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def step_metrics(times: StepTimes, global_batch: int) -> dict[str, float]:
+    """Throughput and step-time statistics in the metric keys of DESIGN.md section 5."""
+    ms = [t * 1e3 for t in times.step_times_s]
+    mean = sum(ms) / len(ms)
+    std = (sum((x - mean) ** 2 for x in ms) / len(ms)) ** 0.5
+    return {
+        "throughput_samples_per_s": global_batch * len(ms) / times.window_s,
+        "step_time_ms_p50": percentile(ms, 50),
+        "step_time_ms_p90": percentile(ms, 90),
+        "step_time_ms_p99": percentile(ms, 99),
+        "step_time_ms_mean": mean,
+        "step_time_ms_std": std,
+        "step_time_cv": std / mean if mean else 0.0,
+        "compile_time_s": times.compile_time_s,
+    }
+
+
+def eprint(*args: Any) -> None:
+    print(*args, file=sys.stderr, flush=True)

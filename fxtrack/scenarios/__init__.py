@@ -1,0 +1,1 @@
+"""Scenarios: what is run and measured (train, inference, ...), framework-neutral."""

@@ -1,0 +1,43 @@
+"""Synthetic, learnable batches from one seed, as NumPy arrays every framework copies to its device.
+
+The same seed gives the same bytes in every framework, so parity tests can compare losses.
+Images are a per-class prototype plus noise (the class is learnable from the pixels); BERT
+sequences are arithmetic progressions of token ids with 15% of positions replaced by [MASK]
+(a masked token is predictable from its neighbours). Layout is NHWC; PyTorch permutes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN, Arch
+
+_FIRST_ORDINARY_TOKEN = 1000  # ids below are [PAD], [CLS], [MASK], unused... in BERT's vocabulary
+
+
+def make_batch(arch: Arch, batch_size: int, seed: int) -> dict[str, Any]:
+    """One batch: ``images`` (B, H, W, 3) float32 + ``labels`` (B,) int32 for vision models;
+    ``input_ids`` (B, T) int32, ``mlm_labels`` (B, T) int32 and ``mlm_weights`` (B, T) float32
+    (1 where the loss applies) for BERT."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    if arch.family == "bert":
+        t, v = arch.seq_len, arch.vocab_size
+        lo = min(_FIRST_ORDINARY_TOKEN, v // 2)
+        start = rng.integers(lo, v, size=(batch_size, 1))
+        stride = rng.integers(1, 8, size=(batch_size, 1))
+        tokens = lo + (start - lo + stride * np.arange(t)) % (v - lo)
+        masked = rng.random((batch_size, t)) < BERT_MASK_FRACTION
+        masked[:, 0] = True  # at least one predicted position per sequence
+        mask_token = BERT_MASK_TOKEN if BERT_MASK_TOKEN < v else 0
+        return {
+            "input_ids": np.where(masked, mask_token, tokens).astype(np.int32),
+            "mlm_labels": tokens.astype(np.int32),
+            "mlm_weights": masked.astype(np.float32),
+        }
+    s, c = arch.image_size, arch.num_classes
+    labels = rng.integers(0, c, size=batch_size)
+    prototypes = rng.standard_normal((c, 1, 1, 3)).astype(np.float32)
+    noise = rng.standard_normal((batch_size, s, s, 3)).astype(np.float32)
+    return {"images": prototypes[labels] + noise, "labels": labels.astype(np.int32)}

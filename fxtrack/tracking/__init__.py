@@ -1,0 +1,1 @@
+"""Everything that talks to MLflow lives here (and only here imports ``mlflow``)."""

@@ -1,0 +1,89 @@
+"""Build the records the writer logs: params, tags, metrics, artifacts of a run (no mlflow here)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Optional
+
+from fxtrack.environment import SECRET_NAME, environment_snapshot, host_tags, redact_uri
+from fxtrack.job import JobSpec, Result
+
+# Worker-reported device facts -> tag names.
+_DEVICE_TAGS = {"device": "fxtrack.device", "cuda": "fxtrack.cuda", "cudnn": "fxtrack.cudnn",
+                "framework_version": "fxtrack.framework_version", "python": "fxtrack.worker_python"}
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"layers": 2}}`` -> ``{"model.layers": 2}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def params_from(config: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
+    """Flattened config params, with the defaults the worker chose filled in and secrets removed."""
+    params = flatten(config)
+    for key in ("batch_size", "steps", "warmup_steps"):
+        if params.get(key) is None and key in resolved:
+            params[key] = resolved[key]
+    for key, value in list(params.items()):
+        if isinstance(value, str) and "://" in value:
+            params[key] = redact_uri(value)
+        if SECRET_NAME.search(key.rsplit(".", 1)[-1]):
+            params[key] = "***"
+    return params
+
+
+def run_name(spec: JobSpec) -> str:
+    return f"{spec.framework}-{spec.arch['name']}-{spec.scenario}-{spec.precision}-x{spec.devices}"
+
+
+def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
+               parent_result_id: Optional[str], start_time_ms: int) -> dict[str, Any]:
+    tags = dict(host_tags())
+    tags.update({_DEVICE_TAGS.get(k, f"fxtrack.{k}"): v for k, v in result.tags.items()})
+    tags.update({
+        "fxtrack.framework": spec.framework,
+        "fxtrack.model": spec.arch["name"],
+        "fxtrack.scenario": spec.scenario,
+        "fxtrack.precision": spec.precision,
+        "fxtrack.hardware": result.resolved.get("device_kind", spec.hardware),
+        "fxtrack.devices": str(spec.devices),
+        "fxtrack.status": _status(result),
+    })
+    if result.error:
+        tags["fxtrack.error"] = result.error
+    if result.guard != "ok":
+        tags["fxtrack.guard"] = result.guard
+    return {
+        "kind": "job", "result_id": spec.result_id, "uri": uri, "experiment": experiment,
+        "run_name": run_name(spec), "parent_result_id": parent_result_id,
+        "start_time_ms": start_time_ms, "status": result.status,
+        "params": params_from(config, result.resolved), "tags": tags,
+        "metrics": result.metrics, "series": result.series,
+    }
+
+
+def _status(result: Result) -> str:
+    if result.status != "FINISHED":
+        return "failed"
+    return "ok" if result.guard == "ok" else "guard_failed"
+
+
+def sweep_record(result_id: str, uri: str, experiment: str, name: str, overrides: list[str],
+                 status: str = "RUNNING") -> dict[str, Any]:
+    tags = dict(host_tags(), **{"fxtrack.sweep": " ".join(overrides)})
+    return {"kind": "sweep", "result_id": result_id, "uri": uri, "experiment": experiment,
+            "run_name": name, "parent_result_id": None, "status": status,
+            "start_time_ms": int(time.time() * 1000), "params": {}, "tags": tags, "metrics": {},
+            "series": {}}
+
+
+def environment_json() -> str:
+    return json.dumps(environment_snapshot(), indent=1)

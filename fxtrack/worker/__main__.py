@@ -1,0 +1,74 @@
+"""Run one job: read the JobSpec, prepare the environment, run the scenario, write the Result."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import platform
+import sys
+import traceback
+from pathlib import Path
+
+import fxtrack
+from fxtrack.job import JobSpec, Result
+from fxtrack.measure.memory import peak_rss_mib
+
+
+def load(path: str):
+    """Import ``"package.module.Name"`` and return ``Name``."""
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def prepare_environment(spec: JobSpec) -> None:
+    """Environment every framework reads when it initialises, so set before any import."""
+    env = os.environ
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # NVML and the framework name the same GPU
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX: peak memory, not the pool
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # TF: likewise
+    if not spec.verbose:
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env.setdefault("GRPC_VERBOSITY", "ERROR")
+    if spec.hardware == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        env["JAX_PLATFORMS"] = "cpu"
+
+
+def run(spec: JobSpec) -> Result:
+    result = Result(result_id=spec.result_id)
+    result.tags.update({"python": platform.python_version(), "fxtrack_version": fxtrack.__version__})
+    try:
+        backend_cls = load(spec.backend)
+    except ImportError as e:
+        missing = getattr(e, "name", None) or str(e)
+        result.error = (f"{spec.framework} is not installed for {sys.executable} ({missing} missing): "
+                        f"pip install 'fxtrack[{spec.extra}]'")
+        return result
+    try:
+        backend = backend_cls(spec)
+        result.tags["framework_version"] = backend.version()
+        load(spec.runner)(backend, result)
+        result.tags.update(backend.device_tags())
+        result.status = "FINISHED"
+    except Exception as e:  # the orchestrator turns this into a FAILED run with the traceback
+        traceback.print_exc()
+        result.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+    result.metrics.setdefault("peak_rss_mib", peak_rss_mib())
+    return result
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m fxtrack.worker SPEC.json", file=sys.stderr)
+        return 2
+    spec = JobSpec.load(Path(argv[0]))
+    prepare_environment(spec)
+    result = run(spec)
+    result.dump(Path(spec.result_path))
+    if result.error:
+        print(f"[fxtrack] job failed: {result.error}", file=sys.stderr)
+    return 0 if result.status == "FINISHED" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
