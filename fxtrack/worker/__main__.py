@@ -9,7 +9,6 @@ import sys
 import traceback
 from pathlib import Path
 
-import fxtrack
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.memory import peak_rss_mib
 
@@ -36,7 +35,7 @@ def prepare_environment(spec: JobSpec) -> None:
 
 def run(spec: JobSpec) -> Result:
     result = Result(result_id=spec.result_id)
-    result.tags.update({"python": platform.python_version(), "fxtrack_version": fxtrack.__version__})
+    result.tags["python"] = platform.python_version()
     try:
         backend_cls = load(spec.backend)
     except ImportError as e:

@@ -1,0 +1,105 @@
+"""End to end through the real CLI into a temporary MLflow store: one run, a sweep with a parent,
+and failures (timeout, missing interpreter) that become FAILED runs while the sweep goes on."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+torch = pytest.importorskip("torch")
+
+from fxtrack import architectures  # noqa: E402
+from fxtrack.frameworks.torch import models  # noqa: E402
+
+TINY_VIT = ["framework=torch", "model=vit", "model.layers=2", "model.image_size=32",
+            "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]
+METRICS = ["throughput_samples_per_s", "step_time_ms_p50", "step_time_ms_p90", "step_time_ms_p99",
+           "step_time_ms_mean", "step_time_ms_std", "step_time_cv", "compile_time_s",
+           "peak_rss_mib", "param_count", "loss_first", "loss_last"]
+HOST_TAGS = ["fxtrack.framework", "fxtrack.framework_version", "fxtrack.model", "fxtrack.scenario",
+             "fxtrack.status", "fxtrack.result_id", "fxtrack.device", "fxtrack.cpu",
+             "fxtrack.host", "fxtrack.python", "fxtrack.version"]
+
+
+def fxtrack(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["FXTRACK_HOME"] = str(cwd / "home")
+    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def runs(cwd: Path) -> list:
+    """Every run of the ``fxtrack`` experiment in ``cwd/mlflow.db``, oldest first."""
+    client = mlflow.MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("fxtrack")
+    return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def test_single_run_lands_in_the_embedded_default_store(tmp_path):
+    proc = fxtrack(tmp_path, *TINY_VIT)
+    assert proc.returncode == 0, proc.stderr
+    assert "torch-vit-train-fp32-x1:" in proc.stderr and "samples/s" in proc.stderr
+    (run,) = runs(tmp_path)
+    assert run.info.run_name == "torch-vit-train-fp32-x1"
+    assert run.info.status == "FINISHED"
+    for key in METRICS:
+        assert key in run.data.metrics, key
+    with torch.device("meta"):
+        expected = models.build(architectures.resolve("vit", layers=2, image_size=32))
+    assert run.data.metrics["param_count"] == sum(p.numel() for p in expected.parameters())
+    assert "peak_mem_device_mib" not in run.data.metrics  # no device counter on a CPU: absent
+    for key in HOST_TAGS:
+        assert run.data.tags.get(key), key
+    assert run.data.tags["fxtrack.framework"] == "torch"
+    assert run.data.tags["fxtrack.status"] == "ok"
+    p = run.data.params
+    assert (p["model.layers"], p["model.image_size"], p["batch_size"], p["steps"]) == ("2", "32", "2", "3")
+    assert p["framework.name"] == "torch" and p["precision.name"] == "fp32"
+    assert not any(k.startswith("hydra") for k in p)
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {
+        "config.yaml", "result.json", "environment.json", "worker.log"}
+    assert len(client.get_metric_history(run.info.run_id, "step_time_ms")) == 3
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == 4  # warm-up + timed
+    assert not any((tmp_path / "home" / "spool").iterdir())  # delivered, so no longer spooled
+
+
+def test_multirun_is_one_parent_with_linked_children(tmp_path):
+    proc = fxtrack(tmp_path, "-m", *TINY_VIT[1:], "framework=torch", "seed=0,1")
+    assert proc.returncode == 0, proc.stderr
+    all_runs = runs(tmp_path)
+    parents = [r for r in all_runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in all_runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    assert parents[0].info.status == "FINISHED"
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
+    assert sorted(c.data.params["seed"] for c in children) == ["0", "1"]
+    assert "job 2/2" in proc.stderr and "torch-vit-train-fp32-x1" in proc.stderr
+
+
+def test_timeout_and_missing_interpreter_fail_while_the_sweep_goes_on(tmp_path):
+    proc = fxtrack(tmp_path, "-m", *TINY_VIT,
+                   "timeout_s=0.5,600", "framework.python=null,/nonexistent/python")
+    assert proc.returncode == 1, proc.stderr
+    children = [r for r in runs(tmp_path) if "mlflow.parentRunId" in r.data.tags]
+    assert len(children) == 4
+    by = {(c.data.params["timeout_s"], c.data.params["framework.python"]): c for c in children}
+    ok = by[("600.0", "None")]
+    assert ok.info.status == "FINISHED" and ok.data.tags["fxtrack.status"] == "ok"
+    timed_out = by[("0.5", "None")]
+    assert timed_out.info.status == "FAILED"
+    assert "timed out after timeout_s=0.5" in timed_out.data.tags["fxtrack.error"]
+    assert timed_out.data.tags["fxtrack.status"] == "failed"
+    missing = by[("600.0", "/nonexistent/python")]
+    assert missing.info.status == "FAILED"
+    assert "framework.python=/nonexistent/python" in missing.data.tags["fxtrack.error"]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert "worker.log" in {a.path for a in client.list_artifacts(timed_out.info.run_id)}
+    parent = [r for r in runs(tmp_path) if "mlflow.parentRunId" not in r.data.tags][0]
+    assert parent.info.status == "FAILED"
+    assert "jobs failed" in proc.stderr

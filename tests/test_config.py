@@ -1,0 +1,108 @@
+"""The Hydra configuration: composition with compose(), the size table, and bad input failing
+fast with a clear message (through the real CLI, which stops before any work)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from fxtrack import architectures
+from fxtrack.cli import CONF_DIR
+from fxtrack.config import register
+from fxtrack.orchestrator.app import ConfigError, validate
+
+
+def composed(*overrides: str):
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_defaults_compose_to_the_canonical_vit_in_torch():
+    cfg = OmegaConf.to_container(composed(), resolve=True)
+    assert cfg["framework"] == {"name": "torch", "backend": "fxtrack.frameworks.torch.backend.TorchBackend",
+                                "extra": "torch", "compile": True, "python": None}
+    assert cfg["model"] == {"name": "vit", "image_size": 224, "num_classes": 1000, "patch": 16,
+                            "layers": 12, "hidden": 768, "heads": 12, "mlp_dim": 3072}
+    assert {k: cfg[k]["name"] for k in ("precision", "scenario", "hardware", "size")} == {
+        "precision": "fp32", "scenario": "train", "hardware": "auto", "size": "full"}
+    assert cfg["batch_size"] is None and cfg["devices"] == 1 and cfg["seed"] == 0
+    assert cfg["tracking"] == {"experiment": "fxtrack", "uri": None}
+
+
+@pytest.mark.parametrize("model", architectures.MODELS)
+def test_size_tiny_shrinks_every_model_from_the_table(model):
+    cfg = composed(f"model={model}", "size=tiny")
+    conf, arch = validate(cfg)
+    assert arch == architectures.resolve(model, "tiny")
+    if arch.family == "resnet":
+        assert arch.image_size == 32 and arch.stage_sizes == (3, 4, 6, 3)
+    else:
+        assert arch.layers == 2
+        assert arch.image_size == 32 if arch.family == "vit" else arch.seq_len == 16
+    assert not arch.canonical
+
+
+def test_explicit_model_keys_override_the_table_and_size():
+    conf, arch = validate(composed("model=bert", "size=tiny", "model.layers=3", "model.hidden=128",
+                                   "model.heads=2"))
+    assert (arch.layers, arch.hidden, arch.heads, arch.seq_len) == (3, 128, 2, 16)
+    assert arch.mlp_dim == 3072  # untouched keys still come from the table
+
+
+def test_canonical_models_are_recognised_as_canonical():
+    for model in architectures.MODELS:
+        assert validate(composed(f"model={model}"))[1].canonical
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["model=vit", "model.heads=5"], "divisible by model.heads"),
+    (["model=vit", "model.image_size=33"], "divisible by model.patch"),
+    (["warmup_steps=0"], "warmup_steps must be a positive number"),
+    (["timeout_s=0"], "timeout_s must be a positive number"),
+    (["scenario=checkpoint"], "scenario=checkpoint is not implemented yet"),
+])
+def test_value_errors_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(composed(*overrides))
+
+
+@pytest.mark.parametrize("override, code, message", [
+    ("modle=vit", 1, "Could not override 'modle'"),
+    ("framework=mxnet", 1, "Available options in 'framework'"),
+    ("precision=fp64", 1, "Available options in 'precision'"),
+    ("batch_size=abc", 1, "Value 'abc' of type 'str' could not be converted to Integer"),
+    ("batch_size=0", 2, "batch_size must be a positive number, got 0"),
+    ("steps=-1", 2, "steps must be a positive number, got -1"),
+    ("devices=0", 2, "devices must be a positive number, got 0"),
+    ("scenario=pipeline", 2, "scenario=pipeline is not implemented yet"),
+])
+def test_bad_input_fails_before_any_work(tmp_path, override, code, message):
+    proc = subprocess.run([sys.executable, "-m", "fxtrack", override], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()  # nothing ran, nothing was logged
+
+
+def test_framework_valid_choices_are_listed(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "fxtrack", "framework=mxnet"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    for choice in ("jax", "tensorflow", "torch"):
+        assert f"\t{choice}" in proc.stderr
+
+
+def test_importing_fxtrack_and_help_import_no_framework():
+    code = ("import sys, runpy; sys.argv = ['fxtrack', '--help']\n"
+            "try:\n    runpy.run_module('fxtrack', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n"
+            "heavy = {'torch', 'tensorflow', 'jax', 'flax', 'mlflow'} & set(sys.modules)\n"
+            "assert not heavy, heavy\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "framework: jax, tensorflow, torch" in proc.stdout
