@@ -6,7 +6,10 @@ import sys
 from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-SUBCOMMANDS = {"sync": "upload results that an unreachable tracking server missed"}
+SUBCOMMANDS = {
+    "report": "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)",
+    "sync": "upload results that an unreachable tracking server missed",
+}
 
 _USAGE = """\
 fxtrack: one model, measured the same way in PyTorch, TensorFlow and JAX, logged to MLflow.

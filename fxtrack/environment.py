@@ -32,6 +32,11 @@ def redact_uri(uri: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
+def redact_uri_text(text: str) -> str:
+    """``text`` with any ``scheme://user:password@`` credentials removed."""
+    return re.sub(r"(\w+://)[^/@\s]+@", r"\1", text)
+
+
 def _cpu_model() -> str:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
@@ -47,13 +52,10 @@ def _git_commit() -> str:
 
 
 def _nvidia_driver() -> str:
-    import pynvml  # from nvidia-ml-py; read lazily, only when tags are asked for
-
-    pynvml.nvmlInit()
-    try:
-        return str(pynvml.nvmlSystemGetDriverVersion())
-    finally:
-        pynvml.nvmlShutdown()
+    """The NVIDIA kernel driver's version, from procfs (no NVML import, no GPU context)."""
+    text = Path("/proc/driver/nvidia/version").read_text()
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([\d.]+)", text)
+    return match.group(1) if match else ""
 
 
 _READERS: dict[str, Callable[[], str]] = {

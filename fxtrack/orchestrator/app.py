@@ -88,8 +88,8 @@ def task(cfg: DictConfig) -> None:
         (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
             {"name": name, "status": result.status, "guard": result.guard, "error": result.error,
              "metrics": result.metrics, "run_id": run_id}))
-    elif result.status != "FINISHED":
-        sys.exit(1)
+    elif result.status != "FINISHED" or run_id is None:
+        sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
 
 
 def _log(cfg, conf, spec, result, start_ms, launch_dir, parent, job_dir) -> tuple[str | None, str]:
@@ -97,16 +97,17 @@ def _log(cfg, conf, spec, result, start_ms, launch_dir, parent, job_dir) -> tupl
 
     uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
     config = OmegaConf.to_container(cfg, resolve=True)
+    config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
     record = records.job_record(spec, result, config, uri, conf.tracking.experiment, parent,
                                 start_ms)
     entry = spool.write(record, {
-        "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
+        "config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
         "result.json": Path(spec.result_path),
         "environment.json": records.environment_json(),
         "worker.log": log_tail(job_dir / "worker.log"),
     })
     try:
-        run_id = writer.deliver(entry)
+        run_id = writer.deliver(entry, uri)
     except writer.TrackingUnavailable as e:
         print(f"fxtrack: could not log to {records.redact_uri(uri)}: {e}\n"
               f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server is back",

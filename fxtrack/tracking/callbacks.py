@@ -65,7 +65,7 @@ class SweepRun(Callback):
                                       list(config.hydra.overrides.task), status)
         entry = spool.write(record, {})
         try:
-            writer.deliver(entry)
+            writer.deliver(entry, uri)
         except writer.TrackingUnavailable as e:
             print(f"fxtrack: could not log the sweep's parent run: {e}; kept in {entry}, "
                   "run `fxtrack sync` later", file=sys.stderr)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import time
+import uuid
 from typing import Any, Optional
 
 from fxtrack.environment import SECRET_NAME, environment_snapshot, host_tags, redact_uri
@@ -62,12 +64,21 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
     if result.guard != "ok":
         tags["fxtrack.guard"] = result.guard
     return {
-        "kind": "job", "result_id": spec.result_id, "uri": uri, "experiment": experiment,
+        "kind": "job", "result_id": spec.result_id, **_target(uri, experiment, parent_result_id),
         "run_name": run_name(spec), "parent_result_id": parent_result_id,
         "start_time_ms": start_time_ms, "status": result.status,
         "params": params_from(config, result.resolved), "tags": tags,
         "metrics": result.metrics, "series": result.series,
     }
+
+
+def _target(uri: str, experiment: str, parent_result_id: Optional[str]) -> dict[str, Any]:
+    """Where a record goes. The URI is stored without credentials (the writer gets the real one).
+    Under ``mlflow run`` the entry point's run and experiment (MLFLOW_RUN_ID,
+    MLFLOW_EXPERIMENT_ID) are adopted: a single job, or a sweep's parent, logs into that run."""
+    adopt = os.environ.get("MLFLOW_RUN_ID") if parent_result_id is None else None
+    return {"uri": redact_uri(uri), "experiment": experiment,
+            "experiment_id": os.environ.get("MLFLOW_EXPERIMENT_ID"), "adopt_run_id": adopt}
 
 
 def _status(result: Result) -> str:
@@ -79,10 +90,19 @@ def _status(result: Result) -> str:
 def sweep_record(result_id: str, uri: str, experiment: str, name: str, overrides: list[str],
                  status: str = "RUNNING") -> dict[str, Any]:
     tags = dict(host_tags(), **{"fxtrack.sweep": " ".join(overrides)})
-    return {"kind": "sweep", "result_id": result_id, "uri": uri, "experiment": experiment,
+    return {"kind": "sweep", "result_id": result_id, **_target(uri, experiment, None),
             "run_name": name, "parent_result_id": None, "status": status,
             "start_time_ms": int(time.time() * 1000), "params": {}, "tags": tags, "metrics": {},
             "series": {}}
+
+
+def report_record(uri: str, experiment: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The ``report`` run: host tags and ``fxtrack.kind=report``, no ``fxtrack.framework`` tag,
+    so that the next report does not read it as a benchmark."""
+    return {"kind": "job", "result_id": uuid.uuid4().hex, **_target(uri, experiment, None),
+            "run_name": "report", "parent_result_id": None,
+            "start_time_ms": int(time.time() * 1000), "status": "FINISHED", "params": params,
+            "metrics": {}, "series": {}, "tags": dict(host_tags(), **{"fxtrack.kind": "report"})}
 
 
 def environment_json() -> str:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from fxtrack.environment import redact_uri_text
 from fxtrack.tracking import spool
 
 # An unreachable server should cost seconds, not the minutes of MLflow's default back-off.
@@ -56,11 +57,12 @@ def find_run(client: MlflowClient, experiment_id: str, result_id: str):
     return runs[0] if runs else None
 
 
-def log_entry(entry: Path) -> str:
-    """Log one spool entry to its tracking URI; returns the run id. Raises TrackingUnavailable."""
+def log_entry(entry: Path, uri: Optional[str] = None) -> str:
+    """Log one spool entry (to ``uri``, else the record's own); returns the run id.
+    Raises TrackingUnavailable when the server cannot take it."""
     record = spool.load(entry)
     try:
-        return _log(entry, record)
+        return _log(entry, record, uri or record["uri"])
     except mlflow.exceptions.MlflowException as e:
         raise TrackingUnavailable(_explain(e, record)) from e
     except (OSError, ConnectionError) as e:
@@ -75,15 +77,19 @@ def _explain(e: Exception, record: dict[str, Any]) -> str:
     if "403" in text or "PERMISSION_DENIED" in text:
         return (f"the tracking server refused access (HTTP 403): this user has no permission "
                 f"on experiment {record['experiment']!r}")
-    return text.splitlines()[0][:300] if text else type(e).__name__
+    return redact_uri_text(text.splitlines()[0][:300]) if text else type(e).__name__
 
 
-def _log(entry: Path, record: dict[str, Any]) -> str:
-    client = MlflowClient(record["uri"])
-    exp_id = _experiment_id(client, record["experiment"], record["uri"])
+def _log(entry: Path, record: dict[str, Any], uri: str) -> str:
+    client = MlflowClient(uri)
+    adopt = record.get("adopt_run_id")  # the run `mlflow run` created for this entry point
+    if adopt:
+        exp_id = client.get_run(adopt).info.experiment_id
+    else:
+        exp_id = record.get("experiment_id") or _experiment_id(client, record["experiment"], uri)
     existing = find_run(client, exp_id, record["result_id"])
     if record["kind"] == "sweep":
-        run_id = existing.info.run_id if existing else _create(client, exp_id, record)
+        run_id = existing.info.run_id if existing else _create(client, exp_id, record, adopt)
         if record["status"] != "RUNNING":
             _log_values(client, run_id, record)
             client.set_terminated(run_id, record["status"])
@@ -91,8 +97,11 @@ def _log(entry: Path, record: dict[str, Any]) -> str:
     if existing is not None:
         if existing.info.status != "RUNNING":
             return existing.info.run_id  # logged completely before: nothing to do
-        client.delete_run(existing.info.run_id)  # a half-logged earlier attempt
-    run_id = _create(client, exp_id, record)
+        if existing.info.run_id != adopt:
+            client.delete_run(existing.info.run_id)  # a half-logged earlier attempt
+    run_id = _create(client, exp_id, record, adopt)
+    if adopt:
+        record = _without_param_clashes(client, adopt, record)
     _log_values(client, run_id, record)
     artifacts = entry / "artifacts"
     for path in sorted(artifacts.iterdir()) if artifacts.is_dir() else []:
@@ -101,16 +110,35 @@ def _log(entry: Path, record: dict[str, Any]) -> str:
     return run_id
 
 
-def _create(client: MlflowClient, exp_id: str, record: dict[str, Any]) -> str:
+def _create(client: MlflowClient, exp_id: str, record: dict[str, Any],
+            adopt: Optional[str] = None) -> str:
+    """A new run for ``record`` (or the adopted one), tagged with its result id and parent."""
     tags = dict(record["tags"], **{"fxtrack.result_id": record["result_id"]})
     parent_id = record.get("parent_result_id")
     if parent_id:
         parent = find_run(client, exp_id, parent_id)
         if parent is not None:
             tags["mlflow.parentRunId"] = parent.info.run_id
+    if adopt:
+        tags["mlflow.runName"] = record["run_name"]
+        client.log_batch(adopt, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        return adopt
     run = client.create_run(exp_id, run_name=record["run_name"], tags=tags,
                             start_time=record.get("start_time_ms"))
     return run.info.run_id
+
+
+def _without_param_clashes(client: MlflowClient, run_id: str,
+                           record: dict[str, Any]) -> dict[str, Any]:
+    """An adopted run may already hold a param with another value (``mlflow run`` logs
+    ``batch_size=null``; fxtrack resolved it to 256). MLflow params are immutable, so the
+    resolved value goes under ``fxtrack.resolved.<key>``."""
+    logged = client.get_run(run_id).data.params
+    params = {}
+    for key, value in record.get("params", {}).items():
+        clash = key in logged and logged[key] != str(value)
+        params[f"fxtrack.resolved.{key}" if clash else key] = value
+    return dict(record, params=params)
 
 
 def _log_values(client: MlflowClient, run_id: str, record: dict[str, Any]) -> None:
@@ -125,9 +153,9 @@ def _log_values(client: MlflowClient, run_id: str, record: dict[str, Any]) -> No
         params, tags, metrics = params[_BATCH:], tags[_BATCH:], metrics[1000:]
 
 
-def deliver(entry: Path) -> str:
+def deliver(entry: Path, uri: Optional[str] = None) -> str:
     """Log a spool entry, then clear it; on TrackingUnavailable the entry stays spooled."""
-    run_id = log_entry(entry)
+    run_id = log_entry(entry, uri)
     spool.remove(entry)
     return run_id
 

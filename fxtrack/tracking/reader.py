@@ -1,0 +1,114 @@
+"""Read runs back out of MLflow as one DataFrame, for the report.
+
+The frame has the layout of ``mlflow.search_runs``: ``run_id``, ``experiment_id``, ``status``,
+``artifact_uri``, ``start_time``, ``end_time`` (UTC timestamps), then ``metrics.<key>``,
+``params.<key>`` and ``tags.<key>`` columns. It is built from ``MlflowClient(uri).search_runs``
+page by page rather than from the fluent ``mlflow.search_runs``, because the fluent call reads
+the process-wide tracking URI and stops at ``max_results``; a client bound to ``uri`` changes no
+global state and reads every page.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import mlflow
+import pandas as pd
+from mlflow.tracking import MlflowClient
+
+from fxtrack.environment import redact_uri, redact_uri_text
+
+_PAGE = 1000  # runs per search request; the file and SQL stores cap pages at 50,000
+
+
+class ReadError(RuntimeError):
+    """Runs could not be read; the message is one line, fit to show a user as it is."""
+
+
+class ExperimentNotFound(ReadError):
+    """The experiment (or the sqlite store holding it) does not exist."""
+
+
+class NoRunsFound(ReadError):
+    """The experiment exists but has no runs, or none that match the filter."""
+
+
+class InvalidFilter(ReadError):
+    """MLflow rejected the filter string."""
+
+
+def load_runs(uri: str, experiment: str, filter_string: Optional[str] = None) -> pd.DataFrame:
+    """Every active run of ``experiment`` at ``uri`` matching ``filter_string``, all pages.
+
+    Raises ExperimentNotFound, NoRunsFound, InvalidFilter, or ReadError (store unreachable).
+    """
+    where = redact_uri(uri)
+    _require_sqlite_file(uri, experiment)
+    client = MlflowClient(uri)
+    try:
+        exp = client.get_experiment_by_name(experiment)
+    except mlflow.exceptions.MlflowException as e:
+        raise ReadError(f"cannot read {where}: {_first_line(e)}") from e
+    except (OSError, ConnectionError) as e:
+        raise ReadError(f"cannot reach {where}: {type(e).__name__}: "
+                        f"{redact_uri_text(str(e))}") from e
+    if exp is None or exp.lifecycle_stage == "deleted":
+        raise ExperimentNotFound(f"experiment {experiment!r} does not exist at {where}")
+    runs = _all_pages(client, exp.experiment_id, filter_string or "", where)
+    if not runs:
+        if filter_string:
+            raise NoRunsFound(f"no runs of experiment {experiment!r} match the filter "
+                              f"{filter_string!r}")
+        raise NoRunsFound(f"experiment {experiment!r} at {where} has no runs yet")
+    return pd.DataFrame([_row(run) for run in runs])
+
+
+def _require_sqlite_file(uri: str, experiment: str) -> None:
+    # MLflow would create an empty database at a mistyped path; reading must not write.
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if not path.is_file():
+            raise ExperimentNotFound(f"experiment {experiment!r} does not exist: no MLflow "
+                                     f"database at {path}")
+
+
+def _all_pages(client: MlflowClient, experiment_id: str, filter_string: str, where: str) -> list:
+    runs: list = []
+    token = None
+    while True:
+        try:
+            page = client.search_runs([experiment_id], filter_string, max_results=_PAGE,
+                                      page_token=token)
+        except mlflow.exceptions.MlflowException as e:
+            if e.error_code == "INVALID_PARAMETER_VALUE" and filter_string:
+                raise InvalidFilter(f"invalid filter {filter_string!r}: {_first_line(e)}") from e
+            raise ReadError(f"cannot search runs at {where}: {_first_line(e)}") from e
+        except (OSError, ConnectionError) as e:
+            raise ReadError(f"cannot reach {where}: {type(e).__name__}: "
+                            f"{redact_uri_text(str(e))}") from e
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _row(run) -> dict[str, Any]:
+    """One run as a flat dict in ``mlflow.search_runs``' column layout."""
+    info, data = run.info, run.data
+    row: dict[str, Any] = {
+        "run_id": info.run_id, "experiment_id": info.experiment_id, "status": info.status,
+        "artifact_uri": info.artifact_uri,
+        "start_time": pd.to_datetime(info.start_time, unit="ms", utc=True),
+        "end_time": pd.to_datetime(info.end_time, unit="ms", utc=True),
+    }
+    row.update({f"metrics.{k}": v for k, v in data.metrics.items()})
+    row.update({f"params.{k}": v for k, v in data.params.items()})
+    row.update({f"tags.{k}": v for k, v in data.tags.items()})
+    return row
+
+
+def _first_line(e: Exception) -> str:
+    text = getattr(e, "message", None) or str(e)
+    # Server errors may quote the URI they were sent to, credentials included.
+    return redact_uri_text(text.strip().splitlines()[0][:300]) if text.strip() else type(e).__name__
