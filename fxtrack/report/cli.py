@@ -1,0 +1,106 @@
+"""``fxtrack report``: read the runs from MLflow, print the throughput table, write the report
+files and log them as the artifacts of a run named ``report``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+FORMATS = ("md", "html", "csv")
+PROG = "fxtrack report"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Comparison tables and charts from the fxtrack runs in MLflow: "
+        "the latest finished run per framework, model, scenario, precision, device count and "
+        "hardware.")
+    parser.add_argument("--experiment", default="fxtrack",
+                        help="MLflow experiment (default: %(default)s)")
+    parser.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                        "sqlite:///<current directory>/mlflow.db)")
+    parser.add_argument("--filter", help="MLflow search filter, e.g. "
+                        "\"tags.`fxtrack.model` = 'vit' and params.batch_size = '32'\"")
+    parser.add_argument("--out", type=Path, default=Path("fxtrack-report"),
+                        help="output directory (default: ./%(default)s)")
+    parser.add_argument("--format", default=",".join(FORMATS),
+                        help="comma-separated files to write, of md, html, csv "
+                        "(default: %(default)s)")
+    parser.add_argument("--no-log", action="store_true",
+                        help="do not log the report files as an MLflow run named 'report'")
+    args = parser.parse_args(argv)
+    args.formats = [f.strip() for f in args.format.split(",") if f.strip()]
+    unknown = [f for f in args.formats if f not in FORMATS]
+    if unknown or not args.formats:
+        parser.error(f"--format takes a comma-separated list of {', '.join(FORMATS)}; "
+                     f"got {args.format!r}")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    """Run the report; 0 on success, 1 (with one line on stderr) when there is nothing to report."""
+    args = parse_args(argv)
+    # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
+    from fxtrack.environment import redact_uri
+    from fxtrack.report import charts, render, select, tables
+    from fxtrack.tracking import reader, writer
+
+    uri = args.uri or writer.tracking_uri(None, os.getcwd())
+    try:
+        frame = reader.load_runs(uri, args.experiment, args.filter)
+    except reader.ReadError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 1
+    selection = select.latest_runs(frame)
+    if selection.runs.empty:
+        print(f"{PROG}: no finished benchmark runs in experiment {args.experiment!r}: "
+              f"{selection.summary()}", file=sys.stderr)
+        return 1
+    runs = selection.runs
+
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    # Charts are only seen through the Markdown and HTML pages; a CSV-only report skips them.
+    drawn = charts.draw(runs, out) if {"md", "html"} & set(args.formats) else []
+    source = f"experiment {args.experiment!r} at {redact_uri(uri)}"
+    meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
+            f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
+            "each figure is the latest finished run of its framework, model, scenario, "
+            "precision, device count and hardware"]
+    report = render.Report(f"fxtrack report: {args.experiment}", meta, tables.sections(runs), drawn)
+
+    print(f"{PROG}: {source}: {selection.summary()}\n")
+    throughput = tables.throughput(runs)
+    print(render.text(throughput) if throughput else "(no throughput figures among the kept runs)")
+    files = render.write(report, runs, out, args.formats)
+    names = [p.name for p in files] + [c.path.name for c in drawn]
+    print(f"\n{PROG}: wrote {', '.join(names)} to {out}", file=sys.stderr)
+    if not args.no_log:
+        _log(uri, args, selection, files + [c.path for c in drawn])
+    return 0
+
+
+def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> None:
+    """Log the report files as a run named ``report`` through the one MLflow writer.
+
+    The run has ``fxtrack.kind=report`` and no ``fxtrack.framework`` tag, so that the next report
+    does not read it as a benchmark.
+    """
+    from fxtrack.tracking import records, spool, writer
+
+    params = {"format": ",".join(args.formats), "runs_read": selection.read,
+              "runs_kept": len(selection.runs)}
+    if args.filter:
+        params["filter"] = args.filter
+    record = records.report_record(uri, args.experiment, params)
+    entry = spool.write(record, {path.name: path for path in files})
+    try:
+        run_id = writer.deliver(entry, uri)
+    except writer.TrackingUnavailable as e:
+        print(f"{PROG}: could not log the report run: {e}; it is kept in {entry}, run "
+              "`fxtrack sync` later", file=sys.stderr)
+        return
+    print(f"{PROG}: logged the files as MLflow run {run_id} (run name 'report')", file=sys.stderr)

@@ -1,0 +1,108 @@
+"""Pick the runs a report stands on: the latest finished run of each benchmark.
+
+A benchmark is one (framework, model, scenario, precision, devices, hardware). Re-running it
+supersedes the earlier run, so the report always shows the newest figures; runs that are not
+benchmarks (sweep parents, report runs: no ``fxtrack.framework`` tag), failed runs and runs still
+in progress are left out and counted, so the report can say what it skipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]
+# The report's own column names for the tags of DESIGN.md section 5.
+TAGS = {
+    "framework": "fxtrack.framework", "model": "fxtrack.model", "scenario": "fxtrack.scenario",
+    "precision": "fxtrack.precision", "devices": "fxtrack.devices", "hardware": "fxtrack.hardware",
+    "check": "fxtrack.status", "guard": "fxtrack.guard", "run_name": "mlflow.runName",
+    "device": "fxtrack.device", "cpu": "fxtrack.cpu", "host": "fxtrack.host",
+    "framework_version": "fxtrack.framework_version", "python": "fxtrack.python",
+    "worker_python": "fxtrack.worker_python", "fxtrack_version": "fxtrack.version",
+    "git_commit": "fxtrack.git_commit", "driver": "fxtrack.driver", "cuda": "fxtrack.cuda",
+    "cudnn": "fxtrack.cudnn",
+}
+# Per-step series: search_runs returns only their last step, which is not a summary figure.
+SERIES = {"step_time_ms", "loss"}
+# Report order: as DESIGN.md lists them; any other value follows alphabetically.
+FRAMEWORK_ORDER = ("torch", "tensorflow", "jax")
+SCENARIO_ORDER = ("train", "inference", "scaling", "pipeline", "checkpoint")
+PRECISION_ORDER = ("fp32", "bf16", "fp16")
+
+
+@dataclasses.dataclass
+class Selection:
+    """The kept runs (one row per benchmark) and how many of the runs read were left out, why."""
+
+    runs: pd.DataFrame  # KEY + tag columns above + "run_id", "start_time", "metrics.<key>"
+    read: int
+    skipped: dict[str, int]
+
+    def summary(self) -> str:
+        """``12 runs read, 6 kept (3 superseded, 2 failed, 1 not a benchmark)``."""
+        left = ", ".join(f"{n} {why}" for why, n in self.skipped.items() if n)
+        return f"{self.read} runs read, {len(self.runs)} kept" + (f" ({left})" if left else "")
+
+
+def latest_runs(frame: pd.DataFrame) -> Selection:
+    """The latest FINISHED run per benchmark from a ``search_runs``-layout frame."""
+    runs = pd.DataFrame({name: _tag(frame, tag) for name, tag in TAGS.items()})
+    runs["run_id"] = frame["run_id"].to_numpy()
+    runs["status"] = frame["status"].to_numpy()
+    runs["start_time"] = frame["start_time"].to_numpy()
+    runs["end_time"] = frame["end_time"].to_numpy()
+    metric_cols = [c for c in frame.columns
+                   if c.startswith("metrics.") and c[len("metrics."):] not in SERIES]
+    runs = pd.concat([runs, frame[metric_cols].reset_index(drop=True)], axis=1)
+
+    benchmark = runs["framework"].fillna("").astype(str).str.len() > 0
+    failed = benchmark & ((runs["check"] == "failed") | runs["status"].isin(["FAILED", "KILLED"]))
+    finished = benchmark & ~failed & (runs["status"] == "FINISHED")
+    kept = runs[finished].copy()
+    kept["devices"] = pd.to_numeric(kept["devices"], errors="coerce").fillna(1).astype(int)
+    for col in ("model", "scenario", "precision", "hardware"):
+        kept[col] = kept[col].fillna("?")
+    kept["check"] = kept["check"].fillna("ok")
+    # Latest by start time; the end time breaks ties between runs started in the same millisecond.
+    kept = kept.sort_values(["start_time", "end_time"], kind="stable")
+    latest = kept.drop_duplicates(KEY, keep="last")
+
+    order = {"scenario": SCENARIO_ORDER, "precision": PRECISION_ORDER, "framework": FRAMEWORK_ORDER}
+    latest = latest.sort_values(
+        ["scenario", "precision", "devices", "hardware", "model", "framework"],
+        key=lambda col: col.map(lambda v: _rank(v, order[col.name])) if col.name in order else col)
+    empty = [c for c in metric_cols if latest[c].isna().all()]  # logged only by dropped runs
+    latest = latest.drop(columns=empty).reset_index(drop=True)
+    skipped = {
+        "superseded by a later run": len(kept) - len(latest),
+        "failed": int(failed.sum()),
+        "not finished": int((benchmark & ~failed & ~finished).sum()),
+        "without fxtrack.framework (sweep parents, reports)": int((~benchmark).sum()),
+    }
+    return Selection(latest, len(frame), skipped)
+
+
+def _rank(value: str, order: tuple[str, ...]) -> str:
+    """A sort key putting ``order``'s values first, in that order, then the rest alphabetically."""
+    return f"{order.index(value):03d}" if value in order else f"999{value}"
+
+
+def frameworks(runs: pd.DataFrame) -> list[str]:
+    """The frameworks present in ``runs``, in report order."""
+    return sorted(runs["framework"].unique(), key=lambda f: _rank(f, FRAMEWORK_ORDER))
+
+
+def metric(row: pd.Series, key: str) -> float | None:
+    """A run's metric, or None where it was not logged (absent, never zero: DESIGN.md section 5)."""
+    value = row.get(f"metrics.{key}")
+    return None if value is None or pd.isna(value) else float(value)
+
+
+def _tag(frame: pd.DataFrame, tag: str) -> pd.Series:
+    column = f"tags.{tag}"
+    if column in frame.columns:
+        values = frame[column].astype(object).reset_index(drop=True)
+        return values.where(values.notna(), None)
+    return pd.Series([None] * len(frame), dtype=object)

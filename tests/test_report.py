@@ -1,0 +1,210 @@
+"""``fxtrack report`` against runs written straight into a temporary MLflow store with the real
+tag and metric keys: what is kept, the ratios, the files, and the one-line failures."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+
+from fxtrack.report.cli import main  # noqa: E402
+
+T0 = int(time.time() * 1000) - 3_600_000  # an hour ago; runs are spaced a second apart after it
+HOST = {"fxtrack.cpu": "Test CPU 9000", "fxtrack.host": "bench-1", "fxtrack.python": "3.11.9",
+        "fxtrack.version": "0.1.0"}
+VERSIONS = {"torch": "2.5.1", "jax": "0.4.35"}
+
+
+def _run(client, exp_id, n, framework, model, metrics, status="FINISHED", check="ok",
+         scenario="train", devices=1, guard=None):
+    tags = dict(HOST, **{
+        "fxtrack.framework": framework, "fxtrack.model": model, "fxtrack.scenario": scenario,
+        "fxtrack.precision": "fp32", "fxtrack.devices": str(devices), "fxtrack.hardware": "cpu",
+        "fxtrack.device": "cpu", "fxtrack.framework_version": VERSIONS[framework],
+        "fxtrack.status": check})
+    if guard:
+        tags["fxtrack.guard"] = guard
+    run = client.create_run(exp_id, start_time=T0 + n * 1000, tags=tags,
+                            run_name=f"{framework}-{model}-{scenario}-fp32-x{devices}")
+    for key, value in metrics.items():
+        client.log_metric(run.info.run_id, key, value)
+    client.set_terminated(run.info.run_id, status, end_time=T0 + n * 1000 + 500)
+    return run.info.run_id
+
+
+def _perf(throughput, rss=900.0, **extra):
+    return dict(throughput_samples_per_s=throughput, step_time_ms_p50=1000 / throughput,
+                step_time_ms_p90=1100 / throughput, peak_rss_mib=rss, **extra)
+
+
+SLOC = {"torch": dict(code_sloc=300, code_sloc_model=120, code_sloc_train=80),
+        "jax": dict(code_sloc=260, code_sloc_model=110, code_sloc_train=60)}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Two frameworks x two models, plus a superseded duplicate, a failed run, a sweep parent
+    and a scaling run; returns the tracking URI."""
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("fxtrack")
+    parent = client.create_run(exp, start_time=T0, tags=dict(HOST, **{"fxtrack.sweep": "-m"}),
+                               run_name="sweep-20250101-000000")
+    client.set_terminated(parent.info.run_id, "FINISHED")
+    _run(client, exp, 1, "torch", "resnet50", _perf(999.9, **SLOC["torch"]))  # superseded below
+    _run(client, exp, 2, "torch", "resnet50", _perf(123.4, **SLOC["torch"]))
+    _run(client, exp, 3, "jax", "resnet50", _perf(150.0, peak_mem_device_mib=2048, mfu=0.41,
+                                                  **SLOC["jax"]))
+    _run(client, exp, 4, "torch", "vit", _perf(45.67))
+    _run(client, exp, 5, "jax", "vit", _perf(51.3), check="guard_failed", guard="loss did not fall")
+    _run(client, exp, 6, "jax", "vit", {"throughput_samples_per_s": 777.7}, status="FAILED",
+         check="failed")  # newest, but failed: must not replace the guard_failed run
+    _run(client, exp, 7, "torch", "resnet50", _perf(400.0, scaling_efficiency_x2=0.95,
+                                                    scaling_efficiency_x4=0.9),
+         scenario="scaling", devices=4)
+    return uri
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))  # the report run's spool entry
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def report(capsys, *args):
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_report_keeps_the_latest_finished_runs_and_writes_every_file(store, tmp_path, capsys):
+    out_dir = tmp_path / "report"
+    code, out, err = report(capsys, "--uri", store, "--out", str(out_dir))
+    assert code == 0, err
+    # Terminal: both frameworks' figures as logged, with ratios to the best of each model's row.
+    assert "Throughput (samples/s): train, fp32, x1, cpu" in out
+    assert "123.4 (0.82x)" in out and "150.0 (1.00x)" in out  # resnet50: jax is best
+    assert "45.7 (1.00x)" in out  # vit: the only run that passed the guard sets the bar ...
+    assert "51.3 (1.12x) !" in out and "loss did not fall" in out  # ... the flagged one does not
+    assert "400.0 (1.00x)" in out  # the scaling run is its own group
+    assert "999.9" not in out and "777.7" not in out  # superseded and failed runs are gone
+    assert "1 superseded by a later run, 1 failed" in out
+
+    files = {p.name for p in out_dir.iterdir()}
+    assert {"report.md", "report.html", "report.csv", "throughput-train-fp32.png",
+            "scaling.png"} <= files
+    csv = pd.read_csv(out_dir / "report.csv")
+    assert len(csv) == 5
+    by = csv.set_index(["framework", "model", "scenario"])
+    assert by.loc[("torch", "resnet50", "train"), "throughput_samples_per_s"] == 123.4
+    assert by.loc[("jax", "vit", "train"), "status"] == "guard_failed"
+    assert 777.7 not in csv["throughput_samples_per_s"].tolist()
+
+    md = (out_dir / "report.md").read_text()
+    assert "| resnet50 | 123.4 (0.82x) | 150.0 (1.00x) |" in md
+    assert "900 RSS" in md and "2,048 device" in md  # which memory figure each cell is
+    assert "41.0%" in md and "90.0%" in md  # MFU, scaling efficiency at x4
+    assert "| model | 120 | 110 |" in md and "| total | 300 | 260 |" in md  # SLOC per dimension
+    assert "2.5.1" in md and "0.4.35" in md and "Test CPU 9000" in md and "bench-1" in md
+    assert "![Throughput: train, fp32, x1, cpu](throughput-train-fp32.png)" in md
+    page = (out_dir / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 3 and "<table>" in page
+
+
+def test_report_run_is_logged_and_never_read_back(store, tmp_path, capsys):
+    code, first, _ = report(capsys, "--uri", store, "--out", str(tmp_path / "a"))
+    assert code == 0
+    client = mlflow.MlflowClient(store)
+    exp = client.get_experiment_by_name("fxtrack")
+    (logged,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'report'",
+                                   order_by=["attributes.start_time DESC"], max_results=1)
+    assert logged.data.tags["fxtrack.kind"] == "report"
+    assert "fxtrack.framework" not in logged.data.tags
+    artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}
+    assert {"report.md", "report.html", "report.csv", "scaling.png"} <= artifacts
+
+    code, second, err = report(capsys, "--uri", store, "--out", str(tmp_path / "b"), "--no-log")
+    assert code == 0 and "MLflow run" not in err
+    table = lambda text: text.split("\n\n", 1)[1]  # noqa: E731 - past the runs-read summary
+    assert table(second) == table(first)  # the report runs changed nothing
+
+
+def test_format_selects_the_files(store, tmp_path, capsys):
+    code, _, _ = report(capsys, "--uri", store, "--out", str(tmp_path), "--format", "csv",
+                        "--no-log")
+    assert code == 0
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != "home") == ["report.csv"]
+    with pytest.raises(SystemExit):
+        main(["--uri", store, "--format", "pdf"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--filter", "tags.`fxtrack.model` = 'bert'"],
+     "no runs of experiment 'fxtrack' match the filter"),
+    (["--experiment", "nope"], "experiment 'nope' does not exist"),
+    (["--filter", "tags.oops ==="], "invalid filter"),
+])
+def test_nothing_to_report_is_one_line_and_exit_1(store, tmp_path, capsys, args, message):
+    code, out, err = report(capsys, "--uri", store, "--out", str(tmp_path / "r"), "--no-log", *args)
+    assert code == 1
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_empty_experiment_and_missing_store(tmp_path, capsys, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    mlflow.MlflowClient(uri).create_experiment("fxtrack")
+    code, _, err = report(capsys, "--uri", uri, "--no-log")
+    assert code == 1 and "experiment 'fxtrack'" in err and "has no runs" in err
+    client = mlflow.MlflowClient(uri)
+    parent = client.create_run(client.get_experiment_by_name("fxtrack").experiment_id)
+    client.set_terminated(parent.info.run_id)  # a sweep parent alone is nothing to report
+    code, _, err = report(capsys, "--uri", uri, "--no-log")
+    assert code == 1 and "no finished benchmark runs in experiment 'fxtrack'" in err
+
+    monkeypatch.chdir(tmp_path)  # the default URI: ./mlflow.db, which does not exist here
+    code, _, err = report(capsys, "--no-log")
+    assert code == 1 and f"no MLflow database at {tmp_path / 'mlflow.db'}" in err
+    assert not (tmp_path / "mlflow.db").exists()  # reading never creates a store
+
+
+def test_scenario_tables_and_derived_scaling_without_mlflow(tmp_path):
+    """Pipeline, checkpoint and derived scaling tables from a hand-made ``search_runs`` frame."""
+    from fxtrack.report import charts, select, tables
+
+    def row(n, devices, scenario, **metrics):
+        return {"run_id": f"r{n}", "status": "FINISHED",
+                "start_time": pd.Timestamp(T0 + n, unit="ms", tz="UTC"),
+                "end_time": pd.Timestamp(T0 + n + 1, unit="ms", tz="UTC"),
+                "tags.fxtrack.framework": "jax", "tags.fxtrack.model": "bert",
+                "tags.fxtrack.scenario": scenario, "tags.fxtrack.precision": "bf16",
+                "tags.fxtrack.devices": str(devices), "tags.fxtrack.hardware": "gpu",
+                "tags.fxtrack.status": "ok", "tags.fxtrack.host": "h",
+                **{f"metrics.{k}": v for k, v in metrics.items()}}
+
+    frame = pd.DataFrame([
+        row(1, 1, "train", throughput_samples_per_s=100.0),
+        row(2, 2, "train", throughput_samples_per_s=180.0),
+        row(3, 1, "pipeline", throughput_samples_per_s=90.0, pipeline_samples_per_s=95.0,
+            input_bound_fraction=0.25),
+        row(4, 1, "checkpoint", checkpoint_save_s=0.123, checkpoint_mib=420.0),
+    ])
+    runs = select.latest_runs(frame).runs
+    assert tables.pipeline(runs)[0].rows == [["bert", "jax", "bf16", "x1", "gpu", "90.0", "95.0",
+                                              "25.0%"]]
+    (ckpt,) = tables.checkpoint(runs)
+    assert ckpt.header[-2:] == ["save s", "checkpoint MiB"]
+    assert ckpt.rows[0][-2:] == ["0.12", "420.0"]
+    (scaling,) = tables.scaling(runs)
+    assert scaling.rows == [["bert", "jax", "bf16", "gpu", "90.0%*"]]  # 180 / (2 x 100)
+    assert [c.path.name for c in charts.draw(runs, tmp_path)] == [
+        "throughput-train-bf16.png", "throughput-pipeline-bf16.png", "scaling.png"]
+    # House rule: only fxtrack.tracking imports mlflow.
+    package = Path(select.__file__).parent
+    assert not [p.name for p in package.glob("*.py")
+                if re.search(r"^\s*(import|from)\s+mlflow", p.read_text(), re.MULTILINE)]
