@@ -7,6 +7,7 @@ from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SUBCOMMANDS = {
+    "doctor": "installed frameworks, their versions, the devices each sees, the peak FLOP/s",
     "report": "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)",
     "sync": "upload results that an unreachable tracking server missed",
 }

@@ -8,6 +8,12 @@ import sys
 from typing import Optional
 
 
+def doctor(argv: list[str]) -> int:
+    from fxtrack.doctor import main
+
+    return main(argv)
+
+
 def report(argv: list[str]) -> int:
     from fxtrack.report.cli import main
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from fxtrack.architectures import Arch
 from fxtrack.job import JobSpec
@@ -60,3 +60,17 @@ class Backend(abc.ABC):
     def peak_memory_bytes(self) -> Optional[int]:
         """The framework's own peak device memory, or None where it has no such counter (CPU)."""
         return None
+
+    def visible_devices(self) -> list[str]:
+        """Every device this framework can use here, e.g. ``["cpu", "cuda:0 NVIDIA H200"]``."""
+        return []
+
+    def prepare_inference(self) -> Callable[[], None]:
+        """Put the built model in inference mode and return a forward-only step on the resident
+        batch that returns (None) once the device has finished."""
+        raise NotImplementedError(f"scenario=inference is not implemented for {self.name} yet")
+
+    def matmul_tflops(self) -> float:
+        """This framework's rate on a large square matmul at ``spec.precision`` on the device
+        ``device_kind`` chose, TFLOP/s: the yardstick for MFU (DESIGN.md section 4)."""
+        raise NotImplementedError(f"matmul calibration is not implemented for {self.name} yet")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Optional
 
 from fxtrack.measure.progress import progress
 
@@ -19,12 +20,13 @@ class StepTimes:
 
 
 def time_steps(step: Callable[[], Any], warmup_steps: int, steps: int, show: bool = True,
-               label: str = "") -> StepTimes:
+               label: str = "", window: Optional[ContextManager] = None) -> StepTimes:
     """Run ``warmup_steps`` untimed steps (the first is compile_time_s), then ``steps`` timed ones.
 
     ``step`` runs one step on device-resident data and returns only once the device is done
     (torch.cuda.synchronize / block_until_ready / fetching the loss), handing back a loss handle
-    that is converted to a number only after the timed window.
+    that is converted to a number only after the timed window. ``window`` (e.g. the NVML
+    sampler) is entered just before the first timed step and left just after the last.
     """
     handles: list[Any] = []
     bar = progress(total=warmup_steps + steps, desc=f"{label} warm-up", enabled=show)
@@ -37,13 +39,14 @@ def time_steps(step: Callable[[], Any], warmup_steps: int, steps: int, show: boo
         bar.update(1)
     bar.set_description(f"{label} timed")
     times: list[float] = []
-    window_start = time.perf_counter()
-    for _ in range(steps):
-        t = time.perf_counter()
-        handles.append(step())
-        times.append(time.perf_counter() - t)
-        bar.update(1)
-    window_s = time.perf_counter() - window_start
+    with window or contextlib.nullcontext():
+        window_start = time.perf_counter()
+        for _ in range(steps):
+            t = time.perf_counter()
+            handles.append(step())
+            times.append(time.perf_counter() - t)
+            bar.update(1)
+        window_s = time.perf_counter() - window_start
     bar.close()
     return StepTimes(compile_time_s, times, window_s, handles)
 

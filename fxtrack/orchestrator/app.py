@@ -18,6 +18,7 @@ from fxtrack import architectures
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.job import JobSpec, Result
 from fxtrack.orchestrator.runner import log_tail, run_worker
+from fxtrack.tracking.records import NOISY_CV
 
 SWEEP_ID_ENV, SWEEP_TOTAL_ENV = "FXTRACK_SWEEP_ID", "FXTRACK_SWEEP_TOTAL"
 JOBS_DIR = "fxtrack_jobs"  # in the sweep directory: one status file per job, for the closing table
@@ -76,6 +77,8 @@ def task(cfg: DictConfig) -> None:
         print(f"[fxtrack] job {hc.job.num + 1}/{total}: {name}", file=sys.stderr, flush=True)
     start_ms = int(time.time() * 1000)
     result = run_worker(spec, job_dir, conf.framework.python, conf.timeout_s, echo=True)
+    if result.status == "FINISHED":
+        enrich(result, spec, conf)
     result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
 
     line = summary_line(name, result)
@@ -90,6 +93,23 @@ def task(cfg: DictConfig) -> None:
              "metrics": result.metrics, "run_id": run_id}))
     elif result.status != "FINISHED" or run_id is None:
         sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+
+
+def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
+    """Figures the orchestrator adds: MFU against the one peak per device and precision, and
+    the code complexity of this framework's implementation."""
+    from fxtrack.measure import complexity, peak
+
+    m = result.metrics
+    device = result.tags.get("device", result.resolved.get("device_kind", "cpu"))
+    hardware = result.resolved.get("device_kind", spec.hardware)
+    mfu, source = peak.mfu_metrics(spec.framework, device, spec.precision, hardware, spec.devices,
+                                   m.get("achieved_tflops", 0.0),
+                                   {spec.framework: conf.framework.python})
+    m.update(mfu)
+    if source:
+        result.tags["peak_tflops_source"] = source
+    m.update(complexity.code_metrics(spec.framework))
 
 
 def _log(cfg, conf, spec, result, start_ms, launch_dir, parent, job_dir) -> tuple[str | None, str]:
@@ -127,5 +147,9 @@ def summary_line(name: str, result: Result) -> str:
     if "peak_mem_device_mib" in m:
         parts.append(f"device peak {m['peak_mem_device_mib']:.0f} MiB")
     parts.append(f"RSS peak {m['peak_rss_mib']:.0f} MiB")
-    guard = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
-    return f"{name}: " + ", ".join(parts) + guard
+    if "mfu" in m:
+        parts.append(f"MFU {m['mfu']:.1%}")
+    notes = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
+    if m.get("step_time_cv", 0.0) > NOISY_CV:
+        notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
+    return f"{name}: " + ", ".join(parts) + notes

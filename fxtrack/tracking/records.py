@@ -11,6 +11,8 @@ from typing import Any, Optional
 from fxtrack.environment import SECRET_NAME, environment_snapshot, host_tags, redact_uri
 from fxtrack.job import JobSpec, Result
 
+NOISY_CV = 0.10  # step-time coefficient of variation above which a run is tagged noisy
+
 # Worker-reported device facts -> tag names.
 _DEVICE_TAGS = {"device": "fxtrack.device", "cuda": "fxtrack.cuda", "cudnn": "fxtrack.cudnn",
                 "framework_version": "fxtrack.framework_version", "python": "fxtrack.worker_python"}
@@ -63,6 +65,8 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         tags["fxtrack.error"] = result.error
     if result.guard != "ok":
         tags["fxtrack.guard"] = result.guard
+    if result.metrics.get("step_time_cv", 0.0) > NOISY_CV:
+        tags["fxtrack.noisy"] = "true"
     return {
         "kind": "job", "result_id": spec.result_id, **_target(uri, experiment, parent_result_id),
         "run_name": run_name(spec), "parent_result_id": parent_result_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import platform
 import sys
@@ -56,9 +57,38 @@ def run(spec: JobSpec) -> Result:
     return result
 
 
+def probe(what: str, framework: str, backend: str, precision: str, hardware: str) -> int:
+    """Print one JSON line about this framework, without a model: ``--describe`` (version and
+    visible devices, for ``fxtrack doctor``) or ``--matmul`` (large-matmul TFLOP/s, for the peak
+    FLOP/s calibration). A framework that is not installed answers ``{"installed": false}``."""
+    spec = JobSpec(result_id=what, framework=framework, backend=backend, extra=framework,
+                   scenario=what, runner="", arch={"name": "", "family": "", "dims": {}},
+                   precision=precision, hardware=hardware, devices=1, compile=True, seed=0,
+                   batch_size=None, steps=None, warmup_steps=None, result_path="")
+    prepare_environment(spec)
+    try:
+        backend_cls = load(backend)
+    except ImportError as e:
+        print(json.dumps({"installed": False, "missing": getattr(e, "name", None) or str(e)}))
+        return 0
+    b = backend_cls(spec)
+    kind = b.device_kind()
+    answer = {"installed": True, "version": b.version(), "device": b.device_tags().get("device", kind)}
+    if what == "--describe":
+        answer["devices"] = b.visible_devices()
+    else:
+        answer["tflops"] = b.matmul_tflops()
+    print(json.dumps(answer))
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 5 and argv[0] in ("--matmul", "--describe"):
+        return probe(argv[0], *argv[1:])
     if len(argv) != 1:
-        print("usage: python -m fxtrack.worker SPEC.json", file=sys.stderr)
+        print("usage: python -m fxtrack.worker SPEC.json\n"
+              "       python -m fxtrack.worker --matmul|--describe FRAMEWORK BACKEND PRECISION HARDWARE",
+              file=sys.stderr)
         return 2
     spec = JobSpec.load(Path(argv[0]))
     prepare_environment(spec)

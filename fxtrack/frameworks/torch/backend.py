@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -23,6 +23,9 @@ class TorchBackend(Backend):
 
     def device_tags(self) -> dict[str, str]:
         return devices.tags(self.device)
+
+    def visible_devices(self) -> list[str]:
+        return devices.visible()
 
     def build(self, batch_size: int) -> None:
         torch.manual_seed(self.spec.seed)
@@ -51,3 +54,12 @@ class TorchBackend(Backend):
 
     def peak_memory_bytes(self) -> Optional[int]:
         return devices.peak_memory_bytes(self.device)
+
+    def prepare_inference(self) -> Callable[[], None]:
+        self.model.eval()  # BatchNorm running statistics
+        runnable = torch.compile(self.model) if self.spec.compile else self.model
+        return train.make_inference_step(runnable, self.batch, self.spec.precision, self.device,
+                                         functools.partial(devices.sync, self.device))
+
+    def matmul_tflops(self) -> float:
+        return devices.matmul_tflops(self.device, self.spec.precision)

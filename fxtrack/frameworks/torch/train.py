@@ -32,7 +32,7 @@ def optimizer(model: nn.Module, arch: Arch, device: torch.device) -> torch.optim
 def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if "images" in batch:
         return F.cross_entropy(model(batch["images"]).float(), batch["labels"])
-    logits = model(batch["input_ids"]).float()  # (B, T, vocab)
+    logits = model(model_input(batch)).float()  # (B, T, vocab)
     ce = F.cross_entropy(logits.flatten(0, 1), batch["mlm_labels"].flatten(), reduction="none")
     w = batch["mlm_weights"].flatten()
     return (ce * w).sum() / w.sum()
@@ -54,5 +54,24 @@ def make_step(model: nn.Module, opt: torch.optim.Optimizer, batch: dict[str, tor
         scaler.update()
         sync()
         return loss.detach()
+
+    return step
+
+
+def model_input(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    return batch["images"] if "images" in batch else batch["input_ids"]
+
+
+def make_inference_step(model: nn.Module, batch: dict[str, torch.Tensor], precision: str,
+                        device: torch.device, sync: Callable[[], None]) -> Callable[[], None]:
+    """Forward only: no autograd state (inference_mode), autocast as in training, then sync."""
+    amp = AMP_DTYPES[precision]
+    x = model_input(batch)
+
+    def step() -> None:
+        with torch.inference_mode(), torch.autocast(device.type, dtype=amp or torch.float32,
+                                                    enabled=amp is not None):
+            model(x)
+        sync()
 
     return step
