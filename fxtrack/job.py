@@ -29,6 +29,10 @@ class JobSpec:
     result_path: str
     verbose: bool = False
     progress: bool = True
+    launcher: str = "process"  # see FrameworkConfig.launcher
+    nodes: int = 1
+    node_rank: int = 0
+    coordinator: Optional[str] = None  # host:port of node 0
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))

@@ -42,6 +42,9 @@ class FrameworkConfig:
     extra: str = MISSING  # the pip extra that installs this framework
     compile: bool = True  # torch.compile / tf.function(jit_compile=True) / always jit in JAX
     python: Optional[str] = None  # interpreter for this framework's worker; None: the current one
+    # "torchrun": devices > 1 (or nodes > 1) start one worker per device through
+    # torch.distributed.run; "process": one worker drives every device (tf.distribute, JAX SPMD).
+    launcher: str = "process"
 
 
 @dataclasses.dataclass
@@ -99,6 +102,14 @@ class HardwareConfig:
     nodes: int = 1
     node_rank: int = 0
     coordinator: Optional[str] = None  # host:port of node 0 for multi-node runs
+
+    def __post_init__(self) -> None:
+        _positive("hardware.", nodes=self.nodes)
+        if not 0 <= self.node_rank < self.nodes:
+            raise ValueError(f"hardware.node_rank must be in [0, {self.nodes}), got {self.node_rank}")
+        if self.nodes > 1 and not self.coordinator:
+            raise ValueError("hardware.coordinator (host:port of node 0) is required when "
+                             "hardware.nodes > 1")
 
 
 @dataclasses.dataclass

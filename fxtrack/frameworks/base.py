@@ -61,6 +61,11 @@ class Backend(abc.ABC):
         """The framework's own peak device memory, or None where it has no such counter (CPU)."""
         return None
 
+    def reduce_max(self, value: float) -> float:
+        """The largest ``value`` over every process of a multi-process run (memory peaks);
+        called by every process at the same point."""
+        return value
+
     def visible_devices(self) -> list[str]:
         """Every device this framework can use here, e.g. ``["cpu", "cuda:0 NVIDIA H200"]``."""
         return []

@@ -54,11 +54,14 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         compile=fw.compile, seed=conf.seed, batch_size=conf.batch_size, steps=conf.steps,
         warmup_steps=conf.warmup_steps, result_path=str(job_dir / "result.json"),
         verbose=conf.verbose, progress=sys.stderr.isatty() or bool(os.environ.get("FXTRACK_PROGRESS")),
+        launcher=fw.launcher, nodes=conf.hardware.nodes, node_rank=conf.hardware.node_rank,
+        coordinator=conf.hardware.coordinator,
     )
 
 
 def task(cfg: DictConfig) -> None:
-    """One job: run in its worker, spooled, logged; exits non-zero on failure (single run)."""
+    """One job (or, for scenario=scaling, one job per device count), each run in its worker,
+    spooled and logged; exits non-zero on failure when not part of a sweep."""
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     try:
@@ -68,23 +71,18 @@ def task(cfg: DictConfig) -> None:
         sys.exit(2)
     job_dir = Path(hc.runtime.output_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
-    spec = job_spec(conf, arch, job_dir)
-    from fxtrack.tracking import records  # no mlflow import here
-
-    name = records.run_name(spec)
+    job = Job(cfg, conf, arch, hc.runtime.cwd)
+    parent = os.environ.get(SWEEP_ID_ENV) if multirun else None
     if multirun:
-        total = os.environ.get(SWEEP_TOTAL_ENV, "?")
-        print(f"[fxtrack] job {hc.job.num + 1}/{total}: {name}", file=sys.stderr, flush=True)
-    start_ms = int(time.time() * 1000)
-    result = run_worker(spec, job_dir, conf.framework.python, conf.timeout_s, echo=True)
-    if result.status == "FINISHED":
-        enrich(result, spec, conf)
-    result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
+        label = f"{conf.framework.name}-{arch.name}-{conf.scenario.name}"
+        print(f"[fxtrack] job {hc.job.num + 1}/{os.environ.get(SWEEP_TOTAL_ENV, '?')}: {label}",
+              file=sys.stderr, flush=True)
+    if conf.scenario.name == "scaling":
+        from fxtrack.orchestrator.scaling import run_scaling
 
-    line = summary_line(name, result)
-    run_id, where = _log(cfg, conf, spec, result, start_ms, hc.runtime.cwd,
-                         os.environ.get(SWEEP_ID_ENV) if multirun else None, job_dir)
-    print(f"{line}  [{where}]", file=sys.stderr, flush=True)
+        name, result, run_id = run_scaling(job, job_dir, parent)
+    else:
+        name, result, run_id = job.run(job_dir, parent, conf.devices)
     if multirun:
         jobs = Path(hc.sweep.dir) / JOBS_DIR
         jobs.mkdir(parents=True, exist_ok=True)
@@ -93,6 +91,58 @@ def task(cfg: DictConfig) -> None:
              "metrics": result.metrics, "run_id": run_id}))
     elif result.status != "FINISHED" or run_id is None:
         sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+
+
+class Job:
+    """One composed config, ready to run as a worker (at any device count) and be logged."""
+
+    def __init__(self, cfg: DictConfig, conf: FxtrackConfig, arch: architectures.Arch,
+                 launch_dir: str) -> None:
+        from fxtrack.tracking import records, writer
+
+        self.cfg, self.conf, self.arch = cfg, conf, arch
+        self.uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
+        config = OmegaConf.to_container(cfg, resolve=True)
+        config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
+        self.config = config  # what is logged: resolved, without credentials
+
+    def run(self, job_dir: Path, parent: str | None, devices: int,
+            scenario: str | None = None) -> tuple[str, Result, str | None]:
+        """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id)."""
+        from fxtrack.tracking import records
+
+        spec = job_spec(self.conf, self.arch, job_dir)
+        spec.devices = devices
+        spec.scenario = scenario or spec.scenario
+        name = records.run_name(spec)
+        start_ms = int(time.time() * 1000)
+        result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
+        if result.status == "FINISHED":
+            enrich(result, spec, self.conf)
+        result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
+        config = dict(self.config, devices=devices)
+        run_id, where = self.log(records.job_record(
+            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms), {
+                "config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
+                "result.json": Path(spec.result_path),
+                "environment.json": records.environment_json(),
+                "worker.log": log_tail(job_dir / "worker.log")})
+        print(f"{summary_line(name, result)}  [{where}]", file=sys.stderr, flush=True)
+        return name, result, run_id
+
+    def log(self, record: dict, artifacts: dict) -> tuple[str | None, str]:
+        """Spool ``record``, deliver it; (run id or None, where it went)."""
+        from fxtrack.tracking import spool, writer
+
+        entry = spool.write(record, artifacts)
+        try:
+            run_id = writer.deliver(entry, self.uri)
+        except writer.TrackingUnavailable as e:
+            print(f"fxtrack: could not log to {record['uri']}: {e}\n"
+                  f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server "
+                  "is back", file=sys.stderr)
+            return None, "spooled"
+        return run_id, f"mlflow run {run_id}"
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
@@ -110,30 +160,6 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     if source:
         result.tags["peak_tflops_source"] = source
     m.update(complexity.code_metrics(spec.framework))
-
-
-def _log(cfg, conf, spec, result, start_ms, launch_dir, parent, job_dir) -> tuple[str | None, str]:
-    from fxtrack.tracking import records, spool, writer
-
-    uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
-    config = OmegaConf.to_container(cfg, resolve=True)
-    config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
-    record = records.job_record(spec, result, config, uri, conf.tracking.experiment, parent,
-                                start_ms)
-    entry = spool.write(record, {
-        "config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
-        "result.json": Path(spec.result_path),
-        "environment.json": records.environment_json(),
-        "worker.log": log_tail(job_dir / "worker.log"),
-    })
-    try:
-        run_id = writer.deliver(entry, uri)
-    except writer.TrackingUnavailable as e:
-        print(f"fxtrack: could not log to {records.redact_uri(uri)}: {e}\n"
-              f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server is back",
-              file=sys.stderr)
-        return None, "spooled"
-    return run_id, f"mlflow run {run_id}"
 
 
 def summary_line(name: str, result: Result) -> str:

@@ -28,7 +28,7 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     # The worker imports fxtrack from this checkout even under another venv's interpreter.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
-    cmd = [python or sys.executable, "-m", "fxtrack.worker", str(spec_path)]
+    cmd = worker_command(spec, python or sys.executable, spec_path)
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -42,6 +42,21 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
         timed_out = _wait(proc, timeout_s)
         tee.join(timeout=10)
     return _outcome(spec, proc.returncode, timed_out, timeout_s, log_path)
+
+
+def worker_command(spec: JobSpec, python: str, spec_path: Path) -> list[str]:
+    """``python -m fxtrack.worker SPEC``, or under torchrun one worker per device (and node)."""
+    worker = ["-m", "fxtrack.worker", str(spec_path)]
+    if spec.launcher != "torchrun" or (spec.devices == 1 and spec.nodes == 1):
+        return [python, *worker]
+    if spec.nodes > 1:
+        host, _, port = spec.coordinator.rpartition(":")
+        where = [f"--nnodes={spec.nodes}", f"--node-rank={spec.node_rank}",
+                 f"--master-addr={host}", f"--master-port={port}"]
+    else:
+        where = ["--standalone"]
+    return [python, "-m", "torch.distributed.run", f"--nproc-per-node={spec.devices}", *where,
+            *worker]
 
 
 def _tee(stream, log, echo: bool) -> None:

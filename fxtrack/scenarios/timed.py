@@ -32,12 +32,13 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     global_batch = batch * spec.devices
     m = result.metrics
     m.update(step_metrics(times, global_batch))
-    m.update(param_count=float(backend.param_count()), peak_rss_mib=peak_rss_mib(),
+    m.update(param_count=float(backend.param_count()),
+             peak_rss_mib=backend.reduce_max(peak_rss_mib()),  # the largest process
              flops_per_sample=float(flops_per_sample))
     m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
     m.update(nvml.metrics(global_batch * steps))
     peak = backend.peak_memory_bytes()
     if peak is not None:
-        m["peak_mem_device_mib"] = peak / 2**20
+        m["peak_mem_device_mib"] = backend.reduce_max(peak / 2**20)  # the fullest device
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
     return times.loss_handles

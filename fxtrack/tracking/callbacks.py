@@ -61,8 +61,9 @@ class SweepRun(Callback):
 
         uri = writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         name = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.localtime(self.started))}"
-        record = records.sweep_record(self.sweep_id, uri, config.tracking.experiment, name,
-                                      list(config.hydra.overrides.task), status)
+        record = records.parent_record(self.sweep_id, uri, config.tracking.experiment, name,
+                                       {"fxtrack.sweep": " ".join(config.hydra.overrides.task)},
+                                       status)
         entry = spool.write(record, {})
         try:
             writer.deliver(entry, uri)

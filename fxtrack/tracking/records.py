@@ -91,13 +91,16 @@ def _status(result: Result) -> str:
     return "ok" if result.guard == "ok" else "guard_failed"
 
 
-def sweep_record(result_id: str, uri: str, experiment: str, name: str, overrides: list[str],
-                 status: str = "RUNNING") -> dict[str, Any]:
-    tags = dict(host_tags(), **{"fxtrack.sweep": " ".join(overrides)})
-    return {"kind": "sweep", "result_id": result_id, **_target(uri, experiment, None),
-            "run_name": name, "parent_result_id": None, "status": status,
-            "start_time_ms": int(time.time() * 1000), "params": {}, "tags": tags, "metrics": {},
-            "series": {}}
+def parent_record(result_id: str, uri: str, experiment: str, name: str, tags: dict[str, str],
+                  status: str = "RUNNING", parent_result_id: Optional[str] = None,
+                  metrics: Optional[dict[str, float]] = None) -> dict[str, Any]:
+    """A parent run (a sweep, or a scaling run's device counts): created RUNNING so children can
+    link to it, logged again with its status and metrics when they are done."""
+    return {"kind": "sweep", "result_id": result_id,
+            **_target(uri, experiment, parent_result_id), "run_name": name,
+            "parent_result_id": parent_result_id, "status": status,
+            "start_time_ms": int(time.time() * 1000), "params": {},
+            "tags": dict(host_tags(), **tags), "metrics": metrics or {}, "series": {}}
 
 
 def report_record(uri: str, experiment: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -32,6 +32,9 @@ def prepare_environment(spec: JobSpec) -> None:
     if spec.hardware == "cpu":
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["JAX_PLATFORMS"] = "cpu"
+        if spec.devices > 1:  # JAX: N host devices stand in for N accelerators
+            flag = f"--xla_force_host_platform_device_count={spec.devices}"
+            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
 
 
 def run(spec: JobSpec) -> Result:
@@ -93,7 +96,8 @@ def main(argv: list[str]) -> int:
     spec = JobSpec.load(Path(argv[0]))
     prepare_environment(spec)
     result = run(spec)
-    result.dump(Path(spec.result_path))
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
+        result.dump(Path(spec.result_path))
     if result.error:
         print(f"[fxtrack] job failed: {result.error}", file=sys.stderr)
     return 0 if result.status == "FINISHED" else 1

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.torch import data, devices, models, train
+from fxtrack.frameworks.torch import data, devices, models, parallel, train
 
 
 class TorchBackend(Backend):
@@ -24,6 +24,9 @@ class TorchBackend(Backend):
     def device_tags(self) -> dict[str, str]:
         return devices.tags(self.device)
 
+    def reduce_max(self, value: float) -> float:
+        return parallel.reduce_max(value, self.device)
+
     def visible_devices(self) -> list[str]:
         return devices.visible()
 
@@ -37,9 +40,11 @@ class TorchBackend(Backend):
         model.train()
         self.model = model
         self.opt = train.optimizer(model, self.arch, self.device)
-        self.batch = data.device_batch(self.arch, batch_size, self.spec.seed, self.device,
-                                       channels_last)
-        runnable = torch.compile(model) if self.spec.compile else model
+        # Each data-parallel rank trains on its own shard: same seed, offset by rank.
+        self.batch = data.device_batch(self.arch, batch_size, self.spec.seed + parallel.rank(),
+                                       self.device, channels_last)
+        wrapped = parallel.wrap(model, self.device)
+        runnable = torch.compile(wrapped) if self.spec.compile else wrapped
         self._step = train.make_step(runnable, self.opt, self.batch, self.spec.precision,
                                      self.device, functools.partial(devices.sync, self.device))
 

@@ -8,16 +8,22 @@ import time
 
 import torch
 
+from fxtrack.frameworks.torch import parallel
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def select(hardware: str) -> torch.device:
+    """The device for ``hardware``; under torchrun, this process's own (LOCAL_RANK)."""
     if hardware == "gpu" and not torch.cuda.is_available():
         raise RuntimeError("hardware=gpu, but PyTorch sees no CUDA device "
                            f"(torch {torch.__version__}, CUDA build: {torch.version.cuda})")
-    if hardware in ("gpu", "auto") and torch.cuda.is_available():
-        return torch.device("cuda", 0)
-    return torch.device("cpu")
+    kind = "cuda" if hardware in ("gpu", "auto") and torch.cuda.is_available() else "cpu"
+    parallel.init(kind)
+    device = parallel.local_device(kind)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
 
 
 def sync(device: torch.device) -> None:
