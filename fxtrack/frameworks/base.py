@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Optional
 
 from fxtrack.architectures import Arch
@@ -74,6 +75,20 @@ class Backend(abc.ABC):
         """Put the built model in inference mode and return a forward-only step on the resident
         batch that returns (None) once the device has finished."""
         raise NotImplementedError(f"scenario=inference is not implemented for {self.name} yet")
+
+    def save_checkpoint(self, directory: Path) -> None:
+        """Save the full training state (weights and optimiser) in the framework's standard way."""
+        raise NotImplementedError(f"scenario=checkpoint is not implemented for {self.name} yet")
+
+    def restore_checkpoint(self, directory: Path) -> None:
+        """Restore what ``save_checkpoint`` wrote into the live model and optimiser."""
+        raise NotImplementedError(f"scenario=checkpoint is not implemented for {self.name} yet")
+
+    def export(self, directory: Path) -> Callable[[], None]:
+        """Export the model for serving into ``directory``, load it back as a server would, and
+        return a forward step of the loaded artifact on the resident batch (synced, like
+        ``prepare_inference``'s)."""
+        raise NotImplementedError(f"scenario=checkpoint is not implemented for {self.name} yet")
 
     def matmul_tflops(self) -> float:
         """This framework's rate on a large square matmul at ``spec.precision`` on the device

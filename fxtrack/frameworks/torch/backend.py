@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import torch
 
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.torch import data, devices, models, parallel, train
+from fxtrack.frameworks.torch import checkpoint, data, devices, models, parallel, train
 
 
 class TorchBackend(Backend):
@@ -64,6 +65,18 @@ class TorchBackend(Backend):
         self.model.eval()  # BatchNorm running statistics
         runnable = torch.compile(self.model) if self.spec.compile else self.model
         return train.make_inference_step(runnable, self.batch, self.spec.precision, self.device,
+                                         functools.partial(devices.sync, self.device))
+
+    def save_checkpoint(self, directory: Path) -> None:
+        checkpoint.save(self.model, self.opt, directory)
+
+    def restore_checkpoint(self, directory: Path) -> None:
+        checkpoint.restore(self.model, self.opt, directory, self.device)
+
+    def export(self, directory: Path) -> Callable[[], None]:
+        path = checkpoint.export(self.model, train.model_input(self.batch), directory)
+        served = checkpoint.load_exported(path)
+        return train.make_inference_step(served, self.batch, self.spec.precision, self.device,
                                          functools.partial(devices.sync, self.device))
 
     def matmul_tflops(self) -> float:

@@ -1,0 +1,65 @@
+"""The checkpoint scenario: save and restore the full training state, prove the restored state
+reproduces the next step's loss exactly, then export for serving and compare the exported
+model's latency with the live model's."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from fxtrack import defaults
+from fxtrack.frameworks.base import Backend
+from fxtrack.job import Result
+from fxtrack.measure.memory import peak_rss_mib
+from fxtrack.measure.timer import eprint, percentile, time_steps
+
+
+def _mib(directory: Path) -> float:
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) / 2**20
+
+
+def run(backend: Backend, result: Result) -> None:
+    spec = backend.spec
+    kind = backend.device_kind()
+    batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
+                                            spec.warmup_steps)
+    result.resolved.update(batch_size=batch, steps=steps, warmup_steps=warmup, device_kind=kind)
+    eprint(f"[fxtrack] building {spec.arch['name']} in {spec.framework} on {kind} for checkpoint")
+    backend.build(batch)
+    for _ in range(warmup):  # optimiser moments exist: the state is a real training state
+        backend.train_step()
+    m = result.metrics
+    work = Path(tempfile.mkdtemp(prefix="fxtrack-ckpt-", dir=Path(spec.result_path).parent))
+    try:
+        ckpt, exported = work / "checkpoint", work / "export"
+        ckpt.mkdir()
+        exported.mkdir()
+        t0 = time.perf_counter()
+        backend.save_checkpoint(ckpt)
+        m["checkpoint_save_s"] = time.perf_counter() - t0
+        m["checkpoint_mib"] = _mib(ckpt)
+        expected = backend.loss_value(backend.train_step())  # moves the state on one step
+        t0 = time.perf_counter()
+        backend.restore_checkpoint(ckpt)
+        m["checkpoint_restore_s"] = time.perf_counter() - t0
+        replayed = backend.loss_value(backend.train_step())  # the same step, from the restore
+        m.update(loss_next_step=expected, loss_after_restore=replayed,
+                 checkpoint_restore_exact=float(replayed == expected))
+
+        live = backend.prepare_inference()
+        t0 = time.perf_counter()
+        served = backend.export(exported)
+        m["export_s"] = time.perf_counter() - t0
+        m["export_mib"] = _mib(exported)
+        for label, step in (("live", live), ("export", served)):
+            times = time_steps(step, warmup, steps, show=spec.progress, label=f"{label} model")
+            m[f"{label}_latency_ms_p50"] = percentile([t * 1e3 for t in times.step_times_s], 50)
+        m["export_latency_ratio"] = m["export_latency_ms_p50"] / m["live_latency_ms_p50"]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    m.update(param_count=float(backend.param_count()), peak_rss_mib=peak_rss_mib())
+    if replayed != expected:
+        result.guard = (f"the restored state did not reproduce the next step's loss "
+                        f"({expected!r} vs {replayed!r})")
