@@ -33,6 +33,7 @@ class JobSpec:
     nodes: int = 1
     node_rank: int = 0
     coordinator: Optional[str] = None  # host:port of node 0
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # scenario knobs
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))

@@ -94,6 +94,13 @@ class PrecisionConfig:
 class ScenarioConfig:
     name: str = MISSING
     runner: Optional[str] = None  # "module.function" run in the worker; None: not implemented yet
+    dataset_samples: int = 512  # pipeline: samples in the on-disk synthetic dataset
+    loader_workers: int = 2  # pipeline: loader processes / parallel calls
+
+    def __post_init__(self) -> None:
+        _positive("scenario.", dataset_samples=self.dataset_samples)
+        if self.loader_workers < 0:
+            raise ValueError(f"scenario.loader_workers must be >= 0, got {self.loader_workers}")
 
 
 @dataclasses.dataclass

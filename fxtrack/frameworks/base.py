@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import abc
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Iterator, Optional
 
 from fxtrack.architectures import Arch
 from fxtrack.job import JobSpec
@@ -75,6 +75,15 @@ class Backend(abc.ABC):
         """Put the built model in inference mode and return a forward-only step on the resident
         batch that returns (None) once the device has finished."""
         raise NotImplementedError(f"scenario=inference is not implemented for {self.name} yet")
+
+    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
+        """An endless iterator of batches read from ``directory`` (fxtrack.datasets) through this
+        framework's idiomatic input pipeline, doing the per-sample work datasets.py fixes."""
+        raise NotImplementedError(f"scenario=pipeline is not implemented for {self.name} yet")
+
+    def train_step_on(self, batch: Any) -> Any:
+        """``train_step`` on a batch from ``pipeline_loader`` (moved to the device here)."""
+        raise NotImplementedError(f"scenario=pipeline is not implemented for {self.name} yet")
 
     def save_checkpoint(self, directory: Path) -> None:
         """Save the full training state (weights and optimiser) in the framework's standard way."""

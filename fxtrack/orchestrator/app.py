@@ -56,6 +56,8 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         verbose=conf.verbose, progress=sys.stderr.isatty() or bool(os.environ.get("FXTRACK_PROGRESS")),
         launcher=fw.launcher, nodes=conf.hardware.nodes, node_rank=conf.hardware.node_rank,
         coordinator=conf.hardware.coordinator,
+        options={"dataset_samples": conf.scenario.dataset_samples,
+                 "loader_workers": conf.scenario.loader_workers},
     )
 
 

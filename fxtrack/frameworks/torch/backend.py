@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.torch import checkpoint, data, devices, models, parallel, train
+from fxtrack.frameworks.torch import checkpoint, data, devices, models, parallel, pipeline, train
 
 
 class TorchBackend(Backend):
@@ -34,7 +34,7 @@ class TorchBackend(Backend):
     def build(self, batch_size: int) -> None:
         torch.manual_seed(self.spec.seed)
         # Channels-last lets cuDNN / oneDNN use their NHWC convolution kernels.
-        channels_last = self.arch.family == "resnet"
+        self.channels_last = channels_last = self.arch.family == "resnet"
         model = models.build(self.arch).to(self.device)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
@@ -46,14 +46,20 @@ class TorchBackend(Backend):
                                        self.device, channels_last)
         wrapped = parallel.wrap(model, self.device)
         runnable = torch.compile(wrapped) if self.spec.compile else wrapped
-        self._step = train.make_step(runnable, self.opt, self.batch, self.spec.precision,
-                                     self.device, functools.partial(devices.sync, self.device))
+        self._step = train.make_step(runnable, self.opt, self.spec.precision, self.device,
+                                     functools.partial(devices.sync, self.device))
 
     def param_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
     def train_step(self) -> torch.Tensor:
-        return self._step()
+        return self._step(self.batch)
+
+    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
+        return pipeline.loader(directory, batch_size, workers, pin=self.device.type == "cuda")
+
+    def train_step_on(self, batch: Any) -> torch.Tensor:
+        return self._step(data.to_device(batch, self.device, self.channels_last))
 
     def loss_value(self, handle: Any) -> float:
         return float(handle)

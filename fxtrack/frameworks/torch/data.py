@@ -12,9 +12,20 @@ def device_batch(arch: Arch, batch_size: int, seed: int, device: torch.device,
                  channels_last: bool) -> dict[str, torch.Tensor]:
     batch = {k: torch.from_numpy(v) for k, v in make_batch(arch, batch_size, seed).items()}
     if "images" in batch:
-        fmt = torch.channels_last if channels_last else torch.contiguous_format
-        batch["images"] = batch["images"].permute(0, 3, 1, 2).contiguous(memory_format=fmt)
-    for key in ("labels", "input_ids", "mlm_labels"):
-        if key in batch:
-            batch[key] = batch[key].long()
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch["images"] = batch["images"].permute(0, 3, 1, 2)  # NHWC -> NCHW
+    return to_device(batch, device, channels_last)
+
+
+def to_device(batch: dict[str, torch.Tensor], device: torch.device,
+              channels_last: bool) -> dict[str, torch.Tensor]:
+    """A host batch (images NCHW) onto the device: int64 indices, the model's memory format."""
+    out = {}
+    for key, value in batch.items():
+        value = value.to(device, non_blocking=True)
+        if key in ("labels", "input_ids", "mlm_labels"):
+            value = value.long()
+        if key == "images":
+            fmt = torch.channels_last if channels_last else torch.contiguous_format
+            value = value.contiguous(memory_format=fmt)
+        out[key] = value
+    return out

@@ -38,14 +38,14 @@ def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return (ce * w).sum() / w.sum()
 
 
-def make_step(model: nn.Module, opt: torch.optim.Optimizer, batch: dict[str, torch.Tensor],
-              precision: str, device: torch.device,
-              sync: Callable[[], None]) -> Callable[[], torch.Tensor]:
-    """One training step: forward under autocast, (scaled) backward, optimiser step, sync."""
+def make_step(model: nn.Module, opt: torch.optim.Optimizer, precision: str, device: torch.device,
+              sync: Callable[[], None]) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """One training step on a device batch: forward under autocast, (scaled) backward,
+    optimiser step, sync."""
     amp = AMP_DTYPES[precision]
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
-    def step() -> torch.Tensor:
+    def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
             loss = loss_fn(model, batch)
