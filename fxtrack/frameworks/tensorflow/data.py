@@ -1,0 +1,16 @@
+"""The synthetic batch, on the device in TensorFlow's layout (NHWC images, int32 ids)."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from fxtrack.architectures import Arch
+from fxtrack.synthetic import make_batch
+
+
+def device_batch(arch: Arch, batch_size: int, seed: int, device: str) -> dict[str, tf.Tensor]:
+    """``fxtrack.synthetic.make_batch`` copied once onto ``device`` (e.g. ``"/GPU:0"``)."""
+    with tf.device(device):
+        # tf.identity under the device scope copies the host constant onto the device.
+        batch = make_batch(arch, batch_size, seed)
+        return {key: tf.identity(tf.constant(value)) for key, value in batch.items()}

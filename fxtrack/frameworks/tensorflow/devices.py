@@ -1,0 +1,77 @@
+"""Device choice, memory counters and device tags for TensorFlow."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import tensorflow as tf
+
+DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
+
+
+def select(hardware: str) -> str:
+    """``auto`` | ``cpu`` | ``gpu`` -> a TF device name (``"/GPU:0"`` or ``"/CPU:0"``), with
+    memory growth on, so that the peak counter (and NVML) see the model, not a reserved pool."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if hardware == "gpu" and not gpus:
+        raise RuntimeError("hardware=gpu, but TensorFlow sees no GPU "
+                           f"(tensorflow {tf.__version__}, "
+                           f"built with CUDA: {tf.test.is_built_with_cuda()})")
+    if hardware in ("gpu", "auto") and gpus:
+        for gpu in gpus:
+            try:
+                tf.config.experimental.set_memory_growth(gpu, True)
+            except RuntimeError:  # runtime already initialised: TF_FORCE_GPU_ALLOW_GROWTH applies
+                pass
+        return "/GPU:0"
+    return "/CPU:0"
+
+
+def sync(device: str) -> None:
+    """Wait for the device's queued work (eager CPU ops already ran when they returned)."""
+    if "GPU" in device:
+        tf.test.experimental.sync_devices()  # note: the CPU waits for every queued kernel
+
+
+def peak_memory_bytes(device: str) -> Optional[int]:
+    """TF allocator's peak bytes on a GPU; None on CPU (no such counter)."""
+    if "GPU" not in device:
+        return None
+    return int(tf.config.experimental.get_memory_info(device.lstrip("/"))["peak"])
+
+
+def visible() -> list[str]:
+    """Every device TensorFlow can use here, e.g. ``["cpu", "gpu:0 NVIDIA H200"]``."""
+    gpus = tf.config.list_physical_devices("GPU")
+    names = [tf.config.experimental.get_device_details(g).get("device_name", "gpu") for g in gpus]
+    return ["cpu"] + [f"gpu:{i} {name}" for i, name in enumerate(names)]
+
+
+def tags(device: str) -> dict[str, str]:
+    """Device name and the CUDA / cuDNN versions TensorFlow was built with."""
+    if "GPU" not in device:
+        return {"device": "cpu"}
+    details = tf.config.experimental.get_device_details(tf.config.list_physical_devices("GPU")[0])
+    build = tf.sysconfig.get_build_info()
+    return {"device": str(details.get("device_name", "gpu")),
+            "cuda": str(build.get("cuda_version", "")),
+            "cudnn": str(build.get("cudnn_version", ""))}
+
+
+def matmul_tflops(device: str, precision: str) -> float:
+    """Best-of-three rate of an n x n @ n x n matmul (n = 8192 on a GPU, 2048 on a CPU)."""
+    n, reps = (8192, 20) if "GPU" in device else (2048, 4)
+    with tf.device(device):
+        a = tf.random.normal((n, n), dtype=DTYPES[precision])
+        b = tf.random.normal((n, n), dtype=DTYPES[precision])
+        tf.matmul(a, b)  # warm-up: kernel selection, oneDNN/cuBLAS initialisation
+        sync(device)
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                tf.matmul(a, b)
+            sync(device)
+            best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 * reps / best / 1e12

@@ -1,0 +1,203 @@
+"""ResNet-50 v1.5, ViT and BERT (masked-LM) as Keras 3 functional models, sized by ``Arch``.
+
+Layouts are TensorFlow's: images NHWC, conv kernels HWIO, dense kernels (in, out). Every layer
+is named after where it sits (``stage2_block1_conv2``, ``block0_attn_qkv``), so the weights map
+one to one onto the PyTorch modules (tests/convert_tensorflow.py). Precision comes from the
+Keras dtype policy that is global while a model is built (see ``train.precision_policy``).
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import layers, ops
+
+from fxtrack.architectures import Arch
+from fxtrack.frameworks.base import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS
+
+
+def conv_init() -> keras.initializers.Initializer:
+    """torch's ``kaiming_normal_(mode="fan_out", nonlinearity="relu")``. A fresh initializer per
+    layer: an unseeded Keras initializer fixes its seed when constructed (from Python's
+    ``random``, seeded by ``keras.utils.set_random_seed``), so a shared instance would give
+    every layer of one shape the same values."""
+    return keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal")
+
+
+def dense_init() -> keras.initializers.Initializer:
+    """N(0, 0.02) truncated, BERT's and ViT's init for dense and embedding matrices (fresh per
+    layer, see ``conv_init``)."""
+    return keras.initializers.TruncatedNormal(stddev=0.02)
+
+
+def gelu(x):
+    """Exact (erf) GELU, as torch's default; Keras' own default is the tanh approximation."""
+    return keras.activations.gelu(x, approximate=False)
+
+
+# ----------------------------------------------------------------------------- ResNet-50 v1.5
+def _bn(name: str) -> layers.BatchNormalization:
+    # Keras' momentum is the weight of the old statistic: 1 - torch's momentum.
+    return layers.BatchNormalization(momentum=1.0 - BATCH_NORM_MOMENTUM, epsilon=BATCH_NORM_EPS,
+                                     name=name)
+
+
+def _conv(x, filters: int, kernel: int, stride: int, name: str):
+    """Conv without bias, padded symmetrically like torch's ``padding=kernel // 2``.
+
+    TF's ``"same"`` pads stride-2 convolutions asymmetrically (0 before, 1 after for a 3x3), so
+    strided convolutions get an explicit ``ZeroPadding2D`` and ``"valid"`` instead."""
+    if stride > 1 and kernel > 1:
+        x = layers.ZeroPadding2D(kernel // 2, name=f"{name}_pad")(x)
+        padding = "valid"
+    else:
+        padding = "same"
+    return layers.Conv2D(filters, kernel, strides=stride, padding=padding, use_bias=False,
+                         kernel_initializer=conv_init(), name=name)(x)
+
+
+def conv_bn(x, filters: int, kernel: int, stride: int, name: str, index: str = "",
+            relu: bool = True):
+    """Conv -> BatchNorm (-> ReLU), named ``{name}_conv{index}``, ``{name}_bn{index}``."""
+    x = _conv(x, filters, kernel, stride, f"{name}_conv{index}")
+    x = _bn(f"{name}_bn{index}")(x)
+    return layers.ReLU(name=f"{name}_relu{index}")(x) if relu else x
+
+
+def bottleneck(x, width: int, stride: int, name: str):
+    """1x1 reduce, 3x3 (carries the stride: the "v1.5" change), 1x1 expand x4, residual."""
+    out_ch = 4 * width
+    identity = x
+    if stride != 1 or x.shape[-1] != out_ch:
+        identity = conv_bn(x, out_ch, 1, stride, f"{name}_downsample", relu=False)
+    y = conv_bn(x, width, 1, 1, name, "1")
+    y = conv_bn(y, width, 3, stride, name, "2")
+    y = conv_bn(y, out_ch, 1, 1, name, "3", relu=False)
+    return layers.ReLU(name=f"{name}_out")(layers.Add(name=f"{name}_add")([y, identity]))
+
+
+def resnet(arch: Arch) -> keras.Model:
+    """(B, H, W, 3) images -> (B, classes) logits."""
+    images = keras.Input((arch.image_size, arch.image_size, 3), name="images")
+    x = conv_bn(images, arch.width, 7, 2, "stem")  # (B, H/2, W/2, 64)
+    # Zero padding equals torch's -inf padding here: the input is post-ReLU, so >= 0.
+    x = layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
+    x = layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)  # (B, H/4, W/4, 64)
+    for i, blocks in enumerate(arch.stage_sizes):
+        for b in range(blocks):
+            x = bottleneck(x, arch.width * 2**i, 2 if b == 0 and i > 0 else 1,
+                           f"stage{i + 1}_block{b + 1}")
+    x = layers.GlobalAveragePooling2D(name="avg_pool")(x)  # (B, 2048)
+    logits = layers.Dense(arch.num_classes, name="head")(x)
+    return keras.Model(images, logits, name=arch.name)
+
+
+# ----------------------------------------------------------------------------- transformers
+class ClassToken(layers.Layer):
+    """Prepends one learned token: (B, N, C) -> (B, N + 1, C)."""
+
+    def build(self, input_shape):
+        self.token = self.add_weight(shape=(1, 1, input_shape[-1]), initializer="zeros",
+                                     name="token")
+
+    def call(self, x):
+        token = ops.broadcast_to(ops.cast(self.token, x.dtype), (ops.shape(x)[0], 1, x.shape[-1]))
+        return ops.concatenate([token, x], axis=1)
+
+
+class PositionEmbedding(layers.Layer):
+    """Adds rows [0, T) of a learned (max_length, C) table to (B, T, C)."""
+
+    def __init__(self, max_length: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.max_length = max_length
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(shape=(self.max_length, input_shape[-1]),
+                                          initializer=dense_init(), name="embeddings")
+
+    def call(self, x):
+        return x + ops.cast(self.embeddings[: x.shape[1]], x.dtype)
+
+
+class Bias(layers.Layer):
+    """A learned bias on the last axis (the tied MLM decoder has a bias of its own)."""
+
+    def build(self, input_shape):
+        self.bias = self.add_weight(shape=(input_shape[-1],), initializer="zeros", name="bias")
+
+    def call(self, x):
+        return x + ops.cast(self.bias, x.dtype)
+
+
+def _dense(units: int, name: str, activation=None) -> layers.Dense:
+    """A dense layer with the transformers' N(0, 0.02) kernel and a zero bias."""
+    return layers.Dense(units, activation=activation, kernel_initializer=dense_init(), name=name)
+
+
+def self_attention(x, heads: int, name: str):
+    """Multi-head self-attention: one fused qkv projection (as torch), Keras' attention op."""
+    t, c = x.shape[1], x.shape[2]
+    qkv = _dense(3 * c, f"{name}_qkv")(x)  # (B, T, 3C), laid out [q | k | v]
+    q, k, v = (ops.reshape(z, (-1, t, heads, c // heads)) for z in ops.split(qkv, 3, axis=-1))
+    y = ops.dot_product_attention(q, k, v)  # (B, T, heads, head_dim), softmax(qk^T/sqrt(d)) v
+    return _dense(c, f"{name}_proj")(ops.reshape(y, (-1, t, c)))
+
+
+def encoder_block(x, arch: Arch, pre_norm: bool, name: str):
+    """A transformer encoder block: pre-LN (ViT) or post-LN (BERT); dropout 0."""
+    eps = LAYER_NORM_EPS[arch.family]
+    norm1 = layers.LayerNormalization(epsilon=eps, name=f"{name}_norm1")
+    norm2 = layers.LayerNormalization(epsilon=eps, name=f"{name}_norm2")
+
+    def ffn(z):
+        z = _dense(arch.mlp_dim, f"{name}_mlp_fc1", activation=gelu)(z)
+        return _dense(arch.hidden, f"{name}_mlp_fc2")(z)
+
+    add1, add2 = layers.Add(name=f"{name}_add1"), layers.Add(name=f"{name}_add2")
+    if pre_norm:
+        x = add1([x, self_attention(norm1(x), arch.heads, f"{name}_attn")])
+        return add2([x, ffn(norm2(x))])
+    x = norm1(add1([x, self_attention(x, arch.heads, f"{name}_attn")]))
+    return norm2(add2([x, ffn(x)]))
+
+
+def vit(arch: Arch) -> keras.Model:
+    """(B, H, W, 3) images -> (B, classes) logits; class token, learned positions, pre-LN."""
+    images = keras.Input((arch.image_size, arch.image_size, 3), name="images")
+    grid = arch.image_size // arch.patch
+    x = layers.Conv2D(arch.hidden, arch.patch, strides=arch.patch,
+                      kernel_initializer=dense_init(), name="patch_embed")(images)
+    # (B, grid, grid, C) -> (B, grid^2, C), patches in row-major order as torch's flatten(2)
+    x = layers.Reshape((grid * grid, arch.hidden), name="patch_flatten")(x)
+    x = ClassToken(name="cls_token")(x)  # (B, grid^2 + 1, C)
+    x = PositionEmbedding(grid * grid + 1, name="pos_embed")(x)
+    for i in range(arch.layers):
+        x = encoder_block(x, arch, pre_norm=True, name=f"block{i}")
+    x = layers.LayerNormalization(epsilon=LAYER_NORM_EPS["vit"], name="final_norm")(x[:, 0])
+    logits = _dense(arch.num_classes, "head")(x)
+    return keras.Model(images, logits, name=arch.name)
+
+
+def bert(arch: Arch) -> keras.Model:
+    """(B, T) token ids -> (B, T, vocab) logits; post-LN encoder, tied masked-LM decoder."""
+    ids = keras.Input((arch.seq_len,), dtype="int32", name="input_ids")
+    eps, h = LAYER_NORM_EPS["bert"], arch.hidden
+    word = layers.ReversibleEmbedding(arch.vocab_size, h, embeddings_initializer=dense_init(),
+                                      name="word_embeddings")
+    token_type = layers.Embedding(arch.type_vocab, h, embeddings_initializer=dense_init(),
+                                  name="token_type_embeddings")
+    # A single segment: every token has type 0.
+    x = layers.Add(name="embed_add")([word(ids), token_type(ops.zeros_like(ids))])
+    x = PositionEmbedding(arch.max_position, name="position_embeddings")(x)
+    x = layers.LayerNormalization(epsilon=eps, name="embed_norm")(x)  # (B, T, C)
+    for i in range(arch.layers):
+        x = encoder_block(x, arch, pre_norm=False, name=f"block{i}")
+    x = _dense(h, "mlm_dense", activation=gelu)(x)
+    x = layers.LayerNormalization(epsilon=eps, name="mlm_norm")(x)
+    logits = Bias(name="mlm_bias")(word(x, reverse=True))  # tied decoder: x @ E^T + b
+    return keras.Model(ids, logits, name=arch.name)
+
+
+def build(arch: Arch) -> keras.Model:
+    """The Keras model for ``arch`` under the current global dtype policy."""
+    return {"resnet": resnet, "vit": vit, "bert": bert}[arch.family](arch)

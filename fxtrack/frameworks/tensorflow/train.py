@@ -1,0 +1,110 @@
+"""Optimiser, loss and the training step for TensorFlow (Keras policies, loss scaling, XLA)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+import keras
+import tensorflow as tf
+from keras import ops
+
+from fxtrack.architectures import Arch
+from fxtrack.frameworks.base import ADAMW, SGD
+
+# Keras dtype policies: compute dtype / variable dtype. The mixed ones keep fp32 variables.
+POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+
+
+@contextlib.contextmanager
+def precision_policy(precision: str) -> Iterator[None]:
+    """Make ``precision``'s Keras dtype policy global while a model is built (layers read it
+    when they are constructed), then restore the previous one."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(POLICIES[precision])
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+class CoupledSGD(keras.optimizers.SGD):
+    """SGD with momentum and *coupled* L2 weight decay, exactly as ``torch.optim.SGD``:
+    ``g += wd * w`` before the momentum update. (Keras' own ``weight_decay`` is decoupled.)"""
+
+    def __init__(self, l2: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.l2 = l2
+
+    def update_step(self, gradient, variable, learning_rate):
+        gradient = ops.add(ops.cast(gradient, variable.dtype),
+                           ops.multiply(variable, ops.cast(self.l2, variable.dtype)))
+        super().update_step(gradient, variable, learning_rate)
+
+
+def optimizer(arch: Arch, precision: str) -> keras.optimizers.Optimizer:
+    """SGD+momentum (coupled L2) for ResNet-50, AdamW for transformers; with dynamic loss
+    scaling in fp16 (as torch's GradScaler)."""
+    if arch.family == "resnet":
+        opt = CoupledSGD(SGD["weight_decay"], learning_rate=SGD["lr"], momentum=SGD["momentum"])
+    else:
+        opt = keras.optimizers.AdamW(learning_rate=ADAMW["lr"], beta_1=ADAMW["b1"],
+                                     beta_2=ADAMW["b2"], epsilon=ADAMW["eps"],
+                                     weight_decay=ADAMW["weight_decay"])
+    if precision == "fp16":
+        opt = keras.optimizers.LossScaleOptimizer(opt)  # dynamic: 2**15, halves on overflow
+    return opt
+
+
+def loss_fn(model: keras.Model, batch: dict[str, tf.Tensor], training: bool = True) -> tf.Tensor:
+    """Mean cross-entropy (images), or masked-LM cross-entropy averaged over predicted tokens;
+    logits and loss in fp32 whatever the compute dtype."""
+    if "images" in batch:
+        logits = ops.cast(model(batch["images"], training=training), "float32")  # (B, classes)
+        return ops.mean(ops.sparse_categorical_crossentropy(batch["labels"], logits,
+                                                            from_logits=True))
+    logits = ops.cast(model(batch["input_ids"], training=training), "float32")  # (B, T, vocab)
+    ce = ops.sparse_categorical_crossentropy(batch["mlm_labels"], logits, from_logits=True)
+    w = batch["mlm_weights"]  # (B, T), 1 where the token is predicted
+    return ops.sum(ce * w) / ops.sum(w)
+
+
+def apply_gradients(opt: keras.optimizers.Optimizer, grads: list, variables: list) -> None:
+    """``opt.apply`` on dense gradients. Embedding gradients arrive as ``IndexedSlices`` with
+    repeated rows (BERT's token-type table: every token reads row 0); Keras' sparse update path
+    applies the moment decay once per repeat, unlike torch's dense update, so the slices are
+    summed into a dense tensor first (cheap: the word-embedding gradient is dense already,
+    through the tied decoder)."""
+    opt.apply([tf.convert_to_tensor(g) for g in grads], variables)
+
+
+def make_step(model: keras.Model, opt: keras.optimizers.Optimizer, batch: dict[str, tf.Tensor],
+              jit_compile: bool) -> Callable[[], tf.Tensor]:
+    """One training step as a ``tf.function`` (XLA-compiled when ``jit_compile``): forward,
+    (scaled) backward, optimiser update; returns the loss tensor (not yet fetched)."""
+    variables = model.trainable_variables
+    opt.build(variables)  # create slots eagerly: a tf.function may not create variables later
+
+    @tf.function(jit_compile=jit_compile)
+    def step() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(model, batch, training=True)
+            scaled = opt.scale_loss(loss)  # loss * scale under LossScaleOptimizer, else loss
+        grads = tape.gradient(scaled, variables)
+        apply_gradients(opt, grads, variables)  # LossScaleOptimizer: unscale, skip if not finite
+        return loss
+
+    return step
+
+
+def make_inference_step(model: keras.Model, batch: dict[str, tf.Tensor],
+                        jit_compile: bool) -> Callable[[], tf.Tensor]:
+    """Forward only, in inference mode (BatchNorm running statistics), under the model's dtype
+    policy as in training; returns the logits, left on the device."""
+    x = batch["images"] if "images" in batch else batch["input_ids"]
+
+    @tf.function(jit_compile=jit_compile)
+    def forward() -> tf.Tensor:
+        return model(x, training=False)
+
+    return forward
