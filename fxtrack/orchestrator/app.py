@@ -119,6 +119,10 @@ class Job:
         name = records.run_name(spec)
         start_ms = int(time.time() * 1000)
         result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
+        if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
+            print(f"{name}: node {spec.node_rank} {result.status.lower()}"
+                  + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
+            return name, result, "node"
         if result.status == "FINISHED":
             enrich(result, spec, self.conf)
         result.dump(Path(spec.result_path))  # the final word, timeouts and signals included

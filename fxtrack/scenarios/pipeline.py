@@ -40,7 +40,7 @@ def run(backend: Backend, result: Result) -> None:
     fed = time_steps(lambda: backend.train_step_on(next(loader)), warmup, steps,
                      show=spec.progress, label="fed by the loader")
     m["resident_samples_per_s"] = resident
-    m["throughput_samples_per_s"] = batch * spec.devices * steps / fed.window_s
+    m["throughput_samples_per_s"] = batch * spec.devices * spec.nodes * steps / fed.window_s
     m["input_bound_fraction"] = max(0.0, 1.0 - m["throughput_samples_per_s"] / resident)
     m["achieved_tflops"] = m["flops_per_sample"] * m["throughput_samples_per_s"] / 1e12
     losses = [backend.loss_value(h) for h in handles]

@@ -29,7 +29,7 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     times = time_steps(step, warmup, steps, show=spec.progress,
                        label=f"{spec.framework}-{spec.arch['name']}", window=nvml)
 
-    global_batch = batch * spec.devices
+    global_batch = batch * spec.devices * spec.nodes  # every device of every node
     m = result.metrics
     m.update(step_metrics(times, global_batch))
     m.update(param_count=float(backend.param_count()),
