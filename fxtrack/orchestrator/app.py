@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import os
 import sys
 import time
@@ -103,6 +104,9 @@ class Job:
         from fxtrack.tracking import records, writer
 
         self.cfg, self.conf, self.arch = cfg, conf, arch
+        if not conf.verbose:  # MLflow's database-migration chatter is noise to a user
+            for name in ("mlflow", "alembic"):
+                logging.getLogger(name).setLevel(logging.WARNING)
         self.uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
         config = OmegaConf.to_container(cfg, resolve=True)
         config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None

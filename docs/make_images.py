@@ -1,0 +1,85 @@
+"""Regenerate the README's two images from a real tiny sweep on this machine:
+
+    python docs/make_images.py        # needs Debian's chromium (apt-get install chromium)
+
+1. a tiny sweep of every installed framework x resnet50/bert/vit into a temporary MLflow store;
+2. ``fxtrack report`` on it -> docs/report-throughput.png (the report's throughput chart);
+3. ``mlflow ui`` on that store, photographed by headless Chromium -> docs/mlflow-ui.png.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--window-size=1600,900", "--virtual-time-budget=20000"]
+
+
+def run(*cmd: str, cwd: Path, env: dict) -> None:
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, cwd=cwd, env=env, check=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        sys.exit("needs Debian's chromium: apt-get install chromium")
+    frameworks = [fw for fw in ("torch", "tensorflow", "jax") if importlib.util.find_spec(fw)]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        env["FXTRACK_HOME"] = str(work / "home")
+        run(sys.executable, "-m", "fxtrack", "-m", f"framework={','.join(frameworks)}",
+            "model=resnet50,bert,vit", "size=tiny", "batch_size=2", "steps=5", "warmup_steps=2",
+            cwd=work, env=env)
+        run(sys.executable, "-m", "fxtrack", "report", "--out", str(work / "report"), "--no-log",
+            cwd=work, env=env)
+        chart = sorted((work / "report").glob("*throughput*.png"))[0]
+        shutil.copyfile(chart, DOCS / "report-throughput.png")
+
+        port = free_port()
+        ui = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "ui",
+                               "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
+                               "--host", "127.0.0.1", "--port", str(port)], cwd=work, env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+        try:
+            for _ in range(120):
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+                    break
+                except OSError:
+                    time.sleep(1)
+            import mlflow
+
+            client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
+            exp = client.get_experiment_by_name("fxtrack").experiment_id
+            url = f"http://127.0.0.1:{port}/#/experiments/{exp}?compareRunsMode=TABLE&isPreview=false"
+            run(chromium, *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium'}",
+                f"--screenshot={DOCS / 'mlflow-ui.png'}", url, cwd=work, env=env)
+        finally:
+            os.killpg(ui.pid, 15)
+    print(f"wrote {DOCS / 'report-throughput.png'} and {DOCS / 'mlflow-ui.png'}")
+
+
+if __name__ == "__main__":
+    main()
