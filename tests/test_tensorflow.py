@@ -1,11 +1,18 @@
 """The TensorFlow backend on CPU, on tiny settings: parameter counts, parity with PyTorch
 (outputs, loss, gradients, optimisers), a falling loss, mixed-precision / XLA / inference runs
-through the worker, and the GPU-missing error."""
+through the worker, the GPU-missing error; data parallelism on logical CPU devices and across two
+loopback nodes, checkpoint / export and tf.data pipeline runs."""
 
 from __future__ import annotations
 
 import gc
 import math
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +20,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from conftest import tiny_arch  # noqa: E402
+from conftest import job_spec, tiny_arch  # noqa: E402
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks.tensorflow import data, models, train  # noqa: E402
 from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend  # noqa: E402
@@ -21,6 +28,7 @@ from fxtrack.job import Result  # noqa: E402
 from fxtrack.scenarios import train as train_scenario  # noqa: E402
 from fxtrack.worker.__main__ import run as worker_run  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 PARITY_MODELS = ("resnet50", "bert", "vit")
 # ResNet-50 at 32 px ends on a 1x1 map, where training-mode BN normalises over the batch alone
 # (4 values): the backward pass is so ill-conditioned that fp32 torch is itself 1.2% off the
@@ -186,6 +194,98 @@ def test_gpu_requested_without_gpu_fails(spec_factory):
     assert result.status == "FAILED" and "sees no GPU" in result.error
 
 
-def test_multi_device_is_refused(spec_factory):
-    with pytest.raises(NotImplementedError, match="devices > 1"):
-        TensorFlowBackend(spec_factory("tensorflow", "vit", devices=2)).device_kind()
+def test_multi_device_on_logical_cpus_matches_one_device(spec_factory):
+    """Two replicas (two logical CPU devices, MirroredStrategy) fed the same batch take exactly
+    the steps one device takes on it: the gradients are averaged, not summed. Runs in a
+    subprocess: logical devices can only be configured before TensorFlow initialises them."""
+    code = textwrap.dedent("""
+        import sys; sys.path.insert(0, "tests")
+        from conftest import job_spec
+        from fxtrack.frameworks.tensorflow import data
+        from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
+        make = data.make_batch
+        data.make_batch = lambda arch, b, seed: make(arch, b, 0)  # one shard for both replicas
+        for n in (2, 1):  # logical devices first: before TF initialises its devices
+            b = TensorFlowBackend(job_spec("tensorflow", "vit", devices=n))
+            b.device_kind(); b.build(2)
+            print(b.strategy.num_replicas_in_sync, [float(b.train_step()) for _ in range(3)])
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT,
+                         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    two, one = out.stdout.splitlines()[-2:]
+    assert one.startswith("1 ") and two.startswith("2 ") and one[2:] == two[2:], out.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_nodes_multi_worker_mirrored(tmp_path):
+    """Two worker processes on 127.0.0.1 (MultiWorkerMirroredStrategy through TF_CONFIG): both
+    finish, only node 0 writes the Result, and its throughput counts both nodes' samples."""
+    port, procs = _free_port(), []
+    for rank in range(2):
+        work = tmp_path / f"node{rank}"
+        work.mkdir()
+        spec = job_spec("tensorflow", "vit", work, nodes=2, node_rank=rank, devices=1,
+                        coordinator=f"127.0.0.1:{port}")
+        spec.dump(work / "spec.json")
+        procs.append(subprocess.Popen([sys.executable, "-m", "fxtrack.worker",
+                                       str(work / "spec.json")], stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    assert not (tmp_path / "node1" / "result.json").exists()  # node 0 speaks for both
+    result = Result.load(tmp_path / "node0" / "result.json")
+    assert result.status == "FINISHED" and result.guard == "ok", result.error
+    m = result.metrics
+    samples_per_step = m["throughput_samples_per_s"] * m["step_time_ms_mean"] / 1e3
+    assert 0.8 * 4 < samples_per_step <= 4 * 1.001  # global batch: 2 nodes x 1 device x 2
+
+
+@pytest.mark.parametrize("name", PARITY_MODELS)
+def test_checkpoint_worker_run(spec_factory, name):
+    result = worker_run(spec_factory("tensorflow", name, scenario="checkpoint",
+                                     runner="fxtrack.scenarios.checkpoint.run"))
+    assert result.status == "FINISHED", result.error
+    m = result.metrics
+    assert result.guard == "ok" and m["checkpoint_restore_exact"] == 1.0, result.guard
+    assert m["checkpoint_mib"] > 0 and m["export_mib"] > 0 and m["export_latency_ms_p50"] > 0
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert"])
+def test_pipeline_worker_run(spec_factory, monkeypatch, tmp_path, name):
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    result = worker_run(spec_factory("tensorflow", name, scenario="pipeline",
+                                     runner="fxtrack.scenarios.pipeline.run",
+                                     options={"dataset_samples": 64, "loader_workers": 2}))
+    assert result.status == "FINISHED", result.error
+    m = result.metrics
+    assert m["pipeline_samples_per_s"] > 0 and 0 <= m["input_bound_fraction"] < 1
+
+
+def test_pipeline_batches_follow_the_dataset_rules(tmp_path, monkeypatch):
+    """The loader's batches: NHWC float32 scaled as datasets.py fixes, flipped about half the
+    time; tokens masked on about 15% of positions, labels left unmasked."""
+    from fxtrack import datasets
+    from fxtrack.frameworks.tensorflow import pipeline
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    one = tf.distribute.get_strategy()
+    arch = tiny_arch("vit")
+    batch = next(pipeline.loader(datasets.ensure(arch, 8, 0), 4, 0, one))
+    assert batch["images"].shape == (4, 32, 32, 3) and batch["images"].dtype == tf.float32
+    assert batch["labels"].dtype == tf.int32 and abs(float(tf.reduce_mean(batch["images"]))) < 1
+    arch = tiny_arch("bert")
+    loader = pipeline.loader(datasets.ensure(arch, 64, 0), 64, 2, one)
+    batch = next(loader)
+    w = batch["mlm_weights"].numpy()
+    assert batch["input_ids"].shape == (64, 16) and 0.1 < w.mean() < 0.2
+    ids, labels = batch["input_ids"].numpy(), batch["mlm_labels"].numpy()
+    assert (ids[w == 1] == architectures.BERT_MASK_TOKEN).all()
+    assert (ids[w == 0] == labels[w == 0]).all()
+    assert (next(loader)["mlm_weights"].numpy() != w).any()  # masked afresh on every draw

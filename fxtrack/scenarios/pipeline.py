@@ -35,7 +35,8 @@ def run(backend: Backend, result: Result) -> None:
     t0 = time.perf_counter()
     for _ in range(steps):
         next(loader)
-    m["pipeline_samples_per_s"] = batch * steps / (time.perf_counter() - t0)
+    # one draw is one step of every device on every node
+    m["pipeline_samples_per_s"] = batch * spec.devices * spec.nodes * steps / (time.perf_counter() - t0)
 
     fed = time_steps(lambda: backend.train_step_on(next(loader)), warmup, steps,
                      show=spec.progress, label="fed by the loader")

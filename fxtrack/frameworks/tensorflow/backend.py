@@ -1,15 +1,19 @@
-"""The TensorFlow Backend: wires models, data, devices and the training step together."""
+"""The TensorFlow Backend: wires models, data, devices, parallelism, the training step, the input
+pipeline and checkpoints together."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+import os
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 import keras
 import numpy as np
 import tensorflow as tf
 
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.tensorflow import data, devices, models, train
+from fxtrack.frameworks.tensorflow import (checkpoint, data, devices, models, parallel, pipeline,
+                                           train)
 
 
 class TensorFlowBackend(Backend):
@@ -19,53 +23,101 @@ class TensorFlowBackend(Backend):
         return tf.__version__
 
     def device_kind(self) -> str:
-        if self.spec.devices > 1:  # fail loudly rather than time one device as N
-            raise NotImplementedError("devices > 1 (tf.distribute.MirroredStrategy) is not "
-                                      "implemented for tensorflow yet")
-        self.device = devices.select(self.spec.hardware)
+        if not hasattr(self, "strategy"):  # the first call: before TF initialises its devices
+            self.device = devices.select(self.spec.hardware)
+            self.strategy = parallel.create(self.spec, self.device)
+            if self.spec.nodes > 1:
+                # The worker writes the Result only where RANK is "0" (or unset), as under
+                # torchrun: node 0's worker speaks for every node.
+                os.environ["RANK"] = str(self.spec.node_rank)
         return "gpu" if "GPU" in self.device else "cpu"
 
     def device_tags(self) -> dict[str, str]:
         return {**devices.tags(self.device), "keras": keras.__version__}
 
+    def reduce_max(self, value: float) -> float:
+        return parallel.reduce_max(self.strategy, value)
+
     def visible_devices(self) -> list[str]:
         return devices.visible()
 
+    def _place(self):
+        return parallel.placement(self.strategy, self.device)
+
     def build(self, batch_size: int) -> None:
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
-        with tf.device(self.device):
+        with self._place():  # mirrored variables on every replica, or the one device
             with train.precision_policy(self.spec.precision):
                 self.model = models.build(self.arch)
             self.opt = train.optimizer(self.arch, self.spec.precision)
+        if self.strategy.num_replicas_in_sync > 1:  # batch_size per replica, each its own shard
+            self.batch = data.replica_batches(self.arch, batch_size, self.spec.seed, self.strategy)
+        else:
             self.batch = data.device_batch(self.arch, batch_size, self.spec.seed, self.device)
         self._step = None  # made by the first train_step (inference never allocates the slots)
 
     def param_count(self) -> int:
         return sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
 
-    def train_step(self) -> np.ndarray:
-        with tf.device(self.device):
+    def _train_on(self, batch: Any) -> np.ndarray:
+        with self._place():
             if self._step is None:  # the first step: optimiser slots, tracing, compilation
-                self._step = train.make_step(self.model, self.opt, self.batch, self.spec.compile)
-            loss = self._step()
+                self._step = train.make_step(self.model, self.opt, self.strategy,
+                                             self.spec.compile)
+            loss = self._step(batch)  # averaged over the replicas
         return loss.numpy()  # note: fetching the loss is the sync; the step has finished
+
+    def train_step(self) -> np.ndarray:
+        return self._train_on(self.batch)
+
+    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
+        return pipeline.loader(directory, batch_size, workers, self.strategy)
+
+    def train_step_on(self, batch: Any) -> np.ndarray:
+        return self._train_on(batch)  # host tensors: the step's inputs are copied to the device
 
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 
     def peak_memory_bytes(self) -> Optional[int]:
-        return devices.peak_memory_bytes(self.device)
+        peaks = [devices.peak_memory_bytes(d)
+                 for d in parallel.replica_devices(self.strategy, self.device)]
+        return None if None in peaks else max(peaks)  # the fullest device
 
     def prepare_inference(self) -> Callable[[], None]:
         with tf.device(self.device):
-            forward = train.make_inference_step(self.model, self.batch, self.spec.compile)
+            forward = train.make_inference_step(self.model, self._one_batch(), self.spec.compile)
+        return self._synced(forward)
 
+    def _one_batch(self) -> dict[str, tf.Tensor]:
+        """The first replica's resident batch (inference and export run on one device)."""
+        if self.strategy.num_replicas_in_sync > 1:
+            return self.strategy.experimental_local_results(self.batch)[0]
+        return self.batch
+
+    def _synced(self, forward: Callable[[], Any]) -> Callable[[], None]:
         def step() -> None:
             with tf.device(self.device):
                 forward()
             devices.sync(self.device)
 
         return step
+
+    def save_checkpoint(self, directory: Path) -> None:
+        if self._step is None:  # the optimiser's slots must exist to be saved
+            with self._place():
+                self.opt.build(self.model.trainable_variables)
+        checkpoint.save(self.model, self.opt, directory)
+
+    def restore_checkpoint(self, directory: Path) -> None:
+        with self._place():
+            checkpoint.restore(self.model, self.opt, directory)
+
+    def export(self, directory: Path) -> Callable[[], None]:
+        batch = self._one_batch()
+        x = batch["images"] if "images" in batch else batch["input_ids"]
+        served = checkpoint.load_exported(checkpoint.export(self.model, x, directory))
+        return self._synced(lambda: served(x))
 
     def matmul_tflops(self) -> float:
         return devices.matmul_tflops(self.device, self.spec.precision)

@@ -78,21 +78,41 @@ def apply_gradients(opt: keras.optimizers.Optimizer, grads: list, variables: lis
     opt.apply([tf.convert_to_tensor(g) for g in grads], variables)
 
 
-def make_step(model: keras.Model, opt: keras.optimizers.Optimizer, batch: dict[str, tf.Tensor],
-              jit_compile: bool) -> Callable[[], tf.Tensor]:
-    """One training step as a ``tf.function`` (XLA-compiled when ``jit_compile``): forward,
-    (scaled) backward, optimiser update; returns the loss tensor (not yet fetched)."""
+def make_step(model: keras.Model, opt: keras.optimizers.Optimizer,
+              strategy: tf.distribute.Strategy,
+              jit_compile: bool) -> Callable[[dict[str, tf.Tensor]], tf.Tensor]:
+    """One training step as a ``tf.function`` taking a batch (per-replica under a distribution
+    strategy): forward, (scaled) backward, optimiser update on every replica; returns the loss
+    averaged over the replicas (a tensor, not yet fetched). Build it under
+    ``parallel.placement``: the optimiser slots are created here.
+
+    ``jit_compile``: on one device XLA compiles the whole step; on several, XLA compiles each
+    replica's forward and backward, and the all-reduce and update run outside it (an XLA
+    cluster lives on one device and cannot reach the other replicas' variables)."""
     variables = model.trainable_variables
     opt.build(variables)  # create slots eagerly: a tf.function may not create variables later
+    replicas = strategy.num_replicas_in_sync
 
-    @tf.function(jit_compile=jit_compile)
-    def step() -> tf.Tensor:
+    def gradients(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list]:
         with tf.GradientTape() as tape:
-            loss = loss_fn(model, batch, training=True)
-            scaled = opt.scale_loss(loss)  # loss * scale under LossScaleOptimizer, else loss
-        grads = tape.gradient(scaled, variables)
+            loss = loss_fn(model, batch, training=True)  # mean over this replica's batch
+            # Keras' optimiser all-reduces the replicas' gradients by SUM: 1/N makes the mean.
+            # (x / 1.0 is exact: one device computes bit for bit what it did without this.)
+            scaled = opt.scale_loss(loss / replicas)  # * loss scale under LossScaleOptimizer
+        return loss, tape.gradient(scaled, variables)
+
+    if replicas > 1:
+        gradients = tf.function(gradients, jit_compile=jit_compile)
+
+    def replica_step(batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        loss, grads = gradients(batch)
         apply_gradients(opt, grads, variables)  # LossScaleOptimizer: unscale, skip if not finite
         return loss
+
+    @tf.function(jit_compile=jit_compile and replicas == 1)
+    def step(batch: dict[str, tf.Tensor]) -> tf.Tensor:
+        losses = strategy.run(replica_step, args=(batch,))
+        return strategy.reduce(tf.distribute.ReduceOp.MEAN, losses, axis=None)
 
     return step
 

@@ -1,0 +1,71 @@
+"""The TensorFlow input pipeline: ``tf.data`` over the on-disk synthetic dataset
+(fxtrack.datasets): parallel read, cache of the raw file bytes, shuffle, parallel decode and
+augmentation, batching and prefetching, distributed over the replicas of a strategy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import tensorflow as tf
+
+from fxtrack import datasets
+from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
+
+AUTOTUNE = tf.data.AUTOTUNE
+SHUFFLE_BUFFER = 10_000  # samples; the whole dataset when it is smaller
+
+
+def _images(directory: Path, calls: int) -> tf.data.Dataset:
+    """(file bytes, label) pairs: read in parallel, the bytes cached in memory after the first
+    epoch (the JPEGs, not the decoded images: decoding stays per-sample work), then shuffled."""
+    files = sorted(str(p) for p in (directory / "images").glob("*.jpg"))
+    labels = np.load(directory / "labels.npy")  # (N,) int32
+    ds = tf.data.Dataset.from_tensor_slices((files, labels))
+    ds = ds.map(lambda f, y: (tf.io.read_file(f), y), num_parallel_calls=calls).cache()
+    ds = ds.shuffle(min(len(files), SHUFFLE_BUFFER)).repeat()
+    return ds.map(_decode, num_parallel_calls=calls, deterministic=False)
+
+
+def _decode(jpeg: tf.Tensor, label: tf.Tensor) -> dict[str, tf.Tensor]:
+    """Decode, flip horizontally with probability 1/2, scale (x - 128) / 64: (H, W, 3) float32."""
+    pixels = tf.cast(tf.io.decode_jpeg(jpeg, channels=3), tf.float32)  # (H, W, 3) in [0, 255]
+    pixels = tf.cond(tf.random.uniform(()) < 0.5, lambda: tf.reverse(pixels, axis=[1]),
+                     lambda: pixels)
+    images = (pixels - datasets.PIXEL_OFFSET) / datasets.PIXEL_SCALE
+    return {"images": images, "labels": label}
+
+
+def _tokens(directory: Path, calls: int) -> tf.data.Dataset:
+    """Token-id sequences from the shards (held in memory: (N, T) int32), shuffled, each masked
+    afresh every time it is drawn (dynamic masking)."""
+    tokens = np.concatenate([np.load(p) for p in sorted(directory.glob("tokens-*.npy"))])
+    ds = tf.data.Dataset.from_tensor_slices(tokens)
+    ds = ds.shuffle(min(len(tokens), SHUFFLE_BUFFER)).repeat()
+    return ds.map(_mask, num_parallel_calls=calls, deterministic=False)
+
+
+def _mask(tokens: tf.Tensor) -> dict[str, tf.Tensor]:
+    """Replace 15% of the positions, chosen at random, by [MASK]: (T,) ids -> the three (T,)
+    tensors of fxtrack.synthetic (input_ids, mlm_labels int32; mlm_weights float32)."""
+    masked = tf.random.uniform(tf.shape(tokens)) < BERT_MASK_FRACTION  # (T,) bool
+    return {"input_ids": tf.where(masked, tf.constant(BERT_MASK_TOKEN, tokens.dtype), tokens),
+            "mlm_labels": tokens,
+            "mlm_weights": tf.cast(masked, tf.float32)}
+
+
+def loader(directory: Path, batch_size: int, workers: int,
+           strategy: tf.distribute.Strategy) -> Iterator:
+    """Endless batches of ``batch_size`` per replica (``workers`` parallel calls per map, or
+    autotuned when 0), prefetched; per-replica values under a multi-device strategy."""
+    calls = workers if workers > 0 else AUTOTUNE
+    tokens = any(directory.glob("tokens-*.npy"))
+    ds = _tokens(directory, calls) if tokens else _images(directory, calls)
+    replicas = strategy.num_replicas_in_sync
+    ds = ds.batch(batch_size * replicas, drop_remainder=True).prefetch(AUTOTUNE)
+    if replicas == 1:
+        return iter(ds)
+    options = tf.data.Options()  # every worker reads every file, keeping its share of the batches
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return iter(strategy.experimental_distribute_dataset(ds.with_options(options)))
