@@ -6,7 +6,8 @@ alternated in one run (fxtrack, bare, fxtrack, bare, ...), medians compared.
     python bench/overhead.py --frameworks torch --rounds 5
 
 The bare loops below are deliberately plain: the model from each framework's models module,
-the same optimiser, a warm-up, then a wall-clock loop that syncs once per step like fxtrack.
+the same optimiser, a warm-up, then a wall-clock loop that syncs once per step like fxtrack
+(.item() / .numpy() / block_until_ready).
 Target: every ratio (fxtrack / bare) >= 0.98.
 """
 
@@ -56,6 +57,68 @@ def bare_torch() -> float:
     return _loop(step)
 
 
+def bare_tensorflow() -> float:
+    import keras
+    import tensorflow as tf
+
+    from fxtrack import architectures, synthetic
+    from fxtrack.frameworks.base import ADAMW
+    from fxtrack.frameworks.tensorflow.models import build
+
+    keras.utils.set_random_seed(0)
+    arch = architectures.resolve("vit", **MODEL)
+    model = build(arch)
+    opt = keras.optimizers.AdamW(ADAMW["lr"], weight_decay=ADAMW["weight_decay"])
+    data = synthetic.make_batch(arch, BATCH, 0)
+    x, y = tf.constant(data["images"]), tf.constant(data["labels"])
+    ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function  # a graph, no XLA: what fxtrack runs with framework.compile=false
+    def step():
+        with tf.GradientTape() as tape:
+            loss = ce(y, model(x, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                model.trainable_variables))
+        return loss
+
+    return _loop(lambda: step().numpy())
+
+
+def bare_jax() -> float:
+    import jax
+    import optax
+    from flax import nnx
+
+    from fxtrack import architectures, synthetic
+    from fxtrack.frameworks.base import ADAMW
+    from fxtrack.frameworks.jax.models import build
+
+    arch = architectures.resolve("vit", **MODEL)
+    graphdef, params, rest = nnx.split(build(arch), nnx.Param, ...)
+    tx = optax.adamw(ADAMW["lr"], weight_decay=ADAMW["weight_decay"])
+    opt_state = tx.init(params)
+    data = synthetic.make_batch(arch, BATCH, 0)
+    x, y = jax.device_put(data["images"]), jax.device_put(data["labels"])
+
+    @jax.jit
+    def step(params, opt_state):
+        def loss_of(p):
+            logits = nnx.merge(graphdef, p, rest)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = jax.value_and_grad(loss_of)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    state = [params, opt_state]
+
+    def run():
+        state[0], state[1], loss = step(*state)
+        return loss.block_until_ready()
+
+    return _loop(run)
+
+
 def _loop(step) -> float:
     for _ in range(WARMUP):
         step()
@@ -65,16 +128,20 @@ def _loop(step) -> float:
     return BATCH * STEPS / (time.perf_counter() - t0)
 
 
-BARE = {"torch": bare_torch}
+BARE = {"torch": bare_torch, "tensorflow": bare_tensorflow, "jax": bare_jax}
+# Each framework in its default fast mode, the same in both arms: PyTorch eager, a TensorFlow
+# graph without XLA, JAX jitted.
+COMPILE = {"torch": "false", "tensorflow": "false", "jax": "true"}
 
 
 def fxtrack_run(framework: str, workdir: Path) -> float:
-    """One fxtrack run (no compile, like the bare loop); its logged throughput."""
+    """One fxtrack run in the same mode as the bare loop; its logged throughput."""
     env = dict(os.environ, FXTRACK_HOME=str(workdir / "home"), MLFLOW_TRACKING_URI=
                f"sqlite:///{workdir / 'mlflow.db'}")
     overrides = [f"framework={framework}", "model=vit", *(f"model.{k}={v}" for k, v in MODEL.items()),
                  f"batch_size={BATCH}", f"steps={STEPS}", f"warmup_steps={WARMUP}",
-                 "framework.compile=false", "hardware=cpu", f"hydra.run.dir={workdir / 'run'}"]
+                 f"framework.compile={COMPILE[framework]}", "hardware=cpu",
+                 f"hydra.run.dir={workdir / 'run'}"]
     subprocess.run([sys.executable, "-m", "fxtrack", *overrides], cwd=workdir, env=env, check=True,
                    capture_output=True, text=True)
     result = json.loads((workdir / "run" / "result.json").read_text())
