@@ -126,3 +126,19 @@ def test_mlflow_run_entry_point_logs_into_the_run_mlflow_created(tmp_path, entry
     assert "throughput_samples_per_s" in run.data.metrics
     assert run.data.params["model.layers"] == "2"
     assert run.data.params["fxtrack.resolved.steps"] == "2"  # mlflow run logged steps=null first
+
+
+def test_framework_start_up_noise_stays_in_the_log_not_the_terminal(capfd):
+    import io
+
+    from fxtrack.orchestrator.runner import _tee
+
+    out = (b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+           b"I0000 00:00:1795992573.614361   20630 port.cc:153] oneDNN custom operations are on.\n"
+           b"[fxtrack] building vit\n")
+    log = io.BytesIO()
+    _tee(io.BufferedReader(io.BytesIO(out)), log, echo=True, quiet=True)
+    assert log.getvalue() == out
+    assert capfd.readouterr().err == "[fxtrack] building vit\n"
+    _tee(io.BufferedReader(io.BytesIO(out)), io.BytesIO(), echo=True, quiet=False)  # verbose=true
+    assert capfd.readouterr().err == out.decode()

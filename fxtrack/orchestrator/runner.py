@@ -4,6 +4,7 @@ a timeout becomes a FAILED Result carrying the error, and the log survives in ``
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
             msg = f"cannot start the worker with framework.python={cmd[0]}: {e.strerror or e}"
             log.write(f"[fxtrack] {msg}\n".encode())
             return Result(spec.result_id, error=msg)
-        tee = threading.Thread(target=_tee, args=(proc.stdout, log, echo), daemon=True)
+        tee = threading.Thread(target=_tee, args=(proc.stdout, log, echo, not spec.verbose),
+                               daemon=True)
         tee.start()
         timed_out = _wait(proc, timeout_s)
         tee.join(timeout=10)
@@ -59,11 +61,22 @@ def worker_command(spec: JobSpec, python: str, spec_path: Path) -> list[str]:
             *worker]
 
 
-def _tee(stream, log, echo: bool) -> None:
+# Start-up chatter frameworks print whatever their log level (TensorFlow's oneDNN notice and absl
+# preamble, XLA's plugin registration). Kept in worker.log, not shown unless verbose=true.
+NOISE = re.compile(rb"^(WARNING: All log messages before absl::InitializeLog|I0000 |W0000 |E0000 "
+                   rb"|.*oneDNN custom operations are on|.*Unable to register cu(DNN|FFT|BLAS) "
+                   rb"factory|.*computation placer already registered|.*TF-TRT Warning"
+                   rb"|.*This TensorFlow binary is optimized)")
+
+
+def _tee(stream, log, echo: bool, quiet: bool = True) -> None:
+    """Copy the worker's output to the log, and to the terminal without known noise lines."""
     for chunk in iter(lambda: stream.read1(4096), b""):
         log.write(chunk)
         log.flush()
         if echo:
+            if quiet:
+                chunk = b"".join(ln for ln in chunk.splitlines(keepends=True) if not NOISE.match(ln))
             sys.stderr.buffer.write(chunk)
             sys.stderr.buffer.flush()
 
