@@ -16,8 +16,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from omegaconf import OmegaConf
-
 # Dense tensor-core TFLOP/s (bf16 / fp16) and non-tensor fp32, from NVIDIA's datasheets:
 # H100 SXM and H200 (H100/H200 datasheets, 2024), H100 PCIe, A100 (A100 datasheet, 2021),
 # L4 (L4 datasheet), V100 SXM2 (V100 datasheet; no bf16). Checked in order: first match wins.
@@ -56,6 +54,8 @@ def probe(what: str, framework: str, python: Optional[str], precision: str = "fp
           hardware: str = "auto", timeout_s: float = 600) -> Optional[dict]:
     """Ask ``framework``'s worker (``python -m fxtrack.worker --describe|--matmul``) under
     ``python``; its JSON answer, or None when the worker failed."""
+    from omegaconf import OmegaConf  # the orchestrator's dependency, not the worker's
+
     backend = OmegaConf.load(_CONF_DIR / f"{framework}.yaml")["backend"]
     cmd = [python or sys.executable, "-m", "fxtrack.worker", f"--{what}", framework, backend,
            precision, hardware]

@@ -1,0 +1,96 @@
+"""GPU validation at canonical size, runnable where only PyTorch and/or JAX are installed (no
+Hydra, MLflow or TensorFlow): it writes JobSpecs itself and runs ``python -m fxtrack.worker``
+on each, then prints a closing table. Every Result JSON lands in ``$OUT`` (or ./gpu-results).
+
+    python bench/gpu_check.py [--frameworks torch,jax] [--steps 20] [--warmup 5]
+
+Jobs: resnet50 (bf16 at 256 images, fp32 at 256), bert (bf16, 64 x 128 tokens), vit (bf16,
+128 images), each with framework.compile on. MFU uses the datasheet peak of a known GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fxtrack import architectures  # noqa: E402
+from fxtrack.job import JobSpec, Result  # noqa: E402
+from fxtrack.measure.peak import datasheet  # noqa: E402
+
+JOBS = [("resnet50", "bf16", 256), ("resnet50", "fp32", 256), ("bert", "bf16", 64), ("vit", "bf16", 128)]
+BACKENDS = {"torch": "fxtrack.frameworks.torch.backend.TorchBackend",
+            "jax": "fxtrack.frameworks.jax.backend.JaxBackend"}
+
+
+def run_job(framework: str, model: str, precision: str, batch: int, steps: int, warmup: int,
+            out: Path, timeout_s: float) -> Result:
+    name = f"{framework}-{model}-train-{precision}-x1"
+    spec = JobSpec(result_id=uuid.uuid4().hex, framework=framework, backend=BACKENDS[framework],
+                   extra=framework, scenario="train", runner="fxtrack.scenarios.train.run",
+                   arch=architectures.resolve(model).to_json(), precision=precision,
+                   hardware="gpu", devices=1, compile=True, seed=0, batch_size=batch, steps=steps,
+                   warmup_steps=warmup, result_path=str(out / f"{name}.json"), progress=False)
+    spec_path = out / f"{name}.spec.json"
+    spec.dump(spec_path)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with open(out / f"{name}.log", "w") as log:
+        try:
+            subprocess.run([sys.executable, "-m", "fxtrack.worker", str(spec_path)], env=env,
+                           stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    path = Path(spec.result_path)
+    result = Result.load(path) if path.exists() else Result(spec.result_id, error="no result")
+    m = result.metrics
+    sheet = datasheet(result.tags.get("device", ""), precision)
+    if sheet and "flops_per_sample" in m:
+        m["peak_tflops"], m["mfu"] = sheet[0], m["achieved_tflops"] / sheet[0]
+        result.dump(path)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frameworks", default="torch,jax")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--timeout", type=float, default=240, help="seconds per job")
+    args = parser.parse_args()
+    out = Path(os.environ.get("OUT") or "gpu-results")
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for fw in args.frameworks.split(","):
+        if not importlib.util.find_spec(fw):
+            print(f"{fw}: not installed, skipped", flush=True)
+            continue
+        for model, precision, batch in JOBS:
+            r = run_job(fw, model, precision, batch, args.steps, args.warmup, out, args.timeout)
+            rows.append((fw, model, precision, batch, r))
+            print(f"{fw} {model} {precision} x{batch}: {r.status} {r.error or ''}", flush=True)
+    header = ("framework", "model", "prec", "batch", "samples/s", "p50 ms", "dev MiB", "nvml MiB",
+              "rss MiB", "MFU", "J/sample", "guard")
+    print("\n" + "  ".join(f"{h:>10}" for h in header))
+    for fw, model, precision, batch, r in rows:
+        m = r.metrics
+        cells = [fw, model, precision, str(batch)] + [
+            "-" if k not in m else (f"{m[k]:.1%}" if k == "mfu" else f"{m[k]:,.1f}")
+            for k in ("throughput_samples_per_s", "step_time_ms_p50", "peak_mem_device_mib",
+                      "peak_mem_nvml_mib", "peak_rss_mib", "mfu", "energy_j_per_sample")]
+        cells.append(r.guard if r.status == "FINISHED" else f"FAILED: {r.error}"[:40])
+        print("  ".join(f"{c:>10}" for c in cells))
+    (out / "summary.json").write_text(json.dumps(
+        [{"framework": fw, "model": m, "precision": p, "batch": b, "status": r.status,
+          "error": r.error, "metrics": r.metrics, "tags": r.tags} for fw, m, p, b, r in rows], indent=1))
+
+
+if __name__ == "__main__":
+    main()
