@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,6 +18,7 @@ import optax  # noqa: E402
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks.jax import data, models, train  # noqa: E402
 from fxtrack.frameworks.jax.backend import JaxBackend  # noqa: E402
+from fxtrack.job import Result  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
 
 from conftest import job_spec, tiny_arch  # noqa: E402
@@ -197,3 +201,113 @@ def test_gpu_without_gpu_fails_clearly(tmp_path):
     result = run(job_spec("jax", "vit", tmp_path, hardware="gpu"))
     assert result.status == "FAILED"
     assert "hardware=gpu" in result.error and "no GPU" in result.error
+
+
+# ----------------------------------------------------------------------------- scenario hooks
+@pytest.mark.parametrize("name", ["vit", "resnet50"])
+def test_inference_scenario(tmp_path, name):
+    result = run(job_spec("jax", name, tmp_path, scenario="inference",
+                          runner="fxtrack.scenarios.inference.run", compile=True))
+    assert result.status == "FINISHED", result.error
+    assert result.guard == "ok" and result.metrics["throughput_samples_per_s"] > 0
+
+
+def test_inference_normalises_with_running_statistics():
+    """In inference mode a sample's output does not depend on the rest of its batch."""
+    backend = JaxBackend(job_spec("jax", "resnet50", compile=True, batch_size=4))
+    backend.device_kind()
+    backend.build(4)
+    forward = train.make_forward(train.eval_graphdef(backend.graphdef, backend.state))
+    images, s = backend.batch["images"], backend.state
+    whole, alone = forward(s.params, s.batch_stats, images), forward(s.params, s.batch_stats,
+                                                                     images[:1])
+    np.testing.assert_allclose(np.asarray(whole[:1]), np.asarray(alone), rtol=1e-4, atol=1e-4)
+
+
+def _worker(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fxtrack.worker", *args], capture_output=True,
+                          text=True, timeout=600, env=env, **kw)
+
+
+def test_probes_print_devices_and_matmul_rate():
+    backend = "fxtrack.frameworks.jax.backend.JaxBackend"
+    described = json.loads(_worker("--describe", "jax", backend, "fp32", "cpu").stdout)
+    assert described["installed"] and described["version"] == jax.__version__
+    assert described["devices"] and described["devices"][0] == "cpu:0"
+    rate = json.loads(_worker("--matmul", "jax", backend, "fp32", "cpu").stdout)["tflops"]
+    assert 1e-4 < rate < 100  # TFLOP/s of a CPU
+
+
+def test_two_nodes_on_loopback_train_as_one_job(tmp_path):
+    """Two worker processes joined by jax.distributed on 127.0.0.1, one CPU device each: one
+    mesh of two devices, gradients all-reduced over gloo; node 0 reports the global batch."""
+    from servers import free_port
+
+    coordinator, procs = f"127.0.0.1:{free_port()}", []
+    for rank in (0, 1):
+        node = tmp_path / f"node{rank}"
+        node.mkdir()
+        job_spec("jax", "vit", node, nodes=2, node_rank=rank, coordinator=coordinator,
+                 devices=1, hardware="cpu", compile=True).dump(node / "spec.json")
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "fxtrack.worker", str(node / "spec.json")],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
+    assert not (tmp_path / "node1" / "result.json").exists()  # node 0 speaks for both
+    result = Result.load(tmp_path / "node0" / "result.json")
+    assert result.status == "FINISHED" and result.guard == "ok"
+    step_s = result.metrics["step_time_ms_mean"] / 1e3
+    assert result.metrics["throughput_samples_per_s"] == pytest.approx(2 * 2 / step_s, rel=0.3)
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert", "vit"])
+def test_restored_checkpoint_reproduces_the_next_step(tmp_path, name):
+    result = run(job_spec("jax", name, tmp_path, scenario="checkpoint",
+                          runner="fxtrack.scenarios.checkpoint.run"))
+    assert result.status == "FINISHED", result.error
+    assert result.guard == "ok"
+    m = result.metrics
+    assert m["checkpoint_restore_exact"] == 1.0 and m["checkpoint_mib"] > 0
+    assert m["export_mib"] > 0 and m["export_latency_ms_p50"] > 0
+
+
+def test_restore_that_does_not_reproduce_fails_the_guard(tmp_path, monkeypatch):
+    monkeypatch.setattr(JaxBackend, "restore_checkpoint", lambda self, directory: None)
+    result = run(job_spec("jax", "vit", tmp_path, scenario="checkpoint",
+                          runner="fxtrack.scenarios.checkpoint.run", compile=True))
+    assert result.metrics["checkpoint_restore_exact"] == 0.0
+    assert "did not reproduce" in result.guard
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert"])
+def test_pipeline_scenario_feeds_training_from_disk(tmp_path, monkeypatch, name):
+    pytest.importorskip("grain")
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
+    result = run(job_spec("jax", name, tmp_path, scenario="pipeline",
+                          runner="fxtrack.scenarios.pipeline.run", compile=True,
+                          options={"dataset_samples": 64, "loader_workers": 2}))
+    assert result.status == "FINISHED", result.error
+    m = result.metrics
+    assert m["pipeline_samples_per_s"] > 0 and 0 <= m["input_bound_fraction"] < 1
+
+
+def test_pipeline_does_the_per_sample_work(tmp_path, monkeypatch):
+    """Grain's batches: shapes, dtypes and scale of fxtrack.datasets; 15% dynamic masking."""
+    pytest.importorskip("grain")
+    from fxtrack import datasets
+    from fxtrack.frameworks.jax import pipeline
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
+    arch = tiny_arch("bert")
+    batch = next(pipeline.loader(datasets.ensure(arch, 32, 0), 32, 0, seed=0))
+    assert batch["input_ids"].shape == (32, arch.seq_len) and batch["input_ids"].dtype == np.int32
+    assert 0.05 < batch["mlm_weights"].mean() < 0.3
+    masked = batch["mlm_weights"] == 1
+    assert (batch["input_ids"][masked] == architectures.BERT_MASK_TOKEN).all()
+    assert (batch["input_ids"][~masked] == batch["mlm_labels"][~masked]).all()
+    arch = tiny_arch("resnet50")
+    batch = next(pipeline.loader(datasets.ensure(arch, 8, 0), 4, 0, seed=0))
+    assert batch["images"].shape == (4, arch.image_size, arch.image_size, 3)
+    assert batch["images"].dtype == np.float32 and batch["labels"].dtype == np.int32
+    assert np.abs(batch["images"]).max() <= 128 / datasets.PIXEL_SCALE + 1e-6

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
 
 import jax
 from flax import nnx
 
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.jax import data, devices, models, train
+from fxtrack.frameworks.jax import (checkpoint, data, devices, models, parallel, pipeline,
+                                   train)
 
 
 class JaxBackend(Backend):
@@ -18,33 +21,108 @@ class JaxBackend(Backend):
         return jax.__version__
 
     def device_kind(self) -> str:
+        parallel.init(self.spec)  # jax.distributed first: before anything touches a device
         self.device = devices.select(self.spec.hardware)
         return devices.kind(self.device)
 
     def device_tags(self) -> dict[str, str]:
-        return devices.tags(self.device)
+        tags = devices.tags(self.device)
+        if getattr(self, "forced_jit", False):
+            tags["jax_compile"] = "forced: op-by-op SPMD deadlocks on XLA:CPU"
+        return tags
+
+    def visible_devices(self) -> list[str]:
+        return devices.visible()
+
+    def reduce_max(self, value: float) -> float:
+        return parallel.reduce_max(value)
 
     def build(self, batch_size: int) -> None:
+        # One mesh for every case: 1 device, ``devices`` on this host, or every node's.
+        self.mesh = parallel.make_mesh(self.device, self.spec.devices)
+        self.replicated = parallel.replicated(self.mesh)
+        self.sharded = parallel.batch_sharding(self.mesh)
         dtype = train.COMPUTE_DTYPES[self.spec.precision]  # parameters stay float32
         tx = train.optimizer(self.arch)
         with jax.default_device(self.device):
             model = models.build(self.arch, dtype, nnx.Rngs(self.spec.seed))
             model.train()  # BatchNorm normalises with (and updates) batch statistics
             self.graphdef, state = train.init_state(model, tx, self.spec.precision)
-        # Committed to the device, as the step's outputs are: else the second call recompiles.
-        self.state = jax.device_put(state, self.device)
-        self.batch = data.device_batch(self.arch, batch_size, self.spec.seed, self.device)
-        self._step = train.make_step(self.graphdef, tx, jit=self.spec.compile)
+        # Committed to the mesh, as the step's outputs are: else the second call recompiles.
+        self.state = parallel.replicate(state, self.mesh)
+        self.batch = data.mesh_batch(self.arch, batch_size, self.spec.seed, self.mesh)
+        self.jit = self._jit()
+        self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded)
+
+    def _jit(self) -> bool:
+        """``spec.compile``, except where op-by-op dispatch cannot run: over several XLA:CPU
+        devices (jaxlib 0.10.2) eager primitives whose shardings need a collective deadlock
+        at random in the in-process all-reduce rendezvous ("Expected 2 threads to join the
+        rendezvous, but only 1 of them arrived"), which aborts the process. There the step is
+        jitted anyway, said in the log and in the ``jax_compile`` tag."""
+        self.forced_jit = (not self.spec.compile and self.mesh.devices.size > 1
+                           and self.device.platform == "cpu")
+        if self.forced_jit:
+            print("[fxtrack] jax: compile=false over several CPU devices deadlocks in XLA:CPU's "
+                  "collectives; jitting the step instead", file=sys.stderr, flush=True)
+        return self.spec.compile or self.forced_jit
 
     def param_count(self) -> int:
         return sum(x.size for x in jax.tree.leaves(self.state.params))
 
     def train_step(self) -> jax.Array:
-        self.state, loss = self._step(self.state, self.batch)
+        return self._train_on(self.batch)
+
+    def _train_on(self, batch: dict[str, jax.Array]) -> jax.Array:
+        self.state, loss = self._step(self.state, batch)
         return loss.block_until_ready()  # note: the host waits for the whole step here
+
+    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
+        # This process feeds all its mesh devices: batch_size samples for each of them.
+        local = len(parallel.local_devices(self.mesh))
+        return pipeline.loader(directory, batch_size * local, workers, self.spec.seed,
+                               jax.process_index(), jax.process_count())
+
+    def train_step_on(self, batch: Any) -> jax.Array:
+        return self._train_on(parallel.put_local_batch(batch, self.mesh))  # host -> devices
 
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 
     def peak_memory_bytes(self) -> Optional[int]:
-        return devices.peak_memory_bytes(self.device)
+        peaks = [devices.peak_memory_bytes(d) for _, d in parallel.local_devices(self.mesh)]
+        return None if None in peaks else max(peaks)  # the fullest of this process's devices
+
+    def prepare_inference(self) -> Callable[[], None]:
+        graphdef = train.eval_graphdef(self.graphdef, self.state)  # BatchNorm: running stats
+        forward = train.make_forward(graphdef, self.jit, self.replicated, self.sharded)
+        x = train.model_inputs(self.batch)
+
+        def step() -> None:  # reads the live state: weights as they are when called
+            forward(self.state.params, self.state.batch_stats, x).block_until_ready()
+
+        return step
+
+    def save_checkpoint(self, directory: Path) -> None:
+        checkpoint.save(self.state, directory)
+
+    def restore_checkpoint(self, directory: Path) -> None:
+        # The live state is replaced as a whole: the jitted step is a pure function of it.
+        self.state = checkpoint.restore(self.state, directory)
+
+    def export(self, directory: Path) -> Callable[[], None]:
+        graphdef = train.eval_graphdef(self.graphdef, self.state)
+        # jax.export serialises a jitted function, whatever spec.compile says for live runs.
+        forward = train.make_forward(graphdef, True, self.replicated, self.sharded)
+        variables = (self.state.params, self.state.batch_stats)
+        x = train.model_inputs(self.batch)
+        checkpoint.export(forward, variables, x, directory)
+        served = checkpoint.load_exported(directory, variables)
+
+        def step() -> None:
+            served(x).block_until_ready()
+
+        return step
+
+    def matmul_tflops(self) -> float:
+        return devices.matmul_tflops(self.device, self.spec.precision)

@@ -122,19 +122,57 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, state: 
                       state.loss_scale.update(finite)), loss
 
 
-def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation,
-              jit: bool = True) -> Callable[[TrainState, dict], tuple[TrainState, jax.Array]]:
+def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, jit: bool = True,
+              replicated: Optional[Any] = None, sharded: Optional[Any] = None
+              ) -> Callable[[TrainState, dict], tuple[TrainState, jax.Array]]:
     """``train_step`` bound to a model and optimiser: jitted with ``state`` donated (its
-    buffers are reused in place), or run op by op under ``jax.disable_jit`` if ``jit`` is False."""
+    buffers are reused in place), or run op by op under ``jax.disable_jit`` if ``jit`` is False.
+
+    ``replicated`` / ``sharded`` (``jax.sharding`` objects, see ``parallel``) place the state and
+    the batch: with the batch split over devices, XLA partitions the step and all-reduces the
+    gradients itself."""
     step = functools.partial(train_step, graphdef, tx)
     if jit:
-        return jax.jit(step, donate_argnums=0)
+        if replicated is None:
+            return jax.jit(step, donate_argnums=0)
+        return jax.jit(step, donate_argnums=0, in_shardings=(replicated, sharded),
+                       out_shardings=(replicated, replicated))
+    return _eager(step)
 
-    def eager_step(state: TrainState, batch: dict[str, jax.Array]):
+
+def eval_graphdef(graphdef: nnx.GraphDef, state: TrainState) -> nnx.GraphDef:
+    """The graph of the model in inference mode (BatchNorm on its running statistics)."""
+    model = nnx.merge(graphdef, state.params, state.batch_stats)  # no copy: wraps the arrays
+    model.eval()
+    return nnx.graphdef(model)
+
+
+def forward(graphdef: nnx.GraphDef, params: nnx.State, batch_stats: nnx.State,
+            x: jax.Array) -> jax.Array:
+    """Inference: (B, H, W, 3) images or (B, T) ids -> logits, a pure function of the arrays."""
+    return nnx.merge(graphdef, params, batch_stats)(x)
+
+
+def make_forward(graphdef: nnx.GraphDef, jit: bool = True, replicated: Optional[Any] = None,
+                 sharded: Optional[Any] = None) -> Callable[..., jax.Array]:
+    """``forward`` bound to an eval-mode graph: jitted (weights replicated, inputs sharded as
+    in training) or op by op."""
+    fwd = functools.partial(forward, graphdef)
+    if not jit:
+        return _eager(fwd)
+    if replicated is None:
+        return jax.jit(fwd)
+    return jax.jit(fwd, in_shardings=(replicated, replicated, sharded), out_shardings=sharded)
+
+
+def _eager(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` dispatched primitive by primitive (``compile=False``)."""
+
+    def eager(*args: Any) -> Any:
         with jax.disable_jit():
-            return step(state, batch)
+            return fn(*args)
 
-    return eager_step
+    return eager
 
 
 def training_flops_per_sample(arch: Arch, batch_size: int = 8, precision: str = "fp32") -> float:
