@@ -25,7 +25,8 @@ def composed(*overrides: str):
 def test_defaults_compose_to_the_canonical_vit_in_torch():
     cfg = OmegaConf.to_container(composed(), resolve=True)
     assert cfg["framework"] == {"name": "torch", "backend": "fxtrack.frameworks.torch.backend.TorchBackend",
-                                "extra": "torch", "compile": True, "python": None}
+                                "extra": "torch", "compile": True, "python": None,
+                                "launcher": "torchrun"}
     assert cfg["model"] == {"name": "vit", "image_size": 224, "num_classes": 1000, "patch": 16,
                             "layers": 12, "hidden": 768, "heads": 12, "mlp_dim": 3072}
     assert {k: cfg[k]["name"] for k in ("precision", "scenario", "hardware", "size")} == {
@@ -64,7 +65,10 @@ def test_canonical_models_are_recognised_as_canonical():
     (["model=vit", "model.image_size=33"], "divisible by model.patch"),
     (["warmup_steps=0"], "warmup_steps must be a positive number"),
     (["timeout_s=0"], "timeout_s must be a positive number"),
-    (["scenario=checkpoint"], "scenario=checkpoint is not implemented yet"),
+    (["scenario=checkpoint", "scenario.runner=null"], "scenario=checkpoint is not implemented yet"),
+    (["scenario=pipeline", "scenario.loader_workers=-1"], "loader_workers must be >= 0"),
+    (["hardware.nodes=2"], "hardware.coordinator .* is required"),
+    (["hardware.node_rank=3"], r"hardware.node_rank must be in \[0, 1\)"),
 ])
 def test_value_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -79,7 +83,7 @@ def test_value_errors_name_the_key(overrides, message):
     ("batch_size=0", 2, "batch_size must be a positive number, got 0"),
     ("steps=-1", 2, "steps must be a positive number, got -1"),
     ("devices=0", 2, "devices must be a positive number, got 0"),
-    ("scenario=pipeline", 2, "scenario=pipeline is not implemented yet"),
+    ("scenario.runner=null", 2, "scenario=train is not implemented yet"),
 ])
 def test_bad_input_fails_before_any_work(tmp_path, override, code, message):
     proc = subprocess.run([sys.executable, "-m", "fxtrack", override], cwd=tmp_path,
