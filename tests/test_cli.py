@@ -142,3 +142,22 @@ def test_framework_start_up_noise_stays_in_the_log_not_the_terminal(capfd):
     assert capfd.readouterr().err == "[fxtrack] building vit\n"
     _tee(io.BufferedReader(io.BytesIO(out)), io.BytesIO(), echo=True, quiet=False)  # verbose=true
     assert capfd.readouterr().err == out.decode()
+
+
+def test_summary_line_shows_what_each_scenario_measured():
+    from fxtrack.job import Result
+    from fxtrack.orchestrator.app import summary_line
+
+    ckpt = Result("r", status="FINISHED", metrics={"checkpoint_save_s": 0.5, "checkpoint_restore_s": 0.25,
+                                                   "checkpoint_mib": 98.0, "export_s": 1.5,
+                                                   "peak_rss_mib": 900.0})
+    assert summary_line("torch-resnet50-checkpoint-fp32-x1", ckpt) == (
+        "torch-resnet50-checkpoint-fp32-x1: save 0.50 s, restore 0.25 s, checkpoint 98 MiB, "
+        "export 1.50 s, RSS peak 900 MiB")
+    train = Result("r", status="FINISHED", guard="loss did not fall (1 -> 2)",
+                   metrics={"throughput_samples_per_s": 12.34, "step_time_ms_p50": 81.0,
+                            "step_time_cv": 0.2, "mfu": 0.031})
+    line = summary_line("x", train)
+    assert line.startswith("x: 12.3 samples/s, step p50 81.0 ms, MFU 3.1%")
+    assert "WARNING: correctness guard: loss did not fall" in line and "noisy" in line
+    assert summary_line("x", Result("r", error="boom")) == "x: FAILED: boom"

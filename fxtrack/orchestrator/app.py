@@ -172,19 +172,21 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     m.update(complexity.code_metrics(spec.framework))
 
 
+# Headline figures for the one-line summary, in order, where a scenario logged them.
+_HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p50", "step p50 {:.1f} ms"),
+             ("compile_time_s", "compile {:.1f} s"), ("pipeline_samples_per_s", "loader {:.1f} samples/s"),
+             ("input_bound_fraction", "input-bound {:.0%}"), ("checkpoint_save_s", "save {:.2f} s"),
+             ("checkpoint_restore_s", "restore {:.2f} s"), ("checkpoint_mib", "checkpoint {:.0f} MiB"),
+             ("export_s", "export {:.2f} s"), ("peak_mem_device_mib", "device peak {:.0f} MiB"),
+             ("peak_rss_mib", "RSS peak {:.0f} MiB"), ("mfu", "MFU {:.1%}")]
+
+
 def summary_line(name: str, result: Result) -> str:
-    """One line per run: status and headline figures."""
+    """One line per run: status and the headline figures its scenario logged."""
     if result.status != "FINISHED":
         return f"{name}: FAILED: {result.error}"
     m = result.metrics
-    parts = [f"{m['throughput_samples_per_s']:.1f} samples/s",
-             f"step p50 {m['step_time_ms_p50']:.1f} ms",
-             f"compile {m['compile_time_s']:.1f} s"]
-    if "peak_mem_device_mib" in m:
-        parts.append(f"device peak {m['peak_mem_device_mib']:.0f} MiB")
-    parts.append(f"RSS peak {m['peak_rss_mib']:.0f} MiB")
-    if "mfu" in m:
-        parts.append(f"MFU {m['mfu']:.1%}")
+    parts = [fmt.format(m[key]) for key, fmt in _HEADLINE if key in m]
     notes = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
     if m.get("step_time_cv", 0.0) > NOISY_CV:
         notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
