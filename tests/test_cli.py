@@ -161,3 +161,16 @@ def test_summary_line_shows_what_each_scenario_measured():
     assert line.startswith("x: 12.3 samples/s, step p50 81.0 ms, MFU 3.1%")
     assert "WARNING: correctness guard: loss did not fall" in line and "noisy" in line
     assert summary_line("x", Result("r", error="boom")) == "x: FAILED: boom"
+
+
+def test_every_scenario_lands_through_the_cli(tmp_path):
+    proc = fxtrack(tmp_path, "-m", *TINY_VIT, "scenario=inference,pipeline,checkpoint",
+                   "scenario.dataset_samples=32", "scenario.loader_workers=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    children = {r.data.tags["fxtrack.scenario"]: r for r in runs(tmp_path)
+                if "mlflow.parentRunId" in r.data.tags}
+    assert set(children) == {"inference", "pipeline", "checkpoint"}
+    assert all(r.info.status == "FINISHED" for r in children.values())
+    assert "input_bound_fraction" in children["pipeline"].data.metrics
+    assert children["checkpoint"].data.metrics["checkpoint_restore_exact"] == 1.0
+    assert children["checkpoint"].info.run_name == "torch-vit-checkpoint-fp32-x1"
