@@ -174,3 +174,5 @@ def test_every_scenario_lands_through_the_cli(tmp_path):
     assert "input_bound_fraction" in children["pipeline"].data.metrics
     assert children["checkpoint"].data.metrics["checkpoint_restore_exact"] == 1.0
     assert children["checkpoint"].info.run_name == "torch-vit-checkpoint-fp32-x1"
+    assert "mfu" not in children["checkpoint"].data.metrics  # nothing timed, so no MFU
+    assert children["checkpoint"].data.metrics["code_sloc_checkpoint"] > 0

@@ -11,10 +11,16 @@ from fxtrack.job import JobSpec
 
 # Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
 # nothing L2 weight decay for ResNet-50 (Goyal et al. 2017), AdamW for the transformers.
-SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)
+SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)  # lr for a global batch of 256
 ADAMW = dict(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 LAYER_NORM_EPS = {"vit": 1e-6, "bert": 1e-12}
 BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-5, 0.1  # torch convention: new = 0.9 old + 0.1 batch
+
+
+def sgd_lr(global_batch: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017): 0.1 per 256 images. Without it a small
+    CPU batch at lr 0.1 makes BatchNorm'd ResNet-50 diverge within a few steps."""
+    return SGD["lr"] * global_batch / 256
 
 
 class Backend(abc.ABC):

@@ -161,15 +161,17 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     from fxtrack.measure import complexity, peak
 
     m = result.metrics
+    m.update(complexity.code_metrics(spec.framework))
+    if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
+        return
     device = result.tags.get("device", result.resolved.get("device_kind", "cpu"))
     hardware = result.resolved.get("device_kind", spec.hardware)
-    mfu, source = peak.mfu_metrics(spec.framework, device, spec.precision, hardware, spec.devices,
-                                   m.get("achieved_tflops", 0.0),
+    mfu, source = peak.mfu_metrics(spec.framework, device, spec.precision, hardware,
+                                   spec.devices * spec.nodes, m["achieved_tflops"],
                                    {spec.framework: conf.framework.python})
     m.update(mfu)
     if source:
         result.tags["peak_tflops_source"] = source
-    m.update(complexity.code_metrics(spec.framework))
 
 
 # Headline figures for the one-line summary, in order, where a scenario logged them.

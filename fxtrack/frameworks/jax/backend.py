@@ -43,7 +43,7 @@ class JaxBackend(Backend):
         self.replicated = parallel.replicated(self.mesh)
         self.sharded = parallel.batch_sharding(self.mesh)
         dtype = train.COMPUTE_DTYPES[self.spec.precision]  # parameters stay float32
-        tx = train.optimizer(self.arch)
+        tx = train.optimizer(self.arch, batch_size * self.spec.devices * self.spec.nodes)
         with jax.default_device(self.device):
             model = models.build(self.arch, dtype, nnx.Rngs(self.spec.seed))
             model.train()  # BatchNorm normalises with (and updates) batch statistics

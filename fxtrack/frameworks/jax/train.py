@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import ADAMW, SGD
+from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
 from fxtrack.frameworks.jax import models
 
 COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -50,12 +50,12 @@ class TrainState(NamedTuple):
     loss_scale: Optional[LossScale]  # fp16 only
 
 
-def optimizer(arch: Arch) -> optax.GradientTransformation:
+def optimizer(arch: Arch, global_batch: int = 256) -> optax.GradientTransformation:
     """SGD+momentum with coupled L2 weight decay (as torch.optim.SGD) for ResNet-50, AdamW
     (decoupled, as torch.optim.AdamW) for transformers; both on every parameter, like torch."""
     if arch.family == "resnet":
         return optax.chain(optax.add_decayed_weights(SGD["weight_decay"]),
-                           optax.sgd(SGD["lr"], momentum=SGD["momentum"]))
+                           optax.sgd(sgd_lr(global_batch), momentum=SGD["momentum"]))
     return optax.adamw(ADAMW["lr"], b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"],
                        weight_decay=ADAMW["weight_decay"])
 

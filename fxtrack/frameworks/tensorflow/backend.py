@@ -49,7 +49,9 @@ class TensorFlowBackend(Backend):
         with self._place():  # mirrored variables on every replica, or the one device
             with train.precision_policy(self.spec.precision):
                 self.model = models.build(self.arch)
-            self.opt = train.optimizer(self.arch, self.spec.precision)
+            # num_replicas_in_sync already counts every worker's replicas
+            self.opt = train.optimizer(self.arch, self.spec.precision,
+                                       batch_size * self.strategy.num_replicas_in_sync)
         if self.strategy.num_replicas_in_sync > 1:  # batch_size per replica, each its own shard
             self.batch = data.replica_batches(self.arch, batch_size, self.spec.seed, self.strategy)
         else:

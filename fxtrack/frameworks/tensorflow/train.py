@@ -10,7 +10,7 @@ import tensorflow as tf
 from keras import ops
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import ADAMW, SGD
+from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
 
 # Keras dtype policies: compute dtype / variable dtype. The mixed ones keep fp32 variables.
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -42,11 +42,11 @@ class CoupledSGD(keras.optimizers.SGD):
         super().update_step(gradient, variable, learning_rate)
 
 
-def optimizer(arch: Arch, precision: str) -> keras.optimizers.Optimizer:
+def optimizer(arch: Arch, precision: str, global_batch: int = 256) -> keras.optimizers.Optimizer:
     """SGD+momentum (coupled L2) for ResNet-50, AdamW for transformers; with dynamic loss
     scaling in fp16 (as torch's GradScaler)."""
     if arch.family == "resnet":
-        opt = CoupledSGD(SGD["weight_decay"], learning_rate=SGD["lr"], momentum=SGD["momentum"])
+        opt = CoupledSGD(SGD["weight_decay"], learning_rate=sgd_lr(global_batch), momentum=SGD["momentum"])
     else:
         opt = keras.optimizers.AdamW(learning_rate=ADAMW["lr"], beta_1=ADAMW["b1"],
                                      beta_2=ADAMW["b2"], epsilon=ADAMW["eps"],

@@ -40,7 +40,8 @@ class TorchBackend(Backend):
             model = model.to(memory_format=torch.channels_last)
         model.train()
         self.model = model
-        self.opt = train.optimizer(model, self.arch, self.device)
+        self.opt = train.optimizer(model, self.arch, self.device,
+                                   batch_size * parallel.world_size())
         # Each data-parallel rank trains on its own shard: same seed, offset by rank.
         self.batch = data.device_batch(self.arch, batch_size, self.spec.seed + parallel.rank(),
                                        self.device, channels_last)

@@ -9,16 +9,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import ADAMW, SGD
+from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
 
 AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def optimizer(model: nn.Module, arch: Arch, device: torch.device) -> torch.optim.Optimizer:
+def optimizer(model: nn.Module, arch: Arch, device: torch.device,
+              global_batch: int = 256) -> torch.optim.Optimizer:
     """SGD+momentum for ResNet-50, AdamW for transformers; the fused kernels where they exist."""
     params = [p for p in model.parameters() if p.requires_grad]
     if arch.family == "resnet":
-        make = lambda **kw: torch.optim.SGD(params, **SGD, **kw)  # noqa: E731
+        make = lambda **kw: torch.optim.SGD(  # noqa: E731
+            params, lr=sgd_lr(global_batch), momentum=SGD["momentum"],
+            weight_decay=SGD["weight_decay"], **kw)
     else:
         make = lambda **kw: torch.optim.AdamW(  # noqa: E731
             params, lr=ADAMW["lr"], betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
