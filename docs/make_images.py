@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -17,13 +18,14 @@ import sys
 import tempfile
 import time
 import urllib.request
+from urllib.parse import quote
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--window-size=1600,900", "--virtual-time-budget=20000"]
+                  "--hide-scrollbars", "--window-size=1900,1000", "--virtual-time-budget=25000"]
 
 
 def run(*cmd: str, cwd: Path, env: dict) -> None:
@@ -73,7 +75,11 @@ def main() -> None:
 
             client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
             exp = client.get_experiment_by_name("fxtrack").experiment_id
-            url = f"http://127.0.0.1:{port}/#/experiments/{exp}?compareRunsMode=TABLE&isPreview=false"
+            # MLflow's compare view of the sweep's nine benchmark runs (not its parent).
+            ids = [r.info.run_id for r in client.search_runs([exp])
+                   if "fxtrack.framework" in r.data.tags]
+            url = (f"http://127.0.0.1:{port}/#/compare-runs?runs={quote(json.dumps(ids))}"
+                   f"&experiments={quote(json.dumps([exp]))}")
             run(chromium, *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium'}",
                 f"--screenshot={DOCS / 'mlflow-ui.png'}", url, cwd=work, env=env)
         finally:
