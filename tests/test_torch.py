@@ -106,11 +106,22 @@ def test_restore_that_does_not_reproduce_fails_the_guard(spec_factory, monkeypat
 
 
 @pytest.mark.parametrize("model", ["resnet50", "bert"])
-def test_pipeline_scenario_feeds_training_from_disk(spec_factory, model, monkeypatch, tmp_path):
-    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
-    result = run(spec_factory("torch", model, scenario="pipeline",
-                              runner="fxtrack.scenarios.pipeline.run",
-                              options={"dataset_samples": 32, "loader_workers": 1}))
+def test_pipeline_scenario_feeds_training_from_disk(spec_factory, model, tmp_path):
+    """In a worker process of its own, as in real runs: DataLoader forks its workers, which is
+    unsafe in a test process where other tests have imported multithreaded JAX."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    spec = spec_factory("torch", model, scenario="pipeline", runner="fxtrack.scenarios.pipeline.run",
+                        options={"dataset_samples": 32, "loader_workers": 1})
+    spec.dump(tmp_path / "spec.json")
+    env = dict(os.environ, FXTRACK_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-m", "fxtrack.worker", str(tmp_path / "spec.json")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = Result.load(Path(spec.result_path))
     assert result.status == "FINISHED", result.error
     m = result.metrics
     assert m["pipeline_samples_per_s"] > 0 and m["resident_samples_per_s"] > 0
