@@ -82,15 +82,14 @@ def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, str
     """Every framework's matmul rate on ``device`` at ``precision`` (None: not installed),
     from the cache, measuring the missing ones (all of them when ``refresh``)."""
     path = cache_path()
-    cache = json.loads(path.read_text()) if path.exists() else {}
-    rates = {} if refresh else dict(cache.get(_key(device, precision), {}))
+    rates = {} if refresh else dict(cached().get(_key(device, precision), {}))
     missing = [fw for fw in FRAMEWORKS if fw not in rates]
     if missing:
         print(f"[fxtrack] calibrating peak FLOP/s on {device} at {precision} with "
               f"{', '.join(missing)} (once; cached in {path})", file=sys.stderr, flush=True)
         measured = {fw: _measure(fw, pythons.get(fw), precision, hardware) for fw in missing}
         rates.update({fw: r for fw, r in measured.items() if r is not _FAILED})
-        cache = json.loads(path.read_text()) if path.exists() else {}  # merge concurrent writers
+        cache = cached()  # read again: merge what concurrent processes wrote meanwhile
         cache[_key(device, precision)] = rates
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

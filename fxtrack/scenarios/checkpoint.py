@@ -9,11 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from fxtrack import defaults
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.measure.memory import peak_rss_mib
-from fxtrack.measure.timer import eprint, percentile, time_steps
+from fxtrack.measure.timer import percentile, time_steps
+from fxtrack.scenarios.timed import build
 
 
 def _mib(directory: Path) -> float:
@@ -22,12 +22,7 @@ def _mib(directory: Path) -> float:
 
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
-    kind = backend.device_kind()
-    batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
-                                            spec.warmup_steps)
-    result.resolved.update(batch_size=batch, steps=steps, warmup_steps=warmup, device_kind=kind)
-    eprint(f"[fxtrack] building {spec.arch['name']} in {spec.framework} on {kind} for checkpoint")
-    backend.build(batch)
+    _, _, steps, warmup = build(backend, result)
     for _ in range(warmup):  # optimiser moments exist: the state is a real training state
         backend.train_step()
     m = result.metrics

@@ -12,10 +12,9 @@ from fxtrack.measure.nvml import NvmlWindow
 from fxtrack.measure.timer import eprint, step_metrics, time_steps
 
 
-def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[], Any]],
-              flops_per_sample: int) -> list[Any]:
-    """Build the model, time ``prepare()``'s step, and fill ``result`` with the figures common to
-    every scenario. Returns the step handles (warm-up included) for scenario-specific use."""
+def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
+    """Pick the device, fill the defaults the config left open, build the model; returns
+    (device kind, batch, steps, warm-up steps)."""
     spec = backend.spec
     kind = backend.device_kind()
     batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
@@ -24,6 +23,15 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     eprint(f"[fxtrack] building {spec.arch['name']} in {spec.framework} on {kind} for "
            f"{spec.scenario} (batch {batch}, {spec.precision}, compile={spec.compile})")
     backend.build(batch)
+    return kind, batch, steps, warmup
+
+
+def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[], Any]],
+              flops_per_sample: int) -> list[Any]:
+    """Build the model, time ``prepare()``'s step, and fill ``result`` with the figures common to
+    every scenario. Returns the step handles (warm-up included) for scenario-specific use."""
+    spec = backend.spec
+    kind, batch, steps, warmup = build(backend, result)
     step = prepare()
     nvml = NvmlWindow(enabled=kind == "gpu")
     times = time_steps(step, warmup, steps, show=spec.progress,
