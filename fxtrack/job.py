@@ -18,10 +18,10 @@ class JobSpec:
     scenario: str
     runner: str  # "module.function" of the scenario
     arch: dict[str, Any]  # fxtrack.architectures.Arch.to_json()
-    precision: str  # fp32 | bf16 | fp16
+    precision: str  # fp32 | tf32 | bf16 | fp16
     hardware: str  # auto | cpu | gpu
     devices: int
-    compile: bool
+    compile: bool  # resolved in the worker from compile_request (fxtrack.policy) before build
     seed: int
     batch_size: Optional[int]  # None: the device's default (fxtrack.defaults)
     steps: Optional[int]
@@ -34,6 +34,15 @@ class JobSpec:
     node_rank: int = 0
     coordinator: Optional[str] = None  # host:port of node 0
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # scenario knobs
+    compile_request: str = "auto"  # framework.compile as asked: auto | true | false
+    compile_mode: str = "default"  # torch.compile mode
+    cpu_threads: Optional[int] = None  # None: the cores this process may use
+    wait_for_idle_s: float = 0.0
+    repeat: int = 0  # which of `repeats` this worker is (fxtrack.repeat)
+    parallel: str = "ddp"  # ddp | fsdp
+    memory: str = "none"  # none | checkpoint
+    runtime: str = "native"  # inference runtime
+    quantize: str = "none"  # none | dynamic_int8
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))

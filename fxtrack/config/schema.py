@@ -12,6 +12,7 @@ Model sizes default to the one architecture table (``fxtrack.architectures``) th
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -40,11 +41,27 @@ class FrameworkConfig:
     name: str = MISSING
     backend: str = MISSING  # "module.Class" of the worker-side Backend
     extra: str = MISSING  # the pip extra that installs this framework
-    compile: bool = True  # torch.compile / tf.function(jit_compile=True) / always jit in JAX
+    # auto: the framework's best mode for this device and model (one rule, fxtrack.policy);
+    # true / false force torch.compile / XLA (tf jit_compile) / jax.jit on or off.
+    compile: str = "auto"
+    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
     python: Optional[str] = None  # interpreter for this framework's worker; None: the current one
     # "torchrun": devices > 1 (or nodes > 1) start one worker per device through
     # torch.distributed.run; "process": one worker drives every device (tf.distribute, JAX SPMD).
     launcher: str = "process"
+
+    def __post_init__(self) -> None:
+        self.compile = str(self.compile).lower()  # `framework.compile=true` arrives as a bool
+        if self.compile not in COMPILE_CHOICES:
+            raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_CHOICES)}, "
+                             f"got {self.compile!r}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"framework.compile_mode must be one of {', '.join(COMPILE_MODES)}, "
+                             f"got {self.compile_mode!r}")
+
+
+COMPILE_CHOICES = ("auto", "true", "false")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 @dataclasses.dataclass
@@ -87,7 +104,7 @@ class BertConfig:
 
 @dataclasses.dataclass
 class PrecisionConfig:
-    name: str = MISSING  # fp32 | bf16 | fp16
+    name: str = MISSING  # fp32 (strict IEEE) | tf32 | bf16 | fp16
 
 
 @dataclasses.dataclass
@@ -109,9 +126,15 @@ class HardwareConfig:
     nodes: int = 1
     node_rank: int = 0
     coordinator: Optional[str] = None  # host:port of node 0 for multi-node runs
+    # Threads every framework's worker uses (intra-op pools, OMP/MKL); None: the cores this
+    # process may run on (os.sched_getaffinity).
+    cpu_threads: Optional[int] = None
+    wait_for_idle_s: float = 0.0  # wait up to this long for the machine to go quiet before timing
 
     def __post_init__(self) -> None:
-        _positive("hardware.", nodes=self.nodes)
+        _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads)
+        if self.wait_for_idle_s < 0:
+            raise ValueError(f"hardware.wait_for_idle_s must be >= 0, got {self.wait_for_idle_s}")
         if not 0 <= self.node_rank < self.nodes:
             raise ValueError(f"hardware.node_rank must be in [0, {self.nodes}), got {self.node_rank}")
         if self.nodes > 1 and not self.coordinator:
@@ -131,6 +154,29 @@ class TrackingConfig:
     uri: Optional[str] = None
 
 
+class Parallel(enum.Enum):
+    ddp = "ddp"  # replicated parameters, all-reduced gradients
+    fsdp = "fsdp"  # parameters, gradients and optimiser state sharded over the devices
+
+
+class Memory(enum.Enum):
+    none = "none"
+    checkpoint = "checkpoint"  # activation rematerialisation per block
+
+
+class Runtime(enum.Enum):  # scenario=inference: what serves the exported model
+    native = "native"
+    onnxruntime = "onnxruntime"
+    tflite = "tflite"
+    openvino = "openvino"
+    tensorrt = "tensorrt"
+
+
+class Quantize(enum.Enum):
+    none = "none"
+    dynamic_int8 = "dynamic_int8"
+
+
 @dataclasses.dataclass
 class FxtrackConfig:
     framework: FrameworkConfig = MISSING
@@ -144,13 +190,18 @@ class FxtrackConfig:
     steps: Optional[int] = None  # timed steps; None: the hardware's default
     warmup_steps: Optional[int] = None  # untimed steps, the first one is compile_time_s
     seed: int = 0
+    repeats: int = 1  # each config run N times as N workers (round-robin across a sweep)
+    parallel: Parallel = Parallel.ddp
+    memory: Memory = Memory.none
+    runtime: Runtime = Runtime.native
+    quantize: Quantize = Quantize.none
     timeout_s: float = 7200.0  # a worker running longer is stopped and its run marked FAILED
     verbose: bool = False  # let frameworks print their own log spam
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
         _positive("", batch_size=self.batch_size, devices=self.devices, steps=self.steps,
-                  warmup_steps=self.warmup_steps, timeout_s=self.timeout_s)
+                  warmup_steps=self.warmup_steps, timeout_s=self.timeout_s, repeats=self.repeats)
 
 
 _GROUP_SCHEMAS = {
