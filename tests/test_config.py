@@ -23,16 +23,39 @@ def composed(*overrides: str):
 
 
 def test_defaults_compose_to_the_canonical_vit_in_torch():
-    cfg = OmegaConf.to_container(composed(), resolve=True)
+    cfg = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
     assert cfg["framework"] == {"name": "torch", "backend": "fxtrack.frameworks.torch.backend.TorchBackend",
-                                "extra": "torch", "compile": True, "python": None,
-                                "launcher": "torchrun"}
+                                "extra": "torch", "compile": "auto", "compile_mode": "default",
+                                "python": None, "launcher": "torchrun"}
     assert cfg["model"] == {"name": "vit", "image_size": 224, "num_classes": 1000, "patch": 16,
                             "layers": 12, "hidden": 768, "heads": 12, "mlp_dim": 3072}
     assert {k: cfg[k]["name"] for k in ("precision", "scenario", "hardware", "size")} == {
         "precision": "fp32", "scenario": "train", "hardware": "auto", "size": "full"}
     assert cfg["batch_size"] is None and cfg["devices"] == 1 and cfg["seed"] == 0
     assert cfg["tracking"] == {"experiment": "fxtrack", "uri": None}
+    assert (cfg["repeats"], cfg["parallel"], cfg["memory"], cfg["runtime"], cfg["quantize"]) == (
+        1, "ddp", "none", "native", "none")
+    assert (cfg["hardware"]["cpu_threads"], cfg["hardware"]["wait_for_idle_s"]) == (None, 0.0)
+
+
+@pytest.mark.parametrize("value, expected", [("auto", "auto"), ("true", "true"), ("false", "false"),
+                                             ("True", "true")])
+def test_compile_choice_is_normalised(value, expected):
+    conf, _ = validate(composed(f"framework.compile={value}"))
+    assert conf.framework.compile == expected
+
+
+def test_new_keys_reach_the_job_spec(tmp_path):
+    from fxtrack.orchestrator.app import job_spec
+
+    conf, arch = validate(composed("framework=jax", "framework.compile=false", "precision=tf32",
+                                   "hardware.cpu_threads=1", "parallel=fsdp", "memory=checkpoint",
+                                   "runtime=onnxruntime", "quantize=dynamic_int8"))
+    spec = job_spec(conf, arch, tmp_path)
+    assert (spec.compile, spec.compile_request, spec.precision, spec.cpu_threads) == (
+        False, "false", "tf32", 1)
+    assert (spec.parallel, spec.memory, spec.runtime, spec.quantize) == (
+        "fsdp", "checkpoint", "onnxruntime", "dynamic_int8")
 
 
 @pytest.mark.parametrize("model", architectures.MODELS)
@@ -69,6 +92,10 @@ def test_canonical_models_are_recognised_as_canonical():
     (["scenario=pipeline", "scenario.loader_workers=-1"], "loader_workers must be >= 0"),
     (["hardware.nodes=2"], "hardware.coordinator .* is required"),
     (["hardware.node_rank=3"], r"hardware.node_rank must be in \[0, 1\)"),
+    (["framework.compile=maybe"], "framework.compile must be one of auto, true, false"),
+    (["framework.compile_mode=fast"], "framework.compile_mode must be one of default"),
+    (["repeats=0"], "repeats must be a positive number"),
+    (["hardware.cpu_threads=0"], "cpu_threads must be a positive number"),
 ])
 def test_value_errors_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
@@ -79,6 +106,8 @@ def test_value_errors_name_the_key(overrides, message):
     ("modle=vit", 1, "Could not override 'modle'"),
     ("framework=mxnet", 1, "Available options in 'framework'"),
     ("precision=fp64", 1, "Available options in 'precision'"),
+    ("parallel=zero3", 1, "Invalid value 'zero3', expected one of [ddp, fsdp]"),
+    ("runtime=tvm", 1, "expected one of [native, onnxruntime, tflite, openvino, tensorrt]"),
     ("batch_size=abc", 1, "Value 'abc' of type 'str' could not be converted to Integer"),
     ("batch_size=0", 2, "batch_size must be a positive number, got 0"),
     ("steps=-1", 2, "steps must be a positive number, got -1"),

@@ -111,7 +111,7 @@ class Job:
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
         self.uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
         self.config = config  # what is logged: resolved, without credentials
 
@@ -169,12 +169,11 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
         return
     device = result.tags.get("device", result.resolved.get("device_kind", "cpu"))
     hardware = result.resolved.get("device_kind", spec.hardware)
-    mfu, source = peak.mfu_metrics(spec.framework, device, spec.precision, hardware,
-                                   spec.devices * spec.nodes, m["achieved_tflops"],
-                                   {spec.framework: conf.framework.python})
+    mfu, tags = peak.mfu_metrics(spec.framework, device, spec.precision, hardware,
+                                 spec.devices * spec.nodes, m["achieved_tflops"],
+                                 {spec.framework: conf.framework.python}, spec.cpu_threads)
     m.update(mfu)
-    if source:
-        result.tags["peak_tflops_source"] = source
+    result.tags.update(tags)  # peak_tflops_source, peak_calibrated, mfu_over_1
 
 
 # Headline figures for the one-line summary, in order, where a scenario logged them.
@@ -193,6 +192,9 @@ def summary_line(name: str, result: Result) -> str:
     m = result.metrics
     parts = [fmt.format(m[key]) for key, fmt in _HEADLINE if key in m]
     notes = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
+    if m.get("mfu", 0.0) > 1.0:  # impossible: the peak or the FLOP count is wrong
+        notes += (f"  WARNING: MFU {m['mfu']:.0%} > 100%: peak {m.get('peak_tflops', 0):.1f} "
+                  f"TFLOP/s ({result.tags.get('peak_tflops_source', '?')}) is below this run's rate")
     if m.get("step_time_cv", 0.0) > NOISY_CV:
         notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
     return f"{name}: " + ", ".join(parts) + notes
