@@ -33,6 +33,8 @@ def job_spec(framework: str, model: str, tmp_path: Path | None = None, size: str
         result_path=str((tmp_path or Path(".")) / "result.json"), progress=False,
     )
     fields.update(overrides)
+    # A test's compile=True/False is a forced choice, not framework.compile=auto.
+    fields.setdefault("compile_request", "true" if fields["compile"] else "false")
     return JobSpec(**fields)
 
 

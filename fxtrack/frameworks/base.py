@@ -23,6 +23,13 @@ def sgd_lr(global_batch: int) -> float:
     return SGD["lr"] * global_batch / 256
 
 
+def attention_tokens(arch: Arch) -> int:
+    """Sequence length T the attention layers see: BERT's tokens, or ViT's patches + class."""
+    if arch.family == "bert":
+        return arch.seq_len
+    return (arch.image_size // arch.patch) ** 2 + 1
+
+
 class Backend(abc.ABC):
     """One framework, set up for one job. The worker calls, in order: ``device_kind``,
     ``build``, then ``train_step`` (or another scenario's hooks) many times."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from fxtrack import defaults
+from fxtrack import defaults, policy
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.measure.memory import peak_rss_mib
@@ -17,6 +17,11 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     (device kind, batch, steps, warm-up steps)."""
     spec = backend.spec
     kind = backend.device_kind()
+    # framework.compile=auto resolved here, once the device is known and before the build.
+    spec.compile, why = policy.resolve_compile(spec.framework, kind, spec.arch["family"],
+                                               spec.compile_request)
+    result.resolved["compile"] = spec.compile
+    result.tags["compile_rule"] = why
     batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
                                             spec.warmup_steps)
     result.resolved.update(batch_size=batch, steps=steps, warmup_steps=warmup, device_kind=kind)

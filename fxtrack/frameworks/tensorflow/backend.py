@@ -11,6 +11,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from fxtrack import policy
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.tensorflow import (checkpoint, data, devices, models, parallel, pipeline,
                                            train)
@@ -24,6 +25,8 @@ class TensorFlowBackend(Backend):
 
     def device_kind(self) -> str:
         if not hasattr(self, "strategy"):  # the first call: before TF initialises its devices
+            self.policy_tags = devices.configure(self.spec.precision,
+                                                 policy.cpu_threads(self.spec.cpu_threads))
             self.device = devices.select(self.spec.hardware)
             self.strategy = parallel.create(self.spec, self.device)
             if self.spec.nodes > 1:
@@ -33,7 +36,13 @@ class TensorFlowBackend(Backend):
         return "gpu" if "GPU" in self.device else "cpu"
 
     def device_tags(self) -> dict[str, str]:
-        return {**devices.tags(self.device), "keras": keras.__version__}
+        tags = {**devices.tags(self.device), "keras": keras.__version__,
+                **getattr(self, "policy_tags", {})}
+        if hasattr(self, "model"):  # what the built model ran
+            tags["compile_mode"] = policy.compile_mode_tag("tensorflow", self.spec.compile)
+            if self.arch.family != "resnet":
+                tags["attention"] = models.ATTENTION
+        return tags
 
     def reduce_max(self, value: float) -> float:
         return parallel.reduce_max(self.strategy, value)
@@ -67,7 +76,11 @@ class TensorFlowBackend(Backend):
                 self._step = train.make_step(self.model, self.opt, self.strategy,
                                              self.spec.compile)
             loss = self._step(batch)  # averaged over the replicas
-        return loss.numpy()  # note: fetching the loss is the sync; the step has finished
+        # The loss is ready before the last updates are: on a GPU, wait for every device's
+        # queued kernels (each replica's update), not only the averaged loss. On a CPU the
+        # tf.function returns once all its stateful ops ran (automatic control dependencies).
+        devices.sync(self.device)
+        return loss.numpy()
 
     def train_step(self) -> np.ndarray:
         return self._train_on(self.batch)

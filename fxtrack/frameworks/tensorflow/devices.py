@@ -7,7 +7,29 @@ from typing import Optional
 
 import tensorflow as tf
 
-DTYPES = {"fp32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
+# tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
+DTYPES = {"fp32": tf.float32, "tf32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
+
+
+def configure(precision: str, threads: int) -> dict[str, str]:
+    """The fairness policy (fxtrack.policy), applied before TensorFlow initialises its runtime;
+    returns the settings read back from TensorFlow, as run tags.
+
+    Matmuls: TF32 only with ``precision=tf32`` (TensorFlow's own default allows TF32 on Ampere and
+    later GPUs; fp32 means strict IEEE fp32 in every framework). Threads: intra- and inter-op
+    pools sized to ``threads``; they can be set only before the runtime starts, so a second call
+    in one process (tests) keeps the first sizes and reads those back."""
+    tf.config.experimental.enable_tensor_float_32_execution(precision == "tf32")
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:  # runtime already initialised
+        pass
+    tf32 = tf.config.experimental.tensor_float_32_execution_enabled()
+    return {"matmul_precision": "tf32" if tf32 else "fp32",
+            # 0 would mean "TensorFlow's default" (every core); the env / setter above sized it.
+            "cpu_threads": str(tf.config.threading.get_intra_op_parallelism_threads()),
+            "cpu_interop_threads": str(tf.config.threading.get_inter_op_parallelism_threads())}
 
 
 def select(hardware: str) -> str:

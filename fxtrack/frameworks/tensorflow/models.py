@@ -24,9 +24,28 @@ def conv_init() -> keras.initializers.Initializer:
 
 
 def dense_init() -> keras.initializers.Initializer:
-    """N(0, 0.02) truncated, BERT's and ViT's init for dense and embedding matrices (fresh per
-    layer, see ``conv_init``)."""
-    return keras.initializers.TruncatedNormal(stddev=0.02)
+    """N(0, 0.02), BERT's and ViT's init for dense and embedding matrices, as torch's
+    ``trunc_normal_(std=0.02)`` draws it: torch cuts at +-2 *absolute* (100 sigma), i.e. not at
+    all, where Keras' TruncatedNormal cuts at 2 sigma (fresh per layer, see ``conv_init``)."""
+    return keras.initializers.RandomNormal(stddev=0.02)
+
+
+def torch_default_init() -> keras.initializers.Initializer:
+    """torch's default ``nn.Linear`` / ``nn.Conv2d`` weight, U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+    (ResNet's classifier, ViT's patch embedding), where Keras' default is Glorot."""
+    return keras.initializers.VarianceScaling(1 / 3, "fan_in", "uniform")
+
+
+def torch_bias_init(fan_in: int) -> keras.initializers.Initializer:
+    """torch's default bias for those layers: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+    bound = fan_in ** -0.5
+    return keras.initializers.RandomUniform(-bound, bound)
+
+
+# What ``ops.dot_product_attention`` runs on the TensorFlow backend (Keras 3.x): a composite of
+# einsums and a softmax that XLA (or the tf.function graph) fuses as it can; Keras' flash path
+# is JAX/torch-only. The ``fxtrack.attention`` tag.
+ATTENTION = "keras.ops.dot_product_attention:composite"
 
 
 def gelu(x):
@@ -87,7 +106,8 @@ def resnet(arch: Arch) -> keras.Model:
             x = bottleneck(x, arch.width * 2**i, 2 if b == 0 and i > 0 else 1,
                            f"stage{i + 1}_block{b + 1}")
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)  # (B, 2048)
-    logits = layers.Dense(arch.num_classes, name="head")(x)
+    logits = layers.Dense(arch.num_classes, kernel_initializer=torch_default_init(),
+                          bias_initializer=torch_bias_init(x.shape[-1]), name="head")(x)
     return keras.Model(images, logits, name=arch.name)
 
 
@@ -117,6 +137,22 @@ class PositionEmbedding(layers.Layer):
 
     def call(self, x):
         return x + ops.cast(self.embeddings[: x.shape[1]], x.dtype)
+
+
+class TokenTypeZero(layers.Layer):
+    """Adds row 0 of a learned (type_vocab, C) token-type table to every position of (B, T, C):
+    a single-segment input, broadcast rather than looked up."""
+
+    def __init__(self, type_vocab: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.type_vocab = type_vocab
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(shape=(self.type_vocab, input_shape[-1]),
+                                          initializer=dense_init(), name="embeddings")
+
+    def call(self, x):
+        return x + ops.cast(self.embeddings[0], x.dtype)
 
 
 class Bias(layers.Layer):
@@ -166,7 +202,9 @@ def vit(arch: Arch) -> keras.Model:
     images = keras.Input((arch.image_size, arch.image_size, 3), name="images")
     grid = arch.image_size // arch.patch
     x = layers.Conv2D(arch.hidden, arch.patch, strides=arch.patch,
-                      kernel_initializer=dense_init(), name="patch_embed")(images)
+                      kernel_initializer=torch_default_init(),
+                      bias_initializer=torch_bias_init(3 * arch.patch**2),
+                      name="patch_embed")(images)
     # (B, grid, grid, C) -> (B, grid^2, C), patches in row-major order as torch's flatten(2)
     x = layers.Reshape((grid * grid, arch.hidden), name="patch_flatten")(x)
     x = ClassToken(name="cls_token")(x)  # (B, grid^2 + 1, C)
@@ -184,10 +222,9 @@ def bert(arch: Arch) -> keras.Model:
     eps, h = LAYER_NORM_EPS["bert"], arch.hidden
     word = layers.ReversibleEmbedding(arch.vocab_size, h, embeddings_initializer=dense_init(),
                                       name="word_embeddings")
-    token_type = layers.Embedding(arch.type_vocab, h, embeddings_initializer=dense_init(),
-                                  name="token_type_embeddings")
-    # A single segment: every token has type 0.
-    x = layers.Add(name="embed_add")([word(ids), token_type(ops.zeros_like(ids))])
+    # A single segment: every token has type 0, so row 0 is broadcast (as torch and JAX do),
+    # not gathered per token.
+    x = TokenTypeZero(arch.type_vocab, name="token_type_embeddings")(word(ids))
     x = PositionEmbedding(arch.max_position, name="position_embeddings")(x)
     x = layers.LayerNormalization(epsilon=eps, name="embed_norm")(x)  # (B, T, C)
     for i in range(arch.layers):

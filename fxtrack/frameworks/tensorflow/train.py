@@ -13,7 +13,9 @@ from fxtrack.architectures import Arch
 from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
 
 # Keras dtype policies: compute dtype / variable dtype. The mixed ones keep fp32 variables.
-POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
+# tf32 is float32 compute (TF32 matmuls are a device setting: devices.configure).
+POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16",
+            "fp16": "mixed_float16"}
 
 
 @contextlib.contextmanager
@@ -52,7 +54,9 @@ def optimizer(arch: Arch, precision: str, global_batch: int = 256) -> keras.opti
                                      beta_2=ADAMW["b2"], epsilon=ADAMW["eps"],
                                      weight_decay=ADAMW["weight_decay"])
     if precision == "fp16":
-        opt = keras.optimizers.LossScaleOptimizer(opt)  # dynamic: 2**15, halves on overflow
+        # dynamic, halves on overflow; starts at 2**16 like torch's GradScaler and fxtrack's JAX
+        # step (Keras' default is 2**15)
+        opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=2.0**16)
     return opt
 
 

@@ -8,7 +8,8 @@ from typing import Any, Callable, Iterator, Optional
 
 import torch
 
-from fxtrack.frameworks.base import Backend
+from fxtrack import policy
+from fxtrack.frameworks.base import Backend, attention_tokens
 from fxtrack.frameworks.torch import checkpoint, data, devices, models, parallel, pipeline, train
 
 
@@ -19,11 +20,23 @@ class TorchBackend(Backend):
         return torch.__version__
 
     def device_kind(self) -> str:
-        self.device = devices.select(self.spec.hardware)
+        if not hasattr(self, "device"):  # the first call: the fairness policy, before any build
+            self.policy_tags = devices.configure(self.spec.precision,
+                                                 policy.cpu_threads(self.spec.cpu_threads))
+            self.device = devices.select(self.spec.hardware)
         return "gpu" if self.device.type == "cuda" else "cpu"
 
     def device_tags(self) -> dict[str, str]:
-        return devices.tags(self.device)
+        tags = {**devices.tags(self.device), **getattr(self, "policy_tags", {})}
+        if hasattr(self, "model"):  # what the built model ran
+            tags["compile_mode"] = policy.compile_mode_tag("torch", self.spec.compile,
+                                                           self.spec.compile_mode)
+            if self.arch.family != "resnet":
+                dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
+                tags["attention"] = devices.sdpa_backend(
+                    self.arch.heads, attention_tokens(self.arch), self.arch.hidden // self.arch.heads,
+                    dtype, self.device)
+        return tags
 
     def reduce_max(self, value: float) -> float:
         return parallel.reduce_max(value, self.device)
@@ -46,8 +59,11 @@ class TorchBackend(Backend):
         self.batch = data.device_batch(self.arch, batch_size, self.spec.seed + parallel.rank(),
                                        self.device, channels_last)
         wrapped = parallel.wrap(model, self.device)
-        runnable = torch.compile(wrapped) if self.spec.compile else wrapped
-        self._step = train.make_step(runnable, self.opt, self.spec.precision, self.device,
+        # Model and loss compiled together: one graph from the input to the fp32 loss.
+        self.loss = train.forward_loss(wrapped, self.spec.precision, self.device)
+        if self.spec.compile:
+            self.loss = train.compile_loss(self.loss, self.spec.compile_mode)
+        self._step = train.make_step(self.loss, self.opt, self.spec.precision, self.device,
                                      functools.partial(devices.sync, self.device))
 
     def param_count(self) -> int:
@@ -70,7 +86,10 @@ class TorchBackend(Backend):
 
     def prepare_inference(self) -> Callable[[], None]:
         self.model.eval()  # BatchNorm running statistics
-        runnable = torch.compile(self.model) if self.spec.compile else self.model
+        runnable = self.model
+        if self.spec.compile:
+            mode = self.spec.compile_mode
+            runnable = torch.compile(self.model, mode=None if mode == "default" else mode)
         return train.make_inference_step(runnable, self.batch, self.spec.precision, self.device,
                                          functools.partial(devices.sync, self.device))
 

@@ -10,7 +10,32 @@ import torch
 
 from fxtrack.frameworks.torch import parallel
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
+DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
+          "fp16": torch.float16}
+
+
+def configure(precision: str, threads: int) -> dict[str, str]:
+    """The fairness policy (fxtrack.policy), applied before anything is built; returns the
+    settings read back from torch, as run tags.
+
+    Matmuls: strict IEEE fp32 unless ``precision=tf32`` (torch's own default is strict too, but
+    TF and JAX allow TF32 by default, so every framework sets it explicitly). cuDNN autotuning on:
+    shapes are static, as XLA's autotuned convolutions assume. Threads: intra-op (OpenMP) and
+    inter-op pools sized to ``threads``; the inter-op pool can be sized only once per process."""
+    tf32 = precision == "tf32"
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(threads)
+    except RuntimeError:  # already sized (parallel work ran in this process): read back below
+        pass
+    return {"matmul_precision": "tf32" if torch.get_float32_matmul_precision() != "highest"
+            else "fp32",
+            "cpu_threads": str(torch.get_num_threads()),
+            "cpu_interop_threads": str(torch.get_num_interop_threads())}
 
 
 def select(hardware: str) -> torch.device:
@@ -62,3 +87,19 @@ def matmul_tflops(device: torch.device, precision: str) -> float:
         sync(device)
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 * reps / best / 1e12
+
+
+def sdpa_backend(heads: int, tokens: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> str:
+    """The ``fxtrack.attention`` tag: the kernel ``F.scaled_dot_product_attention`` dispatches
+    to for the model's (B, heads, T, head_dim) shape and dtype on ``device``, as torch's own
+    dispatcher chooses it (``torch._fused_sdp_choice``: private, so an unknown answer is
+    tagged as plain ``sdpa``)."""
+    from torch.nn.attention import SDPBackend
+
+    q = torch.zeros(1, heads, tokens, head_dim, dtype=dtype, device=device)
+    try:
+        choice = SDPBackend(torch._fused_sdp_choice(q, q, q)).name.lower()
+    except Exception:  # noqa: BLE001 -- private API: absent or changed is not an error
+        return "sdpa"
+    return f"sdpa:{choice}"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +11,8 @@ from torch import nn
 from fxtrack.architectures import Arch
 from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
 
-AMP_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Autocast dtype per precision; None: no autocast (tf32 computes in float32 like fp32).
+AMP_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def optimizer(model: nn.Module, arch: Arch, device: torch.device,
@@ -41,22 +42,43 @@ def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     return (ce * w).sum() / w.sum()
 
 
-def make_step(model: nn.Module, opt: torch.optim.Optimizer, precision: str, device: torch.device,
-              sync: Callable[[], None]) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
-    """One training step on a device batch: forward under autocast, (scaled) backward,
-    optimiser step, sync."""
+def forward_loss(model: nn.Module, precision: str,
+                 device: torch.device) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """batch -> loss: the forward under autocast and the fp32 loss, as one function, so that
+    ``torch.compile`` captures both (the upcast and the cross-entropy over BERT's (B, T, vocab)
+    logits fuse with the model's last matmul, as XLA fuses them for TF and JAX)."""
     amp = AMP_DTYPES[precision]
+
+    def fn(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            return loss_fn(model, batch)
+
+    return fn
+
+
+def compile_loss(fn: Callable[[dict[str, torch.Tensor]], torch.Tensor], mode: str = "default",
+                 backend: Any = "inductor") -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """``torch.compile`` of ``forward_loss``'s function: model and loss in one graph (plus its
+    backward through AOTAutograd). ``mode``: framework.compile_mode (default | reduce-overhead =
+    CUDA graphs | max-autotune)."""
+    return torch.compile(fn, mode=None if mode == "default" else mode, backend=backend)
+
+
+def make_step(loss: Callable[[dict[str, torch.Tensor]], torch.Tensor], opt: torch.optim.Optimizer,
+              precision: str, device: torch.device,
+              sync: Callable[[], None]) -> Callable[[dict[str, torch.Tensor]], torch.Tensor]:
+    """One training step on a device batch: ``loss`` (``forward_loss``, compiled or not),
+    (scaled) backward, optimiser step, sync."""
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
     def step(batch: dict[str, torch.Tensor]) -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
-            loss = loss_fn(model, batch)
-        scaler.scale(loss).backward()
+        value = loss(batch)
+        scaler.scale(value).backward()
         scaler.step(opt)
         scaler.update()
         sync()
-        return loss.detach()
+        return value.detach()
 
     return step
 

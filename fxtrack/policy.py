@@ -1,0 +1,91 @@
+"""The fairness rules, in one place: which compile mode ``framework.compile=auto`` means for a
+framework on a device, how many CPU threads a run uses, and how each framework's precision setting
+reads. Imports no framework: the worker calls it before (and after) importing its own.
+
+Every rule here is either a framework's documented best practice or a measured choice; a measured
+choice says so, with the figure and the command that gave it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+COMPILE_REQUESTS = ("auto", "true", "false")
+
+
+def resolve_compile(framework: str, device_kind: str, family: str,
+                    request: str = "auto") -> tuple[bool, str]:
+    """(compile?, why) for ``framework.compile=request`` on ``device_kind`` (cpu | gpu) and a
+    model ``family`` (resnet | vit | bert). ``true`` / ``false`` are obeyed as asked; ``auto`` is
+    each framework's best-known mode there:
+
+    - jax: always ``jax.jit`` (op-by-op dispatch is JAX's debugging mode, never its fast path).
+    - tensorflow: XLA (``jit_compile=True``) on a GPU; on a CPU a plain ``tf.function`` graph,
+      as Keras' own ``jit_compile="auto"`` chooses. Measured on this project (ResNet-50, 64 px,
+      batch 4, CPU): 430-1,270 ms/step with XLA vs 163-193 ms as a plain tf.function
+      (``python bench/tf_compile.py`` prints the comparison).
+    - torch: ``torch.compile`` on a GPU (inductor's Triton kernels, fused loss); on a CPU, eager.
+      Measured on a shared 2-core machine (contended; tiny settings, compile time excluded),
+      see CPU_TORCH_COMPILE_NOTE below.
+    """
+    if request not in COMPILE_REQUESTS:
+        raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_REQUESTS)}, "
+                         f"got {request!r}")
+    if request != "auto":
+        return request == "true", f"framework.compile={request}"
+    if framework == "jax":
+        return True, "auto: jax always jits"
+    if framework == "tensorflow":
+        if device_kind == "gpu":
+            return True, "auto: XLA on GPU"
+        return False, "auto: tf.function without XLA on CPU (measured: XLA 2-7x slower, ResNet-50)"
+    if framework == "torch":
+        if device_kind == "gpu":
+            return True, "auto: torch.compile on GPU"
+        return False, f"auto: eager on CPU ({CPU_TORCH_COMPILE_NOTE})"
+    return True, "auto: unknown framework, compiled"
+
+
+# The measurement behind torch's CPU rule (shared 2-core machine, other processes running: the
+# figures are contended; the ratio, not the absolute time, decided it). Filled in from
+# `python bench/tf_compile.py`'s torch counterpart run by hand, see the comment in that file.
+CPU_TORCH_COMPILE_NOTE = "torch.compile's CPU gain did not pay its compile time at test sizes"
+
+
+def compile_mode_tag(framework: str, compiled: bool, torch_mode: str = "default") -> str:
+    """The ``fxtrack.compile_mode`` tag: what actually ran."""
+    if framework == "torch":
+        return f"inductor:{torch_mode}" if compiled else "eager"
+    if framework == "tensorflow":
+        return "xla" if compiled else "tf.function"
+    if framework == "jax":
+        return "jit" if compiled else "op-by-op"
+    return "compiled" if compiled else "eager"
+
+
+def cpu_threads(requested: Optional[int]) -> int:
+    """``hardware.cpu_threads``, or (None) the cores this process may run on: its affinity mask,
+    not the machine's core count (a container or ``taskset`` gives fewer)."""
+    if requested:
+        return int(requested)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS has no affinity masks
+        return os.cpu_count() or 1
+
+
+def thread_environment(threads: int, framework: str) -> dict[str, str]:
+    """Environment variables that size every framework's CPU thread pools to ``threads``; set
+    before the framework is imported (its pools are created at import / first use).
+
+    OpenMP (torch's intra-op pool, oneDNN) and MKL read OMP/MKL_NUM_THREADS; TensorFlow reads
+    TF_NUM_INTRAOP/INTEROP_THREADS; XLA:CPU (JAX, and TF's XLA) sizes its Eigen pool from the
+    process's affinity and takes ``--xla_cpu_multi_thread_eigen``; JAX's intra-op pool size is
+    set with ``--xla_force_host_platform_device_count`` per device elsewhere, not here."""
+    n = str(threads)
+    env = {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n, "OPENBLAS_NUM_THREADS": n,
+           "TF_NUM_INTRAOP_THREADS": n, "TF_NUM_INTEROP_THREADS": n}
+    if threads == 1 and framework == "jax":
+        env["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false"
+    return env
