@@ -5,7 +5,13 @@ on each, then prints a closing table. Every Result JSON lands in ``$OUT`` (or ./
     python bench/gpu_check.py [--frameworks torch,jax] [--steps 20] [--warmup 5]
 
 Jobs: resnet50 (bf16 at 256 images, fp32 at 256), bert (bf16, 64 x 128 tokens), vit (bf16,
-128 images), each with framework.compile on. MFU uses the datasheet peak of a known GPU.
+128 images), plus ResNet-50 at tf32 and ViT at fp32, each with framework.compile=auto (the
+policy's pick for a GPU). MFU uses the datasheet peak of a known GPU.
+
+Exit status 1 when any job failed, tripped its correctness guard, reported an MFU above 100%, or
+did not run the expected fast path (``check``): compiled (``compile_mode`` not eager / op-by-op /
+plain tf.function), torch attention through SDPA, JAX bf16/fp16 attention through cuDNN, and
+``matmul_precision`` equal to the requested fp32 / tf32.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ from fxtrack import architectures  # noqa: E402
 from fxtrack.job import JobSpec, Result  # noqa: E402
 from fxtrack.measure.peak import datasheet  # noqa: E402
 
-JOBS = [("resnet50", "bf16", 256), ("resnet50", "fp32", 256), ("bert", "bf16", 64), ("vit", "bf16", 128)]
+JOBS = [("resnet50", "bf16", 256), ("resnet50", "fp32", 256), ("resnet50", "tf32", 256),
+        ("bert", "bf16", 64), ("vit", "bf16", 128), ("vit", "fp32", 128)]
+SLOW_COMPILE_MODES = ("eager", "op-by-op", "tf.function")  # fxtrack.policy.compile_mode_tag
 BACKENDS = {"torch": "fxtrack.frameworks.torch.backend.TorchBackend",
             "jax": "fxtrack.frameworks.jax.backend.JaxBackend"}
 
@@ -37,7 +45,8 @@ def run_job(framework: str, model: str, precision: str, batch: int, steps: int, 
     spec = JobSpec(result_id=uuid.uuid4().hex, framework=framework, backend=BACKENDS[framework],
                    extra=framework, scenario="train", runner="fxtrack.scenarios.train.run",
                    arch=architectures.resolve(model).to_json(), precision=precision,
-                   hardware="gpu", devices=1, compile=True, seed=0, batch_size=batch, steps=steps,
+                   hardware="gpu", devices=1, compile=True, compile_request="auto", seed=0,
+                   batch_size=batch, steps=steps,
                    warmup_steps=warmup, result_path=str(out / f"{name}.json"), progress=False)
     spec_path = out / f"{name}.spec.json"
     spec.dump(spec_path)
@@ -58,7 +67,34 @@ def run_job(framework: str, model: str, precision: str, batch: int, steps: int, 
     return result
 
 
-def main() -> None:
+def check(framework: str, model: str, precision: str, result: Result) -> list[str]:
+    """What is wrong with one job's Result (empty: it ran, on the expected fast path)."""
+    if result.status != "FINISHED":
+        return [f"failed: {result.error}"]
+    problems, m, tags = [], result.metrics, result.tags
+    if result.guard != "ok":
+        problems.append(f"correctness guard: {result.guard}")
+    if m.get("mfu", 0.0) > 1.0:
+        problems.append(f"MFU {m['mfu']:.0%} > 100% (peak {m.get('peak_tflops')} TFLOP/s)")
+    mode = tags.get("compile_mode")
+    if mode is None or mode in SLOW_COMPILE_MODES:
+        problems.append(f"compile_mode {mode!r}: not compiled")
+    want = precision if precision in ("fp32", "tf32") else None
+    got = tags.get("matmul_precision")
+    if got is None or (want and got != want):
+        problems.append(f"matmul_precision {got!r}, expected {want or 'a value'}")
+    if architectures.resolve(model).family in ("vit", "bert"):
+        attention = tags.get("attention")
+        if attention is None:
+            problems.append("no attention tag")
+        elif framework == "torch" and not attention.startswith("sdpa"):
+            problems.append(f"attention {attention!r}, expected torch SDPA")
+        elif framework == "jax" and precision in ("bf16", "fp16") and not attention.startswith("cudnn"):
+            problems.append(f"attention {attention!r}, expected cuDNN at {precision}")
+    return problems
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frameworks", default="torch,jax")
     parser.add_argument("--steps", type=int, default=20)
@@ -74,12 +110,13 @@ def main() -> None:
             continue
         for model, precision, batch in JOBS:
             r = run_job(fw, model, precision, batch, args.steps, args.warmup, out, args.timeout)
-            rows.append((fw, model, precision, batch, r))
+            problems = check(fw, model, precision, r)
+            rows.append((fw, model, precision, batch, r, problems))
             print(f"{fw} {model} {precision} x{batch}: {r.status} {r.error or ''}", flush=True)
     header = ("framework", "model", "prec", "batch", "samples/s", "p50 ms", "dev MiB", "nvml MiB",
               "rss MiB", "MFU", "J/sample", "guard")
     print("\n" + "  ".join(f"{h:>10}" for h in header))
-    for fw, model, precision, batch, r in rows:
+    for fw, model, precision, batch, r, _ in rows:
         m = r.metrics
         cells = [fw, model, precision, str(batch)] + [
             "-" if k not in m else (f"{m[k]:.1%}" if k == "mfu" else f"{m[k]:,.1f}")
@@ -89,8 +126,15 @@ def main() -> None:
         print("  ".join(f"{c:>10}" for c in cells))
     (out / "summary.json").write_text(json.dumps(
         [{"framework": fw, "model": m, "precision": p, "batch": b, "status": r.status,
-          "error": r.error, "metrics": r.metrics, "tags": r.tags} for fw, m, p, b, r in rows], indent=1))
+          "error": r.error, "metrics": r.metrics, "tags": r.tags, "problems": problems}
+         for fw, m, p, b, r, problems in rows], indent=1))
+    bad = [(fw, model, precision, p) for fw, model, precision, _, _, ps in rows for p in ps]
+    for fw, model, precision, problem in bad:
+        print(f"PROBLEM {fw} {model} {precision}: {problem}", flush=True)
+    if not rows:
+        print("no framework installed: nothing checked", flush=True)
+    return 1 if bad or not rows else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

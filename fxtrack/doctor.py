@@ -90,8 +90,10 @@ def main(argv: list[str]) -> int:
     entries = peak.cached()
     print(f"peak FLOP/s cache ({peak.cache_path()}):" + ("" if entries else " empty"))
     for key, rates in sorted(entries.items()):
-        shown = ", ".join(f"{fw} {r:.3f}" if r else f"{fw} -" for fw, r in rates.items())
-        print(f"  {key}: TFLOP/s {shown}")
+        shown = ", ".join(f"{fw} {e['tflops']:.3f}" if e.get("tflops") else f"{fw} -"
+                          for fw, e in rates.items())
+        dates = sorted({e["date"] for e in rates.values() if e.get("date")})
+        print(f"  {key}: TFLOP/s {shown}" + (f" (measured {dates[-1]})" if dates else ""))
     absent = [f for f in required if f in missing]
     if absent:
         print(f"fxtrack doctor: required but missing: {', '.join(absent)}")

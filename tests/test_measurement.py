@@ -20,7 +20,7 @@ FRAMEWORKS = [fw for fw, module in (("torch", "torch"), ("tensorflow", "tensorfl
               if importlib.util.find_spec(module)]
 TINY = ["size=tiny", "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]
 COMMON = ["throughput_samples_per_s", "step_time_ms_p50", "step_time_ms_p90", "step_time_ms_p99",
-          "step_time_ms_mean", "step_time_ms_std", "step_time_cv", "compile_time_s", "peak_rss_mib",
+          "step_time_ms_mean", "step_time_ms_std", "step_time_cv", "first_step_time_s", "peak_rss_mib",
           "param_count", "flops_per_sample", "achieved_tflops", "peak_tflops",
           "framework_matmul_tflops", "mfu", "code_sloc", "code_lloc", "code_cc",
           "code_sloc_model", "code_sloc_train", "code_sloc_data", "code_sloc_devices"]
@@ -62,10 +62,12 @@ def test_every_cpu_metric_is_logged_and_gpu_ones_are_absent(sweep, framework, sc
     expected = COMMON + (["loss_first", "loss_last"] if scenario == "train" else [])
     assert [k for k in expected if k not in m] == []
     assert [k for k in GPU_ONLY if k in m] == []
+    assert "compile_time_s" not in m  # framework.compile=false: nothing compiled, no figure
     assert m["achieved_tflops"] == pytest.approx(m["flops_per_sample"] * m["throughput_samples_per_s"] / 1e12)
     assert 0 < m["mfu"] <= 1
     assert m["mfu"] == pytest.approx(m["achieved_tflops"] / m["peak_tflops"])
     assert run.data.tags["fxtrack.peak_tflops_source"].startswith("measured:")
+    assert run.data.tags["fxtrack.peak_calibrated"][:4].isdigit()  # the calibration's UTC date
     assert m["peak_tflops"] >= m["framework_matmul_tflops"] > 0
     assert run.data.tags["fxtrack.status"] == "ok"
 
@@ -95,6 +97,8 @@ def test_code_complexity_is_positive_and_differs_between_frameworks():
 def test_calibration_cache_is_reused_on_the_second_run(sweep):
     proc, _, cwd, cache = sweep
     assert "calibrating peak FLOP/s" in proc.stderr
+    if "not cached" in proc.stderr:  # other processes used the cores: refused, and said so
+        pytest.skip("the machine was busy during calibration, so nothing was cached to reuse")
     path = cache / "peak_flops.json"
     before = (path.stat().st_mtime_ns, json.loads(path.read_text()))
     again = fxtrack(cwd, f"framework={FRAMEWORKS[0]}", "model=vit", *TINY, cache=cache)
@@ -128,31 +132,229 @@ def test_doctor_require_fails_for_a_missing_framework(tmp_path):
     assert "required but missing: jax" in proc.stdout
 
 
+def _fake_trials(monkeypatch, rates, frac=0.0):
+    """Replace the probe subprocess: ``rates(fw, call number)`` -> TFLOP/s, None (not installed)
+    or "fail"; every trial sees ``frac`` other CPU use. Returns the list of (fw, threads) calls."""
+    from fxtrack.measure import peak
+
+    calls = []
+
+    def trial(fw, python, precision, hardware, threads):
+        calls.append((fw, threads))
+        rate = rates(fw, len(calls))
+        if rate == "fail":
+            return None, frac
+        return ({"installed": False} if rate is None else {"installed": True, "tflops": rate}), frac
+
+    monkeypatch.setattr(peak, "_trial", trial)
+    monkeypatch.setattr(peak, "_UNCACHED", {})  # a fresh orchestrator process
+    return calls
+
+
 def test_a_peak_below_the_achieved_rate_is_measured_again(tmp_path, monkeypatch):
     from fxtrack.measure import peak
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
-    calls = []
-
-    def fake_measure(fw, python, precision, hardware):
-        calls.append(fw)
-        rate = {"torch": 2.0, "tensorflow": None, "jax": 1.0}[fw]  # TF: not installed
-        return rate and rate * (10 if len(calls) > 3 else 1)  # the second calibration is quiet
-
-    monkeypatch.setattr(peak, "_measure", fake_measure)
-    metrics, source = peak.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, {})
-    assert len(calls) == 6  # measured, found below 5 TFLOP/s, measured again
-    assert metrics["peak_tflops"] == 20.0 and source == "measured:torch"
+    calls = _fake_trials(monkeypatch, lambda fw, n: {"torch": 2.0, "tensorflow": None, "jax": 1.0}[fw]
+                         and {"torch": 2.0, "jax": 1.0}[fw] * (10 if n > 7 else 1))
+    pythons = {fw: None for fw in peak.FRAMEWORKS}  # each probed with its configured interpreter
+    metrics, tags = peak.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, pythons)
+    # 3 trials torch, 1 tensorflow (not installed: no more trials), 3 jax; below 5 TFLOP/s, again
+    assert len(calls) == 14
+    assert metrics["peak_tflops"] == 20.0 and tags["peak_tflops_source"] == "measured:torch"
     assert metrics["framework_matmul_tflops"] == 10.0
     assert metrics["mfu"] == pytest.approx(0.25)
-    metrics, _ = peak.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, {})
-    assert len(calls) == 6  # cached now
+    metrics, _ = peak.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, pythons)
+    assert len(calls) == 14  # cached now, "not installed" included
 
 
-def test_known_gpus_use_their_datasheet_peak():
+def test_calibration_takes_the_best_of_several_trials(tmp_path, monkeypatch):
     from fxtrack.measure import peak
 
-    assert peak.datasheet("NVIDIA H200", "bf16") == (989.5, "datasheet:H200")
-    assert peak.datasheet("NVIDIA H100 PCIe", "bf16") == (756.0, "datasheet:H100 PCIe")
-    assert peak.datasheet("NVIDIA A100-SXM4-80GB", "fp32") == (19.5, "datasheet:A100")
-    assert peak.datasheet("cpu", "bf16") is None
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    seq = {1: 0.5, 2: 0.9, 3: 0.7}
+    _fake_trials(monkeypatch, lambda fw, n: seq[n] if fw == "torch" else None)
+    entries = peak.calibrate("cpu", "fp32", "cpu", {"torch": None})
+    assert entries["torch"]["tflops"] == 0.9 and not entries["torch"]["contended"]
+
+
+def test_a_failed_trial_is_skipped_and_all_failed_is_not_cached(tmp_path, monkeypatch):
+    from fxtrack.measure import peak
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    _fake_trials(monkeypatch, lambda fw, n: "fail" if fw == "jax" or n == 1 else (1.5 if fw == "torch" else None))
+    entries = peak.calibrate("cpu", "fp32", "cpu", {fw: None for fw in peak.FRAMEWORKS})
+    assert entries["torch"]["tflops"] == 1.5 and "jax" not in entries
+    assert set(next(iter(peak.cached().values()))) == {"torch", "tensorflow"}
+
+
+def test_a_contended_calibration_serves_the_run_but_is_not_cached(tmp_path, monkeypatch, capsys):
+    from fxtrack.measure import peak
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    calls = _fake_trials(monkeypatch, lambda fw, n: 1.0 if fw == "torch" else None, frac=0.5)
+    metrics, tags = peak.mfu_metrics("torch", "cpu", "fp32", "cpu", 1, 0.5, {"torch": None})
+    assert metrics["mfu"] == pytest.approx(0.5)
+    assert tags["peak_calibrated"].endswith("(contended, not cached)")
+    assert "not cached" in capsys.readouterr().err
+    assert peak.cached() == {}
+    peak.calibrate("cpu", "fp32", "cpu", {"torch": None})
+    assert sum(fw == "torch" for fw, _ in calls) == 3  # this process (a sweep) keeps its peak
+    monkeypatch.setattr(peak, "_UNCACHED", {})  # the next fxtrack command
+    peak.calibrate("cpu", "fp32", "cpu", {"torch": None})
+    assert sum(fw == "torch" for fw, _ in calls) == 6  # measured again: nothing was cached
+    # One quiet trial among busy ones is enough: that one measured the machine.
+    _fake_trials(monkeypatch, lambda fw, n: 1.0 if fw == "torch" else None, frac=0.0)
+    peak.calibrate("cpu", "fp32", "cpu", {"torch": None})
+    assert next(iter(peak.cached().values()))["torch"]["tflops"] == 1.0
+
+
+def test_a_gpu_calibration_ignores_host_cpu_load(tmp_path, monkeypatch):
+    from fxtrack.measure import peak
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    _fake_trials(monkeypatch, lambda fw, n: 50.0 if fw == "torch" else None, frac=0.9)
+    entries = peak.calibrate("NVIDIA Unknown X1", "bf16", "gpu", {"torch": None})
+    assert not entries["torch"]["contended"] and peak.cached()
+
+
+def test_framework_missing_is_cached_only_for_its_configured_interpreter(tmp_path, monkeypatch):
+    from fxtrack.measure import peak
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    calls = _fake_trials(monkeypatch, lambda fw, n: 1.0 if fw == "torch" else None)
+    # A torch run: TF and JAX probed with this interpreter, which is not theirs as configured
+    # (they may live in venvs of their own): their "not installed" is not cached.
+    peak.calibrate("cpu", "fp32", "cpu", {"torch": None})
+    assert set(next(iter(peak.cached().values()))) == {"torch"}
+    monkeypatch.setattr(peak, "_UNCACHED", {})  # the next fxtrack command
+    calls.clear()
+    peak.calibrate("cpu", "fp32", "cpu", {"jax": "/venvs/jax/bin/python"})
+    assert [fw for fw, _ in calls] == ["tensorflow", "jax"]  # torch cached; the others probed
+    assert set(next(iter(peak.cached().values()))) == {"torch", "jax"}  # jax: its own interpreter
+
+
+def test_the_cache_is_keyed_by_cpu_model_and_threads_not_host(tmp_path, monkeypatch):
+    import platform
+
+    from fxtrack.measure import peak
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    calls = _fake_trials(monkeypatch, lambda fw, n: 1.0 if fw == "torch" else None)
+    peak.calibrate("cpu", "fp32", "cpu", {"torch": None}, threads=1)
+    (key,) = peak.cached()
+    assert key == f"{peak.cpu_model()}|1 threads|cpu|fp32" and platform.node() not in key.split("|")
+    assert {t for _, t in calls} == {1}  # the probe ran on that many cores
+    monkeypatch.setattr(platform, "node", lambda: "another-host")
+    monkeypatch.setattr(peak, "_UNCACHED", {})
+    n = len(calls)
+    peak.calibrate("cpu", "fp32", "cpu", {"torch": None}, threads=1)
+    assert len(calls) == n + 2  # same CPU and threads on another host: torch cached (TF, JAX not)
+    if len(peak._cpus()) > 1:
+        peak.calibrate("cpu", "fp32", "cpu", {"torch": None}, threads=2)
+        assert len(peak.cached()) == 2
+
+
+def test_an_old_hostname_keyed_cache_is_ignored(tmp_path, monkeypatch):
+    from fxtrack.measure import peak
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    (tmp_path / "peak_flops.json").write_text(json.dumps({"host|cpu|fp32": {"torch": 9.0}}))
+    assert peak.cached() == {}
+
+
+def test_probe_restricts_the_worker_to_the_thread_count(monkeypatch):
+    from fxtrack.measure import peak
+
+    if not hasattr(os, "sched_setaffinity") or len(peak._cpus()) < 2:
+        pytest.skip("needs CPU affinity and two cores")
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        kw["preexec_fn"]()  # runs in this process here: restore the mask afterwards
+        seen["mask"] = os.sched_getaffinity(0)
+        return subprocess.CompletedProcess(cmd, 0, stdout='{"installed": false}\n')
+
+    mask = os.sched_getaffinity(0)
+    monkeypatch.setattr(subprocess, "run", fake_run)
+    try:
+        assert peak.probe("matmul", "torch", None, threads=1) == {"installed": False}
+    finally:
+        os.sched_setaffinity(0, mask)
+    assert seen["mask"] == {min(mask)}
+
+
+# ---- the step timer ----------------------------------------------------------------------
+
+class FakeClock:
+    """time.perf_counter for the timer: each step advances it by the next of ``durations``."""
+
+    def __init__(self, durations):
+        self.now, self.durations, self.steps = 0.0, list(durations), 0
+
+    def perf_counter(self):
+        return self.now
+
+    def step(self):
+        self.now += self.durations[self.steps]
+        self.steps += 1
+        return self.steps
+
+
+def _time(monkeypatch, durations, warmup, steps):
+    from fxtrack.measure import timer
+
+    clock = FakeClock(durations)
+    monkeypatch.setattr(timer.time, "perf_counter", clock.perf_counter)
+    return timer.time_steps(clock.step, warmup, steps, show=False)
+
+
+def test_timer_excludes_warmup_and_takes_throughput_from_the_window(monkeypatch):
+    from fxtrack.measure import timer
+
+    times = _time(monkeypatch, [5.0, 1.0, 0.1, 0.2, 0.3, 0.4], warmup=2, steps=4)
+    assert times.first_step_time_s == 5.0
+    assert times.step_times_s == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert times.window_s == pytest.approx(1.0)
+    assert times.loss_handles == [1, 2, 3, 4, 5, 6]
+    m = timer.step_metrics(times, global_batch=8, compiled=True)
+    assert m["throughput_samples_per_s"] == pytest.approx(8 * 4 / 1.0)
+    assert m["step_time_ms_mean"] == pytest.approx(250.0)
+    assert m["step_time_ms_p50"] == pytest.approx(250.0)
+    assert m["first_step_time_s"] == 5.0
+    assert m["compile_time_s"] == pytest.approx(5.0 - 0.25)  # first step - median timed step
+
+
+def test_percentiles_match_numpy():
+    np = pytest.importorskip("numpy")
+    from fxtrack.measure.timer import percentile
+
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6, 5.0]
+    for q in (0, 10, 50, 90, 99, 100):
+        assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_compile_time_is_absent_without_compilation_and_never_negative(monkeypatch):
+    from fxtrack.measure import timer
+
+    times = _time(monkeypatch, [0.1, 0.3, 0.3, 0.3], warmup=1, steps=3)
+    m = timer.step_metrics(times, 2, compiled=False)
+    assert "compile_time_s" not in m and m["first_step_time_s"] == pytest.approx(0.1)
+    assert timer.step_metrics(times, 2, compiled=True)["compile_time_s"] == 0.0  # not < 0
+
+
+def test_zero_warmup_steps_take_the_first_timed_step_as_first_step(monkeypatch):
+    from fxtrack.measure import timer
+
+    times = _time(monkeypatch, [2.0, 0.5, 0.5], warmup=0, steps=3)
+    assert times.first_step_time_s == 2.0 and len(times.step_times_s) == 3
+    m = timer.step_metrics(times, 1, compiled=True)
+    assert m["compile_time_s"] == pytest.approx(1.5)
+    assert m["throughput_samples_per_s"] == pytest.approx(3 / 3.0)  # the compile step is timed
+
+
+def test_timer_refuses_zero_steps():
+    from fxtrack.measure import timer
+
+    with pytest.raises(ValueError):
+        timer.time_steps(lambda: None, 1, 0, show=False)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import os
+from typing import Any, Callable, Optional
 
 from fxtrack import defaults, policy
 from fxtrack.frameworks.base import Backend
@@ -38,20 +39,65 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     spec = backend.spec
     kind, batch, steps, warmup = build(backend, result)
     step = prepare()
-    nvml = NvmlWindow(enabled=kind == "gpu")
+    memory_gpus, energy_gpus = gpu_ordinals(spec)
+    nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")
     times = time_steps(step, warmup, steps, show=spec.progress,
                        label=f"{spec.framework}-{spec.arch['name']}", window=nvml)
 
     global_batch = batch * spec.devices * spec.nodes  # every device of every node
     m = result.metrics
-    m.update(step_metrics(times, global_batch))
+    m.update(step_metrics(times, global_batch, compiled=spec.compile))  # resolved by build()
     m.update(param_count=float(backend.param_count()),
              peak_rss_mib=backend.reduce_max(peak_rss_mib()),  # the largest process
              flops_per_sample=float(flops_per_sample))
     m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
-    m.update(nvml.metrics(global_batch * steps))
+    if kind == "gpu":  # collectives: every process of the run takes this branch or none does
+        m.update(nvml_metrics(backend, nvml, global_batch * steps))
     peak = backend.peak_memory_bytes()
     if peak is not None:
         m["peak_mem_device_mib"] = backend.reduce_max(peak / 2**20)  # the fullest device
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
     return times.loss_handles
+
+
+def gpu_ordinals(spec: Any) -> tuple[list[int], list[int]]:
+    """(CUDA ordinals whose memory this process samples, those whose energy it reads).
+
+    Every framework runs on the first ``spec.devices`` GPUs of each node: torch as one process
+    per GPU (torchrun: LOCAL_RANK's), JAX and TensorFlow as one process driving them all. Memory
+    is per process (NVML lists it by pid), so each process samples its own devices. Energy is
+    per device, so each device is read once: by its node's first process, which reads all the
+    node's devices; the other torchrun ranks read none."""
+    node = list(range(spec.devices))
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        return [local_rank], node if local_rank == 0 else []
+    return node, node
+
+
+def node_sum(backend: Backend, value: Optional[float]) -> Optional[float]:
+    """The sum over nodes of each node's first process's ``value`` (None: not measured there),
+    on every process; None if any node has none. Backends offer one collective, ``reduce_max``:
+    a sum is one max per node in which only that node's first process takes part (the others
+    offer -1e300). ``nodes`` is small and this runs after the timed window. One node: the
+    first process (rank 0, which writes the Result) already holds the sum."""
+    spec = backend.spec
+    if spec.nodes == 1:
+        return value
+    first = int(os.environ.get("LOCAL_RANK", "0")) == 0
+    total = 0.0
+    for node in range(spec.nodes):
+        mine = (-1.0 if value is None else value) if first and spec.node_rank == node else -1e300
+        got = backend.reduce_max(mine)
+        if got < 0:
+            return None
+        total += got
+    return total
+
+
+def nvml_metrics(backend: Backend, nvml: NvmlWindow, samples: int) -> dict[str, float]:
+    """NVML figures of the whole run: energy summed over every device of every node, memory of
+    the fullest device. Called by every process of the run."""
+    nvml.energy_j = node_sum(backend, nvml.energy_j)
+    nvml.peak_bytes = int(backend.reduce_max(float(nvml.peak_bytes or 0))) or None  # 0: nowhere
+    return nvml.metrics(samples)

@@ -1,0 +1,328 @@
+"""GPU measurement paths proved without a GPU: datasheet lookup by whole model name, NVML over
+several devices through a fake ``pynvml``, the energy sum over nodes, the MFU > 100% flag, and
+bench/gpu_check's verdict on fake Results."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from fxtrack.job import JobSpec, Result
+from fxtrack.measure import nvml, peak
+from fxtrack.scenarios import timed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- datasheet: whole model names, as torch / JAX / NVML report them -------------------------
+
+@pytest.mark.parametrize("device, precision, tflops, entry", [
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.5, "H100 SXM"),
+    ("NVIDIA H100 80GB HBM3", "tf32", 494.5, "H100 SXM"),
+    ("NVIDIA H100 80GB HBM3", "fp32", 67.0, "H100 SXM"),
+    ("NVIDIA H100 PCIe", "bf16", 756.0, "H100 PCIe"),
+    ("NVIDIA H100 NVL", "bf16", 835.5, "H100 NVL"),
+    ("NVIDIA H100 NVL", "fp32", 60.0, "H100 NVL"),
+    ("NVIDIA H200", "bf16", 989.5, "H200 SXM"),
+    ("NVIDIA H200", "tf32", 494.5, "H200 SXM"),
+    ("NVIDIA H200 NVL", "bf16", 835.5, "H200 NVL"),
+    ("NVIDIA GH200 480GB", "bf16", 989.5, "GH200"),
+    ("NVIDIA B200", "bf16", 2250.0, "B200"),
+    ("NVIDIA B200", "fp32", 75.0, "B200"),
+    ("NVIDIA A100-SXM4-80GB", "fp32", 19.5, "A100"),
+    ("NVIDIA A100 80GB PCIe", "tf32", 156.0, "A100"),
+    ("NVIDIA L40S", "bf16", 362.05, "L40S"),
+    ("NVIDIA L40S", "tf32", 183.0, "L40S"),
+    ("NVIDIA L40", "bf16", 181.05, "L40"),
+    ("NVIDIA L4", "bf16", 121.0, "L4"),
+    ("NVIDIA L4", "tf32", 60.0, "L4"),
+    ("Tesla V100-SXM2-16GB", "fp16", 125.0, "V100 SXM2"),
+    ("Tesla V100-PCIE-32GB", "fp32", 14.0, "V100 PCIe"),
+    ("AMD Instinct MI300X", "bf16", 1307.4, "MI300X"),
+    ("AMD Instinct MI300X", "tf32", 653.7, "MI300X"),
+])
+def test_datasheet_matches_the_whole_model_name(device, precision, tflops, entry):
+    assert peak.datasheet(device, precision) == (tflops, f"datasheet:{entry}")
+
+
+@pytest.mark.parametrize("device", ["cpu", "NVIDIA GeForce RTX 4090", "NVIDIA L4000",
+                                    "Tesla V100S-PCIE-32GB", "NVIDIA GB200", "NVIDIA A10G"])
+def test_unknown_devices_have_no_datasheet_figure(device):
+    assert peak.datasheet(device, "bf16") is None
+
+
+def test_every_gpu_entry_has_fp32_and_tf32_figures():
+    for name, _, figures in peak.DATASHEET:
+        assert figures["fp32"] > 0 and figures["tf32"] >= figures["fp32"], name
+        assert all(figures[p] >= figures["tf32"] for p in ("bf16", "fp16") if p in figures), name
+
+
+def test_a_gpu_without_bf16_falls_back_to_no_figure():
+    assert peak.datasheet("Tesla V100-SXM2-16GB", "bf16") is None
+
+
+# ---- a fake pynvml: four GPUs, NVML's index order deliberately not PCI order -----------------
+
+class FakeNvml(types.ModuleType):
+    """pynvml's surface that fxtrack uses. Devices are (bus id, uuid); energy in mJ advances by
+    ``power_mw`` per call of nvmlDeviceGetTotalEnergyConsumption."""
+
+    def __init__(self, devices, power_mw=(1000, 2000, 3000, 4000), pid=None):
+        super().__init__("pynvml")
+        self.devices = devices
+        self.power_mw = list(power_mw)
+        self.energy = [0] * len(devices)
+        self.used = {}  # device index -> {pid: bytes}
+        self.pid = pid
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.devices)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetPciInfo(self, h):
+        return types.SimpleNamespace(busId=self.devices[h][0].encode())  # older pynvml: bytes
+
+    def nvmlDeviceGetUUID(self, h):
+        return self.devices[h][1]
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        self.energy[h] += self.power_mw[h]
+        return self.energy[h]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        return [types.SimpleNamespace(pid=p, usedGpuMemory=b) for p, b in self.used.get(h, {}).items()]
+
+
+# NVML index -> (PCI bus id, UUID). PCI order: index 2, 0, 3, 1.
+DEVICES = [("00000000:3B:00.0", "GPU-bbbb1111-0000"), ("00000000:DB:00.0", "GPU-dddd2222-0000"),
+           ("00000000:1A:00.0", "GPU-aaaa3333-0000"), ("00000000:5E:00.0", "GPU-cccc4444-0000")]
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    fake = FakeNvml(DEVICES)
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return fake
+
+
+def test_cuda_ordinals_map_to_nvml_by_pci_bus_id(fake_nvml):
+    assert nvml.handles(fake_nvml, [0, 1, 2, 3]) == [2, 0, 3, 1]
+
+
+def test_visible_devices_as_indices_are_pci_positions(fake_nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,1")
+    assert nvml.handles(fake_nvml, [0, 1]) == [1, 0]
+
+
+def test_visible_devices_as_uuids_and_unique_prefixes(fake_nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-dddd2222-0000,GPU-aaaa")
+    assert nvml.handles(fake_nvml, [0, 1]) == [1, 2]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-")  # ambiguous prefix: no sure mapping
+    assert nvml.handles(fake_nvml, [0]) is None
+
+
+def test_mig_or_unsure_order_gives_no_mapping(fake_nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-1234")
+    assert nvml.handles(fake_nvml, [0]) is None
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
+    assert nvml.handles(fake_nvml, [0]) is None
+
+
+def test_window_sums_energy_over_devices_and_takes_the_fullest(fake_nvml, monkeypatch):
+    import os
+
+    me = os.getpid()
+    # CUDA 0..2 are NVML 2, 0, 3: this process uses 1 GiB, 3 GiB, 2 GiB; someone else 9 GiB on 0.
+    fake_nvml.used = {2: {me: 2**30}, 0: {me: 3 * 2**30, 999: 9 * 2**30}, 3: {me: 2 * 2**30}}
+    monkeypatch.setattr(nvml, "SAMPLE_PERIOD_S", 0.001)
+    with nvml.NvmlWindow([0, 1, 2]) as window:
+        import time
+
+        time.sleep(0.02)
+    m = window.metrics(samples=10)
+    # One read at enter, one at exit: each device's counter advanced by its power_mw once.
+    assert window.energy_j == pytest.approx((3000 + 1000 + 4000) / 1e3)
+    assert m["energy_j_per_sample"] == pytest.approx(0.8)
+    assert m["power_w_mean"] == pytest.approx(8.0 / window.window_s)
+    assert m["peak_mem_nvml_mib"] == 3 * 1024  # the fullest device, this process's bytes only
+
+
+def test_energy_is_absent_when_a_counter_did_not_advance(fake_nvml):
+    fake_nvml.power_mw = [1000, 0, 3000, 4000]  # NVML 1 = CUDA 3 is stuck
+    with nvml.NvmlWindow([0, 1, 2, 3]) as window:
+        pass
+    assert window.energy_j is None
+    assert "energy_j_per_sample" not in window.metrics(10) and "power_w_mean" not in window.metrics(10)
+
+
+def test_energy_devices_can_differ_from_memory_devices(fake_nvml):
+    with nvml.NvmlWindow([1], energy_ordinals=[]) as window:  # a torchrun rank other than 0
+        pass
+    assert window.energy_j is None
+    with nvml.NvmlWindow([0], energy_ordinals=[0, 1]) as window:  # local rank 0: the node's GPUs
+        pass
+    assert window.energy_j == pytest.approx((3000 + 1000) / 1e3)
+
+
+def test_no_pynvml_means_no_figures(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
+    with nvml.NvmlWindow([0]) as window:
+        pass
+    assert window.metrics(10) == {}
+
+
+# ---- which devices each process reads, and the sum over nodes ---------------------------------
+
+def _spec(devices=1, nodes=1, node_rank=0) -> JobSpec:
+    return JobSpec(result_id="x", framework="torch", backend="", extra="", scenario="train",
+                   runner="", arch={}, precision="bf16", hardware="gpu", devices=devices,
+                   compile=True, seed=0, batch_size=2, steps=2, warmup_steps=1, result_path="",
+                   nodes=nodes, node_rank=node_rank)
+
+
+def test_gpu_ordinals_for_one_process_and_for_torchrun_ranks(monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert timed.gpu_ordinals(_spec(devices=4)) == ([0, 1, 2, 3], [0, 1, 2, 3])  # JAX / TF
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert timed.gpu_ordinals(_spec(devices=4)) == ([0], [0, 1, 2, 3])
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    assert timed.gpu_ordinals(_spec(devices=4)) == ([2], [])
+
+
+class FakeCollective:
+    """Several processes' backends in one: ``reduce_max`` is answered once every process of
+    the run has offered its value for that call (the processes are run one after the other)."""
+
+    def __init__(self, spec, offers_by_process):
+        self.spec = spec
+        self.offers = offers_by_process  # [[value of call 0, call 1, ...] per process]
+        self.calls = 0
+
+    def reduce_max(self, value):
+        result = max(p[self.calls] for p in self.offers)
+        self.calls += 1
+        return result
+
+
+def _node_sum_over(nodes_values, monkeypatch):
+    """Run node_sum on every process of a 2-ranks-per-node run; first, collect what each offers."""
+    nodes = len(nodes_values)
+    offers = []
+    for node, value in enumerate(nodes_values):
+        for local_rank in (0, 1):
+            monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+            rec = types.SimpleNamespace(spec=_spec(nodes=nodes, node_rank=node), seen=[])
+            rec.reduce_max = lambda v, rec=rec: rec.seen.append(v) or 0.0
+            timed.node_sum(rec, value if local_rank == 0 else None)
+            offers.append(rec.seen)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    return timed.node_sum(FakeCollective(_spec(nodes=nodes), offers), None)
+
+
+def test_energy_is_summed_over_nodes(monkeypatch):
+    assert _node_sum_over([10.0, 32.0, 5.0], monkeypatch) == pytest.approx(47.0)
+
+
+def test_energy_is_absent_when_one_node_measured_none(monkeypatch):
+    assert _node_sum_over([10.0, None], monkeypatch) is None
+
+
+def test_one_node_needs_no_collective():
+    class NoCollective:
+        spec = _spec(nodes=1)
+
+        def reduce_max(self, value):
+            raise AssertionError("no collective on one node")
+
+    assert timed.node_sum(NoCollective(), 12.5) == 12.5
+
+
+# ---- MFU above 100% is flagged -------------------------------------------------------------
+
+def test_mfu_above_one_is_tagged_and_warned(monkeypatch, tmp_path):
+    from fxtrack.orchestrator.app import summary_line
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    monkeypatch.setattr(peak, "_trial", lambda *a: ({"installed": False}, 0.0))
+    # bf16 on an H100: 989.5 TFLOP/s datasheet; a run "achieving" 1200 is impossible.
+    metrics, tags = peak.mfu_metrics("jax", "NVIDIA H100 80GB HBM3", "bf16", "gpu", 1, 1200.0, {})
+    assert metrics["mfu"] == pytest.approx(1200 / 989.5)
+    assert tags == {"peak_tflops_source": "datasheet:H100 SXM", "mfu_over_1": "true"}
+    result = Result("r", status="FINISHED", metrics={"throughput_samples_per_s": 10.0, **metrics},
+                    tags=tags)
+    line = summary_line("jax-vit-train-bf16-x1", result)
+    assert "WARNING: MFU 121% > 100%" in line and "datasheet:H100 SXM" in line
+    metrics, tags = peak.mfu_metrics("jax", "NVIDIA H100 80GB HBM3", "bf16", "gpu", 2, 1200.0, {})
+    assert "mfu_over_1" not in tags  # two devices: 61%
+    assert "WARNING" not in summary_line("x", Result("r", status="FINISHED", metrics=metrics))
+
+
+def test_mfu_over_1_reaches_the_mlflow_tags():
+    from fxtrack.tracking.records import job_record
+
+    spec = _spec()
+    spec.arch = {"name": "vit"}
+    record = job_record(spec, Result("r", status="FINISHED", tags={"mfu_over_1": "true"}), {},
+                        "sqlite:///x.db", "fxtrack", None, 0)
+    assert record["tags"]["fxtrack.mfu_over_1"] == "true"
+
+
+# ---- bench/gpu_check's verdict -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "bench" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _ok(**tags) -> Result:
+    return Result("r", status="FINISHED", metrics={"mfu": 0.4, "peak_tflops": 989.5},
+                  tags={"compile_mode": "jit", "matmul_precision": "fp32", **tags})
+
+
+def test_gpu_check_passes_the_fast_paths(gpu_check):
+    assert gpu_check.check("jax", "vit", "bf16", _ok(attention="cudnn")) == []
+    assert gpu_check.check("jax", "vit", "fp32", _ok(attention="xla")) == []
+    assert gpu_check.check("torch", "bert", "bf16", _ok(
+        compile_mode="inductor:default", attention="sdpa:flash")) == []
+    assert gpu_check.check("torch", "resnet50", "tf32", _ok(
+        compile_mode="inductor:default", matmul_precision="tf32")) == []
+
+
+@pytest.mark.parametrize("framework, model, precision, result, problem", [
+    ("jax", "vit", "bf16", Result("r", error="OOM"), "failed: OOM"),
+    ("jax", "resnet50", "bf16", Result("r", status="FINISHED", guard="loss is nan", tags={
+        "compile_mode": "jit", "matmul_precision": "fp32"}), "correctness guard"),
+    ("jax", "resnet50", "bf16", _ok(), None),
+    ("jax", "vit", "bf16", _ok(attention="xla"), "expected cuDNN"),
+    ("jax", "vit", "bf16", _ok(), "no attention tag"),
+    ("jax", "resnet50", "bf16", _ok(compile_mode="op-by-op"), "not compiled"),
+    ("torch", "resnet50", "bf16", _ok(compile_mode="eager"), "not compiled"),
+    ("torch", "bert", "bf16", _ok(compile_mode="inductor:default", attention="math"), "SDPA"),
+    ("torch", "resnet50", "fp32", _ok(compile_mode="inductor:default", matmul_precision="tf32"),
+     "matmul_precision"),
+    ("torch", "resnet50", "bf16", Result("r", status="FINISHED", metrics={"mfu": 1.3}, tags={
+        "compile_mode": "inductor:default", "matmul_precision": "fp32"}), "MFU 130%"),
+])
+def test_gpu_check_flags_each_problem(gpu_check, framework, model, precision, result, problem):
+    problems = gpu_check.check(framework, model, precision, result)
+    if problem is None:
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problem in problems[0], problems
