@@ -12,29 +12,96 @@ import platform
 import re
 import subprocess
 from pathlib import Path
-from typing import Callable
-from urllib.parse import urlsplit, urlunsplit
+from typing import Callable, Mapping, MutableMapping
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import fxtrack
 
-SECRET_NAME = re.compile(r"PASSWORD|PASSWD|TOKEN|SECRET|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
-_ENV_PREFIXES = ("CUDA_", "NVIDIA_", "XLA_", "JAX_", "TF_", "TORCH", "OMP_", "MKL_", "MLFLOW_",
-                 "FXTRACK_", "HYDRA_", "SLURM_")
+SECRET_NAME = re.compile(r"PASSWORD|PASSWD|PASSPHRASE|TOKEN(?!IZERS)|SECRET|KEY|CREDENTIAL|AUTH"
+                         r"|COOKIE|SESSION|PRIVATE|DSN", re.IGNORECASE)
+# Variables worth recording in environment.json: what changes how a framework computes or where
+# it runs. An allowlist, because a denylist of secret names misses the next one (issue 14).
+_RECORDED = re.compile(
+    r"^(CUDA_|NVIDIA_|CUDNN_|CUBLAS_|NCCL_|XLA_|JAX_|TF_|TORCH|PYTORCH_|OMP_|MKL_|KMP_|OPENBLAS_"
+    r"|ONEDNN_|DNNL_|HIP_|ROCR_|TPU_|FXTRACK_|HYDRA_FULL_ERROR$|PYTHONHASHSEED$|LD_PRELOAD$"
+    r"|SLURM_(JOB_ID|JOB_NAME|NNODES|NTASKS|NTASKS_PER_NODE|NODEID|PROCID|LOCALID|CPUS_PER_TASK"
+    r"|GPUS|GPUS_PER_NODE|JOB_NUM_NODES)$|MLFLOW_(TRACKING_URI|REGISTRY_URI|EXPERIMENT_NAME"
+    r"|EXPERIMENT_ID|RUN_ID|S3_ENDPOINT_URL|HTTP_REQUEST_\w+)$)")
+# scheme://user[:password]@ inside any text; the scheme may carry a driver (postgresql+psycopg2).
+_URI_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s'\"]+@")
 
 
 def redact_uri(uri: str) -> str:
     """A URI with any user:password@ removed, safe to log."""
     parts = urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
+    try:
+        if parts.username is None and parts.password is None:
+            return uri
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+    except ValueError:  # an unparsable netloc: fall back to the textual rule
+        return redact_uri_text(uri)
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 def redact_uri_text(text: str) -> str:
     """``text`` with any ``scheme://user:password@`` credentials removed."""
-    return re.sub(r"(\w+://)[^/@\s]+@", r"\1", text)
+    return _URI_CREDENTIALS.sub(r"\1", text)
+
+
+def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Values of secret-named variables (4+ characters), longest first, for scrubbing text."""
+    environ = os.environ if environ is None else environ
+    values = {v for k, v in environ.items() if SECRET_NAME.search(k) and len(v) >= 4}
+    return sorted(values, key=len, reverse=True)
+
+
+def redact_text(text: str, environ: Mapping[str, str] | None = None) -> str:
+    """``text`` without URI credentials and without the value of any secret-named variable of
+    ``environ`` (default: this process's): for logs that leave the machine (worker.log)."""
+    for value in secret_values(environ):
+        text = text.replace(value, "***")
+    return redact_uri_text(text)
+
+
+def worker_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The worker's environment: ``environ`` without secret-named variables and without the
+    credentials of any URI. The worker never talks to MLflow, so it needs none of them."""
+    return {k: redact_uri_text(v) for k, v in environ.items() if not SECRET_NAME.search(k)}
+
+
+def move_uri_credentials(uri: str, environ: MutableMapping[str, str] | None = None) -> str:
+    """``uri`` without ``user:password@``; the credentials go to MLFLOW_TRACKING_USERNAME /
+    MLFLOW_TRACKING_PASSWORD of ``environ`` (default: this process's), where MLflow reads them.
+    Variables already set win: an explicit environment is the documented way."""
+    environ = os.environ if environ is None else environ
+    parts = urlsplit(uri)
+    try:
+        user, password = parts.username, parts.password
+    except ValueError:
+        return redact_uri_text(uri)
+    if user is None and password is None:
+        return uri
+    if user:
+        environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(user))
+    if password:
+        environ.setdefault("MLFLOW_TRACKING_PASSWORD", unquote(password))
+    return redact_uri(uri)
+
+
+def secure_process(argv: list[str], environ: MutableMapping[str, str] | None = None) -> None:
+    """Before anything prints or logs: move credentials out of ``tracking.uri=...`` overrides
+    in ``argv`` (edited in place, so Hydra never sees them) and out of $MLFLOW_TRACKING_URI
+    into MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD."""
+    environ = os.environ if environ is None else environ
+    if environ.get("MLFLOW_TRACKING_URI"):
+        environ["MLFLOW_TRACKING_URI"] = move_uri_credentials(environ["MLFLOW_TRACKING_URI"],
+                                                              environ)
+    for i, arg in enumerate(argv):
+        key, sep, value = arg.partition("=")
+        if sep and key.lstrip("+~") == "tracking.uri" and "@" in value:
+            uris = [move_uri_credentials(v, environ) for v in value.split(",")]
+            argv[i] = f"{key}={','.join(uris)}"
 
 
 def _cpu_model() -> str:
@@ -65,6 +132,7 @@ _READERS: dict[str, Callable[[], str]] = {
     "fxtrack.version": lambda: fxtrack.__version__,
     "fxtrack.git_commit": _git_commit,
     "fxtrack.driver": _nvidia_driver,
+    "fxtrack.slurm_job_id": lambda: os.environ.get("SLURM_JOB_ID", ""),  # a SLURM job's own id
 }
 
 
@@ -83,9 +151,8 @@ def host_tags() -> dict[str, str]:
 
 
 def environment_snapshot() -> dict[str, object]:
-    """What goes into environment.json: host facts and relevant variables, secrets removed."""
-    env = {k: v for k, v in sorted(os.environ.items())
-           if k.startswith(_ENV_PREFIXES) and not SECRET_NAME.search(k)}
-    if "MLFLOW_TRACKING_URI" in env:
-        env["MLFLOW_TRACKING_URI"] = redact_uri(env["MLFLOW_TRACKING_URI"])
+    """What goes into environment.json: host facts and the allowlisted variables, every value
+    with URI credentials removed, no secret-named variable at all."""
+    env = {k: redact_uri_text(v) for k, v in sorted(os.environ.items())
+           if _RECORDED.match(k) and not SECRET_NAME.search(k)}
     return {"host": host_tags(), "platform": platform.platform(), "environment": env}

@@ -1,5 +1,11 @@
 """Run one JobSpec in a ``python -m fxtrack.worker`` subprocess, contained: a crash, a signal or
-a timeout becomes a FAILED Result carrying the error, and the log survives in ``worker.log``."""
+a timeout becomes a FAILED Result carrying the error, and the log survives in ``worker.log``.
+
+The worker runs in a session of its own (a Ctrl-C at the terminal does not reach it directly):
+SIGINT/SIGTERM of the orchestrator are forwarded to the worker's process group, the Result
+comes back KILLED with what was measured, and ``interrupted()`` names the signal so the caller
+can log the run, close the sweep and exit 128+signal. The worker's environment carries no
+secret-named variable and no URI credentials: it never talks to MLflow."""
 
 from __future__ import annotations
 
@@ -9,13 +15,21 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import fxtrack
+from fxtrack.environment import redact_text, worker_environment
 from fxtrack.job import JobSpec, Result
 
 _PACKAGE_ROOT = str(Path(fxtrack.__file__).resolve().parent.parent)
 LOG_TAIL_BYTES = 64 * 1024
+_INTERRUPTED: list[int] = []  # the signal that stopped this orchestrator, if any
+
+
+def interrupted() -> int | None:
+    """The signal number (SIGINT / SIGTERM) this orchestrator received, or None."""
+    return _INTERRUPTED[0] if _INTERRUPTED else None
 
 
 def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: float,
@@ -25,7 +39,7 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     spec_path, log_path = job_dir / "spec.json", job_dir / "worker.log"
     spec.dump(spec_path)
     Path(spec.result_path).unlink(missing_ok=True)
-    env = dict(os.environ)
+    env = worker_environment(os.environ)
     # The worker imports fxtrack from this checkout even under another venv's interpreter.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
@@ -41,9 +55,33 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
         tee = threading.Thread(target=_tee, args=(proc.stdout, log, echo, not spec.verbose),
                                daemon=True)
         tee.start()
-        timed_out = _wait(proc, timeout_s)
+        with _forwarding(proc):
+            timed_out = _wait(proc, timeout_s)
         tee.join(timeout=10)
     return _outcome(spec, proc.returncode, timed_out, timeout_s, log_path)
+
+
+class _forwarding:
+    """While the worker runs, SIGINT/SIGTERM stop its process group (SIGTERM, then SIGKILL
+    after a grace period) instead of killing this process with a traceback."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.saved = proc, {}
+
+    def _handle(self, signum, frame) -> None:
+        if not _INTERRUPTED:
+            _INTERRUPTED.append(signum)
+        _kill_group(self.proc, signal.SIGTERM)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.saved[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self.saved.items():
+            signal.signal(sig, handler)
 
 
 def worker_command(spec: JobSpec, python: str, spec_path: Path) -> list[str]:
@@ -69,31 +107,64 @@ NOISE = re.compile(rb"^(WARNING: All log messages before absl::InitializeLog|I00
                    rb"|.*This TensorFlow binary is optimized)")
 
 
+_TB_START = (b"Traceback (most recent call last)", b"During handling of the above exception",
+             b"The above exception was the direct cause")
+
+
 def _tee(stream, log, echo: bool, quiet: bool = True) -> None:
-    """Copy the worker's output to the log, and to the terminal without known noise lines."""
+    """Copy the worker's output to the log, and to the terminal without known noise lines; when
+    ``quiet`` a Python traceback stays in the log (the run's error line says what failed)."""
+    in_tb = pointed = False
     for chunk in iter(lambda: stream.read1(4096), b""):
         log.write(chunk)
         log.flush()
-        if echo:
+        if echo and not _INTERRUPTED:
             if quiet:
-                chunk = b"".join(ln for ln in chunk.splitlines(keepends=True) if not NOISE.match(ln))
+                shown = []
+                for ln in chunk.splitlines(keepends=True):
+                    if ln.startswith(_TB_START):
+                        if not pointed:
+                            pointed = True
+                            shown.append(b"[fxtrack] worker traceback kept in worker.log "
+                                         b"(verbose=true shows it)\n")
+                        in_tb = True
+                    elif in_tb and not (ln[:1].isspace() or not ln.strip()):
+                        in_tb = False  # the exception's own line ends the block
+                        continue
+                    if not in_tb and not NOISE.match(ln):
+                        shown.append(ln)
+                chunk = b"".join(shown)
             sys.stderr.buffer.write(chunk)
             sys.stderr.buffer.flush()
 
 
 def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait for the worker; past ``timeout_s`` stop its whole process group. True if timed out."""
-    try:
-        proc.wait(timeout=timeout_s)
-        return False
-    except subprocess.TimeoutExpired:
-        _kill_group(proc, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
+    """Wait for the worker; past ``timeout_s`` stop its whole process group. True if timed out.
+    After a forwarded signal, the worker gets 10 s to stop before SIGKILL."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and not _INTERRUPTED:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _stop(proc, signal.SIGTERM)
+            return True
+        try:  # short waits: a signal handler runs between them
+            proc.wait(timeout=min(0.5, left))
         except subprocess.TimeoutExpired:
-            _kill_group(proc, signal.SIGKILL)
-            proc.wait()
-        return True
+            pass
+    if _INTERRUPTED:
+        _stop(proc, None)
+    return False
+
+
+def _stop(proc: subprocess.Popen, sig: int | None) -> None:
+    """Send ``sig`` (if any) to the worker's group, give it 10 s, then SIGKILL the group."""
+    if sig is not None:
+        _kill_group(proc, sig)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc, signal.SIGKILL)
+        proc.wait()
 
 
 def _kill_group(proc: subprocess.Popen, sig: int) -> None:
@@ -108,7 +179,10 @@ def _outcome(spec: JobSpec, code: int, timed_out: bool, timeout_s: float, log: P
     result = Result.load(result_path) if result_path.exists() else Result(spec.result_id)
     if spec.node_rank != 0 and code == 0 and not timed_out:
         result.status = "FINISHED"  # a non-zero node writes no Result: node 0 reports for all
-    if timed_out:
+    if _INTERRUPTED:
+        name = signal.Signals(_INTERRUPTED[0]).name
+        result.status, result.error = "KILLED", f"interrupted by {name}: the worker was stopped"
+    elif timed_out:
         result.status, result.error = "FAILED", f"timed out after timeout_s={timeout_s:g} s"
     elif code < 0:
         name = signal.Signals(-code).name
@@ -125,8 +199,9 @@ def _last_line(log: Path) -> str:
 
 
 def log_tail(log: Path) -> str:
-    """The end of the worker's log, for the worker.log artifact."""
+    """The end of the worker's log, for the worker.log artifact: secret values of this
+    process's environment and URI credentials masked (a wrapper may print its environment)."""
     if not log.exists():
         return ""
     data = log.read_bytes()
-    return data[-LOG_TAIL_BYTES:].decode(errors="replace")
+    return redact_text(data[-LOG_TAIL_BYTES:].decode(errors="replace"))

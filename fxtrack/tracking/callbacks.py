@@ -1,5 +1,6 @@
 """Hydra callback for multiruns: validate every job first, open one MLflow parent run for the
-sweep, and close it with a table of the jobs (exit status 1 if any failed)."""
+sweep, and close it with a table of the jobs (exit status 1 if any failed or is only spooled;
+an interrupted sweep's parent is closed KILLED by ``close_interrupted``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from fxtrack.orchestrator.app import JOBS_DIR, SWEEP_ID_ENV, SWEEP_TOTAL_ENV, ConfigError, validate
+
+_ACTIVE: "SweepRun | None" = None  # the sweep in progress in this process, for close_interrupted
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:
@@ -40,10 +43,18 @@ class SweepRun(Callback):
             except ConfigError as e:
                 print(f"fxtrack: invalid config in job [{' '.join(overrides)}]: {e}", file=sys.stderr)
                 sys.exit(2)
-        os.environ[SWEEP_TOTAL_ENV] = str(len(jobs))
+        self._check_target(config)
+        # repeats=N: RepeatSweeper launches the job list N times over (round-robin)
+        from fxtrack.orchestrator.repeats import SWEEP_CONFIGS_ENV
+
+        os.environ[SWEEP_TOTAL_ENV] = str(len(jobs) * max(1, int(config.get("repeats", 1) or 1)))
+        os.environ[SWEEP_CONFIGS_ENV] = str(len(jobs))
         self.sweep_id = uuid.uuid4().hex
         os.environ[SWEEP_ID_ENV] = self.sweep_id
         self.started = time.time()
+        self.config, self.spooled = config, False
+        global _ACTIVE
+        _ACTIVE = self
         self._deliver(config, "RUNNING")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -51,25 +62,65 @@ class SweepRun(Callback):
         jobs = [json.loads(p.read_text()) for p in sorted(jobs_dir.glob("*.json"))]
         failed = [j for j in jobs if j["status"] != "FINISHED"]
         print(closing_table(jobs), file=sys.stderr)
+        aggregates = [json.loads(p.read_text())
+                      for p in sorted((jobs_dir / "aggregates").glob("*.json"))]
+        if aggregates:
+            from fxtrack.orchestrator.repeats import closing_table as aggregate_table
+
+            print(aggregate_table(aggregates), file=sys.stderr)
         self._deliver(config, "FAILED" if failed else "FINISHED")
+        global _ACTIVE
+        _ACTIVE = None
+        spooled = [j for j in jobs if j.get("run_id") is None]
+        if spooled or self.spooled:
+            print(f"fxtrack: {len(spooled) + self.spooled} of {len(jobs) + 1} runs (the sweep's "
+                  "parent included) are only in the local spool: run `fxtrack sync` when the "
+                  "server is back", file=sys.stderr)
         if failed:
             print(f"fxtrack: {len(failed)} of {len(jobs)} jobs failed", file=sys.stderr)
+        if failed or spooled or self.spooled:
             sys.exit(1)
+
+    def _check_target(self, config: DictConfig) -> None:
+        """A permanent problem with the tracking target (bad scheme, empty or deleted
+        experiment) stops the sweep before any work; a server that is down does not."""
+        from fxtrack.tracking import writer
+
+        uri = writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
+        try:
+            writer.check_target(uri, config.tracking.experiment)
+        except writer.TrackingRejected as e:
+            print(f"fxtrack: {e}", file=sys.stderr)
+            sys.exit(2)
+        except writer.TrackingUnavailable as e:
+            print(f"fxtrack: the tracking server is not answering ({e}); results will be "
+                  "kept in the local spool", file=sys.stderr)
 
     def _deliver(self, config: DictConfig, status: str) -> None:
         from fxtrack.tracking import records, spool, writer
 
         uri = writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         name = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.localtime(self.started))}"
+        overrides = records.redact_overrides(list(config.hydra.overrides.task))
         record = records.parent_record(self.sweep_id, uri, config.tracking.experiment, name,
-                                       {"fxtrack.sweep": " ".join(config.hydra.overrides.task)},
-                                       status)
+                                       {"fxtrack.sweep": " ".join(overrides)}, status,
+                                       start_time_ms=int(self.started * 1000))
         entry = spool.write(record, {})
         try:
             writer.deliver(entry, uri)
+            self.spooled = False
         except writer.TrackingUnavailable as e:
-            print(f"fxtrack: could not log the sweep's parent run: {e}; kept in {entry}, "
-                  "run `fxtrack sync` later", file=sys.stderr)
+            self.spooled = True
+            print(f"fxtrack: could not log the sweep's parent run: {e}; kept in the local "
+                  "spool, run `fxtrack sync` later", file=sys.stderr)
+
+
+def close_interrupted(status: str = "KILLED") -> None:
+    """Close the sweep in progress (if any) as ``status``: called when a signal stops it."""
+    global _ACTIVE
+    sweep, _ACTIVE = _ACTIVE, None
+    if sweep is not None:
+        sweep._deliver(sweep.config, status)
 
 
 def closing_table(jobs: list[dict[str, Any]]) -> str:

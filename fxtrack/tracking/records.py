@@ -1,4 +1,6 @@
-"""Build the records the writer logs: params, tags, metrics, artifacts of a run (no mlflow here)."""
+"""Build the records the writer logs: params, tags, metrics, artifacts of a run. Tags come from
+MLflow's run-context registry (``mlflow.user``, ``mlflow.source.*``, fxtrack's own plugin),
+resolved here in the orchestrator, not at upload time."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from fxtrack.environment import SECRET_NAME, environment_snapshot, host_tags, redact_uri
+from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri, redact_uri_text
 from fxtrack.job import JobSpec, Result
 
 NOISY_CV = 0.10  # step-time coefficient of variation above which a run is tagged noisy
@@ -18,16 +20,43 @@ _DEVICE_TAGS = {"device": "fxtrack.device", "cuda": "fxtrack.cuda", "cudnn": "fx
                 "framework_version": "fxtrack.framework_version", "python": "fxtrack.worker_python"}
 
 
-def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``{"model": {"layers": 2}}`` -> ``{"model.layers": 2}``."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, f"{name}."))
-        else:
-            flat[name] = value
-    return flat
+def flatten(tree: dict[str, Any]) -> dict[str, Any]:
+    """``{"model": {"layers": 2}}`` -> ``{"model.layers": 2}`` (pandas.json_normalize)."""
+    import pandas as pd
+
+    return pd.json_normalize(tree, sep=".").iloc[0].to_dict() if tree else {}
+
+
+def run_tags(tags: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """MLflow's standard tags for this process (``mlflow.user``, ``mlflow.source.name/type``,
+    git commit) and every registered run-context plugin's (fxtrack's host tags), then ``tags``."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    resolved = {k: redact_uri_text(str(v)) for k, v in resolve_tags().items()}
+    return dict(resolved, **(tags or {}))
+
+
+def redact_overrides(overrides: list[str]) -> list[str]:
+    """Overrides as they may be logged: URI credentials out, secret-named keys' values masked."""
+    out = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        masked = sep and SECRET_NAME.search(key.rsplit(".", 1)[-1])
+        out.append(f"{key}=***" if masked else redact_uri_text(item))
+    return out
+
+
+def series_times(series: dict[str, list[float]], end_ms: int) -> dict[str, list[int]]:
+    """Wall-clock time (ms) of each per-step point: the timed steps ran back to back and ended
+    by ``end_ms`` (when the worker returned), so step i ended at end_ms minus the durations of
+    the steps after it (``step_time_ms``). Series of the same length share these times."""
+    steps = series.get("step_time_ms") or []
+    ends, t = [], float(end_ms)
+    for d in reversed(steps):
+        ends.append(int(t))
+        t -= float(d)
+    ends.reverse()
+    return {k: ends if len(v) == len(ends) else [end_ms] * len(v) for k, v in series.items()}
 
 
 def params_from(config: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
@@ -38,7 +67,7 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any]) -> dict[str, A
             params[key] = resolved[key]
     for key, value in list(params.items()):
         if isinstance(value, str) and "://" in value:
-            params[key] = redact_uri(value)
+            params[key] = redact_uri_text(redact_uri(value))
         if SECRET_NAME.search(key.rsplit(".", 1)[-1]):
             params[key] = "***"
     return params
@@ -50,7 +79,7 @@ def run_name(spec: JobSpec) -> str:
 
 def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
                parent_result_id: Optional[str], start_time_ms: int) -> dict[str, Any]:
-    tags = dict(host_tags())
+    tags = run_tags()
     tags.update({_DEVICE_TAGS.get(k, f"fxtrack.{k}"): v for k, v in result.tags.items()})
     tags.update({
         "fxtrack.framework": spec.framework,
@@ -67,12 +96,14 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         tags["fxtrack.guard"] = result.guard
     if result.metrics.get("step_time_cv", 0.0) > NOISY_CV:
         tags["fxtrack.noisy"] = "true"
+    end_ms = int(time.time() * 1000)
     return {
         "kind": "job", "result_id": spec.result_id, **_target(uri, experiment, parent_result_id),
         "run_name": run_name(spec), "parent_result_id": parent_result_id,
-        "start_time_ms": start_time_ms, "status": result.status,
+        "start_time_ms": start_time_ms, "end_time_ms": end_ms, "status": result.status,
         "params": params_from(config, result.resolved), "tags": tags,
         "metrics": result.metrics, "series": result.series,
+        "series_times_ms": series_times(result.series, end_ms),
     }
 
 
@@ -93,14 +124,16 @@ def _status(result: Result) -> str:
 
 def parent_record(result_id: str, uri: str, experiment: str, name: str, tags: dict[str, str],
                   status: str = "RUNNING", parent_result_id: Optional[str] = None,
-                  metrics: Optional[dict[str, float]] = None) -> dict[str, Any]:
+                  metrics: Optional[dict[str, float]] = None,
+                  start_time_ms: Optional[int] = None) -> dict[str, Any]:
     """A parent run (a sweep, or a scaling run's device counts): created RUNNING so children can
     link to it, logged again with its status and metrics when they are done."""
+    now = int(time.time() * 1000)
     return {"kind": "sweep", "result_id": result_id,
             **_target(uri, experiment, parent_result_id), "run_name": name,
             "parent_result_id": parent_result_id, "status": status,
-            "start_time_ms": int(time.time() * 1000), "params": {},
-            "tags": dict(host_tags(), **tags), "metrics": metrics or {}, "series": {}}
+            "start_time_ms": start_time_ms or now, "end_time_ms": now, "params": {},
+            "tags": run_tags(tags), "metrics": metrics or {}, "series": {}}
 
 
 def report_record(uri: str, experiment: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -109,7 +142,7 @@ def report_record(uri: str, experiment: str, params: dict[str, Any]) -> dict[str
     return {"kind": "job", "result_id": uuid.uuid4().hex, **_target(uri, experiment, None),
             "run_name": "report", "parent_result_id": None,
             "start_time_ms": int(time.time() * 1000), "status": "FINISHED", "params": params,
-            "metrics": {}, "series": {}, "tags": dict(host_tags(), **{"fxtrack.kind": "report"})}
+            "metrics": {}, "series": {}, "tags": run_tags({"fxtrack.kind": "report"})}
 
 
 def environment_json() -> str:
