@@ -1,0 +1,134 @@
+"""Intervals for repeated measurements, without scipy (the orchestrator's dependencies stay small).
+
+Which interval, and why: with the 3-5 repeats a benchmark affords, a bootstrap has too few
+distinct resamples to reach its nominal coverage (for n = 3 its percentile interval is about
+[min, max], which covers the median only 75% of the time), and an order-statistic interval for the
+median needs n >= 6 for 95%. So fxtrack states a **Student-t 95% interval** (n - 1 degrees of
+freedom) and reports the **median** as the headline figure; comparisons between two frameworks
+use **Welch's t interval on log throughput**, i.e. an interval for the ratio of their geometric
+means, whose inclusion of 1 is a two-sided Welch test at 5%: "no clear difference".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Optional, Sequence
+
+LEVEL = 0.95
+
+
+def median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and the sample standard deviation (n - 1 in the denominator; 0 for one value)."""
+    n = len(xs)
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0)
+
+
+def _betacf(a: float, b: float, x: float) -> float:
+    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
+    tiny = 1e-300
+    qab, qap, qam = a + b, a + 1.0, a - 1.0
+    c, d = 1.0, 1.0 - qab * x / qap
+    d = 1.0 / (d if abs(d) > tiny else tiny)
+    h = d
+    for m in range(1, 300):
+        m2 = 2 * m
+        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
+                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
+            d = 1.0 + aa * d
+            d = 1.0 / (d if abs(d) > tiny else tiny)
+            c = 1.0 + aa / c
+            c = c if abs(c) > tiny else tiny
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return h
+
+
+def _betainc(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b)."""
+    if x <= 0.0:
+        return 0.0
+    if x >= 1.0:
+        return 1.0
+    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+    if x < (a + 1.0) / (a + b + 2.0):
+        return math.exp(lbt) * _betacf(a, b, x) / a
+    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
+
+
+def t_cdf(t: float, df: float) -> float:
+    """P(T <= t) for Student's t with ``df`` (possibly fractional) degrees of freedom."""
+    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
+    return 1.0 - tail if t > 0 else tail
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile of Student's t (bisection on t_cdf; 1e-12 absolute)."""
+    if not 0.0 < p < 1.0 or df <= 0:
+        raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
+    if p < 0.5:
+        return -t_quantile(1.0 - p, df)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        hi *= 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+        if hi - lo < 1e-12:
+            break
+    return (lo + hi) / 2.0
+
+
+@dataclasses.dataclass
+class Interval:
+    """A point estimate with a two-sided ``LEVEL`` interval; low == high == point for one sample."""
+
+    point: float
+    low: float
+    high: float
+    n: int
+
+    @property
+    def rel_width(self) -> float:
+        """Interval width / point (``throughput_rel_ci``)."""
+        return (self.high - self.low) / self.point if self.point else math.inf
+
+
+def t_interval(xs: Sequence[float], level: float = LEVEL) -> Interval:
+    """Median of ``xs`` with the Student-t interval of their mean: mean +- t(n-1) s / sqrt(n)."""
+    n = len(xs)
+    if n == 0:
+        raise ValueError("an interval needs at least one value")
+    m, sd = mean_sd(xs)
+    half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n) if n > 1 else 0.0
+    return Interval(median(xs), m - half, m + half, n)
+
+
+def ratio_interval(log_a: tuple[float, float, int], log_b: tuple[float, float, int],
+                   level: float = LEVEL) -> Optional[tuple[float, float]]:
+    """Interval for (geometric mean of a) / (geometric mean of b) from each side's
+    (mean, sample sd, n) of log values, by Welch's t; None when either side has one value."""
+    (ma, sa, na), (mb, sb, nb) = log_a, log_b
+    if na < 2 or nb < 2:
+        return None
+    va, vb = sa * sa / na, sb * sb / nb
+    diff = ma - mb
+    if va + vb == 0.0:
+        return math.exp(diff), math.exp(diff)
+    df = (va + vb) ** 2 / (va * va / (na - 1) + vb * vb / (nb - 1))  # Welch-Satterthwaite
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(va + vb)
+    return math.exp(diff - half), math.exp(diff + half)
+
+
+def log_summary(xs: Sequence[float]) -> tuple[float, float, int]:
+    """(mean, sample sd, n) of log(xs): what ratio_interval needs, and what an aggregate run logs."""
+    m, sd = mean_sd([math.log(x) for x in xs])
+    return m, sd, len(xs)
