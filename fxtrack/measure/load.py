@@ -15,9 +15,10 @@ the whole host's CPUs, so the figure then includes other containers' work on the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Iterator, Optional
 
 CONTENDED_FRAC = 0.10  # other work above this share of fxtrack's cores tags a run contended
 PROBE_S = 0.5  # the quiet probe before the timed window: 0.5 s is 50 ticks per core at 100 Hz
@@ -178,6 +179,27 @@ def wait_for_idle(max_s: float, threads: Optional[int] = None,
         say(f"[fxtrack] machine {state} ({_pct(last.other_cpu_frac)} other CPU use) after "
             f"{max_s - max(0.0, deadline - time.monotonic()):.1f} s")
     return last
+
+
+@contextlib.contextmanager
+def sampling(sampler: LoadSampler, inner: Optional[ContextManager] = None) -> Iterator[None]:
+    """``sampler`` around ``inner`` (e.g. the NVML window): one ``window`` for time_steps."""
+    with sampler, inner or contextlib.nullcontext():
+        yield
+
+
+SHORT_WINDOW_S = 1.0  # below this the window's own figure rests on too few clock ticks
+
+
+def window_figures(before: LoadSampler, during: LoadSampler) -> tuple[dict[str, float], bool]:
+    """The metrics of the probe before and the sampler during the timed window, and whether
+    the run counts as contended: by the window's own figure, and also by the probe before it
+    when the window was too short for its ticks to be trusted alone."""
+    out = during.metrics()
+    if before.other_cpu_frac is not None:
+        out["host_other_cpu_frac_before"] = float(before.other_cpu_frac)
+    short = during.window_s is None or during.window_s < SHORT_WINDOW_S
+    return out, during.contended or (short and before.contended)
 
 
 def _pct(frac: Optional[float]) -> str:

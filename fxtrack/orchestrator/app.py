@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from fxtrack import architectures
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.job import JobSpec, Result
+from fxtrack.measure.load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
 from fxtrack.tracking.records import NOISY_CV
 
@@ -83,18 +84,36 @@ def task(cfg: DictConfig) -> None:
         label = f"{conf.framework.name}-{arch.name}-{conf.scenario.name}"
         print(f"[fxtrack] job {hc.job.num + 1}/{os.environ.get(SWEEP_TOTAL_ENV, '?')}: {label}",
               file=sys.stderr, flush=True)
+    # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py);
+    # a scaling run's device counts are not repeated.
+    repeating = conf.repeats > 1 and conf.scenario.name != "scaling"
     if conf.scenario.name == "scaling":
         from fxtrack.orchestrator.scaling import run_scaling
 
         name, result, run_id = run_scaling(job, job_dir, parent)
+    elif repeating:
+        from fxtrack.orchestrator import repeats
+
+        if multirun:
+            aggregate, repeat = repeats.sweep_position(hc.job.num, parent)
+            name, result, run_id = repeats.run_one(job, job_dir, parent, aggregate, repeat)
+        else:
+            name, result, run_id = repeats.run_all(job, job_dir)
     else:
         name, result, run_id = job.run(job_dir, parent, conf.devices)
     if multirun:
         jobs = Path(hc.sweep.dir) / JOBS_DIR
         jobs.mkdir(parents=True, exist_ok=True)
+        record = job.last_record or {}
         (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
             {"name": name, "status": result.status, "guard": result.guard, "error": result.error,
-             "metrics": result.metrics, "run_id": run_id}))
+             "metrics": result.metrics, "run_id": run_id, "tags": record.get("tags", {}),
+             "params": record.get("params", {}),
+             "aggregate": record.get("tags", {}).get("fxtrack.repeat_of")}))
+        if repeating and repeat == conf.repeats - 1:  # the config's last repeat: close its aggregate
+            repeats.close(job, aggregate, parent, [
+                j for j in map(json.loads, (p.read_text() for p in sorted(jobs.glob("*.json"))))
+                if j.get("aggregate") == aggregate], jobs)
     elif result.status != "FINISHED" or run_id is None:
         sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
 
@@ -114,15 +133,19 @@ class Job:
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
         self.config = config  # what is logged: resolved, without credentials
+        self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
 
     def run(self, job_dir: Path, parent: str | None, devices: int,
-            scenario: str | None = None) -> tuple[str, Result, str | None]:
-        """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id)."""
+            scenario: str | None = None, repeat: int | None = None) -> tuple[str, Result, str | None]:
+        """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id).
+        ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate)."""
         from fxtrack.tracking import records
 
         spec = job_spec(self.conf, self.arch, job_dir)
         spec.devices = devices
         spec.scenario = scenario or spec.scenario
+        if repeat is not None:
+            spec.repeat = repeat
         name = records.run_name(spec)
         start_ms = int(time.time() * 1000)
         result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
@@ -132,10 +155,13 @@ class Job:
             return name, result, "node"
         if result.status == "FINISHED":
             enrich(result, spec, self.conf)
+        if repeat is not None:  # -> fxtrack.repeat, fxtrack.repeat_of (the report skips these)
+            result.tags.update(repeat=str(repeat), repeat_of=parent or "")
         result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
         config = dict(self.config, devices=devices)
-        run_id, where = self.log(records.job_record(
-            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms), {
+        self.last_record = record = records.job_record(
+            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms)
+        run_id, where = self.log(record, {
                 "config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
                 "result.json": Path(spec.result_path),
                 "environment.json": records.environment_json(),
@@ -197,4 +223,7 @@ def summary_line(name: str, result: Result) -> str:
                   f"TFLOP/s ({result.tags.get('peak_tflops_source', '?')}) is below this run's rate")
     if m.get("step_time_cv", 0.0) > NOISY_CV:
         notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
+    if is_contended(m.get("host_other_cpu_frac")):
+        notes += (f"  CONTENDED: other processes took {m['host_other_cpu_frac']:.0%} of the "
+                  "cores during the timed window")
     return f"{name}: " + ", ".join(parts) + notes

@@ -31,7 +31,9 @@ class Chart:
 def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
     """One grouped bar chart per (scenario, precision): a bar per framework for each model."""
     charts = []
-    runs = runs.assign(_thr=[metric(r, "throughput_samples_per_s") for _, r in runs.iterrows()])
+    runs = runs.assign(_thr=[metric(r, "throughput_samples_per_s") for _, r in runs.iterrows()],
+                       _low=[metric(r, "throughput_ci_low") for _, r in runs.iterrows()],
+                       _high=[metric(r, "throughput_ci_high") for _, r in runs.iterrows()])
     runs = runs[runs["_thr"].notna()]
     for (scenario, precision), frame in runs.groupby(["scenario", "precision"], sort=False):
         settings = frame[["devices", "hardware"]].drop_duplicates()
@@ -61,7 +63,14 @@ def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str
         xs = [c + (i - (len(fws) - 1) / 2) * width for c in range(len(categories))]
         heights = [float(sub.loc[c, "_thr"]) if c in sub.index else 0.0 for c in categories]
         flagged = [c in sub.index and sub.loc[c, "check"] != "ok" for c in categories]
-        bars = ax.bar(xs, heights, width, label=fw)
+        # Error bars: the 95% interval of an aggregate of repeats (none for a single run).
+        low = [h - _num(sub.loc[c, "_low"], h) if c in sub.index else 0.0
+               for c, h in zip(categories, heights)]
+        high = [_num(sub.loc[c, "_high"], h) - h if c in sub.index else 0.0
+                for c, h in zip(categories, heights)]
+        errors = [[max(0.0, v) for v in low], [max(0.0, v) for v in high]]
+        bars = ax.bar(xs, heights, width, label=fw,
+                      yerr=errors if any(low + high) else None, capsize=3)
         for bar, height, flag in zip(bars, heights, flagged):
             if flag:  # hatched: failed the correctness guard, not a figure to trust
                 bar.set_hatch("//")
@@ -70,7 +79,7 @@ def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str
                             ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                             textcoords="offset points")
     ax.set_xticks(range(len(categories)), categories)
-    ax.set_ylabel("samples/s (higher is better)")
+    ax.set_ylabel("samples/s (higher is better; bars: 95% interval)")
     ax.set_title(title)
     handles, labels = ax.get_legend_handles_labels()
     if (frame["check"] != "ok").any():
@@ -119,6 +128,10 @@ def scaling_chart(runs: pd.DataFrame, out: Path) -> list[Chart]:
 def draw(runs: pd.DataFrame, out: Path) -> list[Chart]:
     """Every chart the data allow, written under ``out``."""
     return throughput_charts(runs, out) + scaling_chart(runs, out)
+
+
+def _num(value, default: float) -> float:
+    return default if value is None or pd.isna(value) else float(value)
 
 
 def _slug(text: str) -> str:

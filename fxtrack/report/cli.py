@@ -29,6 +29,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--format", default=",".join(FORMATS),
                         help="comma-separated files to write, of md, html, csv "
                         "(default: %(default)s)")
+    parser.add_argument("--min-repeats", type=int, default=1, metavar="N",
+                        help="refuse to rank (verdict) a row where any framework's figure "
+                        "stands on fewer than N repeats (default: %(default)s)")
     parser.add_argument("--no-log", action="store_true",
                         help="do not log the report files as an MLflow run named 'report'")
     args = parser.parse_args(argv)
@@ -45,7 +48,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri
-    from fxtrack.report import charts, render, select, tables
+    from fxtrack.report import charts, render, select, tables, verdicts
     from fxtrack.tracking import reader, writer
 
     uri = args.uri or writer.tracking_uri(None, os.getcwd())
@@ -70,11 +73,18 @@ def main(argv: list[str]) -> int:
             f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
             "each figure is the latest finished run of its framework, model, scenario, "
             "precision, device count and hardware"]
-    report = render.Report(f"fxtrack report: {args.experiment}", meta, tables.sections(runs), drawn)
+    verdict = verdicts.table(runs, args.min_repeats)
+    sections = tables.sections(runs)
+    if verdict:
+        sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
+                                          .replace("\n", " ")))
+    report = render.Report(f"fxtrack report: {args.experiment}", meta, sections, drawn)
 
     print(f"{PROG}: {source}: {selection.summary()}\n")
     throughput = tables.throughput(runs)
     print(render.text(throughput) if throughput else "(no throughput figures among the kept runs)")
+    if verdict:
+        print("\n" + render.text(verdict))
     files = render.write(report, runs, out, args.formats)
     names = [p.name for p in files] + [c.path.name for c in drawn]
     print(f"\n{PROG}: wrote {', '.join(names)} to {out}", file=sys.stderr)

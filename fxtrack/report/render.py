@@ -16,7 +16,7 @@ from fxtrack.report.tables import Section, Table
 
 # The CSV's leading columns; every metric the kept runs logged follows them.
 CSV_COLUMNS = [*KEY, "check", "guard", "run_name", "run_id", "start_time", "device",
-               "framework_version", "host"]
+               "framework_version", "host", "repeats", "contended", "noisy"]
 
 
 _FIGURE = re.compile(r"^-?[\d.,]+")

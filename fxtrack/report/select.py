@@ -1,7 +1,9 @@
-"""Pick the runs a report stands on: the latest finished run of each benchmark.
+"""Pick the runs a report stands on: the latest finished run (or repeats' aggregate) of each benchmark.
 
 A benchmark is one (framework, model, scenario, precision, devices, hardware). Re-running it
-supersedes the earlier run, so the report always shows the newest figures; runs that are not
+supersedes the earlier run, so the report always shows the newest figures. With ``repeats=N``
+the config's aggregate run (median and interval, ``fxtrack.kind=aggregate``) stands for it and
+its repeats (``fxtrack.repeat_of``) are counted in it, not ranked alone. Runs that are not
 benchmarks (sweep parents, report runs: no ``fxtrack.framework`` tag), failed runs and runs still
 in progress are left out and counted, so the report can say what it skipped.
 """
@@ -22,7 +24,8 @@ TAGS = {
     "framework_version": "fxtrack.framework_version", "python": "fxtrack.python",
     "worker_python": "fxtrack.worker_python", "fxtrack_version": "fxtrack.version",
     "git_commit": "fxtrack.git_commit", "driver": "fxtrack.driver", "cuda": "fxtrack.cuda",
-    "cudnn": "fxtrack.cudnn",
+    "cudnn": "fxtrack.cudnn", "kind": "fxtrack.kind", "repeats": "fxtrack.repeats",
+    "repeat_of": "fxtrack.repeat_of", "contended": "fxtrack.contended", "noisy": "fxtrack.noisy",
 }
 # Per-step series: search_runs returns only their last step, which is not a summary figure.
 SERIES = {"step_time_ms", "loss"}
@@ -57,7 +60,9 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
                    if c.startswith("metrics.") and c[len("metrics."):] not in SERIES]
     runs = pd.concat([runs, frame[metric_cols].reset_index(drop=True)], axis=1)
 
-    benchmark = runs["framework"].fillna("").astype(str).str.len() > 0
+    # A repeat whose config has an aggregate run counts through that aggregate, not on its own.
+    folded = runs["repeat_of"].fillna("").astype(str).str.len() > 0
+    benchmark = (runs["framework"].fillna("").astype(str).str.len() > 0) & ~folded
     failed = benchmark & ((runs["check"] == "failed") | runs["status"].isin(["FAILED", "KILLED"]))
     finished = benchmark & ~failed & (runs["status"] == "FINISHED")
     kept = runs[finished].copy()
@@ -65,6 +70,8 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     for col in ("model", "scenario", "precision", "hardware"):
         kept[col] = kept[col].fillna("?")
     kept["check"] = kept["check"].fillna("ok")
+    # How many repeats each figure stands on: an aggregate says; a single run is one.
+    kept["repeats"] = pd.to_numeric(kept["repeats"], errors="coerce").fillna(1).astype(int)
     # Latest by start time; the end time breaks ties between runs started in the same millisecond.
     kept = kept.sort_values(["start_time", "end_time"], kind="stable")
     latest = kept.drop_duplicates(KEY, keep="last")
@@ -79,6 +86,7 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
         "superseded by a later run": len(kept) - len(latest),
         "failed": int(failed.sum()),
         "not finished": int((benchmark & ~failed & ~finished).sum()),
+        "repeats counted in their aggregate": int(folded.sum()),
         "without fxtrack.framework (sweep parents, reports)": int((~benchmark).sum()),
     }
     return Selection(latest, len(frame), skipped)

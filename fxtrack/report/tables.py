@@ -87,10 +87,13 @@ def throughput(runs: pd.DataFrame) -> list[Table]:
         best = reference(peers, "throughput_samples_per_s")
         if value is None or not best:
             return None
-        return f"{fmt(value)} ({value / best:.2f}x){_flag(row)}"
+        rel = metric(row, "throughput_rel_ci")  # an aggregate of repeats: its 95% interval
+        spread = "" if rel is None else f" ±{rel / 2:.1%}"
+        return f"{fmt(value)}{spread} ({value / best:.2f}x){_flag(row)}"
 
     return _grid(runs, "Throughput (samples/s)", cell,
-                 ["(ratio) = throughput / the best framework for that model: best = 1.00x"])
+                 ["(ratio) = throughput / the best framework for that model: best = 1.00x",
+                  "with repeats: the median, ± half the 95% Student-t interval as a share of it"])
 
 
 def reference(peers: pd.DataFrame, key: str) -> Optional[float]:

@@ -8,6 +8,7 @@ from typing import Any, Callable, Optional
 from fxtrack import defaults, policy
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
+from fxtrack.measure import load
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
 from fxtrack.measure.timer import eprint, step_metrics, time_steps
@@ -41,8 +42,13 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     step = prepare()
     memory_gpus, energy_gpus = gpu_ordinals(spec)
     nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")
+    # other processes' CPU use just before (waiting up to wait_for_idle_s for quiet) and during
+    # the timed window (fxtrack/measure/load.py)
+    before = load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
+    during = load.LoadSampler(spec.cpu_threads)
     times = time_steps(step, warmup, steps, show=spec.progress,
-                       label=f"{spec.framework}-{spec.arch['name']}", window=nvml)
+                       label=f"{spec.framework}-{spec.arch['name']}",
+                       window=load.sampling(during, nvml))
 
     global_batch = batch * spec.devices * spec.nodes  # every device of every node
     m = result.metrics
@@ -51,6 +57,9 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
              peak_rss_mib=backend.reduce_max(peak_rss_mib()),  # the largest process
              flops_per_sample=float(flops_per_sample))
     m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
+    figures, contended = load.window_figures(before, during)
+    m.update(figures)
+    result.tags["contended"] = "true" if contended else "false"
     if kind == "gpu":  # collectives: every process of the run takes this branch or none does
         m.update(nvml_metrics(backend, nvml, global_batch * steps))
     peak = backend.peak_memory_bytes()

@@ -1,0 +1,226 @@
+"""``repeats=N``: each config run N times, round-robin across a sweep, and one aggregate per config.
+
+Order. Hydra's BasicSweeper launches the cartesian product of the sweep's overrides with the
+first override outermost (``itertools.product``), and puts its own ``hydra.sweeper.params`` before
+the command line's. conf/config.yaml declares one such param, ``FXTRACK_REPEAT=range(0, repeats)``
+(set in each job's environment through ``hydra.job.env_set``), so the sweep runs every config once,
+then every config again (A, B, C, A, B, C, ...): drift in the machine (another job starting,
+thermal throttling) hits every config equally instead of all of one framework's repeats. Job
+``k`` of a sweep with ``C`` configs is config ``k % C``, repeat ``k // C``.
+
+Runs. Each repeat is an MLflow child run tagged ``fxtrack.repeat=i`` and ``fxtrack.repeat_of``;
+its parent is the config's aggregate run (itself a child of the sweep's parent run, if any),
+created when the first repeat starts and closed after the last with the median of every figure
+the repeats share and the 95% interval of throughput and step time (fxtrack/stats.py says which
+interval and why). ``fxtrack report`` ranks the aggregate, not the repeats.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Optional
+
+from fxtrack import stats
+from fxtrack.measure.load import is_contended
+
+SWEEP_CONFIGS_ENV = "FXTRACK_SWEEP_CONFIGS"  # distinct configs in the sweep (jobs / repeats)
+AGGREGATES_DIR = "aggregates"  # beside the job status files: one file per config's aggregate
+# Identity tags an aggregate copies from its repeats, so the report groups it like a single run.
+IDENTITY = ("fxtrack.framework", "fxtrack.model", "fxtrack.scenario", "fxtrack.precision",
+            "fxtrack.hardware", "fxtrack.devices", "fxtrack.framework_version", "fxtrack.device",
+            "fxtrack.worker_python", "fxtrack.cuda", "fxtrack.cudnn", "fxtrack.driver",
+            "fxtrack.matmul_precision", "fxtrack.compile_mode", "fxtrack.attention",
+            "fxtrack.cpu_threads")
+
+
+REPEAT_ENV = "FXTRACK_REPEAT"  # set per job by the hidden sweep dimension (conf/config.yaml)
+
+
+def round_robin(jobs: list, repeats: int) -> list:
+    """``[A, B, C]`` x 2 -> ``[A, B, C, A, B, C]``: the order the sweep launches."""
+    return [list(job) for _ in range(repeats) for job in jobs]
+
+
+def position(job_num: int, configs: int) -> tuple[int, int]:
+    """(config index, repeat index) of sweep job ``job_num`` among ``configs`` distinct configs."""
+    return job_num % configs, job_num // configs
+
+
+def aggregate_id(parent_id: str, config_index: int) -> str:
+    """The aggregate's result id: derived, so every repeat's task names the same parent."""
+    return f"{parent_id}-config{config_index:03d}"
+
+
+def aggregate_metrics(repeats: list[dict[str, float]]) -> dict[str, float]:
+    """Median of every metric all the finished repeats logged, plus the intervals.
+
+    ``throughput_ci_low|high`` and ``step_time_ms_p50_ci_low|high``: Student-t 95% intervals;
+    ``throughput_rel_ci`` = interval width / median; ``throughput_log_mean|sd``: mean and sample
+    sd of log throughput, from which the report builds Welch intervals for ratios between
+    frameworks; ``repeats``: how many repeats the figures stand on.
+    """
+    if not repeats:
+        return {}
+    shared = set.intersection(*(set(m) for m in repeats))
+    out = {k: stats.median([m[k] for m in repeats]) for k in sorted(shared)}
+    out["repeats"] = float(len(repeats))
+    if "host_other_cpu_frac" in shared:  # the worst repeat, not the typical one, flags a config
+        out["host_other_cpu_frac"] = max(m["host_other_cpu_frac"] for m in repeats)
+    thr = [m["throughput_samples_per_s"] for m in repeats if m.get("throughput_samples_per_s")]
+    if len(thr) == len(repeats):
+        ci = stats.t_interval(thr)
+        out.update(throughput_samples_per_s=ci.point, throughput_ci_low=ci.low,
+                   throughput_ci_high=ci.high, throughput_rel_ci=ci.rel_width)
+        mean, sd, _ = stats.log_summary(thr)
+        out.update(throughput_log_mean=mean, throughput_log_sd=sd)
+    if "step_time_ms_p50" in shared:
+        ci = stats.t_interval([m["step_time_ms_p50"] for m in repeats])
+        out.update(step_time_ms_p50_ci_low=ci.low, step_time_ms_p50_ci_high=ci.high)
+    return {k: v for k, v in out.items() if math.isfinite(v)}
+
+
+def aggregate_tags(jobs: list[dict[str, Any]], total: int) -> dict[str, str]:
+    """Tags of a config's aggregate from its repeats' job files (``tags``, ``status``)."""
+    done = [j for j in jobs if j["status"] == "FINISHED"]
+    first = (done or jobs)[0].get("tags", {}) if jobs else {}
+    tags = {k: first[k] for k in IDENTITY if k in first}
+    contended = sum(j.get("tags", {}).get("fxtrack.contended") == "true" for j in done)
+    guard = [j.get("guard", "ok") for j in done if j.get("guard", "ok") != "ok"]
+    tags.update({"fxtrack.kind": "aggregate", "fxtrack.repeats": str(len(done)),
+                 "fxtrack.repeats_requested": str(total),
+                 "fxtrack.status": "failed" if not done else ("guard_failed" if guard else "ok"),
+                 "fxtrack.contended": "true" if contended else "false"})
+    if contended:
+        tags["fxtrack.contended_repeats"] = str(contended)
+    if guard:
+        tags["fxtrack.guard"] = guard[0]
+    return tags
+
+
+def summary(name: str, metrics: dict[str, float], tags: dict[str, str]) -> str:
+    """The aggregate's line: ``torch-vit-train-fp32-x1: 3 repeats, 812.4 samples/s [790.1, 834.7]``."""
+    n = tags.get("fxtrack.repeats", "0")
+    if "throughput_samples_per_s" not in metrics:
+        return f"{name}: {n} of {tags.get('fxtrack.repeats_requested', '?')} repeats finished"
+    line = (f"{name}: median of {n} repeats {metrics['throughput_samples_per_s']:.1f} samples/s "
+            f"[{metrics.get('throughput_ci_low', float('nan')):.1f}, "
+            f"{metrics.get('throughput_ci_high', float('nan')):.1f}] (95% t interval)")
+    if tags.get("fxtrack.contended") == "true":
+        line += f"  CONTENDED: {tags.get('fxtrack.contended_repeats')} of {n} repeats"
+    return line
+
+
+def contended_note(metrics: dict[str, float]) -> Optional[str]:
+    """The summary-line note for a contended run, or None."""
+    frac = metrics.get("host_other_cpu_frac")
+    if not is_contended(frac):
+        return None
+    return f"CONTENDED: other processes took {frac:.0%} of the cores during the timed window"
+
+
+# --- running the repeats (called from fxtrack.orchestrator.app.task) ---
+
+def sweep_position(job_num: int, sweep_id: Optional[str]) -> tuple[str, int]:
+    """(aggregate id, repeat index) of sweep job ``job_num``."""
+    configs = int(os.environ.get(SWEEP_CONFIGS_ENV, "1"))
+    index, repeat = position(job_num, configs)
+    return aggregate_id(sweep_id or "sweep", index), int(os.environ.get(REPEAT_ENV, repeat))
+
+
+def _name_and_tags(job, job_dir) -> tuple[str, dict[str, str]]:
+    from fxtrack.orchestrator.app import job_spec
+    from fxtrack.tracking import records
+
+    spec = job_spec(job.conf, job.arch, job_dir)
+    tags = {"fxtrack.framework": spec.framework, "fxtrack.model": spec.arch["name"],
+            "fxtrack.scenario": spec.scenario, "fxtrack.precision": spec.precision,
+            "fxtrack.devices": str(spec.devices), "fxtrack.hardware": spec.hardware,
+            "fxtrack.kind": "aggregate", "fxtrack.repeats_requested": str(job.conf.repeats)}
+    return records.run_name(spec), tags
+
+
+def _open(job, job_dir, aggregate: str, parent: Optional[str]) -> None:
+    """Create the config's aggregate run (RUNNING) so that its repeats can link to it."""
+    from fxtrack.tracking import records
+
+    name, tags = _name_and_tags(job, job_dir)
+    job.log(records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
+                                  "RUNNING", parent), {})
+
+
+def run_one(job, job_dir, sweep_id: Optional[str], aggregate: str, repeat: int):
+    """One repeat of a sweep's config; the first one opens the config's aggregate run."""
+    if repeat == 0:
+        _open(job, job_dir, aggregate, sweep_id)
+    return job.run(job_dir, aggregate, job.conf.devices, repeat=repeat)
+
+
+def run_all(job, job_dir):
+    """A single (non-sweep) run with ``repeats=N``: N workers in a row, then the aggregate.
+    Returns the first failed repeat's (name, Result, run id), else the last one's."""
+    import uuid
+
+    aggregate = aggregate_id(uuid.uuid4().hex, 0)
+    _open(job, job_dir, aggregate, None)
+    entries, outcome = [], None
+    for i in range(job.conf.repeats):
+        (job_dir / f"repeat{i}").mkdir(parents=True, exist_ok=True)
+        name, result, run_id = job.run(job_dir / f"repeat{i}", aggregate, job.conf.devices, repeat=i)
+        record = job.last_record or {}
+        entries.append({"name": name, "status": result.status, "guard": result.guard,
+                        "metrics": result.metrics, "tags": record.get("tags", {}),
+                        "params": record.get("params", {})})
+        if outcome is None or outcome[1].status == "FINISHED":
+            outcome = (name, result, run_id)
+    close(job, aggregate, None, entries, None)
+    return outcome
+
+
+def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, Any]],
+          jobs_dir) -> dict[str, Any]:
+    """Log the aggregate's figures and close it; in a sweep, leave its line for the closing
+    table in ``jobs_dir/aggregates``. Returns the aggregate entry."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from fxtrack.tracking import records
+
+    done = [e for e in entries if e["status"] == "FINISHED"]
+    metrics = aggregate_metrics([e["metrics"] for e in done])
+    name = (entries[0]["name"] if entries else aggregate)
+    tags = aggregate_tags(entries, job.conf.repeats)
+    record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
+                                   "FINISHED" if done else "FAILED", parent, metrics)
+    record["params"] = (done or entries)[0].get("params", {}) if entries else {}
+    run_id, where = job.log(record, {})
+    line = summary(name, metrics, tags)
+    print(f"{line}  [{where}]", file=sys.stderr, flush=True)
+    entry = {"name": name, "status": record["status"], "metrics": metrics, "tags": tags,
+             "run_id": run_id}
+    if jobs_dir is not None:
+        out = Path(jobs_dir) / AGGREGATES_DIR
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{aggregate}.json").write_text(json.dumps(entry))
+    return entry
+
+
+def closing_table(aggregates: list[dict[str, Any]]) -> str:
+    """The sweep's aggregates: median throughput with its 95% interval, repeats, contention."""
+    rows = [("config", "repeats", "samples/s (median)", "95% interval", "+-%", "note")]
+    for a in aggregates:
+        m, t = a["metrics"], a["tags"]
+        thr = m.get("throughput_samples_per_s")
+        low, high = m.get("throughput_ci_low"), m.get("throughput_ci_high")
+        note = (f"contended in {t['fxtrack.contended_repeats']}" if t.get("fxtrack.contended_repeats")
+                else "")
+        rows.append((a["name"], f"{t.get('fxtrack.repeats', '0')}/{t.get('fxtrack.repeats_requested', '?')}",
+                     "-" if thr is None else f"{thr:,.1f}",
+                     "-" if low is None else f"[{low:,.1f}, {high:,.1f}]",
+                     "-" if "throughput_rel_ci" not in m else f"{m['throughput_rel_ci'] / 2:.1%}",
+                     note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(["", "Aggregates (median of the repeats, Student-t 95% interval):", *lines, ""])
