@@ -1,4 +1,5 @@
-"""Host load: the arithmetic of other processes' share, and a real busy loop seen as contention."""
+"""Host load: the arithmetic of other processes' share, a real busy loop seen as contention, and
+the timed windows that carry the figures (run_timed; the pipeline scenario's two windows)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,112 @@ def test_a_busy_process_elsewhere_is_seen_and_our_own_work_is_not():
     finally:
         busy.kill()
         busy.wait()
+
+
+# --- the timed window of a scenario, with a stand-in backend (no framework needed) -----------
+
+class SpinBackend:
+    """A backend whose step keeps this process busy for ``step_s``; a loader-fed step takes
+    ``fed_s``. Enough of the Backend surface for run_timed and the pipeline scenario."""
+
+    name = "spin"
+
+    def __init__(self, spec, step_s: float = 0.05, fed_s: float = 0.05):
+        from fxtrack import architectures
+
+        self.spec, self.step_s, self.fed_s = spec, step_s, fed_s
+        self.arch = architectures.resolve("vit", "tiny")
+        self.loss = 10.0
+
+    def _spin(self, seconds: float) -> float:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+        self.loss *= 0.9
+        return self.loss
+
+    def device_kind(self): return "cpu"
+    def build(self, batch_size): pass
+    def train_step(self): return self._spin(self.step_s)
+    def train_step_on(self, batch): return self._spin(self.fed_s)
+    def pipeline_loader(self, directory, batch_size, workers): return iter(lambda: None, 1)
+    def param_count(self): return 1
+    def reduce_max(self, value): return value
+    def peak_memory_bytes(self): return None
+    def loss_value(self, handle): return handle
+
+
+@pytest.fixture
+def one_cpu():
+    """Pin this process (and what it starts) to one CPU, so a busy loop competes with it on
+    any machine, however many cores it has."""
+    if not hasattr(load.os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    before = load.os.sched_getaffinity(0)
+    load.os.sched_setaffinity(0, {min(before)})
+    yield
+    load.os.sched_setaffinity(0, before)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_a_run_beside_a_busy_loop_is_tagged_contended(tmp_path, one_cpu):
+    from conftest import job_spec
+    from fxtrack.job import Result
+    from fxtrack.scenarios.timed import run_timed
+
+    spec = job_spec("torch", "vit", tmp_path, steps=12, warmup_steps=1)
+    busy = subprocess.Popen([sys.executable, "-c",
+                             "import time\nt=time.time()\nwhile time.time()-t<20: pass"],
+                            start_new_session=True)  # another user's job: not fxtrack's session
+    try:
+        time.sleep(0.3)
+        result = Result(spec.result_id)
+        backend = SpinBackend(spec, step_s=0.1)
+        run_timed(backend, result, lambda: backend.train_step, 1)
+    finally:
+        busy.kill()
+        busy.wait()
+    m = result.metrics
+    assert m["host_other_cpu_frac"] > load.CONTENDED_FRAC
+    assert "host_other_cpu_frac_before" in m and "host_loadavg_1m" in m
+    assert result.tags["contended"] == "true"
+
+
+def test_pipeline_standard_keys_describe_the_fed_window(tmp_path, monkeypatch):
+    from conftest import job_spec
+    from fxtrack import datasets
+    from fxtrack.job import Result
+    from fxtrack.scenarios import pipeline
+
+    monkeypatch.setattr(datasets, "ensure", lambda arch, samples, seed: tmp_path)
+    spec = job_spec("torch", "vit", tmp_path, scenario="pipeline", steps=4, warmup_steps=1,
+                    options={"dataset_samples": 8, "loader_workers": 0})
+    # the fed step takes twice the resident one: input-bound ~ 0.5
+    backend = SpinBackend(spec, step_s=0.01, fed_s=0.02)
+    result = Result(spec.result_id)
+    pipeline.run(backend, result)
+    m = result.metrics
+    fed_ms = result.series["step_time_ms"]
+    assert len(fed_ms) == pipeline.ROUNDS * 4  # every fed round's steps, and only those
+    assert m["step_time_ms_p50"] == pytest.approx(20, rel=0.5)  # the fed window's steps
+    assert m["resident_step_time_ms_p50"] == pytest.approx(10, rel=0.5)
+    # throughput and step time describe the same window: batch 2 / ~20 ms
+    assert m["throughput_samples_per_s"] == pytest.approx(2 * 1000 / m["step_time_ms_mean"], rel=0.25)
+    assert m["input_bound_fraction"] == pytest.approx(
+        1 - m["throughput_samples_per_s"] / m["resident_samples_per_s"])
+    assert 0.2 < m["input_bound_fraction"] < 0.8
+    assert "first_step_time_s" in m and "resident_first_step_time_s" in m
+
+
+def test_pipeline_input_bound_fraction_is_signed(tmp_path, monkeypatch):
+    from conftest import job_spec
+    from fxtrack import datasets
+    from fxtrack.job import Result
+    from fxtrack.scenarios import pipeline
+
+    monkeypatch.setattr(datasets, "ensure", lambda arch, samples, seed: tmp_path)
+    spec = job_spec("torch", "vit", tmp_path, scenario="pipeline", steps=3, warmup_steps=1,
+                    options={"dataset_samples": 8, "loader_workers": 0})
+    result = Result(spec.result_id)
+    pipeline.run(SpinBackend(spec, step_s=0.02, fed_s=0.01), result)  # fed runs faster
+    assert result.metrics["input_bound_fraction"] < 0  # logged as measured, not clamped
