@@ -40,6 +40,19 @@ def usage() -> str:
 
 
 def main() -> None:
+    from fxtrack.environment import secure_process
+
+    # Credentials inside tracking URIs move to MLFLOW_TRACKING_USERNAME/PASSWORD before Hydra
+    # or MLflow print, log or spool anything (issue 14).
+    secure_process(sys.argv)
+    try:
+        _main()
+    except KeyboardInterrupt:  # Ctrl-C outside a worker: one line and the shell's status
+        print("fxtrack: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         command = sys.argv.pop(1)
         from fxtrack import commands

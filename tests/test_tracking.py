@@ -82,14 +82,15 @@ def test_team_server_with_basic_auth_and_no_secret_reaches_the_store(tmp_path, a
     assert PLANTED not in proc.stderr and ADMIN[1] not in proc.stderr
 
 
-def test_bad_credentials_say_so_and_keep_the_result(tmp_path, auth_server):
+def test_bad_credentials_stop_the_run_before_any_work(tmp_path, auth_server):
+    """A 401 is permanent: found by the pre-flight check, said once, nothing run or spooled."""
     env = {"MLFLOW_TRACKING_URI": auth_server.url, "MLFLOW_TRACKING_USERNAME": ADMIN[0],
            "MLFLOW_TRACKING_PASSWORD": "wrong-password"}
     proc = fxtrack(tmp_path, *TINY, env=env)
-    assert proc.returncode == 1
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "rejected the credentials (HTTP 401)" in proc.stderr
-    assert "fxtrack sync" in proc.stderr
-    assert len(list((tmp_path / "home" / "spool").iterdir())) == 1
+    assert "MLFLOW_TRACKING_PASSWORD" in proc.stderr  # what to fix
+    assert not list((tmp_path / "home" / "spool").iterdir())
 
 
 def test_no_permission_on_the_experiment_says_so(tmp_path, auth_server):
@@ -98,16 +99,17 @@ def test_no_permission_on_the_experiment_says_so(tmp_path, auth_server):
     env = {"MLFLOW_TRACKING_URI": auth_server.url, "MLFLOW_TRACKING_USERNAME": "alice",
            "MLFLOW_TRACKING_PASSWORD": "alice-pass-3301"}
     proc = fxtrack(tmp_path, *TINY, "tracking.experiment=locked", env=env)
-    assert proc.returncode == 1
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "refused access (HTTP 403)" in proc.stderr and "'locked'" in proc.stderr
+    assert "could not log" not in proc.stderr  # permanent: not reported as "server down"
 
 
 def test_server_down_then_sync_twice_lands_each_run_exactly_once(tmp_path):
     port = free_port()
     env = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
     proc = fxtrack(tmp_path, "-m", *TINY, "seed=0,1", env=env)
-    assert proc.returncode == 0, proc.stderr  # the jobs themselves finished
-    assert "fxtrack sync" in proc.stderr
+    assert proc.returncode == 1, proc.stderr  # the jobs finished, but only into the spool
+    assert "3 of 3 runs (the sweep's parent included) are only in the local spool" in proc.stderr
     spooled = list((tmp_path / "home" / "spool").iterdir())
     assert len(spooled) == 3  # the sweep's parent and its two children
 

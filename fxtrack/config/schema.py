@@ -201,7 +201,11 @@ class FxtrackConfig:
 
     def __post_init__(self) -> None:
         _positive("", batch_size=self.batch_size, devices=self.devices, steps=self.steps,
-                  warmup_steps=self.warmup_steps, timeout_s=self.timeout_s, repeats=self.repeats)
+                  timeout_s=self.timeout_s, repeats=self.repeats)
+        # warmup_steps=0 is allowed: the first timed step then carries the compilation, and
+        # first_step_time_s says so (the timer's side, fxtrack/measure/timer.py).
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
 _GROUP_SCHEMAS = {

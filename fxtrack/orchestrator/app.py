@@ -30,8 +30,34 @@ class ConfigError(ValueError):
     """A config that cannot run; reported in one line before any work starts."""
 
 
+def unknown_keys(cfg: DictConfig) -> None:
+    """Raise ConfigError for a key no schema defines (``+batchsize=8``: Hydra's ``+`` adds any
+    key), naming the closest valid one."""
+    import dataclasses
+    import difflib
+
+    from fxtrack.config import schema
+
+    groups = {f.name: f.type for f in dataclasses.fields(FxtrackConfig)}
+    nested = {g: {f.name for f in dataclasses.fields(c)} for g, c in schema._GROUP_SCHEMAS.items()}
+    nested["tracking"] = {f.name for f in dataclasses.fields(schema.TrackingConfig)}
+    nested["model"] = {f.name for c in schema._MODEL_SCHEMAS.values()
+                       for f in dataclasses.fields(c)}
+    valid = set(groups) | {f"{g}.{k}" for g, keys in nested.items() for k in keys}
+    for key in cfg:
+        names = [key] if key not in nested or not isinstance(cfg[key], DictConfig) else \
+            [f"{key}.{k}" for k in cfg[key]]
+        for name in names:
+            if name not in valid:
+                close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ConfigError(f"unknown config key {name!r}{hint} (python -m fxtrack --help "
+                                  "lists the keys)")
+
+
 def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     """Typed, value-checked config and its architecture; raises ConfigError naming the key."""
+    unknown_keys(cfg)
     try:
         conf: FxtrackConfig = OmegaConf.to_object(cfg)
         arch = architectures.resolve(conf.model.name, conf.size.name,
@@ -76,6 +102,7 @@ def task(cfg: DictConfig) -> None:
     except ConfigError as e:
         print(f"fxtrack: invalid config: {e}", file=sys.stderr)
         sys.exit(2)
+    preflight(conf, hc.runtime.cwd, check_server=not multirun)  # a sweep checked it once
     job_dir = Path(hc.runtime.output_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     job = Job(cfg, conf, arch, hc.runtime.cwd)
@@ -116,6 +143,40 @@ def task(cfg: DictConfig) -> None:
                 if j.get("aggregate") == aggregate], jobs)
     elif result.status != "FINISHED" or run_id is None:
         sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+
+
+def preflight(conf: FxtrackConfig, launch_dir: str, check_server: bool = True) -> None:
+    """Before any work: the spool must be writable, the tracking target valid (exit 2 saying
+    what to fix); a server that is down only means the result will be spooled."""
+    from fxtrack.tracking import spool, writer
+
+    try:
+        spool.check_writable()
+        if check_server:
+            writer.check_target(writer.tracking_uri(conf.tracking.uri, launch_dir),
+                                conf.tracking.experiment)
+    except (spool.SpoolError, writer.TrackingRejected) as e:
+        print(f"fxtrack: {e}", file=sys.stderr)
+        sys.exit(2)
+    except writer.TrackingUnavailable as e:
+        print(f"fxtrack: the tracking server is not answering ({e}); the result will be kept "
+              "in the local spool", file=sys.stderr)
+
+
+def stop_if_interrupted() -> None:
+    """After a signal stopped the worker (and its KILLED run was logged): close the sweep's
+    parent KILLED and exit 128+signal (130 for Ctrl-C, 143 for SIGTERM), no traceback."""
+    from fxtrack.orchestrator.runner import interrupted
+
+    sig = interrupted()
+    if sig is None:
+        return
+    from fxtrack.tracking import callbacks
+
+    callbacks.close_interrupted("KILLED")
+    print(f"fxtrack: interrupted by signal {sig}; the run was recorded as KILLED",
+          file=sys.stderr, flush=True)
+    sys.exit(128 + sig)
 
 
 class Job:
@@ -167,6 +228,7 @@ class Job:
                 "environment.json": records.environment_json(),
                 "worker.log": log_tail(job_dir / "worker.log")})
         print(f"{summary_line(name, result)}  [{where}]", file=sys.stderr, flush=True)
+        stop_if_interrupted()
         return name, result, run_id
 
     def log(self, record: dict, artifacts: dict) -> tuple[str | None, str]:
@@ -176,6 +238,11 @@ class Job:
         entry = spool.write(record, artifacts)
         try:
             run_id = writer.deliver(entry, self.uri)
+        except writer.TrackingRejected as e:
+            print(f"fxtrack: {record['uri']} refused the run: {e}\n"
+                  f"fxtrack: the result is kept in {entry}; fix that, then run `fxtrack sync`",
+                  file=sys.stderr)
+            return None, "spooled"
         except writer.TrackingUnavailable as e:
             print(f"fxtrack: could not log to {record['uri']}: {e}\n"
                   f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server "
@@ -214,7 +281,7 @@ _HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p5
 def summary_line(name: str, result: Result) -> str:
     """One line per run: status and the headline figures its scenario logged."""
     if result.status != "FINISHED":
-        return f"{name}: FAILED: {result.error}"
+        return f"{name}: {result.status}: {result.error}"
     m = result.metrics
     parts = [fmt.format(m[key]) for key, fmt in _HEADLINE if key in m]
     notes = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
