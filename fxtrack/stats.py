@@ -4,7 +4,8 @@ Which interval, and why: with the 3-5 repeats a benchmark affords, a bootstrap h
 distinct resamples to reach its nominal coverage (for n = 3 its percentile interval is about
 [min, max], which covers the median only 75% of the time), and an order-statistic interval for the
 median needs n >= 6 for 95%. So fxtrack states a **Student-t 95% interval** (n - 1 degrees of
-freedom) and reports the **median** as the headline figure; comparisons between two frameworks
+freedom) of the mean *log* of a rate (throughput, step time), exponentiated, so that it stays
+positive however few the repeats (log_t_interval), and reports the **median** as the headline; comparisons between two frameworks
 use **Welch's t interval on log throughput**, i.e. an interval for the ratio of their geometric
 means, whose inclusion of 1 is a two-sided Welch test at 5%: "no clear difference".
 """
@@ -110,6 +111,14 @@ def t_interval(xs: Sequence[float], level: float = LEVEL) -> Interval:
     m, sd = mean_sd(xs)
     half = t_quantile(0.5 + level / 2, n - 1) * sd / math.sqrt(n) if n > 1 else 0.0
     return Interval(median(xs), m - half, m + half, n)
+
+
+def log_t_interval(xs: Sequence[float], level: float = LEVEL) -> Interval:
+    """Median of positive ``xs`` with the Student-t interval of their mean log, exponentiated:
+    an interval for the geometric mean that, unlike mean +- t s / sqrt(n), stays positive for
+    a rate (throughput, step time) with few repeats and a large t quantile."""
+    ci = t_interval([math.log(x) for x in xs], level)
+    return Interval(median(xs), math.exp(ci.low), math.exp(ci.high), ci.n)
 
 
 def ratio_interval(log_a: tuple[float, float, int], log_b: tuple[float, float, int],

@@ -39,6 +39,8 @@ def test_t_interval_on_fixed_samples_matches_numpy():
     assert ci.high == pytest.approx(mean + T975[2] * sem, rel=1e-10)
     assert ci.low == pytest.approx(8.58109416039553, rel=1e-10)  # scipy.stats.t.interval
     assert ci.rel_width == pytest.approx((ci.high - ci.low) / 11.5)
+    two = stats.log_t_interval([1.0, 3.0])  # t(1) = 12.7: a raw interval would go below 0
+    assert 0 < two.low < 1.0 and two.high > 3.0 and two.point == 2.0
     one = stats.t_interval([5.0])
     assert (one.low, one.point, one.high) == (5.0, 5.0, 5.0)
 
@@ -102,7 +104,10 @@ def test_aggregate_is_the_median_with_intervals_and_flags_contention():
     assert m["throughput_samples_per_s"] == 11.5 and m["peak_rss_mib"] == 505 and m["repeats"] == 3
     assert "only_here" not in m  # a figure not every repeat has is not summarised
     assert m["host_other_cpu_frac"] == 0.3  # the worst repeat flags the config
-    assert m["throughput_ci_low"] == pytest.approx(8.58109416039553)
+    logs = pd.Series([10.0, 12.0, 11.5]).map(math.log)  # the interval is on log throughput
+    half = T975[2] * logs.std(ddof=1) / math.sqrt(3)
+    assert m["throughput_ci_low"] == pytest.approx(math.exp(logs.mean() - half), rel=1e-10)
+    assert m["throughput_ci_high"] == pytest.approx(math.exp(logs.mean() + half), rel=1e-10)
     assert m["throughput_rel_ci"] == pytest.approx((m["throughput_ci_high"] - m["throughput_ci_low"]) / 11.5)
     assert m["step_time_ms_p50_ci_low"] < m["step_time_ms_p50"] < m["step_time_ms_p50_ci_high"]
     jobs = [{"status": "FINISHED", "tags": {"fxtrack.framework": "jax", "fxtrack.contended": c}}

@@ -208,3 +208,58 @@ def test_scenario_tables_and_derived_scaling_without_mlflow(tmp_path):
     package = Path(select.__file__).parent
     assert not [p.name for p in package.glob("*.py")
                 if re.search(r"^\s*(import|from)\s+mlflow", p.read_text(), re.MULTILINE)]
+
+
+def test_min_repeats_refuses_to_rank_single_runs(store, tmp_path, capsys):
+    code, out, err = report(capsys, "--uri", store, "--out", str(tmp_path / "r"), "--no-log",
+                            "--min-repeats", "3")
+    assert code == 0, err
+    assert "Verdict (throughput vs the best): train, fp32, x1, cpu" in out
+    assert "not ranked: 1 repeat(s) < --min-repeats 3" in out
+    code, out, _ = report(capsys, "--uri", store, "--out", str(tmp_path / "r"), "--no-log")
+    assert "jax fastest; single runs, no interval (use repeats=3)" in out
+
+
+def test_aggregates_stand_for_their_repeats_with_intervals_and_verdicts(tmp_path):
+    """A 3-repeat sweep as MLflow holds it: per framework an aggregate run (median, interval,
+    log stats) and three repeat runs under it; the report ranks the aggregates only."""
+    from fxtrack.orchestrator import repeats
+    from fxtrack.report import charts, render, select, tables, verdicts
+
+    samples = {"torch": [60.0, 62.0, 61.0], "tensorflow": [100.0, 98.0, 101.0],
+               "jax": [97.0, 103.0, 99.0]}
+    rows, n = [], 0
+    for fw, values in samples.items():
+        base = {"status": "FINISHED", "tags.fxtrack.framework": fw, "tags.fxtrack.model": "vit",
+                "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "fp32",
+                "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": "cpu",
+                "tags.fxtrack.status": "ok", "tags.fxtrack.host": "h"}
+        for i, v in enumerate(values):
+            n += 1
+            rows.append(dict(base, run_id=f"r{n}", **{"tags.fxtrack.repeat": str(i),
+                        "tags.fxtrack.repeat_of": f"agg-{fw}", "metrics.throughput_samples_per_s": v},
+                             start_time=pd.Timestamp(T0 + n, unit="ms", tz="UTC"),
+                             end_time=pd.Timestamp(T0 + n + 1, unit="ms", tz="UTC")))
+        agg = repeats.aggregate_metrics([{"throughput_samples_per_s": v} for v in values])
+        n += 1
+        rows.append(dict(base, run_id=f"agg-{fw}", **{"tags.fxtrack.kind": "aggregate",
+                    "tags.fxtrack.repeats": "3",
+                    "tags.fxtrack.contended": "true" if fw == "jax" else "false"},
+                         **{f"metrics.{k}": v for k, v in agg.items()},
+                         start_time=pd.Timestamp(T0 + n, unit="ms", tz="UTC"),
+                         end_time=pd.Timestamp(T0 + n + 1, unit="ms", tz="UTC")))
+    selection = select.latest_runs(pd.DataFrame(rows))
+    runs = selection.runs
+    assert sorted(runs["run_id"]) == ["agg-jax", "agg-tensorflow", "agg-torch"]
+    assert selection.skipped["repeats counted in their aggregate"] == 9
+    assert set(runs["repeats"]) == {3}
+    (thr,) = tables.throughput(runs)
+    assert thr.rows[0][1].startswith("61.0 ±") and thr.rows[0][1].endswith("(0.61x)")
+    (verdict,) = verdicts.table(runs, min_repeats=3)
+    cells = dict(zip(verdict.header, verdict.rows[0]))
+    assert cells["tensorflow"] == "1.00x"
+    assert re.fullmatch(r"0\.61x \[0\.\d\d, 0\.\d\d\]", cells["torch"])
+    assert "c" in cells["jax"].split()[-1]  # contended (and noisy: a 3-repeat interval > 10%)
+    assert cells["verdict"] == "tensorflow fastest; no clear difference with jax"
+    assert "no clear difference with jax" in render.text([verdict])
+    assert [c.path.name for c in charts.draw(runs, tmp_path)] == ["throughput-train-fp32.png"]

@@ -55,7 +55,8 @@ def aggregate_id(parent_id: str, config_index: int) -> str:
 def aggregate_metrics(repeats: list[dict[str, float]]) -> dict[str, float]:
     """Median of every metric all the finished repeats logged, plus the intervals.
 
-    ``throughput_ci_low|high`` and ``step_time_ms_p50_ci_low|high``: Student-t 95% intervals;
+    ``throughput_ci_low|high`` and ``step_time_ms_p50_ci_low|high``: Student-t 95% intervals of
+    the mean log, exponentiated (stats.log_t_interval);
     ``throughput_rel_ci`` = interval width / median; ``throughput_log_mean|sd``: mean and sample
     sd of log throughput, from which the report builds Welch intervals for ratios between
     frameworks; ``repeats``: how many repeats the figures stand on.
@@ -69,13 +70,13 @@ def aggregate_metrics(repeats: list[dict[str, float]]) -> dict[str, float]:
         out["host_other_cpu_frac"] = max(m["host_other_cpu_frac"] for m in repeats)
     thr = [m["throughput_samples_per_s"] for m in repeats if m.get("throughput_samples_per_s")]
     if len(thr) == len(repeats):
-        ci = stats.t_interval(thr)
+        ci = stats.log_t_interval(thr)
         out.update(throughput_samples_per_s=ci.point, throughput_ci_low=ci.low,
                    throughput_ci_high=ci.high, throughput_rel_ci=ci.rel_width)
         mean, sd, _ = stats.log_summary(thr)
         out.update(throughput_log_mean=mean, throughput_log_sd=sd)
     if "step_time_ms_p50" in shared:
-        ci = stats.t_interval([m["step_time_ms_p50"] for m in repeats])
+        ci = stats.log_t_interval([m["step_time_ms_p50"] for m in repeats])
         out.update(step_time_ms_p50_ci_low=ci.low, step_time_ms_p50_ci_high=ci.high)
     return {k: v for k, v in out.items() if math.isfinite(v)}
 

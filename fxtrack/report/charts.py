@@ -71,11 +71,11 @@ def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str
         errors = [[max(0.0, v) for v in low], [max(0.0, v) for v in high]]
         bars = ax.bar(xs, heights, width, label=fw,
                       yerr=errors if any(low + high) else None, capsize=3)
-        for bar, height, flag in zip(bars, heights, flagged):
+        for bar, height, flag, above in zip(bars, heights, flagged, errors[1]):
             if flag:  # hatched: failed the correctness guard, not a figure to trust
                 bar.set_hatch("//")
             if height:
-                ax.annotate(f"{height:,.0f}", (bar.get_x() + bar.get_width() / 2, height),
+                ax.annotate(f"{height:,.0f}", (bar.get_x() + bar.get_width() / 2, height + above),
                             ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                             textcoords="offset points")
     ax.set_xticks(range(len(categories)), categories)

@@ -62,7 +62,8 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
 
     # A repeat whose config has an aggregate run counts through that aggregate, not on its own.
     folded = runs["repeat_of"].fillna("").astype(str).str.len() > 0
-    benchmark = (runs["framework"].fillna("").astype(str).str.len() > 0) & ~folded
+    tagged = runs["framework"].fillna("").astype(str).str.len() > 0
+    benchmark = tagged & ~folded
     failed = benchmark & ((runs["check"] == "failed") | runs["status"].isin(["FAILED", "KILLED"]))
     finished = benchmark & ~failed & (runs["status"] == "FINISHED")
     kept = runs[finished].copy()
@@ -87,7 +88,7 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
         "failed": int(failed.sum()),
         "not finished": int((benchmark & ~failed & ~finished).sum()),
         "repeats counted in their aggregate": int(folded.sum()),
-        "without fxtrack.framework (sweep parents, reports)": int((~benchmark).sum()),
+        "without fxtrack.framework (sweep parents, reports)": int((~tagged).sum()),
     }
     return Selection(latest, len(frame), skipped)
 
