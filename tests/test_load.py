@@ -183,3 +183,30 @@ def test_pipeline_input_bound_fraction_is_signed(tmp_path, monkeypatch):
     result = Result(spec.result_id)
     pipeline.run(SpinBackend(spec, step_s=0.02, fed_s=0.01), result)  # fed runs faster
     assert result.metrics["input_bound_fraction"] < 0  # logged as measured, not clamped
+
+
+def test_wait_for_idle_narrates_and_stops_when_quiet(monkeypatch):
+    fracs = iter([0.5, 0.3, 0.02])
+
+    def fake_probe(seconds=load.PROBE_S, threads=None):
+        s = load.LoadSampler(threads)
+        s.other_cpu_frac, s.available = next(fracs), True
+        return s
+
+    monkeypatch.setattr(load, "probe", fake_probe)
+    said: list[str] = []
+    last = load.wait_for_idle(30, say=said.append)
+    assert last.other_cpu_frac == 0.02 and not last.contended
+    assert "waiting up to 30 s" in said[0] and "machine quiet" in said[-1]
+    monkeypatch.setattr(load, "probe", lambda seconds=0, threads=None: fake_busy())
+    said.clear()
+
+    def fake_busy():
+        s = load.LoadSampler()
+        s.other_cpu_frac, s.available = 0.9, True
+        return s
+
+    assert load.wait_for_idle(0.2, say=said.append).contended and "still busy" in said[-1]
+    said.clear()
+    load.wait_for_idle(0, say=said.append)  # no wait asked: one silent probe
+    assert said == []
