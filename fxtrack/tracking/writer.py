@@ -206,7 +206,9 @@ def log_entry(entry: Path, uri: Optional[str] = None) -> str:
         return _log(entry, record, target)
     except Exception as e:  # noqa: BLE001 - every delivery error is classified, none crashes
         error = classify(e, record)
-        if not isinstance(error, TrackingRejected) and target.startswith(("http://", "https://")):
+        server_error = not isinstance(e, TrackingUnavailable)  # not our own "busy, later"
+        if server_error and not isinstance(error, TrackingRejected) and \
+                target.startswith(("http://", "https://")):
             mark_down(target, str(error))  # the rest of this process spools without trying
         raise error from None
 
