@@ -48,6 +48,9 @@ def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
         if len(settings) == 1:
             devices, hardware = settings.iloc[0]
             title += f", x{devices}, {hardware}"
+        fewest = int(frame["repeats"].min()) if "repeats" in frame.columns else 1
+        if fewest > 1:  # how many repeats each bar stands on, on the chart itself
+            title += f" (median of {fewest}+ repeats)"
         path = out / f"throughput-{_slug(scenario)}-{_slug(precision)}.png"
         _bars(frame, categories, fws, title, path)
         charts.append(Chart(title, path))
