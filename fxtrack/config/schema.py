@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, II, OmegaConf
 
 from fxtrack import architectures
+from fxtrack.orchestrator import slurm
 
 
 def _arch(key: str) -> Any:
@@ -123,9 +124,12 @@ class ScenarioConfig:
 @dataclasses.dataclass
 class HardwareConfig:
     name: str = MISSING  # auto | cpu | gpu
-    nodes: int = 1
-    node_rank: int = 0
-    coordinator: Optional[str] = None  # host:port of node 0 for multi-node runs
+    # Multi-node: each defaults, when not given, to SLURM's view of the job (SLURM_NNODES,
+    # SLURM_NODEID, first host of SLURM_JOB_NODELIST:29500; fxtrack/orchestrator/slurm.py),
+    # read on the node that runs the job; outside SLURM: 1, 0, None (coordinator: host:port).
+    nodes: int = dataclasses.field(default=II("fx.slurm:nodes"))
+    node_rank: int = dataclasses.field(default=II("fx.slurm:node_rank"))
+    coordinator: Optional[str] = dataclasses.field(default=II("fx.slurm:coordinator"))
     # Threads every framework's worker uses (intra-op pools, OMP/MKL); None: the cores this
     # process may run on (os.sched_getaffinity).
     cpu_threads: Optional[int] = None
@@ -219,9 +223,11 @@ _MODEL_SCHEMAS = {"resnet": ResNetConfig, "vit": ViTConfig, "bert": BertConfig}
 
 
 def register() -> None:
-    """Register the schemas in Hydra's ConfigStore and the ``fx.arch`` resolver (idempotent)."""
+    """Register the schemas in Hydra's ConfigStore and the ``fx.*`` resolvers (idempotent)."""
     if not OmegaConf.has_resolver("fx.arch"):
         OmegaConf.register_new_resolver("fx.arch", _arch_resolver)
+    if not OmegaConf.has_resolver("fx.slurm"):
+        OmegaConf.register_new_resolver("fx.slurm", slurm.setting)
     cs = ConfigStore.instance()
     cs.store(name="fxtrack_schema", node=FxtrackConfig)
     for group, schema in _GROUP_SCHEMAS.items():
