@@ -15,6 +15,7 @@ import pandas as pd
 from fxtrack.report.select import frameworks, metric
 
 FLAG = "!"  # marks a run that failed the correctness guard
+CONTENDED = "c"  # marks a run (or any repeat of it) measured while other processes took the cores
 GROUP = ["scenario", "precision", "devices", "hardware"]
 _SCALING = re.compile(r"^metrics\.scaling_efficiency_x(\d+)$")
 _SLOC = re.compile(r"^metrics\.code_sloc_(.+)$")
@@ -89,11 +90,13 @@ def throughput(runs: pd.DataFrame) -> list[Table]:
             return None
         rel = metric(row, "throughput_rel_ci")  # an aggregate of repeats: its 95% interval
         spread = "" if rel is None else f" ±{rel / 2:.1%}"
-        return f"{fmt(value)}{spread} ({value / best:.2f}x){_flag(row)}"
+        busy = f" {CONTENDED}" if str(row.get("contended")) == "true" else ""
+        return f"{fmt(value)}{spread} ({value / best:.2f}x){_flag(row)}{busy}"
 
     return _grid(runs, "Throughput (samples/s)", cell,
                  ["(ratio) = throughput / the best framework for that model: best = 1.00x",
-                  "with repeats: the median, ± half the 95% Student-t interval as a share of it"])
+                  "with repeats: the median, ± half the 95% Student-t interval as a share of it",
+                  f"{CONTENDED} = contended: other processes took > 10% of the cores while it ran"])
 
 
 def reference(peers: pd.DataFrame, key: str) -> Optional[float]:

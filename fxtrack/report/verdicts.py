@@ -17,10 +17,10 @@ import pandas as pd
 
 from fxtrack import stats
 from fxtrack.report.select import frameworks, metric
-from fxtrack.report.tables import Table, group_title, groups
+from fxtrack.report.tables import CONTENDED, Table, group_title, groups
 
 NOISY_REL_CI = 0.10  # an interval wider than 10% of the median: a figure to re-measure
-CONTENDED_MARK, NOISY_MARK = "c", "~"
+CONTENDED_MARK, NOISY_MARK = CONTENDED, "~"
 
 
 @dataclasses.dataclass
