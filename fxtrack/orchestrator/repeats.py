@@ -17,12 +17,15 @@ interval and why). ``fxtrack report`` ranks the aggregate, not the repeats.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import sys
+import uuid
+from pathlib import Path
 from typing import Any, Optional
 
 from fxtrack import stats
-from fxtrack.measure.load import is_contended
 
 SWEEP_CONFIGS_ENV = "FXTRACK_SWEEP_CONFIGS"  # distinct configs in the sweep (jobs / repeats)
 AGGREGATES_DIR = "aggregates"  # beside the job status files: one file per config's aggregate
@@ -35,11 +38,6 @@ IDENTITY = ("fxtrack.framework", "fxtrack.model", "fxtrack.scenario", "fxtrack.p
 
 
 REPEAT_ENV = "FXTRACK_REPEAT"  # set per job by the hidden sweep dimension (conf/config.yaml)
-
-
-def round_robin(jobs: list, repeats: int) -> list:
-    """``[A, B, C]`` x 2 -> ``[A, B, C, A, B, C]``: the order the sweep launches."""
-    return [list(job) for _ in range(repeats) for job in jobs]
 
 
 def position(job_num: int, configs: int) -> tuple[int, int]:
@@ -106,18 +104,10 @@ def summary(name: str, metrics: dict[str, float], tags: dict[str, str]) -> str:
         return f"{name}: {n} of {tags.get('fxtrack.repeats_requested', '?')} repeats finished"
     line = (f"{name}: median of {n} repeats {metrics['throughput_samples_per_s']:.1f} samples/s "
             f"[{metrics.get('throughput_ci_low', float('nan')):.1f}, "
-            f"{metrics.get('throughput_ci_high', float('nan')):.1f}] (95% t interval)")
+            f"{metrics.get('throughput_ci_high', float('nan')):.1f}] (95% interval)")
     if tags.get("fxtrack.contended") == "true":
         line += f"  CONTENDED: {tags.get('fxtrack.contended_repeats')} of {n} repeats"
     return line
-
-
-def contended_note(metrics: dict[str, float]) -> Optional[str]:
-    """The summary-line note for a contended run, or None."""
-    frac = metrics.get("host_other_cpu_frac")
-    if not is_contended(frac):
-        return None
-    return f"CONTENDED: other processes took {frac:.0%} of the cores during the timed window"
 
 
 # --- running the repeats (called from fxtrack.orchestrator.app.task) ---
@@ -160,8 +150,6 @@ def run_one(job, job_dir, sweep_id: Optional[str], aggregate: str, repeat: int):
 def run_all(job, job_dir):
     """A single (non-sweep) run with ``repeats=N``: N workers in a row, then the aggregate.
     Returns the first failed repeat's (name, Result, run id), else the last one's."""
-    import uuid
-
     aggregate = aggregate_id(uuid.uuid4().hex, 0)
     _open(job, job_dir, aggregate, None)
     entries, outcome = [], None
@@ -182,10 +170,6 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
           jobs_dir) -> dict[str, Any]:
     """Log the aggregate's figures and close it; in a sweep, leave its line for the closing
     table in ``jobs_dir/aggregates``. Returns the aggregate entry."""
-    import json
-    import sys
-    from pathlib import Path
-
     from fxtrack.tracking import records
 
     done = [e for e in entries if e["status"] == "FINISHED"]
@@ -224,4 +208,4 @@ def closing_table(aggregates: list[dict[str, Any]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(["", "Aggregates (median of the repeats, Student-t 95% interval):", *lines, ""])
+    return "\n".join(["", "Aggregates (median of the repeats, 95% Student-t interval of the mean log):", *lines, ""])
