@@ -258,6 +258,7 @@ def test_mfu_above_one_is_tagged_and_warned(monkeypatch, tmp_path):
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     monkeypatch.setattr(peak, "_trial", lambda *a: ({"installed": False}, 0.0))
+    monkeypatch.setattr(peak, "_UNCACHED", {})
     # bf16 on an H100: 989.5 TFLOP/s datasheet; a run "achieving" 1200 is impossible.
     metrics, tags = peak.mfu_metrics("jax", "NVIDIA H100 80GB HBM3", "bf16", "gpu", 1, 1200.0, {})
     assert metrics["mfu"] == pytest.approx(1200 / 989.5)

@@ -232,6 +232,11 @@ def test_framework_missing_is_cached_only_for_its_configured_interpreter(tmp_pat
     peak.calibrate("cpu", "fp32", "cpu", {"jax": "/venvs/jax/bin/python"})
     assert [fw for fw, _ in calls] == ["tensorflow", "jax"]  # torch cached; the others probed
     assert set(next(iter(peak.cached().values()))) == {"torch", "jax"}  # jax: its own interpreter
+    calls.clear()
+    peak.calibrate("cpu", "fp32", "cpu", {"jax": "/venvs/jax/bin/python"})
+    assert [fw for fw, _ in calls] == []  # cached for that interpreter (and tensorflow's memo)
+    peak.calibrate("cpu", "fp32", "cpu", {"jax": "/venvs/jax-new/bin/python"})
+    assert [fw for fw, _ in calls] == ["jax"]  # a "not installed" for another interpreter
 
 
 def test_the_cache_is_keyed_by_cpu_model_and_threads_not_host(tmp_path, monkeypatch):

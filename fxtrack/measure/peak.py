@@ -162,7 +162,8 @@ def _measure(framework: str, python: Optional[str], precision: str, hardware: st
         if answer is None:
             continue
         if not answer["installed"]:
-            return {"tflops": None, "date": _now(), "other_cpu_frac": frac, "contended": False}
+            return {"tflops": None, "date": _now(), "other_cpu_frac": frac, "contended": False,
+                    "python": python or sys.executable}
         best = max(best or 0.0, answer.get("tflops") or 0.0)
         fracs.append(frac)
         # Only a CPU probe competes with other processes for its arithmetic.
@@ -183,14 +184,20 @@ def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Opt
     installed), from the cache, measuring the missing ones (all of them when ``refresh``).
 
     ``pythons``: each framework's configured interpreter (None: this one). A framework absent from
-    it is probed with this interpreter; if that says "not installed", the answer serves this run
-    only: the framework may live in a venv of its own that this run was not told about.
+    it is probed with this interpreter; if that says "not installed", the answer serves this
+    process only: the framework may live in a venv of its own that this run was not told about.
+    A cached "not installed" is kept with the interpreter that said it, and asked again when a
+    run configures another one.
     """
     threads = _threads(threads)
     key, path = _key(device, precision, threads), cache_path()
     if refresh:
         _UNCACHED.pop(key, None)
     entries = {} if refresh else {**_UNCACHED.get(key, {}), **cached().get(key, {})}
+    for fw, python in pythons.items():  # "not installed" holds only for the interpreter asked
+        if fw in entries and entries[fw]["tflops"] is None and \
+                entries[fw].get("python") != (python or sys.executable):
+            del entries[fw]
     missing = [fw for fw in FRAMEWORKS if fw not in entries]
     if not missing:
         return entries
