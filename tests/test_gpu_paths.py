@@ -5,6 +5,7 @@ bench/gpu_check's verdict on fake Results."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 import types
 from pathlib import Path
@@ -327,3 +328,21 @@ def test_gpu_check_flags_each_problem(gpu_check, framework, model, precision, re
         assert problems == []
     else:
         assert len(problems) == 1 and problem in problems[0], problems
+
+
+def test_gpu_check_exits_non_zero_on_any_problem(gpu_check, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--frameworks", "jax"])
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
+    attention = {"vit": "cudnn", "bert": "cudnn"}
+
+    def fake_run_job(fw, model, precision, batch, steps, warmup, out, timeout_s):
+        att = attention.get(model) if precision != "fp32" else "xla"
+        return _ok(attention=att, matmul_precision=precision if precision != "bf16" else "fp32")
+
+    monkeypatch.setattr(gpu_check, "run_job", fake_run_job)
+    assert gpu_check.main() == 0
+    attention["bert"] = "xla"  # cuDNN attention silently not taken for BERT bf16
+    assert gpu_check.main() == 1
+    assert "PROBLEM jax bert bf16: attention 'xla', expected cuDNN at bf16" in capsys.readouterr().out
+    assert json.loads((tmp_path / "summary.json").read_text())[3]["problems"]
