@@ -41,7 +41,10 @@ def handles(nvml: Any, ordinals: Sequence[int]) -> Optional[list[Any]]:
     order = os.environ.get("CUDA_DEVICE_ORDER", "FASTEST_FIRST")
     out = []
     for ordinal in ordinals:
-        entry = str(ordinal) if entries is None else (entries[ordinal] if ordinal < len(entries) else "")
+        if entries is None:
+            entry = str(ordinal)
+        else:
+            entry = entries[ordinal] if ordinal < len(entries) else ""
         if entry.isdigit():
             if order != "PCI_BUS_ID" and len(everything) > 1:
                 return None  # CUDA's fastest-first order is not NVML's: no sure mapping
@@ -49,7 +52,8 @@ def handles(nvml: Any, ordinals: Sequence[int]) -> Optional[list[Any]]:
                 return None
             out.append(by_bus[int(entry)])
         elif entry.upper().startswith("GPU-"):  # a UUID, or a unique prefix of one (CUDA allows)
-            match = [h for h in everything if _text(nvml.nvmlDeviceGetUUID(h)).upper().startswith(entry.upper())]
+            match = [h for h in everything
+                     if _text(nvml.nvmlDeviceGetUUID(h)).upper().startswith(entry.upper())]
             if len(match) != 1:
                 return None
             out.append(match[0])

@@ -32,7 +32,8 @@ _NVL = {"fp32": 60.0, "tf32": 417.5, "bf16": 835.5, "fp16": 835.5}
 DATASHEET: list[tuple[str, str, dict[str, float]]] = [
     # NVIDIA H100 Tensor Core GPU datasheet (2024): SXM / PCIe / NVL columns.
     ("H100 NVL", r"\bH100\s+NVL\b", _NVL),
-    ("H100 PCIe", r"\bH100\b.*\bPCIe\b", {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
+    ("H100 PCIe", r"\bH100\b.*\bPCIe\b",
+     {"fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0}),
     ("H100 SXM", r"\bH100\b", _H100_SXM),  # torch/JAX/NVML: "NVIDIA H100 80GB HBM3"
     # NVIDIA H200 Tensor Core GPU datasheet (2024): H200 NVL / H200 SXM columns.
     ("H200 NVL", r"\bH200\s+NVL\b", _NVL),
@@ -133,7 +134,9 @@ def probe(what: str, framework: str, python: Optional[str], precision: str = "fp
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])))
     cores = _cpus()[:threads] if threads and threads < len(_cpus()) else None
-    preexec = (lambda: os.sched_setaffinity(0, cores)) if cores and hasattr(os, "sched_setaffinity") else None
+    preexec = None
+    if cores and hasattr(os, "sched_setaffinity"):
+        preexec = lambda: os.sched_setaffinity(0, cores)  # noqa: E731 - runs in the child
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                              preexec_fn=preexec)
@@ -204,7 +207,8 @@ def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Opt
     print(f"[fxtrack] calibrating peak FLOP/s on {device} at {precision} ({threads} threads) with "
           f"{', '.join(missing)}, best of {TRIALS} (cached in {path})", file=sys.stderr, flush=True)
     cpu = hardware == "cpu" or device == "cpu"
-    measured = {fw: _measure(fw, pythons.get(fw), precision, hardware, threads, cpu) for fw in missing}
+    measured = {fw: _measure(fw, pythons.get(fw), precision, hardware, threads, cpu)
+                for fw in missing}
     measured = {fw: e for fw, e in measured.items() if e is not _FAILED}
     entries.update(measured)
     keep = {fw: e for fw, e in measured.items()
@@ -213,7 +217,8 @@ def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Opt
     busy = [fw for fw, e in measured.items() if e["contended"]]
     if busy:
         print(f"[fxtrack] other processes used the cores while calibrating {', '.join(busy)} "
-              "(every trial contended): used by this process's runs, not cached", file=sys.stderr, flush=True)
+              "(every trial contended): used by this process's runs, not cached",
+              file=sys.stderr, flush=True)
     if keep:
         cache = cached()  # read again: merge what concurrent processes wrote meanwhile
         cache[key] = dict(cache.get(key, {}) if not refresh else {}, **keep)
@@ -263,7 +268,8 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
     elif _rate(entries, best):
         peak, tags["peak_tflops_source"] = _rate(entries, best), f"measured:{best}"
         entry = entries[best]
-        tags["peak_calibrated"] = entry["date"] + (" (contended, not cached)" if entry["contended"] else "")
+        busy = " (contended, not cached)" if entry["contended"] else ""
+        tags["peak_calibrated"] = entry["date"] + busy
     else:
         return metrics, tags
     metrics["peak_tflops"] = peak

@@ -85,7 +85,8 @@ def step_metrics(times: StepTimes, global_batch: int, compiled: bool) -> dict[st
         "first_step_time_s": times.first_step_time_s,
     }
     if compiled:
-        out["compile_time_s"] = max(0.0, times.first_step_time_s - percentile(times.step_times_s, 50))
+        median_s = percentile(times.step_times_s, 50)
+        out["compile_time_s"] = max(0.0, times.first_step_time_s - median_s)
     return out
 
 
