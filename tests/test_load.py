@@ -143,6 +143,11 @@ def test_a_run_beside_a_busy_loop_is_tagged_contended(tmp_path, one_cpu):
     assert m["host_other_cpu_frac"] > load.CONTENDED_FRAC
     assert "host_other_cpu_frac_before" in m and "host_loadavg_1m" in m
     assert result.tags["contended"] == "true"
+    from fxtrack.tracking import records  # the tag the MLflow run gets
+
+    result.status = "FINISHED"
+    record = records.job_record(spec, result, {}, "sqlite:///unused.db", "fxtrack", None, 0)
+    assert record["tags"]["fxtrack.contended"] == "true"
 
 
 def test_pipeline_standard_keys_describe_the_fed_window(tmp_path, monkeypatch):
