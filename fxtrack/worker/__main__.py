@@ -10,6 +10,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from fxtrack import policy
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.memory import peak_rss_mib
 
@@ -33,8 +34,37 @@ def prepare_environment(spec: JobSpec) -> None:
         env["CUDA_VISIBLE_DEVICES"] = ""
         env["JAX_PLATFORMS"] = "cpu"
         if spec.devices > 1:  # JAX: N host devices stand in for N accelerators
-            flag = f"--xla_force_host_platform_device_count={spec.devices}"
-            env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
+            _xla_flag(f"--xla_force_host_platform_device_count={spec.devices}")
+    elif spec.framework == "jax" and spec.devices * spec.nodes > 1:
+        # Overlap the gradient all-reduce with the backward pass (XLA:GPU's latency-hiding
+        # scheduler; TF's and torch's DDP overlap theirs by default). Read only by XLA:GPU.
+        _xla_flag("--xla_gpu_enable_latency_hiding_scheduler=true")
+    apply_cpu_threads(spec)
+
+
+def _xla_flag(flag: str) -> None:
+    """Append one flag to XLA_FLAGS (read by XLA when JAX or TF starts its backend)."""
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
+
+
+def apply_cpu_threads(spec: JobSpec) -> None:
+    """``hardware.cpu_threads`` (None: this process's cores) for every framework, before any is
+    imported: the OpenMP / MKL / TensorFlow thread variables (fxtrack.policy), and, when fewer
+    threads than allowed cores are asked for, the CPU affinity narrowed to the first
+    ``cpu_threads`` allowed cores, for every framework alike: XLA:CPU (JAX, and TF's XLA) sizes
+    its pools from the affinity and takes no thread-count option (jaxlib 0.10), and the same
+    cores for all three keeps the comparison fair. Each backend then sets its framework's own
+    knobs and tags what it reads back."""
+    threads = policy.cpu_threads(spec.cpu_threads)
+    for key, value in policy.thread_environment(threads, spec.framework).items():
+        if key == "XLA_FLAGS":
+            _xla_flag(value)
+        else:
+            os.environ[key] = value
+    if hasattr(os, "sched_setaffinity"):
+        allowed = sorted(os.sched_getaffinity(0))
+        if threads < len(allowed):
+            os.sched_setaffinity(0, allowed[:threads])
 
 
 def run(spec: JobSpec) -> Result:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
-from fxtrack.frameworks.base import Backend
+from fxtrack import policy
+from fxtrack.frameworks.base import Backend, attention_tokens
 from fxtrack.frameworks.jax import (checkpoint, data, devices, models, parallel, pipeline,
                                    train)
 
@@ -21,14 +24,25 @@ class JaxBackend(Backend):
         return jax.__version__
 
     def device_kind(self) -> str:
-        parallel.init(self.spec)  # jax.distributed first: before anything touches a device
-        self.device = devices.select(self.spec.hardware)
+        if not hasattr(self, "device"):
+            parallel.init(self.spec)  # jax.distributed first: before anything touches a device
+            self.policy_tags = devices.configure(self.spec.precision)
+            self.device = devices.select(self.spec.hardware)
         return devices.kind(self.device)
 
     def device_tags(self) -> dict[str, str]:
-        tags = devices.tags(self.device)
+        tags = {**devices.tags(self.device), **getattr(self, "policy_tags", {})}
         if getattr(self, "forced_jit", False):
             tags["jax_compile"] = "forced: op-by-op SPMD deadlocks on XLA:CPU"
+        if hasattr(self, "jit"):  # what the built model ran
+            tags["compile_mode"] = policy.compile_mode_tag("jax", self.jit)
+            if self.arch.family != "resnet":
+                dtype = train.COMPUTE_DTYPES[self.spec.precision]
+                if dtype == jnp.float16 and self.device.platform == "cpu":
+                    dtype = jnp.float32  # models.SelfAttention's XLA:CPU fp16 workaround
+                shape = (self.batch_size, attention_tokens(self.arch), self.arch.heads,
+                         self.arch.hidden // self.arch.heads)  # (B, T, heads, head_dim) per device
+                tags["attention"] = devices.attention_implementation(shape, dtype)
         return tags
 
     def visible_devices(self) -> list[str]:
@@ -38,6 +52,7 @@ class JaxBackend(Backend):
         return parallel.reduce_max(value)
 
     def build(self, batch_size: int) -> None:
+        self.batch_size = batch_size
         # One mesh for every case: 1 device, ``devices`` on this host, or every node's.
         self.mesh = parallel.make_mesh(self.device, self.spec.devices)
         self.replicated = parallel.replicated(self.mesh)
@@ -46,13 +61,20 @@ class JaxBackend(Backend):
         tx = train.optimizer(self.arch, batch_size * self.spec.devices * self.spec.nodes)
         with jax.default_device(self.device):
             model = models.build(self.arch, dtype, nnx.Rngs(self.spec.seed))
+            # per-device BatchNorm, as torch DDP and Keras (DeviceBatchNorm's docstring)
+            models.per_device_batch_norm(model, self.mesh.devices.size)
             model.train()  # BatchNorm normalises with (and updates) batch statistics
+            if self.spec.memory == "checkpoint":  # activations recomputed per block in backward
+                models.checkpoint_blocks(model)
             self.graphdef, state = train.init_state(model, tx, self.spec.precision)
         # Committed to the mesh, as the step's outputs are: else the second call recompiles.
         self.state = parallel.replicate(state, self.mesh)
         self.batch = data.mesh_batch(self.arch, batch_size, self.spec.seed, self.mesh)
         self.jit = self._jit()
         self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded)
+        if self.spec.parallel == "fsdp":  # state sharded over the mesh, the step jitted for it
+            self.state, self._step = parallel.fsdp(state, self.mesh, functools.partial(
+                train.train_step, self.graphdef, tx), self.sharded)
 
     def _jit(self) -> bool:
         """``spec.compile``, except where op-by-op dispatch cannot run: over several XLA:CPU
@@ -75,7 +97,11 @@ class JaxBackend(Backend):
 
     def _train_on(self, batch: dict[str, jax.Array]) -> jax.Array:
         self.state, loss = self._step(self.state, batch)
-        return loss.block_until_ready()  # note: the host waits for the whole step here
+        if self.jit:  # one executable: its outputs (loss and new state) are ready together
+            return loss.block_until_ready()  # note: the host waits for the whole step here
+        # Op by op, the loss is ready long before the last parameter update: wait for them all.
+        jax.block_until_ready(self.state)
+        return loss.block_until_ready()
 
     def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
         # This process feeds all its mesh devices: batch_size samples for each of them.

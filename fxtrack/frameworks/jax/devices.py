@@ -2,13 +2,54 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 
-DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+# tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
+DTYPES = {"fp32": jnp.float32, "tf32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+
+
+def configure(precision: str) -> dict[str, str]:
+    """The fairness policy (fxtrack.policy), applied before anything is traced; returns the
+    settings read back from JAX, as run tags.
+
+    Matmuls: ``jax_default_matmul_precision`` "highest" (IEEE fp32) unless ``precision=tf32``
+    ("tensorfloat32"); JAX's own default lets XLA use TF32 on Ampere and later GPUs. Threads:
+    XLA:CPU sizes its pools from the process's CPU affinity, which the worker narrowed to
+    ``hardware.cpu_threads`` cores before JAX was imported (``fxtrack.policy``), so the
+    read-back is the affinity."""
+    jax.config.update("jax_default_matmul_precision",
+                      "tensorfloat32" if precision == "tf32" else "highest")
+    value = jax.config.jax_default_matmul_precision
+    return {"matmul_precision": "fp32" if value in ("highest", "float32") else "tf32",
+            "cpu_threads": str(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                               else os.cpu_count())}
+
+
+def attention_implementation(shape: tuple[int, ...], dtype: Any) -> str:
+    """``"cudnn"`` or ``"xla"``: the ``jax.nn.dot_product_attention`` implementation for q, k, v
+    of ``shape`` (B, T, heads, head_dim) and ``dtype`` on the default backend. cuDNN's fused
+    (flash) attention on a GPU with bf16 / fp16 where it accepts the shape (JAX checks when it
+    traces, so a trial trace on abstract values decides); XLA's composite elsewhere (CPU, fp32,
+    unsupported shapes). The same answer is the ``fxtrack.attention`` tag."""
+    return _attention_implementation(tuple(shape), jnp.dtype(dtype).name, jax.default_backend())
+
+
+@functools.lru_cache(maxsize=None)
+def _attention_implementation(shape: tuple[int, ...], dtype: str, backend: str) -> str:
+    if backend != "gpu" or dtype not in ("bfloat16", "float16"):
+        return "xla"
+    q = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+    try:
+        jax.eval_shape(lambda a: jax.nn.dot_product_attention(a, a, a, implementation="cudnn"), q)
+    except Exception:  # noqa: BLE001 -- any refusal (shape, dtype, cuDNN version) means XLA
+        return "xla"
+    return "cudnn"
 
 
 def _gpus() -> list[jax.Device]:

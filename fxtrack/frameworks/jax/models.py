@@ -17,6 +17,7 @@ from flax import nnx
 
 from fxtrack.architectures import Arch
 from fxtrack.frameworks.base import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS
+from fxtrack.frameworks.jax import devices
 
 Dtype = Any
 
@@ -47,12 +48,54 @@ def _conv(in_ch: int, out_ch: int, k: int, stride: int, pad: int, dtype: Dtype,
                     use_bias=False, kernel_init=_conv_init, dtype=dtype, rngs=rngs)
 
 
+class DeviceBatchNorm(nnx.BatchNorm):
+    """BatchNorm whose training-mode statistics come from each device's shard of the batch, as
+    torch DDP and Keras' MirroredStrategy normalise (per-device BN in every framework: the same
+    arithmetic, and no all-reduce per BN layer). A jitted step over a sharded batch would
+    otherwise reduce over the *global* batch (synchronised BN).
+
+    ``groups`` (= devices in the mesh, set by ``per_device_batch_norm``): the batch axis is read
+    as (groups, per-device batch) and each group normalised on its own; with the batch sharded
+    over the mesh, group i is device i's shard, so every reduction stays on its device. The
+    running statistics move by the mean of the groups' statistics (Keras' mirrored-variable
+    MEAN; torch DDP keeps rank 0's). Parameters and state are nnx.BatchNorm's, unchanged."""
+
+    groups: int = 1
+
+    def __call__(self, x, use_running_average=None, *, mask=None):
+        running = use_running_average if use_running_average is not None \
+            else self.use_running_average
+        if self.groups == 1 or running or mask is not None:
+            return super().__call__(x, use_running_average, mask=mask)
+        g = self.groups
+        xg = x.reshape(g, x.shape[0] // g, *x.shape[1:])  # (G, B/G, H, W, C)
+        axes = tuple(range(1, xg.ndim - 1))  # per group: every axis but the features'
+        xf = xg.astype(jnp.float32)  # statistics in float32, as nnx.BatchNorm computes them
+        mean = xf.mean(axes, keepdims=True)  # (G, 1, 1, 1, C)
+        var = jnp.square(xf - mean).mean(axes, keepdims=True)  # two-pass, as use_fast_variance=False
+        m = self.momentum
+        stop = jax.lax.stop_gradient
+        self.mean[...] = stop(m * self.mean[...] + (1 - m) * mean.mean(axis=0).reshape(-1))
+        self.var[...] = stop(m * self.var[...] + (1 - m) * var.mean(axis=0).reshape(-1))
+        y = (xf - mean) * jax.lax.rsqrt(var + self.epsilon)
+        y = y * self.scale[...] + self.bias[...]
+        return y.reshape(x.shape).astype(self.dtype or x.dtype)
+
+
+def per_device_batch_norm(model: nnx.Module, groups: int) -> None:
+    """Make every BatchNorm of ``model`` normalise per device over ``groups`` devices (before
+    ``nnx.split``: ``groups`` is static, part of the graph)."""
+    for _, module in nnx.iter_modules(model):
+        if isinstance(module, DeviceBatchNorm):
+            module.groups = groups
+
+
 def _bn(ch: int, dtype: Dtype, rngs: nnx.Rngs) -> nnx.BatchNorm:
     """BatchNorm with torch's hyper-parameters: Flax's momentum weighs the old statistics
     (1 - torch's momentum); two-pass variance E[(x - mean)^2] as torch, not E[x^2] - mean^2,
     which cancels badly."""
-    return nnx.BatchNorm(ch, momentum=1 - BATCH_NORM_MOMENTUM, epsilon=BATCH_NORM_EPS,
-                         use_fast_variance=False, dtype=dtype, rngs=rngs)
+    return DeviceBatchNorm(ch, momentum=1 - BATCH_NORM_MOMENTUM, epsilon=BATCH_NORM_EPS,
+                           use_fast_variance=False, dtype=dtype, rngs=rngs)
 
 
 class Bottleneck(nnx.Module):
@@ -114,8 +157,9 @@ def _dense(d_in: int, d_out: int, dtype: Dtype, rngs: nnx.Rngs) -> nnx.Linear:
 
 
 class SelfAttention(nnx.Module):
-    """Multi-head self-attention through ``jax.nn.dot_product_attention`` (XLA's fused
-    attention; cuDNN flash attention on GPU where the shapes and dtype allow)."""
+    """Multi-head self-attention through ``jax.nn.dot_product_attention``: cuDNN's fused (flash)
+    attention on a GPU with bf16 / fp16 where it accepts the shape, XLA's composite elsewhere
+    (``devices.attention_implementation``, which also tags the run)."""
 
     def __init__(self, hidden: int, heads: int, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
         self.heads = heads
@@ -129,7 +173,9 @@ class SelfAttention(nnx.Module):
         if x.dtype == jnp.float16 and jax.default_backend() == "cpu":
             # XLA:CPU has no fp16 x fp16 -> fp32 dot (the scores' accumulation): use fp32 there.
             q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
-        y = jax.nn.dot_product_attention(q, k, v).astype(x.dtype)  # (B, T, heads, head_dim)
+        impl = devices.attention_implementation(q.shape, q.dtype)
+        y = jax.nn.dot_product_attention(q, k, v, implementation=impl).astype(x.dtype)
+        # y: (B, T, heads, head_dim)
         return self.proj(y.reshape(b, t, c))
 
 
@@ -220,6 +266,21 @@ class Bert(nnx.Module):
         x = self.mlm_norm(nnx.gelu(self.mlm_dense(x), approximate=False))
         logits = self.word_embeddings.attend(x)  # tied decoder: (B, T, hidden) @ (hidden, vocab)
         return logits + self.mlm_bias[...].astype(logits.dtype)
+
+
+_REMAT: dict[type, type] = {}  # block class -> its rematerialised subclass, made once
+
+
+def checkpoint_blocks(model: nnx.Module) -> None:
+    """memory=checkpoint: each transformer block / ResNet bottleneck becomes a subclass whose
+    ``__call__`` is ``nnx.remat``'d (``jax.checkpoint``): the backward pass recomputes the
+    block's activations from its input instead of keeping them. Same math; BatchNorm's
+    statistics update is carried out of the remat as any nnx state."""
+    for block in model.blocks:
+        cls = type(block)
+        if cls not in _REMAT:
+            _REMAT[cls] = type(f"Remat{cls.__name__}", (cls,), {"__call__": nnx.remat(cls.__call__)})
+        block.__class__ = _REMAT[cls]
 
 
 def build(arch: Arch, dtype: Dtype = jnp.float32, rngs: nnx.Rngs | None = None) -> nnx.Module:

@@ -6,8 +6,9 @@ partitioner inserts the gradient all-reduce itself (no hand-written ``pmean``). 
 ``jax.distributed`` joins the processes into one runtime whose ``jax.devices()`` spans them
 all, so the same mesh code covers one device, one host's devices and many hosts'.
 
-One consequence of sharding a single program: BatchNorm's batch statistics are reduced over
-the *global* batch (synchronised BatchNorm), where PyTorch's DDP normalises per device.
+Sharding a single program would reduce BatchNorm's batch statistics over the *global* batch
+(synchronised BatchNorm), where PyTorch's DDP and Keras normalise per device; the models'
+``DeviceBatchNorm`` normalises each device's shard on its own instead, as the others do.
 """
 
 from __future__ import annotations
@@ -107,6 +108,39 @@ def put_local_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.A
     its mesh devices, as one global array across every process."""
     sharding = batch_sharding(mesh)
     return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+
+
+def fsdp_shardings(tree: Any, mesh: Mesh) -> Any:
+    """parallel=fsdp: each array split over the ``"data"`` axis along its largest dimension that
+    the device count divides (ZeRO-3 / FSDP: parameters, gradients and optimiser state each
+    held 1/N per device); arrays with no such dimension (scalars, small biases) replicated."""
+    n = mesh.devices.size
+
+    def spec(x: Any) -> NamedSharding:
+        shape = getattr(x, "shape", ())
+        dims = [i for i, d in enumerate(shape) if d >= n and d % n == 0]
+        if n == 1 or not dims:
+            return replicated(mesh)
+        i = max(dims, key=lambda i: shape[i])
+        return NamedSharding(mesh, P(*([None] * i), AXIS))
+
+    return jax.tree.map(spec, tree)
+
+
+def fsdp(state: Any, mesh: Mesh, step: Callable, batch: NamedSharding) -> tuple[Any, Callable]:
+    """The state placed shard by shard and ``step(state, batch)`` jitted with the state sharded
+    in and out: XLA's SPMD partitioner all-gathers each weight where it is used and
+    reduce-scatters the gradients (the FSDP schedule, chosen by the compiler). Always jitted:
+    the sharded step has no op-by-op form."""
+    shardings = fsdp_shardings(state, mesh)
+    if all(s.is_fully_addressable for s in jax.tree.leaves(shardings)):
+        placed = jax.device_put(state, shardings)
+    else:  # many processes: each fills its own devices' shards from its (identical) copy
+        placed = jax.tree.map(lambda x, s: jax.make_array_from_callback(
+            np.shape(x), s, lambda index: np.asarray(x)[index]), state, shardings)
+    jitted = jax.jit(step, donate_argnums=0, in_shardings=(shardings, batch),
+                     out_shardings=(shardings, replicated(mesh)))
+    return placed, jitted
 
 
 def reduce_max(value: float) -> float:
