@@ -62,7 +62,11 @@ def test_every_cpu_metric_is_logged_and_gpu_ones_are_absent(sweep, framework, sc
     expected = COMMON + (["loss_first", "loss_last"] if scenario == "train" else [])
     assert [k for k in expected if k not in m] == []
     assert [k for k in GPU_ONLY if k in m] == []
-    assert "compile_time_s" not in m  # framework.compile=false: nothing compiled, no figure
+    # framework.compile=false: eager torch and op-by-op JAX compile nothing, so no figure; TF
+    # still traces its step into a tf.function graph.
+    assert ("compile_time_s" in m) == (framework == "tensorflow")
+    if "compile_time_s" in m:
+        assert m["compile_time_s"] <= m["first_step_time_s"]
     assert m["achieved_tflops"] == pytest.approx(m["flops_per_sample"] * m["throughput_samples_per_s"] / 1e12)
     assert 0 < m["mfu"] <= 1
     assert m["mfu"] == pytest.approx(m["achieved_tflops"] / m["peak_tflops"])
@@ -356,6 +360,18 @@ def test_zero_warmup_steps_take_the_first_timed_step_as_first_step(monkeypatch):
     m = timer.step_metrics(times, 1, compiled=True)
     assert m["compile_time_s"] == pytest.approx(1.5)
     assert m["throughput_samples_per_s"] == pytest.approx(3 / 3.0)  # the compile step is timed
+
+
+@pytest.mark.parametrize("framework, compile, expected", [
+    ("torch", False, False), ("torch", True, True), ("jax", False, False), ("jax", True, True),
+    ("tensorflow", False, True), ("tensorflow", True, True)])
+def test_which_runs_log_a_compile_time(framework, compile, expected):
+    from types import SimpleNamespace
+
+    from fxtrack.scenarios.timed import compiles
+
+    assert compiles(SimpleNamespace(framework=framework, compile=compile,
+                                    compile_mode="default")) is expected
 
 
 def test_timer_refuses_zero_steps():

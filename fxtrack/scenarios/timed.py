@@ -52,7 +52,7 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
 
     global_batch = batch * spec.devices * spec.nodes  # every device of every node
     m = result.metrics
-    m.update(step_metrics(times, global_batch, compiled=spec.compile))  # resolved by build()
+    m.update(step_metrics(times, global_batch, compiled=compiles(spec)))
     m.update(param_count=float(backend.param_count()),
              peak_rss_mib=backend.reduce_max(peak_rss_mib()),  # the largest process
              flops_per_sample=float(flops_per_sample))
@@ -67,6 +67,15 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
         m["peak_mem_device_mib"] = backend.reduce_max(peak / 2**20)  # the fullest device
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
     return times.loss_handles
+
+
+def compiles(spec: Any) -> bool:
+    """Whether the first step built a graph (torch.compile, XLA, jax.jit, or a plain tf.function
+    graph, which TensorFlow traces even with framework.compile=false): then ``compile_time_s``
+    is logged. Eager torch and op-by-op JAX compile nothing. ``spec.compile`` is resolved by
+    build()."""
+    return policy.compile_mode_tag(spec.framework, spec.compile, spec.compile_mode) not in (
+        "eager", "op-by-op")
 
 
 def gpu_ordinals(spec: Any) -> tuple[list[int], list[int]]:
