@@ -346,3 +346,23 @@ def test_gpu_check_exits_non_zero_on_any_problem(gpu_check, monkeypatch, tmp_pat
     assert gpu_check.main() == 1
     assert "PROBLEM jax bert bf16: attention 'xla', expected cuDNN at bf16" in capsys.readouterr().out
     assert json.loads((tmp_path / "summary.json").read_text())[3]["problems"]
+
+
+def test_run_figures_take_the_fullest_device_of_any_process(fake_nvml, monkeypatch):
+    import os
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    fake_nvml.used = {2: {os.getpid(): 2**30}}  # CUDA 0 = NVML 2: this process, 1 GiB
+    with nvml.NvmlWindow([0], [0, 1]) as window:
+        pass
+    other_rank_bytes = 5 * 2**30  # another torchrun rank's device is fuller
+
+    class Backend:
+        spec = _spec(devices=2)
+
+        def reduce_max(self, value):
+            return max(value, other_rank_bytes)
+
+    m = timed.nvml_metrics(Backend(), window, samples=4)
+    assert m["peak_mem_nvml_mib"] == 5 * 1024
+    assert m["energy_j_per_sample"] == pytest.approx((3000 + 1000) / 1e3 / 4)
