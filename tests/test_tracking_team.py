@@ -25,7 +25,7 @@ from servers import ADMIN, PG_PASSWORD, MlflowServer, Postgres  # noqa: E402
 
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 JOBS = 8
-DEADLINE_S = 1500  # the whole test, server restarts included, on a busy 2-core CI machine
+DEADLINE_S = 2400  # the whole test, server restarts included, on a busy 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -86,35 +86,41 @@ def test_chaos_sweep_and_concurrent_syncs_through_two_server_restarts(tmp_path, 
             server.start(wait_s=600)
             restarts.append(time.monotonic())
 
-    def sync_loop(outputs: list[str]):
-        """One of 4 concurrent `fxtrack sync` loops, until the sweep is over and both restarts
-        are done and the spool is empty."""
+    def sync_rounds(outputs: list[str]):
+        """Rounds of 4 concurrent `fxtrack sync` processes (every few seconds: each costs a
+        Python start), until the sweep is over, both restarts are done and the spool is empty."""
         sync_env = _env(server, home)
         while time.monotonic() - started < DEADLINE_S:
             finished = done.is_set() and len(restarts) == 2
-            proc = subprocess.run([sys.executable, "-m", "fxtrack", "sync"], env=sync_env,
-                                  capture_output=True, text=True, timeout=600)
-            outputs.append(proc.stdout + proc.stderr)
-            if finished and "nothing to upload" in proc.stdout:
+            procs = [subprocess.Popen([sys.executable, "-m", "fxtrack", "sync"], env=sync_env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                     for _ in range(4)]
+            texts = [p.communicate(timeout=600)[0] for p in procs]
+            outputs.extend(texts)
+            if finished and all("nothing to upload" in t for t in texts):
                 return
-            time.sleep(3)
+            time.sleep(10)
 
     reader, controller = threading.Thread(target=read), threading.Thread(target=chaos)
-    reader.start()
-    controller.start()
-    outputs: list[list[str]] = [[] for _ in range(4)]
-    loops = [threading.Thread(target=sync_loop, args=(out,)) for out in outputs]
-    for loop in loops:
-        loop.start()
-    code = sweep.wait(timeout=DEADLINE_S)
-    reader.join()
-    controller.join(timeout=DEADLINE_S)
-    for loop in loops:
-        loop.join(timeout=DEADLINE_S)
+    outputs: list[str] = []
+    syncs = threading.Thread(target=sync_rounds, args=(outputs,))
+    for thread in (reader, controller, syncs):
+        thread.daemon = True  # an interrupted test must not hang on them
+        thread.start()
+    try:
+        code = sweep.wait(timeout=DEADLINE_S)
+        reader.join()
+        controller.join(timeout=DEADLINE_S)
+        syncs.join(timeout=DEADLINE_S)
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
     wall_s = time.monotonic() - started
     try:
-        text = "".join(terminal) + "".join(o for out in outputs for o in out)
-        assert code == 1 and "fxtrack sync" in text  # something was only spooled: non-zero
+        text = "".join(terminal) + "".join(outputs)
+        sweep_text = "".join(terminal)
+        # non-zero exactly when something was only spooled (with outages this long: always)
+        assert code in (0, 1) and (code == 1) == ("only in the local spool" in sweep_text)
         assert "Traceback" not in text, text[-3000:]
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = ADMIN
         client = mlflow.MlflowClient(server.url)
@@ -127,7 +133,9 @@ def test_chaos_sweep_and_concurrent_syncs_through_two_server_restarts(tmp_path, 
         secrets = _secrets_found(text.encode() + postgres.dump() + _artifact_bytes(server))
         figures = {"jobs": JOBS, "restarts": len(restarts), "runs_landed": len(jobs),
                    "duplicates": duplicates, "secrets_found": secrets, "wall_s": round(wall_s),
-                   "sync_invocations": sum(len(o) for o in outputs)}
+                   "sync_invocations": len(outputs), "sweep_exit": code,
+                   "uploaded_by_sync": sum(t.count("\nuploaded ") + t.startswith("uploaded ")
+                                           for t in outputs)}
         print("chaos figures:", json.dumps(figures))
         if os.environ.get("FXTRACK_CHAOS_FIGURES"):
             Path(os.environ["FXTRACK_CHAOS_FIGURES"]).write_text(json.dumps(figures) + "\n")

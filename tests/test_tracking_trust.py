@@ -230,6 +230,26 @@ def test_four_first_runs_on_a_new_sqlite_store_all_land(home, tmp_path):
     assert len(runs(uri)) == 4
 
 
+def test_a_locked_sqlite_store_keeps_the_entry_without_a_traceback(home, tmp_path):
+    import sqlite3
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    writer.client_for(uri).search_experiments()  # the store exists
+    entry = spool.write(synthetic(uri), {})
+    lock = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
+    lock.execute("BEGIN EXCLUSIVE")  # another program holds the database
+    try:
+        with pytest.raises(writer.TrackingUnavailable) as caught:
+            writer.deliver(entry)
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert not isinstance(caught.value, writer.TrackingRejected)
+    assert [p.name for p in spool.pending()] == [entry.name]
+    writer.deliver(entry)  # and once it is free, the run lands
+    assert len(runs(uri)) == 1
+
+
 def test_an_unwritable_spool_stops_before_the_worker(tmp_path):
     marker = tmp_path / "worker-started"
     python = _script(tmp_path / "python", f"touch {marker}")
@@ -419,3 +439,19 @@ def test_config_flattening():
     assert records.flatten({"model": {"layers": 2, "name": "vit"}, "seed": 0, "tracking":
                             {"uri": None}}) == {"model.layers": 2, "model.name": "vit", "seed": 0,
                                                 "tracking.uri": None}
+
+
+def test_report_finds_the_runs_mlflow_run_made_in_its_default_experiment(tmp_path):
+    from fxtrack.tracking import reader
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = writer.client_for(uri)
+    project = {"mlflow.source.type": "PROJECT"}
+    client.create_run("0", tags=dict(project, **{"fxtrack.framework": "torch"}))  # mlflow run
+    client.create_run("0", tags=project)  # somebody else's project: not fxtrack's
+    client.create_run("0", tags={"fxtrack.framework": "tensorflow"})  # not a project run
+    client.create_run(writer._experiment_id(client, "fxtrack", uri),
+                      tags={"fxtrack.framework": "jax"})
+    frame = reader.load_runs(uri, "fxtrack")
+    assert sorted(frame["tags.fxtrack.framework"]) == ["jax", "torch"]
+    assert len(reader.load_runs(uri, "fxtrack", "tags.`fxtrack.framework` = 'torch'")) == 1

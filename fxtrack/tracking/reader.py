@@ -53,15 +53,41 @@ def load_runs(uri: str, experiment: str, filter_string: Optional[str] = None) ->
     except (OSError, ConnectionError) as e:
         raise ReadError(f"cannot reach {where}: {type(e).__name__}: "
                         f"{redact_uri_text(str(e))}") from e
-    if exp is None or exp.lifecycle_stage == "deleted":
+    active = exp is not None and exp.lifecycle_stage != "deleted"
+    projects = _project_runs(client, exp.experiment_id if active else None, experiment,
+                             filter_string or "", where)
+    if not active and not projects:
         raise ExperimentNotFound(f"experiment {experiment!r} does not exist at {where}")
-    runs = _all_pages(client, exp.experiment_id, filter_string or "", where)
+    runs = (_all_pages(client, exp.experiment_id, filter_string or "", where) if active else [])
+    runs += projects
     if not runs:
         if filter_string:
             raise NoRunsFound(f"no runs of experiment {experiment!r} match the filter "
                               f"{filter_string!r}")
         raise NoRunsFound(f"experiment {experiment!r} at {where} has no runs yet")
     return pd.DataFrame([_row(run) for run in runs])
+
+
+DEFAULT_EXPERIMENT = "fxtrack"
+_PROJECT = "tags.`mlflow.source.type` = 'PROJECT'"
+
+
+def _project_runs(client: MlflowClient, skip_id: Optional[str], experiment: str,
+                  filter_string: str, where: str) -> list:
+    """fxtrack runs that ``mlflow run`` made in other experiments (it logs into the experiment
+    it was given, by default MLflow's 'Default'): part of the default experiment's report."""
+    if experiment != DEFAULT_EXPERIMENT:
+        return []
+    try:
+        ids = [e.experiment_id for e in client.search_experiments()
+               if e.experiment_id != skip_id]
+    except (mlflow.exceptions.MlflowException, OSError, ConnectionError):
+        return []  # the main search reports what is wrong with the store
+    if not ids:
+        return []
+    query = f"{filter_string} and {_PROJECT}" if filter_string else _PROJECT
+    return [r for r in _all_pages(client, ids, query, where)
+            if r.data.tags.get("fxtrack.framework")]
 
 
 def _require_sqlite_file(uri: str, experiment: str) -> None:
@@ -73,12 +99,14 @@ def _require_sqlite_file(uri: str, experiment: str) -> None:
                                      f"database at {path}")
 
 
-def _all_pages(client: MlflowClient, experiment_id: str, filter_string: str, where: str) -> list:
+def _all_pages(client: MlflowClient, experiment_id: "str | list[str]", filter_string: str,
+               where: str) -> list:
+    ids = experiment_id if isinstance(experiment_id, list) else [experiment_id]
     runs: list = []
     token = None
     while True:
         try:
-            page = client.search_runs([experiment_id], filter_string, max_results=_PAGE,
+            page = client.search_runs(ids, filter_string, max_results=_PAGE,
                                       page_token=token)
         except mlflow.exceptions.MlflowException as e:
             if e.error_code == "INVALID_PARAMETER_VALUE" and filter_string:

@@ -287,7 +287,9 @@ def _create(client: MlflowClient, exp_id: str, record: dict[str, Any], uri: str,
         parent = _parent_run(client, exp_id, parent_id, uri)
         if parent is not None:
             tags["mlflow.parentRunId"] = parent.info.run_id
-    if adopt:
+    if adopt:  # `mlflow run` set its own user and source tags (type PROJECT): keep them
+        tags = {k: v for k, v in tags.items()
+                if not k.startswith(("mlflow.source.", "mlflow.user", "mlflow.git"))}
         tags["mlflow.runName"] = record["run_name"]
         client.log_batch(adopt, tags=[RunTag(k, str(v)) for k, v in tags.items()])
         return adopt
