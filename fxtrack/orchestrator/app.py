@@ -111,8 +111,9 @@ def task(cfg: DictConfig) -> None:
         label = f"{conf.framework.name}-{arch.name}-{conf.scenario.name}"
         print(f"[fxtrack] job {hc.job.num + 1}/{os.environ.get(SWEEP_TOTAL_ENV, '?')}: {label}",
               file=sys.stderr, flush=True)
-    # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py);
-    # a scaling run's device counts are not repeated.
+    # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py).
+    # Not for scenario=scaling yet: a single scaling run is not repeated, and in a sweep each of
+    # its N jobs is a scaling run of its own (logged, not aggregated; the report shows the latest).
     repeating = conf.repeats > 1 and conf.scenario.name != "scaling"
     if conf.scenario.name == "scaling":
         from fxtrack.orchestrator.scaling import run_scaling
