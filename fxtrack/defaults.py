@@ -20,6 +20,7 @@ _DEFAULTS = {
 
 def resolve(model: str, device_kind: str, batch_size: Optional[int], steps: Optional[int],
             warmup_steps: Optional[int]) -> tuple[int, int, int]:
-    """Fill the ``None`` among (batch_size, steps, warmup_steps) for this model and device kind."""
+    """Fill the ``None`` among (batch_size, steps, warmup_steps) for this model and device kind
+    (``warmup_steps=0`` stays 0: the first timed step then gives first_step_time_s)."""
     batch, n, warm = _DEFAULTS["gpu" if device_kind == "gpu" else "cpu"][model]
-    return batch_size or batch, steps or n, warmup_steps or warm
+    return batch_size or batch, steps or n, warm if warmup_steps is None else warmup_steps

@@ -19,7 +19,7 @@ from fxtrack.frameworks.torch import models  # noqa: E402
 TINY_VIT = ["framework=torch", "model=vit", "model.layers=2", "model.image_size=32",
             "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]
 METRICS = ["throughput_samples_per_s", "step_time_ms_p50", "step_time_ms_p90", "step_time_ms_p99",
-           "step_time_ms_mean", "step_time_ms_std", "step_time_cv", "compile_time_s",
+           "step_time_ms_mean", "step_time_ms_std", "step_time_cv", "first_step_time_s",
            "peak_rss_mib", "param_count", "loss_first", "loss_last"]
 HOST_TAGS = ["fxtrack.framework", "fxtrack.framework_version", "fxtrack.model", "fxtrack.scenario",
              "fxtrack.status", "fxtrack.result_id", "fxtrack.device", "fxtrack.cpu",

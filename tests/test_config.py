@@ -139,3 +139,10 @@ def test_importing_fxtrack_and_help_import_no_framework():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "framework: jax, tensorflow, torch" in proc.stdout
+
+
+def test_defaults_fill_only_what_is_left_open():
+    from fxtrack import defaults
+
+    assert defaults.resolve("vit", "cpu", None, None, None) == (4, 10, 2)
+    assert defaults.resolve("vit", "cpu", 2, 3, 0) == (2, 3, 0)  # warmup_steps=0 is a choice

@@ -192,7 +192,7 @@ class FxtrackConfig:
     batch_size: Optional[int] = None  # per device; None: the hardware's default for the model
     devices: int = 1  # data-parallel device count
     steps: Optional[int] = None  # timed steps; None: the hardware's default
-    warmup_steps: Optional[int] = None  # untimed steps, the first one is compile_time_s
+    warmup_steps: Optional[int] = None  # untimed steps; the first step's time is first_step_time_s
     seed: int = 0
     repeats: int = 1  # each config run N times as N workers (round-robin across a sweep)
     parallel: Parallel = Parallel.ddp
