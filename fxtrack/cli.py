@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+CONFIG_DIR_ENV = "FXTRACK_CONFIG_DIR"  # the user's own config dirs (os.pathsep-separated)
+
+
+def conf_dir() -> Path:
+    """fxtrack's config directory: the package ``fxtrack.conf`` that an installed wheel carries
+    (pyproject.toml maps the checkout's top-level ``conf/`` onto it; an editable install finds it
+    there), else, in a bare source tree on PYTHONPATH, the checkout's ``conf/``."""
+    spec = importlib.util.find_spec("fxtrack.conf")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(__file__).resolve().parent.parent / "conf"
+
+
+CONF_DIR = conf_dir()
 SUBCOMMANDS = {
     "doctor": "installed frameworks, their versions, the devices each sees, the peak FLOP/s",
     "report": "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)",
@@ -29,14 +44,28 @@ keys: batch_size (per device; null = the hardware's default), devices, steps, wa
 sub-commands:
 {commands}
 Hydra's own options: --cfg job (show the composed config), --hydra-help, -m / --multirun.
+Your own options and sweep presets (hardware/, precision/, size/, experiment/ ...): put them in
+  a directory named by $FXTRACK_CONFIG_DIR (several: separated by '{pathsep}'), or pass
+  --config-dir DIR (searched first) or hydra.searchpath=[file:///DIR].
+fxtrack --version: the installed version.
 """
 
 
+def user_config_dirs() -> list[Path]:
+    """The directories named by $FXTRACK_CONFIG_DIR, made absolute."""
+    return [Path(d).resolve() for d in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if d]
+
+
 def usage() -> str:
-    groups = "".join(f"  {d.name}: {', '.join(sorted(p.stem for p in d.glob('*.yaml')))}\n"
-                     for d in sorted(CONF_DIR.iterdir()) if d.is_dir())
+    options: dict[str, set[str]] = {}
+    for root in [CONF_DIR, *user_config_dirs()]:
+        for group in (d for d in root.iterdir() if d.is_dir()) if root.is_dir() else ():
+            options.setdefault(group.name, set()).update(p.stem for p in group.glob("*.yaml"))
+    groups = "".join(f"  {name}: {', '.join(sorted(opts))}\n"
+                     for name, opts in sorted(options.items()) if opts)
     commands = "".join(f"  fxtrack {name}: {text}\n" for name, text in SUBCOMMANDS.items())
-    return _USAGE.format(subcommands="|".join(SUBCOMMANDS), groups=groups, commands=commands)
+    return _USAGE.format(subcommands="|".join(SUBCOMMANDS), groups=groups, commands=commands,
+                         pathsep=os.pathsep)
 
 
 def main() -> None:
@@ -53,14 +82,19 @@ def main() -> None:
 
 
 def _main() -> None:
+    if sys.argv[1:2] == ["--version"]:
+        from fxtrack import __version__
+
+        print(f"fxtrack {__version__}")
+        return
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         command = sys.argv.pop(1)
         from fxtrack import commands
 
         sys.exit(getattr(commands, command)(sys.argv[1:]))
     if not (CONF_DIR / "config.yaml").is_file():
-        sys.exit(f"fxtrack: no config directory at {CONF_DIR}; install fxtrack from its checkout "
-                 "(pip install -e .)")
+        sys.exit(f"fxtrack: no config.yaml in {CONF_DIR}: a broken install; reinstall fxtrack "
+                 "(pip install fxtrack, or pip install -e . in a checkout)")
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(usage(), end="")
         return
@@ -74,4 +108,23 @@ def run_app() -> None:
     from fxtrack.orchestrator.app import task
 
     register()
+    sys.argv[1:] = with_user_searchpath(sys.argv[1:], user_config_dirs())
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)()
+
+
+def with_user_searchpath(args: list[str], dirs: list[Path]) -> list[str]:
+    """``args`` with ``dirs`` added to Hydra's config search path (after fxtrack's own conf/, so
+    they add options without shadowing), merged into any ``hydra.searchpath=[...]`` given."""
+    if not dirs:
+        return args
+    for d in dirs:
+        if not d.is_dir():
+            sys.exit(f"fxtrack: ${CONFIG_DIR_ENV} names {d}, which is not a directory")
+    ours = [f"file://{d}" for d in dirs]
+    for i, arg in enumerate(args):
+        if arg.startswith("hydra.searchpath="):
+            given = arg.partition("=")[2].strip().strip("[]")
+            args = list(args)
+            args[i] = f"hydra.searchpath=[{','.join([*filter(None, [given]), *ours])}]"
+            return args
+    return [f"hydra.searchpath=[{','.join(ours)}]", *args]  # first: argparse wants overrides together
