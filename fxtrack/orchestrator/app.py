@@ -172,6 +172,14 @@ def stop_if_interrupted() -> None:
     sig = interrupted()
     if sig is None:
         return
+    if os.environ.get("SUBMITIT_EXECUTOR"):
+        # This process is one job that SLURM is stopping (scancel, time limit); SIGKILL follows
+        # after KillWait. Ending normally lets submitit write the job's result, so the sweep's
+        # launcher collects it and the other jobs go on (an exit leaves submitit waiting on a
+        # job with no result: forever, where sacct cannot answer).
+        print(f"fxtrack: this SLURM job was stopped by signal {sig}; its run is recorded as "
+              "KILLED", file=sys.stderr, flush=True)
+        return
     from fxtrack.tracking import callbacks
 
     callbacks.close_interrupted("KILLED")
