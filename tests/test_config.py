@@ -86,7 +86,7 @@ def test_canonical_models_are_recognised_as_canonical():
 @pytest.mark.parametrize("overrides, message", [
     (["model=vit", "model.heads=5"], "divisible by model.heads"),
     (["model=vit", "model.image_size=33"], "divisible by model.patch"),
-    (["warmup_steps=0"], "warmup_steps must be a positive number"),
+    (["warmup_steps=-1"], "warmup_steps must be >= 0"),  # 0 is allowed (issue 14)
     (["timeout_s=0"], "timeout_s must be a positive number"),
     (["scenario=checkpoint", "scenario.runner=null"], "scenario=checkpoint is not implemented yet"),
     (["scenario=pipeline", "scenario.loader_workers=-1"], "loader_workers must be >= 0"),
