@@ -1,16 +1,25 @@
 """The inference scenario: forward passes in inference mode (BatchNorm running statistics, no
-dropout, no autograd), timed like training; ``step_time_ms_*`` are per-batch latencies."""
+dropout, no autograd), timed like training; ``step_time_ms_*`` are per-batch latencies, also
+logged as ``latency_ms_p50|p90|p99``. With ``runtime`` other than native, or
+``quantize=dynamic_int8``, the model is served by a deployment runtime (``scenarios.deploy``)."""
 
 from __future__ import annotations
 
 from fxtrack import flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
+from fxtrack.scenarios import deploy
 from fxtrack.scenarios.timed import run_timed
 from fxtrack.scenarios.train import param_guard
 
 
 def run(backend: Backend, result: Result) -> None:
-    run_timed(backend, result, backend.prepare_inference,
-              flops.forward_flops_per_sample(backend.arch))
-    result.guard = param_guard(backend.arch, int(result.metrics["param_count"]))
+    if deploy.is_deploy(backend.spec):
+        deploy.run(backend, result)
+    else:
+        result.tags.update(runtime="native", quantize="none")
+        run_timed(backend, result, backend.prepare_inference,
+                  flops.forward_flops_per_sample(backend.arch))
+    result.metrics.update(deploy.latency_metrics(result.metrics))
+    if result.guard == "ok":
+        result.guard = param_guard(backend.arch, int(result.metrics["param_count"]))

@@ -1,0 +1,66 @@
+"""Deployment exports for PyTorch: ONNX through the dynamo exporter (``torch.onnx.export(...,
+dynamo=True)``, needs ``onnx`` and ``onnxscript``), and dynamic int8 quantisation of the Linear
+layers in PyTorch itself (``torch.ao.quantization.quantize_dynamic``)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from fxtrack.frameworks.torch.train import model_input
+
+
+def _eval_model(backend) -> nn.Module:
+    model = backend.model
+    model.eval()  # BatchNorm running statistics, as served
+    return model
+
+
+def reference(backend) -> tuple[np.ndarray, np.ndarray]:
+    """(input, output) of the native fp32 model in inference mode on the resident batch:
+    what every runtime's output is checked against. Input is C-contiguous (NCHW images or
+    (B, T) ids); output (B, classes) or (B, T, vocab) logits."""
+    model, x = _eval_model(backend), model_input(backend.batch)
+    with torch.inference_mode():
+        y = model(x)
+    return np.ascontiguousarray(x.cpu().numpy()), y.float().cpu().numpy()
+
+
+def to_onnx(backend, path: Path) -> Path:
+    """The model as an ONNX graph for the resident batch's shape (opset chosen by the exporter)."""
+    model, x = _eval_model(backend), model_input(backend.batch).contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's deprecation chatter
+        program = torch.onnx.export(model, (x,), dynamo=True, input_names=["input"],
+                                    output_names=["logits"], verbose=False)
+    program.save(str(path))
+    return path
+
+
+def quantize_native(backend) -> Callable[[np.ndarray], np.ndarray]:
+    """Dynamic int8 in PyTorch: Linear weights int8, activations quantised per batch at run time
+    (fbgemm / qnnpack CPU kernels only: a GPU run fails clearly). The model is copied, so the
+    fp32 one stays the reference."""
+    if backend.device.type != "cpu":
+        raise NotImplementedError("quantize=dynamic_int8 with runtime=native is not supported by "
+                                  f"torch {torch.__version__} on {backend.device.type}: its dynamic "
+                                  "int8 kernels are CPU-only; use hardware=cpu or runtime=onnxruntime")
+    import copy
+
+    from torch.ao.quantization import quantize_dynamic
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization's migration notice (to torchao)
+        quantized = quantize_dynamic(copy.deepcopy(_eval_model(backend)), {nn.Linear},
+                                     dtype=torch.qint8)
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return quantized(torch.from_numpy(x)).float().numpy()
+
+    return run

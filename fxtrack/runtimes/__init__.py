@@ -1,0 +1,20 @@
+"""Inference runtimes that serve an exported artefact (an ONNX file, a TFLite flatbuffer).
+
+One module per runtime, each importing only its runtime, each with the same small interface::
+
+    load(path, device_kind, threads) -> Callable[[np.ndarray], np.ndarray]
+
+``path`` is the artefact the framework's ``export`` module wrote; the callable maps one input
+batch (host NumPy array, the exported shape) to the model's output (logits), synchronously.
+The frameworks only export; what serves the file lives here (DESIGN.md section 6's "a new
+capability is a module in its own layer").
+"""
+
+from __future__ import annotations
+
+DEPLOY_EXTRA = "pip install 'fxtrack[deploy]'"
+
+
+def missing(runtime: str, package: str) -> ImportError:
+    """The error for a runtime whose package is not installed in the worker's interpreter."""
+    return ImportError(f"runtime={runtime} needs the '{package}' package: {DEPLOY_EXTRA}")

@@ -1,0 +1,59 @@
+"""ONNX Runtime: serves an ONNX file (CPU, or CUDA where the GPU build is installed), and its
+dynamic int8 quantiser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Optional
+
+import numpy as np
+
+from fxtrack.runtimes import missing
+
+try:
+    import onnxruntime as ort
+except ImportError as e:  # pragma: no cover - depends on the install
+    raise missing("onnxruntime", "onnxruntime") from e
+
+
+def version() -> str:
+    return ort.__version__
+
+
+def load(path: Path, device_kind: str, threads: Optional[int] = None,
+         providers: Optional[list] = None) -> Callable[[np.ndarray], np.ndarray]:
+    """A session on ``path`` with every graph optimisation on; ``threads`` intra-op threads
+    (None: ONNX Runtime's default, one per physical core)."""
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.log_severity_level = 3  # errors only: exporters leave unused initialisers it warns about
+    if threads:
+        opts.intra_op_num_threads = threads
+    if providers is None:
+        providers = ["CPUExecutionProvider"]
+        if device_kind == "gpu":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise RuntimeError("runtime=onnxruntime on a GPU needs the onnxruntime-gpu build "
+                                   f"(this one offers {ort.get_available_providers()})")
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    session = ort.InferenceSession(str(path), opts, providers=providers)
+    name = session.get_inputs()[0].name
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return session.run(None, {name: x})[0]  # the first output: the logits
+
+    return run
+
+
+def quantize_dynamic(src: Path, dst: Path) -> Path:
+    """Dynamic int8: MatMul/Gemm weights stored as int8, activations quantised per batch at
+    run time (the same layers ``torch.ao``'s ``quantize_dynamic`` takes: the Linear ones)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = dst.with_suffix(".pre.onnx")
+    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)  # fold shapes, as ORT advises
+    quantize_dynamic(str(pre), str(dst), weight_type=QuantType.QInt8,
+                     op_types_to_quantize=["MatMul", "Gemm"])
+    pre.unlink()
+    return dst

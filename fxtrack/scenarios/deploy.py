@@ -1,0 +1,157 @@
+"""Inference through a deployment runtime (``runtime=onnxruntime|tflite|openvino|tensorrt``)
+or dynamic int8 quantisation (``quantize=dynamic_int8``), timed like every inference run.
+
+The framework's ``export`` module (``fxtrack/frameworks/<fw>/export.py``) writes the artefact in
+the worker; the runtime module (``fxtrack/runtimes/<runtime>.py``) only consumes the file. Every
+run first checks the runtime's output against the native model's on the same batch and fails
+its correctness guard outside the bound:
+
+- fp32 runtimes: max |out - ref| / max |ref| <= FP32_REL_ERR (1e-3);
+- dynamic int8: the same figure <= INT8_REL_ERR (0.1: int8 weights and per-batch activation
+  scales move a logit by up to a few % of the largest one on these models), and the top-1
+  class (argmax of the last axis: per image, per BERT token) agrees on >= INT8_TOP1 of them.
+
+A combination that has no path (e.g. PyTorch to TFLite, TensorFlow's native int8) raises
+``NotImplementedError("... not supported by ...")`` and is tagged ``fxtrack.unsupported=true``:
+the report shows it as a not-supported cell, not as a crash.
+"""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from fxtrack import flops
+from fxtrack.frameworks.base import Backend
+from fxtrack.job import Result
+from fxtrack.measure.timer import eprint
+from fxtrack.scenarios.timed import run_timed
+
+FP32_REL_ERR = 1e-3
+INT8_REL_ERR = 0.1
+INT8_TOP1 = 0.9
+ONNX_RUNTIMES = ("onnxruntime", "openvino", "tensorrt")  # they serve an ONNX file
+
+
+def exporter(backend: Backend) -> Any:
+    """``fxtrack.frameworks.<fw>.export`` for this backend (``fxtrack.frameworks.torch.backend.
+    TorchBackend`` -> ``fxtrack.frameworks.torch.export``)."""
+    package = backend.spec.backend.rpartition(".")[0].rpartition(".")[0]
+    return importlib.import_module(f"{package}.export")
+
+
+def unsupported(backend: Backend, what: str, instead: str) -> NotImplementedError:
+    return NotImplementedError(f"{what} is not supported by {backend.name} {backend.version()}: "
+                               f"{instead}")
+
+
+def check_supported(backend: Backend, ex: Any) -> None:
+    """Fail before any work for a combination this framework has no path to."""
+    spec = backend.spec
+    int8 = spec.quantize == "dynamic_int8"
+    if spec.precision not in ("fp32", "tf32") and spec.runtime != "native":
+        raise unsupported(backend, f"runtime={spec.runtime} with precision={spec.precision}",
+                          "exported artefacts are fp32; use precision=fp32 (or quantize=dynamic_int8)")
+    if spec.runtime == "native" and int8 and not hasattr(ex, "quantize_native"):
+        raise unsupported(backend, "quantize=dynamic_int8 with runtime=native",
+                          "no maintained dynamic int8 path in the framework itself; use "
+                          + ("runtime=tflite or " if hasattr(ex, "to_tflite") else "")
+                          + "runtime=onnxruntime quantize=dynamic_int8")
+    if spec.runtime in ONNX_RUNTIMES and not hasattr(ex, "to_onnx"):
+        raise unsupported(backend, f"runtime={spec.runtime}", "no ONNX exporter for this framework")
+    if spec.runtime == "tflite" and not hasattr(ex, "to_tflite"):
+        raise unsupported(backend, "runtime=tflite",
+                          "TFLite export is TensorFlow's (ai-edge-torch / jax2tf would convert "
+                          "through TensorFlow); use runtime=onnxruntime")
+    if spec.runtime == "tensorrt" and int8:
+        raise unsupported(backend, "runtime=tensorrt with quantize=dynamic_int8",
+                          "TensorRT's int8 is static (calibrated); use quantize=none")
+
+
+def export_artefact(backend: Backend, ex: Any, work: Path) -> Path:
+    """Write what ``spec.runtime`` serves into ``work``; returns its path."""
+    spec = backend.spec
+    int8 = spec.quantize == "dynamic_int8"
+    if spec.runtime == "tflite":
+        return ex.to_tflite(backend, work / "model.tflite", quantize=int8)
+    path = ex.to_onnx(backend, work / "model.onnx")
+    if int8:  # ONNX Runtime's quantiser; OpenVINO then runs the same int8 graph
+        from fxtrack.runtimes import onnxruntime as ort_runtime
+
+        path = ort_runtime.quantize_dynamic(path, work / "model.int8.onnx")
+    return path
+
+
+def compare(ref: np.ndarray, out: np.ndarray, int8: bool) -> tuple[dict[str, float], str]:
+    """Error figures of ``out`` against the native ``ref`` (same shape) and the guard verdict."""
+    out = np.asarray(out, np.float32).reshape(ref.shape)
+    abs_err = float(np.max(np.abs(out - ref)))
+    rel_err = abs_err / max(float(np.max(np.abs(ref))), 1e-12)  # of the output's scale
+    top1 = float(np.mean(np.argmax(out, -1) == np.argmax(ref, -1)))
+    metrics = {"output_max_abs_err": abs_err, "output_rel_err": rel_err, "top1_agreement": top1}
+    bound = INT8_REL_ERR if int8 else FP32_REL_ERR
+    if not np.isfinite(abs_err) or rel_err > bound:
+        return metrics, f"output differs from native: relative error {rel_err:.3g} > {bound:g}"
+    if int8 and top1 < INT8_TOP1:
+        return metrics, f"int8 top-1 agrees with native on {top1:.0%} < {INT8_TOP1:.0%}"
+    return metrics, "ok"
+
+
+def run(backend: Backend, result: Result) -> None:
+    spec = backend.spec
+    ex = exporter(backend)
+    result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
+    try:
+        check_supported(backend, ex)
+    except NotImplementedError:
+        result.tags["unsupported"] = "true"
+        raise
+    work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
+    checked: dict[str, Any] = {}
+
+    def prepare() -> Callable[[], None]:
+        x, ref = ex.reference(backend)  # the native model's answer on the resident batch
+        t0 = time.perf_counter()
+        if spec.runtime == "native":  # quantize=dynamic_int8 in the framework itself
+            served = ex.quantize_native(backend)
+        else:
+            path = export_artefact(backend, ex, work)
+            checked["artefact_mib"] = path.stat().st_size / 2**20
+            runtime = importlib.import_module(f"fxtrack.runtimes.{spec.runtime}")
+            served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads)
+            if hasattr(runtime, "version"):
+                result.tags[f"{spec.runtime}_version"] = runtime.version()
+        checked["export_time_s"] = time.perf_counter() - t0  # export + quantise + load
+        metrics, checked["guard"] = compare(ref, served(x), spec.quantize == "dynamic_int8")
+        checked.update(metrics)
+        eprint(f"[fxtrack] {spec.runtime}/{spec.quantize}: relative error {metrics['output_rel_err']:.2g}"
+               f", top-1 agreement {metrics['top1_agreement']:.0%}")
+        return lambda: served(x)  # each call returns once the runtime has the output on the host
+
+    try:
+        run_timed(backend, result, prepare, flops.forward_flops_per_sample(backend.arch))
+    except NotImplementedError:  # an exporter without a path for this model
+        result.tags["unsupported"] = "true"
+        raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result.guard = checked.pop("guard")
+    result.metrics.update(checked)
+
+
+def latency_metrics(metrics: dict[str, float]) -> dict[str, float]:
+    """``latency_ms_p50|p90|p99``: an inference step is one batch, so its time is the latency."""
+    return {f"latency_ms_p{q}": metrics[f"step_time_ms_p{q}"] for q in (50, 90, 99)
+            if f"step_time_ms_p{q}" in metrics}
+
+
+def is_deploy(spec: Any) -> bool:
+    return spec.runtime != "native" or spec.quantize != "none"
+
+
