@@ -37,9 +37,21 @@ def postgres():
     pg.stop()
 
 
+def _seed_peak_cache(cache: Path) -> None:
+    """A peak-FLOP/s cache for this CPU, so the sweep's jobs do not calibrate (minutes of matmul
+    probes on a busy 2-core machine, and this test is about tracking, not MFU)."""
+    from fxtrack.measure import peak
+
+    entry = {"tflops": 1.0, "date": "2026-01-01", "contended": False, "other_cpu_frac": 0.0}
+    key = peak._key("cpu", "fp32", peak._threads(None))
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "peak_flops.json").write_text(json.dumps({key: {fw: entry for fw in peak.FRAMEWORKS}}))
+
+
 def _env(server: MlflowServer, home: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(FXTRACK_HOME=str(home), MLFLOW_TRACKING_URI=server.url,
+    env.update(FXTRACK_HOME=str(home), FXTRACK_CACHE=str(home / "cache"),
+               MLFLOW_TRACKING_URI=server.url,
                MLFLOW_TRACKING_USERNAME=ADMIN[0], MLFLOW_TRACKING_PASSWORD=ADMIN[1],
                MY_SERVICE_API_TOKEN=PLANTED, DB_PASSWORD=PLANTED, FXTRACK_PROBE_TIMEOUT_S="3",
                MLFLOW_HTTP_REQUEST_TIMEOUT="10")
@@ -52,6 +64,7 @@ def test_chaos_sweep_and_concurrent_syncs_through_two_server_restarts(tmp_path, 
     server = MlflowServer(tmp_path / "server", auth=True, postgres=postgres,
                           workers=1).start(wait_s=600)
     home = tmp_path / "home"
+    _seed_peak_cache(home / "cache")
     env = _env(server, home)
     env.pop("MLFLOW_TRACKING_URI")  # the sweep names the server by tracking.uri, password inside
     cmd = [sys.executable, "-m", "fxtrack", "-m", "framework=torch", "model=vit", "size=tiny",
@@ -112,9 +125,10 @@ def test_chaos_sweep_and_concurrent_syncs_through_two_server_restarts(tmp_path, 
         reader.join()
         controller.join(timeout=DEADLINE_S)
         syncs.join(timeout=DEADLINE_S)
-    finally:
-        if sweep.poll() is None:
-            sweep.kill()
+    except BaseException:  # interrupted or timed out: stop everything this test started
+        _stop(sweep)
+        server.stop()
+        raise
     wall_s = time.monotonic() - started
     try:
         text = "".join(terminal) + "".join(outputs)
@@ -153,6 +167,16 @@ def test_chaos_sweep_and_concurrent_syncs_through_two_server_restarts(tmp_path, 
         for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
             os.environ.pop(key, None)
         server.stop()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (fxtrack forwards it to its worker), then SIGKILL after 30 s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def _artifact_bytes(server: MlflowServer) -> bytes:
