@@ -109,8 +109,10 @@ def table(runs: pd.DataFrame, min_repeats: int = 1) -> list[Table]:
             n = min(r.repeats for r in found)
             ranked = n >= min_repeats
             by_fw = {r.framework: r.cell() if ranked else f"{r.repeats} rep." for r in found}
-            rows.append([model, *[by_fw.get(fw, "-") for fw in fws], str(n),
-                         verdict(found, min_repeats)])
+            words = verdict(found, min_repeats)
+            if any(CONTENDED_MARK in r.marks for r in found):
+                words += " (contended: re-measure on a quiet machine)"
+            rows.append([model, *[by_fw.get(fw, "-") for fw in fws], str(n), words])
         if rows:
             tables.append(Table(f"Verdict (throughput vs the best): {group_title(key)}",
                                 ["model", *fws, "repeats", "verdict"], rows, NOTES))
