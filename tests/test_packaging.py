@@ -101,6 +101,16 @@ def test_a_user_model_naming_an_unknown_architecture_fails_clearly(tmp_path, use
     assert not (tmp_path / "mlflow.db").exists()  # failed before any work
 
 
+def test_user_dirs_join_a_searchpath_given_on_the_command_line(tmp_path):
+    from fxtrack.cli import with_user_searchpath
+
+    args = with_user_searchpath(["-m", "hydra.searchpath=[pkg://site.conf]", "model=vit"], [tmp_path])
+    assert args == ["-m", f"hydra.searchpath=[pkg://site.conf,file://{tmp_path}]", "model=vit"]
+    assert with_user_searchpath(["model=vit"], [tmp_path]) == [
+        f"hydra.searchpath=[file://{tmp_path}]", "model=vit"]
+    assert with_user_searchpath(["model=vit"], []) == ["model=vit"]
+
+
 def test_a_missing_user_config_dir_is_named(tmp_path):
     proc = cli("--cfg", "job", cwd=tmp_path, env={"FXTRACK_CONFIG_DIR": str(tmp_path / "nope")})
     assert proc.returncode != 0 and f"{tmp_path / 'nope'}, which is not a directory" in proc.stderr
@@ -118,8 +128,9 @@ def build_wheel(out: Path) -> Path:
         if (REPO / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             (src / name).write_bytes((REPO / name).read_bytes())
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    "-w", str(out / "dist"), str(src)], check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(out / "dist"), str(src)],
+                   check=True, capture_output=True, timeout=300)
     (wheel,) = (out / "dist").glob("fxtrack-*.whl")
     return wheel
 
@@ -147,8 +158,9 @@ def fresh_venv(root: Path, wheel: Path) -> Path:
     its dependencies are the wheel's own Requires-Dist closure taken from this environment."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
     python = root / "venv" / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True).stdout.strip())
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q",
                     "--no-deps", "--no-index", str(wheel)], check=True, capture_output=True,
                    timeout=300)
@@ -159,7 +171,9 @@ def fresh_venv(root: Path, wheel: Path) -> Path:
     deps, ours = root / "deps", Path(sysconfig.get_paths()["purelib"])
     deps.mkdir()
     for dist in dependency_closure(requires):
-        for top in {Path(f).parts[0] for f in dist.files or [] if not str(f).startswith(("..", "__pycache__"))}:
+        tops = {Path(f).parts[0] for f in dist.files or []
+                if not str(f).startswith(("..", "__pycache__"))}  # not scripts, not bytecode
+        for top in tops:
             if (ours / top).exists() and not (deps / top).exists():
                 (deps / top).symlink_to(ours / top)
     (site / "zz_fxtrack_test_deps.pth").write_text(f"{deps}\n")  # after the venv's own packages
@@ -185,18 +199,22 @@ def test_the_wheel_works_from_any_directory(tmp_path):
     bindir = python.parent
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "FXTRACK_HOME": str(tmp_path / "home"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{outside / 'mlflow.db'}", "PYTHONPATH": ""}
+    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": "",
+           "FXTRACK_HOME": str(tmp_path / "home"),
+           "MLFLOW_TRACKING_URI": f"sqlite:///{outside / 'mlflow.db'}"}
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, **env}
 
     def run(*cmd: str, timeout: int = 600) -> subprocess.CompletedProcess:
-        proc = subprocess.run(cmd, cwd=outside, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=outside, env=env, capture_output=True, text=True,
+                              timeout=timeout)
         assert proc.returncode == 0, f"{cmd}: {proc.stderr[-3000:]}"
         return proc
 
-    where = run(str(python), "-c", "import fxtrack, fxtrack.cli as c; print(fxtrack.__file__, c.CONF_DIR)")
-    assert str(REPO) not in where.stdout and "site-packages" in where.stdout  # the wheel, not the tree
-    assert run(str(bindir / "fxtrack"), "--version").stdout.strip() == f"fxtrack {fxtrack.__version__}"
+    where = run(str(python), "-c",
+                "import fxtrack, fxtrack.cli as c; print(fxtrack.__file__, c.CONF_DIR)").stdout
+    assert str(REPO) not in where and "site-packages" in where  # the wheel, not the tree
+    version = run(str(bindir / "fxtrack"), "--version").stdout.strip()
+    assert version == f"fxtrack {fxtrack.__version__}"
     assert "experiment: seeds_table" in run(str(bindir / "fxtrack"), "--help").stdout
     doctor = run(str(bindir / "fxtrack"), "doctor")
     assert "torch" in doctor.stdout and "not installed" in doctor.stdout
@@ -214,3 +232,21 @@ def test_the_wheel_works_from_any_directory(tmp_path):
         "--experiment-name", "fxtrack", timeout=900)
     report = run(str(bindir / "fxtrack"), "report")
     assert "vit" in report.stdout and (outside / "fxtrack-report" / "report.md").exists()
+
+
+@pytest.mark.full
+@pytest.mark.timeout(1800)
+def test_the_wheel_installs_its_dependencies_from_the_index(tmp_path):
+    """The install a user does: ``pip install fxtrack-*.whl`` into a clean venv, resolving every
+    dependency from the package index (~800 MB; 4.5 minutes on the 2-core machine, hence
+    ``full``), then ``--version`` and ``doctor`` from outside the checkout."""
+    wheel = build_wheel(tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True)
+    bindir = tmp_path / "venv" / "bin"
+    subprocess.run([str(bindir / "pip"), "install", "-q", str(wheel)], check=True, timeout=1500)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "PYTHONPATH"))}
+    for args in (["--version"], ["doctor"]):
+        proc = subprocess.run([str(bindir / "fxtrack"), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("not installed") == 3  # doctor: no framework came with the core
