@@ -12,7 +12,7 @@ CONFIG_DIR_ENV = "FXTRACK_CONFIG_DIR"  # the user's own config dirs (os.pathsep-
 
 def conf_dir() -> Path:
     """fxtrack's config directory: the package ``fxtrack.conf`` that an installed wheel carries
-    (pyproject.toml maps the checkout's top-level ``conf/`` onto it; an editable install finds it
+    (setup.py maps the checkout's top-level ``conf/`` onto it; an editable install finds it
     there), else, in a bare source tree on PYTHONPATH, the checkout's ``conf/``."""
     spec = importlib.util.find_spec("fxtrack.conf")
     if spec is not None and spec.submodule_search_locations:
@@ -127,4 +127,5 @@ def with_user_searchpath(args: list[str], dirs: list[Path]) -> list[str]:
             args = list(args)
             args[i] = f"hydra.searchpath=[{','.join([*filter(None, [given]), *ours])}]"
             return args
-    return [f"hydra.searchpath=[{','.join(ours)}]", *args]  # first: argparse wants overrides together
+    # first: after an option such as `--cfg job`, argparse takes no more overrides
+    return [f"hydra.searchpath=[{','.join(ours)}]", *args]
