@@ -78,7 +78,7 @@ def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str
             if flag:  # hatched: failed the correctness guard, not a figure to trust
                 bar.set_hatch("//")
             if height:
-                ax.annotate(f"{height:,.0f}", (bar.get_x() + bar.get_width() / 2, height + above),
+                ax.annotate(f"{height:,.0f}" if height >= 100 else f"{height:.3g}", (bar.get_x() + bar.get_width() / 2, height + above),
                             ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                             textcoords="offset points")
     ax.set_xticks(range(len(categories)), categories)
