@@ -57,7 +57,8 @@ class TensorFlowBackend(Backend):
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
         with self._place():  # mirrored variables on every replica, or the one device
             with train.precision_policy(self.spec.precision):
-                self.model = models.build(self.arch)
+                with models.remat_scope(self.spec.memory):
+                    self.model = models.build(self.arch)
             # num_replicas_in_sync already counts every worker's replicas
             self.opt = train.optimizer(self.arch, self.spec.precision,
                                        batch_size * self.strategy.num_replicas_in_sync)

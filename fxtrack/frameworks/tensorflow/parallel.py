@@ -19,6 +19,12 @@ def create(spec: JobSpec, device: str) -> tf.distribute.Strategy:
 
     Must run before anything initialises TensorFlow's devices (any op, any variable): logical
     CPU devices and the multi-worker runtime can only be configured before that."""
+    if spec.parallel == "fsdp":
+        raise NotImplementedError(
+            f"parallel=fsdp is not supported by tensorflow {tf.__version__}: tf.distribute has no "
+            "sharded-state strategy (ParameterServerStrategy shards variables over CPU servers, "
+            "not accelerators; DTensor was removed); use framework=torch or framework=jax, or "
+            "keras.distribution.ModelParallel on the JAX backend")
     n, gpu = spec.devices, "GPU" in device
     if not gpu and n > 1:  # N logical CPU devices stand in for N accelerators
         cpus = tf.config.list_physical_devices("CPU")

@@ -52,13 +52,16 @@ class TorchBackend(Backend):
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
         model.train()
+        if self.spec.memory == "checkpoint":  # activations recomputed per block in backward
+            models.checkpoint_blocks(model)
         self.model = model
-        self.opt = train.optimizer(model, self.arch, self.device,
-                                   batch_size * parallel.world_size())
         # Each data-parallel rank trains on its own shard: same seed, offset by rank.
         self.batch = data.device_batch(self.arch, batch_size, self.spec.seed + parallel.rank(),
                                        self.device, channels_last)
-        wrapped = parallel.wrap(model, self.device)
+        wrapped = parallel.wrap(model, self.device, self.spec.parallel)
+        # After wrapping: parallel=fsdp replaces the parameters by this rank's shards.
+        self.opt = train.optimizer(model, self.arch, self.device,
+                                   batch_size * parallel.world_size())
         # Model and loss compiled together: one graph from the input to the fp32 loss.
         self.loss = train.forward_loss(wrapped, self.spec.precision, self.device)
         if self.spec.compile:

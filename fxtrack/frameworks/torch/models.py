@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -167,6 +169,17 @@ class Bert(nn.Module):
             x = block(x)
         x = self.mlm_norm(F.gelu(self.mlm_dense(x)))
         return F.linear(x, self.word_embeddings.weight, self.mlm_bias)  # tied decoder
+
+
+def checkpoint_blocks(model: nn.Module) -> None:
+    """memory=checkpoint: each transformer block / ResNet bottleneck keeps only its input from
+    the forward and recomputes its activations in backward (``torch.utils.checkpoint``,
+    non-reentrant). Same math; BatchNorm's running statistics see each batch twice (the
+    recompute runs in training mode too), which changes no training-mode output."""
+    from torch.utils.checkpoint import checkpoint
+
+    for block in model.blocks:
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
 def build(arch: Arch) -> nn.Module:

@@ -30,12 +30,37 @@ def local_device(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def wrap(model: nn.Module, device: torch.device) -> nn.Module:
-    """DDP when there is more than one process: gradients all-reduced during backward."""
+def wrap(model: nn.Module, device: torch.device, mode: str = "ddp") -> nn.Module:
+    """DDP when there is more than one process: gradients all-reduced during backward.
+    ``mode="fsdp"``: FSDP2 instead (``shard``). Build the optimiser after this."""
     if world_size() == 1:
-        return model
+        return model  # nothing to shard or all-reduce over
+    if mode == "fsdp":
+        return shard(model)
     ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def shard(model: nn.Module) -> nn.Module:
+    """parallel=fsdp: FSDP2's ``fully_shard`` on each block (transformer block / ResNet
+    bottleneck), then on the root (embeddings, stem, head): each rank keeps 1/world of every
+    parameter, gradient and optimiser state (dim-0 shards, DTensors); a block's full weights are
+    all-gathered just before its forward and backward and freed after, gradients
+    reduce-scattered. Works over gloo on CPU (torch 2.13) as over NCCL."""
+    from torch.distributed.fsdp import fully_shard
+
+    for p in model.parameters():  # FSDP2 shards dim 0 of contiguous tensors only: conv weights
+        p.data = p.data.contiguous()  # go back from channels-last (the input may stay NHWC)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def local_param_count(model: nn.Module) -> int:
+    """Parameter elements this rank holds: its shards under FSDP, everything otherwise."""
+    return sum(p.to_local().numel() if hasattr(p, "to_local") else p.numel()
+               for p in model.parameters())
 
 
 def reduce_max(value: float, device: torch.device) -> float:

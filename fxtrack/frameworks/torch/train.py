@@ -27,6 +27,8 @@ def optimizer(model: nn.Module, arch: Arch, device: torch.device,
         make = lambda **kw: torch.optim.AdamW(  # noqa: E731
             params, lr=ADAMW["lr"], betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
             weight_decay=ADAMW["weight_decay"], **kw)
+    if any(hasattr(p, "to_local") for p in params):  # FSDP shards (DTensors): no fused kernel
+        return make(foreach=True)
     try:
         return make(fused=True)
     except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device/optimiser

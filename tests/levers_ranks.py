@@ -1,0 +1,47 @@
+"""Run in a process of its own by tests/test_memory_levers.py (torch: under torchrun, one per
+rank; jax: one process over 2 host devices): build the tiny model with the given parallel /
+memory options, take three training steps, print one JSON line per process with the parameter
+elements the first local device holds, the global count, and the losses."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest import job_spec  # noqa: E402
+from fxtrack.worker.__main__ import load, prepare_environment  # noqa: E402
+
+
+def local_elements(framework: str, backend) -> int:
+    if framework == "torch":
+        from fxtrack.frameworks.torch import parallel
+
+        return parallel.local_param_count(backend.model)
+    import jax
+
+    return sum(x.addressable_shards[0].data.size for x in jax.tree.leaves(backend.state.params))
+
+
+def main(framework: str, model: str, mode: str, memory: str, devices: str) -> None:
+    spec = job_spec(framework, model, devices=int(devices), parallel=mode, memory=memory,
+                    launcher="torchrun" if framework == "torch" else "process", compile=True)
+    prepare_environment(spec)  # JAX: --xla_force_host_platform_device_count before import
+    backend = load(spec.backend)(spec)
+    backend.device_kind()
+    backend.build(2)
+    losses = [backend.loss_value(backend.train_step()) for _ in range(3)]
+    print(json.dumps({"rank": int(os.environ.get("RANK", "0")),
+                      "local": local_elements(framework, backend),
+                      "total": backend.param_count(), "losses": losses}), flush=True)
+    if framework == "torch":
+        from fxtrack.frameworks.torch import parallel
+
+        parallel.shutdown()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
