@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri
-    from fxtrack.report import charts, render, select, tables, verdicts
+    from fxtrack.report import charts, levers, render, select, tables, verdicts
     from fxtrack.tracking import reader, writer
 
     uri = args.uri or writer.tracking_uri(None, os.getcwd())
@@ -74,7 +74,7 @@ def main(argv: list[str]) -> int:
             "each figure is the latest finished run of its framework, model, scenario, "
             "precision, device count and hardware"]
     verdict = verdicts.table(runs, args.min_repeats)
-    sections = tables.sections(runs)
+    sections = tables.sections(runs) + levers.sections(frame)  # levers: every variant, raw frame
     if verdict:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
                                           .replace("\n", " ")))
