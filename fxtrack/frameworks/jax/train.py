@@ -21,7 +21,9 @@ from fxtrack.architectures import Arch
 from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
 from fxtrack.frameworks.jax import models
 
-COMPUTE_DTYPES = {"fp32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
+# tf32 computes in float32 like fp32 (TF32 matmuls are a config setting: devices.configure).
+COMPUTE_DTYPES = {"fp32": jnp.float32, "tf32": jnp.float32, "bf16": jnp.bfloat16,
+                  "fp16": jnp.float16}
 
 # torch.amp.GradScaler's defaults, so that fp16 runs skip and grow steps alike.
 INIT_SCALE, GROWTH_INTERVAL = 2.0**16, 2000

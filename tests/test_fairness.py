@@ -1,0 +1,187 @@
+"""Fair by construction (issue 12): the rules every framework follows, read back from inside the
+worker; the one compile rule; torch's compiled callable holds the loss; per-device BatchNorm in
+JAX; loss parity across the three frameworks after a few steps on the same seed and data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from fxtrack import policy
+from fxtrack.worker.__main__ import run
+
+FRAMEWORKS = ("torch", "tensorflow", "jax")
+
+
+def _importable(framework: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(framework) is not None
+
+
+needs = {fw: pytest.mark.skipif(not _importable(fw), reason=f"{fw} not installed")
+         for fw in FRAMEWORKS}
+
+
+# ----------------------------------------------------------------------------- the compile rule
+@pytest.mark.parametrize("framework,kind,expected", [
+    ("jax", "cpu", True), ("jax", "gpu", True),
+    ("tensorflow", "cpu", False), ("tensorflow", "gpu", True),
+    ("torch", "cpu", False), ("torch", "gpu", True),
+])
+def test_compile_auto_resolves_per_rule(framework, kind, expected):
+    compiled, why = policy.resolve_compile(framework, kind, "resnet", "auto")
+    assert compiled is expected and why.startswith("auto")
+
+
+@pytest.mark.parametrize("request_", ["true", "false"])
+def test_compile_true_false_are_obeyed(request_):
+    for framework in FRAMEWORKS:
+        for kind in ("cpu", "gpu"):
+            assert policy.resolve_compile(framework, kind, "vit", request_)[0] is (request_ == "true")
+    with pytest.raises(ValueError, match="framework.compile"):
+        policy.resolve_compile("jax", "cpu", "vit", "yes")
+
+
+def test_compile_mode_tags_say_what_ran():
+    assert policy.compile_mode_tag("torch", True, "max-autotune") == "inductor:max-autotune"
+    assert policy.compile_mode_tag("torch", False) == "eager"
+    assert policy.compile_mode_tag("tensorflow", False) == "tf.function"
+    assert policy.compile_mode_tag("tensorflow", True) == "xla"
+    assert policy.compile_mode_tag("jax", True) == "jit"
+
+
+def test_cpu_threads_default_is_the_affinity():
+    assert policy.cpu_threads(None) == len(os.sched_getaffinity(0))
+    assert policy.cpu_threads(3) == 3
+    env = policy.thread_environment(1, "jax")
+    assert env["OMP_NUM_THREADS"] == env["TF_NUM_INTRAOP_THREADS"] == "1"
+    assert "--xla_cpu_multi_thread_eigen=false" in env["XLA_FLAGS"]
+
+
+# ----------------------------------------------------------------------------- read back in the worker
+@pytest.mark.parametrize("framework", [pytest.param(fw, marks=needs[fw]) for fw in FRAMEWORKS])
+def test_fp32_is_strict_and_tagged_in_process(spec_factory, framework):
+    """compile=auto as a user runs it: the rule resolved in the worker, the fp32 matmul setting
+    read back from the framework, what ran tagged."""
+    spec = spec_factory(framework, "vit", compile_request="auto", steps=1, warmup_steps=1)
+    result = run(spec)
+    assert result.status == "FINISHED", result.error
+    tags = result.tags
+    assert tags["matmul_precision"] == "fp32"
+    expected_compile = {"torch": "eager", "tensorflow": "tf.function", "jax": "jit"}[framework]
+    assert tags["compile_mode"] == expected_compile
+    assert result.resolved["compile"] is (framework == "jax")
+    assert tags["attention"] == {"torch": "sdpa:", "tensorflow": "keras.ops.dot_product_attention",
+                                 "jax": "xla"}[framework] or tags["attention"].startswith(
+        {"torch": "sdpa:", "tensorflow": "keras.ops.", "jax": "xla"}[framework])
+
+
+@pytest.mark.parametrize("framework", [pytest.param(fw, marks=needs[fw]) for fw in FRAMEWORKS])
+def test_tf32_and_one_thread_read_back_in_a_worker_process(spec_factory, tmp_path, framework):
+    """A worker process of its own, as real runs: threads can be sized only before a framework
+    starts, so this is where cpu_threads=1 is proved (OMP/TF env, affinity, set_num_threads)."""
+    spec = spec_factory(framework, "vit", precision="tf32", cpu_threads=1, steps=1,
+                        compile_request="auto",
+                        warmup_steps=1, result_path=str(tmp_path / "result.json"))
+    spec.dump(tmp_path / "spec.json")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "XLA_FLAGS")}
+    proc = subprocess.run([sys.executable, "-m", "fxtrack.worker", str(tmp_path / "spec.json")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tags = json.loads((tmp_path / "result.json").read_text())["tags"]
+    assert tags["matmul_precision"] == "tf32"
+    assert tags["cpu_threads"] == "1"
+
+
+# ----------------------------------------------------------------------------- torch: model + loss compiled
+@needs["torch"]
+def test_torch_compiled_callable_includes_the_loss():
+    """The graph torch.compile captures runs from the input to the cross-entropy: the loss is
+    inside the compiled callable, not run eagerly after it."""
+    import torch
+
+    from fxtrack import architectures
+    from fxtrack.frameworks.torch import data, models, train
+
+    arch = architectures.resolve("vit", "tiny")
+    device = torch.device("cpu")
+    model = models.build(arch)
+    batch = data.device_batch(arch, 2, 0, device, False)
+    graphs = []
+
+    def record(gm, example_inputs):  # a torch.compile backend that keeps the FX graph
+        graphs.append(gm)
+        return gm.forward
+
+    loss = train.compile_loss(train.forward_loss(model, "fp32", device), backend=record)
+    value = loss(batch)
+    assert len(graphs) == 1  # one graph: no break between model and loss
+    ops = " ".join(str(node.target) for node in graphs[0].graph.nodes)
+    assert "cross_entropy" in ops and "linear" in ops
+    eager = train.forward_loss(model, "fp32", device)(batch)
+    assert torch.allclose(value, eager, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- JAX: per-device BatchNorm
+@needs["jax"]
+def test_jax_batch_norm_is_per_device():
+    """With 2 device groups, the network's output equals running each half of the batch on its
+    own (what DDP / MirroredStrategy compute), and differs from global (synchronised) BN."""
+    pytest.importorskip("flax")
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from fxtrack import architectures
+    from fxtrack.frameworks.jax import models
+
+    arch = architectures.resolve("resnet50", "tiny", image_size=64)
+
+    def net(groups: int):
+        model = models.build(arch, jnp.float32, nnx.Rngs(0))
+        model.train()
+        models.per_device_batch_norm(model, groups)
+        return model
+
+    x = jax.random.normal(jax.random.key(1), (8, 64, 64, 3))  # (2 devices x 4, H, W, 3)
+    per_device = np.asarray(net(2)(x))
+    halves = np.concatenate([net(1)(x[:4]), net(1)(x[4:])])
+    synced = np.asarray(net(1)(x))
+    assert np.abs(per_device - halves).max() < 1e-4
+    assert np.abs(per_device - synced).max() > 1e-2
+
+
+# ----------------------------------------------------------------------------- loss parity
+@pytest.mark.parametrize("model", ["bert", "vit"])
+def test_loss_after_seven_steps_agrees_across_frameworks(spec_factory, model):
+    """Same seed, same synthetic data, same initialiser distributions, optimiser and loss: the
+    loss after 7 steps (1 warm-up + 6 timed, compile=auto) agrees across the three frameworks.
+    Each framework draws its own random weights, so bit-equality is not expected.
+
+    BERT's loss is still ~7 after 7 steps: within 5% of each other. Tiny ViT memorises its
+    batch: the loss falls from ~7.3 to ~0.005 (measured: torch 0.0046, TF 0.0031, JAX 0.0049),
+    where the init draw dominates the ratio; there the spread must stay within 5% of the
+    starting loss, and every framework must have fallen the same >100x."""
+    first, last = {}, {}
+    for framework in FRAMEWORKS:
+        if not _importable(framework):
+            pytest.skip(f"{framework} not installed")
+        result = run(spec_factory(framework, model, compile_request="auto", steps=6,
+                                  warmup_steps=1))
+        assert result.status == "FINISHED", result.error
+        assert len(result.series["loss"]) == 7
+        first[framework] = result.metrics["loss_first"]
+        last[framework] = result.metrics["loss_last"]
+    spread = max(last.values()) - min(last.values())
+    assert (max(first.values()) - min(first.values())) / min(first.values()) < 0.1, first
+    if model == "bert":
+        assert spread / min(last.values()) < 0.05, last
+    else:
+        assert spread / min(first.values()) < 0.05, (first, last)
+        assert all(last[f] < first[f] / 100 for f in last), (first, last)
