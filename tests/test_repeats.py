@@ -149,3 +149,37 @@ def test_single_runs_get_a_ratio_but_no_verdict_of_difference():
     assert all(r.interval is None for r in found)
     assert "no interval" in verdicts.verdict(found)
     assert verdicts.verdict(found, min_repeats=3) == "not ranked: 1 repeat(s) < --min-repeats 3"
+
+
+# --- bench/overhead.py's rounds ---------------------------------------------------------------
+
+def test_overhead_rounds_rotate_and_stop_when_the_interval_is_narrow(monkeypatch):
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("overhead", CONF_DIR.parent / "bench" / "overhead.py")
+    overhead = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(overhead)
+    calls: list[str] = []
+    wobble = iter([1.0, 1.004, 0.998, 1.002, 0.999] * 10)
+
+    def fx(fw, tmp, mode):
+        calls.append("fxtrack" if mode == overhead.COMPILE[fw] else "default")
+        return 98.0 * next(wobble), 0.0
+
+    def bare(fw):
+        calls.append("bare")
+        return 100.0
+
+    monkeypatch.setattr(overhead, "fxtrack_run", fx)
+    monkeypatch.setattr(overhead, "bare_run", bare)
+    args = argparse.Namespace(min_rounds=3, max_rounds=30, target=0.02)
+    row = overhead.measure("torch", args)
+    assert row["rounds"] == 3  # the interval of ~0.98 +- 0.3% is under 2% at the third round
+    assert calls[:9] == ["fxtrack", "bare", "default", "bare", "default", "fxtrack",
+                         "default", "fxtrack", "bare"]  # no arm always goes first
+    med, low, high = row["fxtrack"]
+    assert low < med < high and high - low < 0.02 and med == pytest.approx(0.98, abs=0.005)
+    args.target = 1e-9  # never narrow enough: stops at the maximum
+    args.max_rounds = 4
+    assert overhead.measure("torch", args)["rounds"] == 4
