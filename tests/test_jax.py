@@ -289,7 +289,7 @@ def test_pipeline_scenario_feeds_training_from_disk(tmp_path, monkeypatch, name)
                           options={"dataset_samples": 64, "loader_workers": 2}))
     assert result.status == "FINISHED", result.error
     m = result.metrics
-    assert m["pipeline_samples_per_s"] > 0 and 0 <= m["input_bound_fraction"] < 1
+    assert m["pipeline_samples_per_s"] > 0 and -1 < m["input_bound_fraction"] < 1  # signed: a fed window may beat the resident one
 
 
 def test_pipeline_does_the_per_sample_work(tmp_path, monkeypatch):

@@ -265,7 +265,7 @@ def test_pipeline_worker_run(spec_factory, monkeypatch, tmp_path, name):
                                      options={"dataset_samples": 64, "loader_workers": 2}))
     assert result.status == "FINISHED", result.error
     m = result.metrics
-    assert m["pipeline_samples_per_s"] > 0 and 0 <= m["input_bound_fraction"] < 1
+    assert m["pipeline_samples_per_s"] > 0 and -1 < m["input_bound_fraction"] < 1  # signed: a fed window may beat the resident one
 
 
 def test_pipeline_batches_follow_the_dataset_rules(tmp_path, monkeypatch):
