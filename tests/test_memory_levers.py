@@ -8,6 +8,7 @@ stages over 2 values per channel, so its loss moves by ~1e-2 with the kernel's r
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ RANKS = Path(__file__).with_name("levers_ranks.py")
 TOL = 1e-4
 
 
+@functools.lru_cache(maxsize=None)  # the jax ddp/none baseline serves two tests
 def ranks(framework: str, model: str, parallel: str, memory: str, port: int) -> dict[int, dict]:
     """levers_ranks.py on 2 devices: torchrun's 2 gloo ranks, or one JAX process, 2 host devices."""
     cmd = [sys.executable, str(RANKS), framework, model, parallel, memory, "2"]
@@ -34,6 +36,7 @@ def ranks(framework: str, model: str, parallel: str, memory: str, port: int) -> 
     return {line["rank"]: line for line in lines}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework, port", [("torch", 29561), ("jax", 0)])
 def test_fsdp_shards_the_parameters_and_keeps_the_math(framework, port):
     ddp = ranks(framework, "vit", "ddp", "none", port)
@@ -45,6 +48,7 @@ def test_fsdp_shards_the_parameters_and_keeps_the_math(framework, port):
         assert run["losses"][-1] < run["losses"][0]
 
 
+@pytest.mark.slow
 def test_jax_remat_matches_none():
     none = ranks("jax", "vit", "ddp", "none", 0)[0]["losses"]
     assert ranks("jax", "vit", "ddp", "checkpoint", 0)[0]["losses"] == pytest.approx(none, abs=TOL)
