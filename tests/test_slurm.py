@@ -127,20 +127,21 @@ def _squeue(name: str) -> dict[str, tuple[str, str]]:
 
 
 def _watch(proc: subprocess.Popen, name: str, act=None, timeout_s: float = 1100):
-    """Poll squeue until the sweep ends: {submitit id: (SLURM_JOB_ID, states seen)} and the
-    sweep's output. ``act(queue)`` is called each poll until it returns True."""
-    seen: dict[str, tuple[str, set[str]]] = {}
+    """Poll squeue until the sweep ends: {submitit id: SLURM_JOB_ID} of the jobs seen RUNNING,
+    and the sweep's output. ``act(queue)`` is called each poll until it returns True."""
+    running: dict[str, str] = {}
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
         queue = _squeue(name)
         for job, (job_id, state) in queue.items():
-            seen.setdefault(job, (job_id, set()))[1].add(state)
+            if state == "RUNNING":  # pending, an array element shows the array's id, not its own
+                running[job] = job_id
         if act is not None and act(queue):
             act = None
         time.sleep(0.5)
     if proc.poll() is None:
         proc.kill()
-    return seen, proc.communicate()[0]
+    return running, proc.communicate()[0]
 
 
 def _runs(tmp_path: Path):
@@ -160,13 +161,13 @@ def _runs(tmp_path: Path):
 def test_sweep_jobs_run_as_slurm_jobs_under_one_parent(tmp_path):
     name = f"fxt-{uuid.uuid4().hex[:8]}"
     t0 = time.monotonic()
-    seen, output = _watch(_start_sweep(tmp_path, name), name)
+    running, output = _watch(_start_sweep(tmp_path, name), name)
     print(f"2-job SLURM sweep: {time.monotonic() - t0:.0f} s")  # for the record (-s shows it)
     assert not _squeue(name), "jobs left in the queue"
     (parent,), children = _runs(tmp_path)
     assert parent.info.status == "FINISHED", output[-3000:]
     assert set(children) == {"torch", "jax"}, output[-3000:]
-    job_ids = {job_id for job_id, states in seen.values() if "RUNNING" in states}
+    job_ids = set(running.values())
     for framework, run in children.items():
         assert run.info.status == "FINISHED", (framework, run.data.tags.get("fxtrack.error"))
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -195,7 +196,7 @@ def test_a_cancelled_job_fails_while_the_other_finishes(tmp_path):
         cancelled.append(queue[job][0])
         return True
 
-    seen, output = _watch(_start_sweep(tmp_path, name), name, cancel_jax)
+    _, output = _watch(_start_sweep(tmp_path, name), name, cancel_jax)
     assert cancelled, f"the JAX job was never seen running its worker:\n{output[-3000:]}"
     assert not _squeue(name), "jobs left in the queue"
     (parent,), children = _runs(tmp_path)
