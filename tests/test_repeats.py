@@ -10,6 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import open_dict
 
 from fxtrack import stats
 from fxtrack.cli import CONF_DIR
@@ -91,6 +92,24 @@ def test_repeats_run_round_robin_across_the_sweep():
 def test_one_repeat_adds_no_jobs():
     jobs = sweep_order("framework=torch,jax")
     assert len(jobs) == 2 and all(f"{repeats.REPEAT_ENV}=0" in job[0] for job in jobs)
+
+
+def test_the_sweep_callback_counts_configs_from_the_sweeper_params_too():
+    """The callback validates and counts every config up front: a preset's sweeper params
+    (experiment=seeds_table: 3 frameworks x 3 models x 2 scenarios) count, repeats do not."""
+    from fxtrack.tracking.callbacks import sweep_jobs
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        preset = compose(config_name="config", overrides=["experiment=seeds_table"],
+                         return_hydra_config=True)
+        repeated = compose(config_name="config", overrides=["repeats=3"], return_hydra_config=True)
+    assert len(sweep_jobs(preset)) == 18
+    with open_dict(repeated):  # as `-m framework=torch,jax repeats=3` leaves it
+        repeated.hydra.overrides.task = ["framework=torch,jax", "repeats=3"]
+    jobs = sweep_jobs(repeated)
+    assert sorted(j for job in jobs for j in job if j.startswith("framework=")) == [
+        "framework=jax", "framework=torch"]
 
 
 # --- aggregate ------------------------------------------------------------------------------

@@ -23,10 +23,14 @@ _ACTIVE: "SweepRun | None" = None  # the sweep in progress in this process, for 
 
 
 def sweep_jobs(config: DictConfig) -> list[list[str]]:
-    """The override lists of every job the basic sweeper will launch."""
+    """The override lists of every config the basic sweeper will launch (once per repeat):
+    the sweep's ``hydra.sweeper.params`` (e.g. an ``experiment=`` preset's) first, as
+    BasicSweeper puts them, then the command line's; the hidden repeat dimension left out."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    parsed = OverridesParser.create().parse_overrides(list(config.hydra.overrides.task))
+    params = [f"{key}={value}" for key, value in (config.hydra.sweeper.get("params") or {}).items()
+              if "FXTRACK_REPEAT" not in key]
+    parsed = OverridesParser.create().parse_overrides(params + list(config.hydra.overrides.task))
     return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
 
 
