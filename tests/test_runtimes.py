@@ -98,6 +98,7 @@ def test_combinations_without_a_path_are_clear_unsupported_runs(spec_factory, fr
     result = serve(spec_factory, framework, "bert", runtime, quantize)
     assert result.status == "FAILED" and says in result.error
     assert result.tags["unsupported"] == "true"
+    assert result.resolved["device_kind"] == "cpu"  # filed with the runs of its hardware
 
 
 def test_tensorrt_on_a_cpu_says_it_needs_a_gpu(spec_factory):

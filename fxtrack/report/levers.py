@@ -15,7 +15,7 @@ from typing import Optional
 import pandas as pd
 
 from fxtrack.report.select import FRAMEWORK_ORDER, _rank
-from fxtrack.report.tables import FLAG, Section, Table, fmt, fmt_ms
+from fxtrack.report.tables import CONTENDED, FLAG, Section, Table, fmt, fmt_ms
 
 BASE = ["framework", "model", "scenario", "precision", "devices", "hardware"]
 LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
@@ -43,6 +43,7 @@ def cells(frame: pd.DataFrame) -> pd.DataFrame:
     runs["status"] = frame["status"]
     runs["start_time"] = frame["start_time"]
     runs["guard"] = _column(frame, "tags.fxtrack.guard").fillna("ok")
+    runs["contended"] = _column(frame, "tags.fxtrack.contended") == "true"
     error = _column(frame, "tags.fxtrack.error").fillna("")
     runs["error"] = error
     runs["unsupported"] = ((_column(frame, "tags.fxtrack.unsupported") == "true")
@@ -65,8 +66,8 @@ def _state(row: pd.Series) -> Optional[str]:
     """What a cell says instead of figures: not supported (and why, briefly), or failed."""
     if row["unsupported"]:  # "NotImplementedError: runtime=tflite is not supported by torch ..."
         error = str(row["error"])
-        start = error.find("not supported by")
-        return error[start:start + 100] if start >= 0 else "not supported"
+        start = error.find("not supported by")  # up to the reason: "... by jax2onnx 0.17.1"
+        return error[start:].split(": ")[0][:80] if start >= 0 else "not supported"
     if row["status"] != "FINISHED":
         return "FAILED: " + str(row["error"])[:90]
     return None
@@ -110,7 +111,7 @@ def deployment(frame: pd.DataFrame) -> list[Table]:
             speedup = "-" if latency is None or not base_latency else f"{base_latency / latency:.2f}x"
             err = _num(row["output_rel_err"])
             top1 = _num(row["top1_agreement"])
-            flag = FLAG if row["guard"] != "ok" else ""
+            flag = (FLAG if row["guard"] != "ok" else "") + (CONTENDED if row["contended"] else "")
             rows.append(label + [fmt_ms(latency) + flag, speedup,
                                  "-" if err is None else f"{err:.1e}",
                                  "-" if top1 is None else f"{top1:.0%}",
@@ -121,7 +122,8 @@ def deployment(frame: pd.DataFrame) -> list[Table]:
              "rel. error", "top-1 agree", "artefact MiB"], rows,
             ["speed-up: the native/none run's p50 latency over this one's (same framework, "
              "model, batch); rel. error: max |out - native| / max |native| on the same batch",
-             f"{FLAG}: the run failed its correctness guard (error over the bound)"]))
+             f"{FLAG}: the run failed its correctness guard (error over the bound); "
+             f"{CONTENDED}: other processes took the cores during its timed window"]))
     return tables
 
 
@@ -144,7 +146,8 @@ def memory(frame: pd.DataFrame) -> list[Table]:
             peak = _peak(row)
             thr = _num(row["throughput_samples_per_s"])
             base = _baseline(group, row, ["parallel", "memory"])
-            rows.append(label + [fmt(peak) + (FLAG if row["guard"] != "ok" else ""),
+            flag = (FLAG if row["guard"] != "ok" else "") + (CONTENDED if row["contended"] else "")
+            rows.append(label + [fmt(peak) + flag,
                                  _ratio(peak, None if base is None else _peak(base)), fmt(thr),
                                  _ratio(thr, None if base is None else
                                         _num(base["throughput_samples_per_s"]))])
@@ -155,7 +158,8 @@ def memory(frame: pd.DataFrame) -> list[Table]:
             ["peak per device: the framework's device peak where it has one (GPU), else the "
              "largest worker process's peak RSS (CPU: one process per rank in torch; JAX and "
              "TensorFlow hold every CPU device in one process, so there RSS is the whole job's)",
-             "ratios: to the ddp/none run of the same framework, model, devices and batch"]))
+             "ratios: to the ddp/none run of the same framework, model, devices and batch",
+             f"{FLAG}: failed its correctness guard; {CONTENDED}: measured on busy cores"]))
     return tables
 
 

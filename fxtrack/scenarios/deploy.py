@@ -107,6 +107,8 @@ def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     ex = exporter(backend)
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
+    # Resolved first, so that a not-supported run is filed under the hardware it would have used
+    result.resolved["device_kind"] = backend.device_kind()
     try:
         check_supported(backend, ex)
     except NotImplementedError:
