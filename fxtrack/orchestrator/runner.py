@@ -44,7 +44,8 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     cmd = worker_command(spec, python or sys.executable, spec_path)
-    with open(log_path, "wb") as log:
+    # Handlers go in before the worker starts: a signal in between must not be lost.
+    with open(log_path, "wb") as log, _forwarding() as forward:
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True)
@@ -52,11 +53,13 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
             msg = f"cannot start the worker with framework.python={cmd[0]}: {e.strerror or e}"
             log.write(f"[fxtrack] {msg}\n".encode())
             return Result(spec.result_id, error=msg)
+        forward.proc = proc
+        if _INTERRUPTED:  # arrived while the worker was starting
+            _kill_group(proc, signal.SIGTERM)
         tee = threading.Thread(target=_tee, args=(proc.stdout, log, echo, not spec.verbose),
                                daemon=True)
         tee.start()
-        with _forwarding(proc):
-            timed_out = _wait(proc, timeout_s)
+        timed_out = _wait(proc, timeout_s)
         tee.join(timeout=10)
     return _outcome(spec, proc.returncode, timed_out, timeout_s, log_path)
 
@@ -65,13 +68,15 @@ class _forwarding:
     """While the worker runs, SIGINT/SIGTERM stop its process group (SIGTERM, then SIGKILL
     after a grace period) instead of killing this process with a traceback."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.saved = proc, {}
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.saved: dict = {}
 
     def _handle(self, signum, frame) -> None:
         if not _INTERRUPTED:
             _INTERRUPTED.append(signum)
-        _kill_group(self.proc, signal.SIGTERM)
+        if self.proc is not None:
+            _kill_group(self.proc, signal.SIGTERM)
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
