@@ -47,10 +47,16 @@ def resolve_compile(framework: str, device_kind: str, family: str,
     return True, "auto: unknown framework, compiled"
 
 
-# The measurement behind torch's CPU rule (shared 2-core machine, other processes running: the
-# figures are contended; the ratio, not the absolute time, decided it). Filled in from
-# `python bench/tf_compile.py`'s torch counterpart run by hand, see the comment in that file.
-CPU_TORCH_COMPILE_NOTE = "torch.compile's CPU gain did not pay its compile time at test sizes"
+# The measurement behind torch's CPU rule, on this project's shared 2-core machine while other
+# test suites ran (contended: the figures moved 2-6x between rounds). Worker runs in-process,
+# torch 2.13 CPU, batch 4, 10 timed steps after 2 warm-up, fp32, two rounds each, p50 ms/step:
+#   tiny ViT:        eager 273 / 137,   torch.compile 170 / 858,   first compile 33 s
+#   ResNet-50 32 px: eager 1542 / 1607, torch.compile 2287 / 1155, first compile 244 s
+# No consistent step-time gain, and a compile that costs 0.5-4 minutes per run: eager on CPU.
+# (A loop over fxtrack.worker.run with compile=True/False, tests/conftest.job_spec; re-measure on a
+# quiet machine with `python -m fxtrack -m framework=torch framework.compile=true,false
+# hardware=cpu model=vit,resnet50 size=tiny repeats=3`.)
+CPU_TORCH_COMPILE_NOTE = "no consistent CPU step-time gain measured, 0.5-4 min compile"
 
 
 def compile_mode_tag(framework: str, compiled: bool, torch_mode: str = "default") -> str:
