@@ -264,3 +264,25 @@ def test_aggregates_stand_for_their_repeats_with_intervals_and_verdicts(tmp_path
                                 "(contended: re-measure on a quiet machine)")
     assert "no clear difference with jax" in render.text([verdict])
     assert [c.path.name for c in charts.draw(runs, tmp_path)] == ["throughput-train-fp32.png"]
+
+
+def test_lever_variants_stay_out_of_the_main_tables():
+    """An ONNX Runtime int8 run of the same benchmark, logged later, must not stand in the main
+    tables for the native run: it belongs to the deployment table."""
+    from fxtrack.report import select
+
+    base = {"status": "FINISHED", "tags.fxtrack.framework": "torch", "tags.fxtrack.model": "resnet50",
+            "tags.fxtrack.scenario": "inference", "tags.fxtrack.precision": "fp32",
+            "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": "cpu", "tags.fxtrack.status": "ok",
+            "params.runtime": "native", "params.quantize": "none"}
+    rows = [dict(base, run_id="native", **{"metrics.throughput_samples_per_s": 10.0},
+                 start_time=pd.Timestamp(T0, unit="ms", tz="UTC"),
+                 end_time=pd.Timestamp(T0 + 1, unit="ms", tz="UTC")),
+            dict(base, run_id="ort-int8", **{"params.runtime": "onnxruntime",
+                                              "params.quantize": "dynamic_int8",
+                                              "metrics.throughput_samples_per_s": 90.0},
+                 start_time=pd.Timestamp(T0 + 2, unit="ms", tz="UTC"),
+                 end_time=pd.Timestamp(T0 + 3, unit="ms", tz="UTC"))]
+    selection = select.latest_runs(pd.DataFrame(rows))
+    assert list(selection.runs["run_id"]) == ["native"]
+    assert selection.skipped["lever variants (deployment / memory tables)"] == 1

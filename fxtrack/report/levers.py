@@ -14,11 +14,10 @@ from typing import Optional
 
 import pandas as pd
 
-from fxtrack.report.select import FRAMEWORK_ORDER, _rank
+from fxtrack.report.select import FRAMEWORK_ORDER, LEVERS, _rank
 from fxtrack.report.tables import CONTENDED, FLAG, Section, Table, fmt, fmt_ms
 
 BASE = ["framework", "model", "scenario", "precision", "devices", "hardware"]
-LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
 KEY = BASE + list(LEVERS)
 METRICS = ["latency_ms_p50", "step_time_ms_p50", "throughput_samples_per_s", "output_rel_err",
            "output_max_abs_err", "top1_agreement", "artefact_mib", "export_time_s",

@@ -15,6 +15,8 @@ import dataclasses
 import pandas as pd
 
 KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]
+# Each lever and its default: runs at the defaults are the main tables' benchmarks.
+LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
 # The report's own column names for the tags of DESIGN.md section 5.
 TAGS = {
     "framework": "fxtrack.framework", "model": "fxtrack.model", "scenario": "fxtrack.scenario",
@@ -63,7 +65,14 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     # A repeat whose config has an aggregate run counts through that aggregate, not on its own.
     folded = runs["repeat_of"].fillna("").astype(str).str.len() > 0
     tagged = runs["framework"].fillna("").astype(str).str.len() > 0
-    benchmark = tagged & ~folded
+    # A lever variant (runtime=onnxruntime, parallel=fsdp, ...) is a cell of the levers' tables
+    # (report/levers.py), not a competitor of the default run in the main tables.
+    variant = pd.Series(False, index=frame.index)
+    for lever, default in LEVERS.items():
+        if f"params.{lever}" in frame:
+            variant |= frame[f"params.{lever}"].fillna(default) != default
+    variant = variant.to_numpy()
+    benchmark = tagged & ~folded & ~variant
     failed = benchmark & ((runs["check"] == "failed") | runs["status"].isin(["FAILED", "KILLED"]))
     finished = benchmark & ~failed & (runs["status"] == "FINISHED")
     kept = runs[finished].copy()
@@ -88,6 +97,7 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
         "failed": int(failed.sum()),
         "not finished": int((benchmark & ~failed & ~finished).sum()),
         "repeats counted in their aggregate": int(folded.sum()),
+        "lever variants (deployment / memory tables)": int((tagged & ~folded & variant).sum()),
         "without fxtrack.framework (sweep parents, reports)": int((~tagged).sum()),
     }
     return Selection(latest, len(frame), skipped)
