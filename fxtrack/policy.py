@@ -81,6 +81,13 @@ def cpu_threads(requested: Optional[int]) -> int:
         return os.cpu_count() or 1
 
 
+def threads_per_process(threads: int) -> int:
+    """A process's share of ``threads``: torchrun starts one process per device
+    (LOCAL_WORLD_SIZE of them on this node), which together use the cores one JAX or TF process
+    uses for all its devices; torchrun's own default (OMP_NUM_THREADS=1) would leave cores idle."""
+    return max(1, threads // int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
 def thread_environment(threads: int, framework: str) -> dict[str, str]:
     """Environment variables that size every framework's CPU thread pools to ``threads``; set
     before the framework is imported (its pools are created at import / first use).

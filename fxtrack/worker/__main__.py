@@ -55,8 +55,9 @@ def apply_cpu_threads(spec: JobSpec) -> None:
     its pools from the affinity and takes no thread-count option (jaxlib 0.10), and the same
     cores for all three keeps the comparison fair. Each backend then sets its framework's own
     knobs and tags what it reads back."""
-    threads = policy.cpu_threads(spec.cpu_threads)
-    for key, value in policy.thread_environment(threads, spec.framework).items():
+    threads = policy.cpu_threads(spec.cpu_threads)  # every process of this node together
+    mine = policy.threads_per_process(threads)
+    for key, value in policy.thread_environment(mine, spec.framework).items():
         if key == "XLA_FLAGS":
             _xla_flag(value)
         else:

@@ -21,8 +21,8 @@ class TorchBackend(Backend):
 
     def device_kind(self) -> str:
         if not hasattr(self, "device"):  # the first call: the fairness policy, before any build
-            self.policy_tags = devices.configure(self.spec.precision,
-                                                 policy.cpu_threads(self.spec.cpu_threads))
+            threads = policy.threads_per_process(policy.cpu_threads(self.spec.cpu_threads))
+            self.policy_tags = devices.configure(self.spec.precision, threads)
             self.device = devices.select(self.spec.hardware)
         return "gpu" if self.device.type == "cuda" else "cpu"
 
