@@ -185,3 +185,27 @@ def test_loss_after_seven_steps_agrees_across_frameworks(spec_factory, model):
     else:
         assert spread / min(first.values()) < 0.05, (first, last)
         assert all(last[f] < first[f] / 100 for f in last), (first, last)
+
+
+@needs["jax"]
+def test_jax_multi_device_step_has_no_batch_norm_all_reduce(tmp_path):
+    """Over 2 CPU devices, the compiled ResNet-50 step all-reduces only the gradients (XLA
+    combines them into a few ops); with global BatchNorm it also all-reduced every BN layer's
+    statistics (measured: 206 all-reduce ops vs 2). A process of its own: the device count
+    is fixed when JAX starts."""
+    pytest.importorskip("flax")
+    script = tmp_path / "hlo.py"
+    script.write_text(
+        "import os, sys\n"
+        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'\n"
+        "os.environ['JAX_PLATFORMS'] = 'cpu'\n"
+        f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "from conftest import job_spec\n"
+        "from fxtrack.frameworks.jax.backend import JaxBackend\n"
+        "b = JaxBackend(job_spec('jax', 'resnet50', devices=2, compile=True, batch_size=2))\n"
+        "b.device_kind(); b.build(2)\n"
+        "print(b._step.lower(b.state, b.batch).compile().as_text().count('all-reduce('))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 0 < int(proc.stdout.strip().splitlines()[-1]) <= 8
