@@ -92,6 +92,25 @@ def test_hydra_never_prints_a_uri_password(tmp_path):
     assert PLANTED not in proc.stdout + proc.stderr
 
 
+def test_a_sweep_keeps_uri_passwords_out_of_hydra_files_the_spool_and_the_terminal(tmp_path):
+    """Server down, worker failing fast: everything the sweep wrote stays on disk to scan."""
+    failing = _script(tmp_path / "python", "exit 3")
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # a port nobody listens on
+    port = dead.getsockname()[1]
+    dead.close()
+    proc = fxtrack(tmp_path, "-m", f"tracking.uri=http://alice:{PLANTED}@127.0.0.1:{port}",
+                   f"framework.python={failing}", "seed=0,1",
+                   env={"MY_API_TOKEN": PLANTED})
+    assert proc.returncode == 1 and "only in the local spool" in proc.stderr
+    assert PLANTED not in proc.stdout + proc.stderr
+    written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "python"]
+    assert any(p.name == "overrides.yaml" for p in written)
+    assert len(list((tmp_path / "home" / "spool").iterdir())) == 3
+    for path in written:
+        assert PLANTED not in path.read_text(errors="replace"), path
+
+
 def test_logged_overrides_are_redacted():
     out = records.redact_overrides([f"tracking.uri=http://u:{PLANTED}@h:1,http://h:2",
                                     f"+db_password={PLANTED}", "model=vit"])
