@@ -209,3 +209,36 @@ def test_jax_multi_device_step_has_no_batch_norm_all_reduce(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 0 < int(proc.stdout.strip().splitlines()[-1]) <= 8
+
+
+
+@pytest.mark.parametrize("hardware,devices,flag", [("auto", 2, True), ("gpu", 2, True),
+                                                   ("auto", 1, False), ("cpu", 2, False)])
+def test_worker_environment_threads_and_jax_multi_gpu_scheduler(monkeypatch, hardware, devices,
+                                                                 flag):
+    """Before any framework import: thread variables for every framework (default: the
+    process's cores), and XLA's latency-hiding scheduler for JAX over several GPUs only."""
+    from conftest import job_spec
+
+    from fxtrack.worker.__main__ import prepare_environment
+
+    monkeypatch.setattr(os, "environ", {"PATH": os.environ.get("PATH", "")})
+    prepare_environment(job_spec("jax", "vit", hardware=hardware, devices=devices))
+    n = str(len(os.sched_getaffinity(0)))
+    assert os.environ["OMP_NUM_THREADS"] == os.environ["TF_NUM_INTRAOP_THREADS"] == n
+    assert ("--xla_gpu_enable_latency_hiding_scheduler=true" in os.environ.get("XLA_FLAGS", "")) \
+        is flag
+
+
+@needs["tensorflow"]
+def test_fp16_loss_scale_starts_at_2_16_everywhere():
+    """TF's LossScaleOptimizer starts where torch's GradScaler and fxtrack's JAX step do."""
+    from fxtrack import architectures
+    from fxtrack.frameworks.tensorflow import train as tf_train
+
+    opt = tf_train.optimizer(architectures.resolve("vit", "tiny"), "fp16")
+    assert float(opt.initial_scale) == 2.0**16
+    if _importable("torch"):
+        import torch
+
+        assert torch.amp.GradScaler("cpu")._init_scale == 2.0**16
