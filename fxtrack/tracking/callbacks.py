@@ -64,7 +64,8 @@ class SweepRun(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         jobs_dir = Path(config.hydra.sweep.dir) / JOBS_DIR
         jobs = [json.loads(p.read_text()) for p in sorted(jobs_dir.glob("*.json"))]
-        failed = [j for j in jobs if j["status"] != "FINISHED"]
+        unsupported = [j for j in jobs if _unsupported(j)]
+        failed = [j for j in jobs if j["status"] != "FINISHED" and not _unsupported(j)]
         print(closing_table(jobs), file=sys.stderr)
         aggregates = [json.loads(p.read_text())
                       for p in sorted((jobs_dir / "aggregates").glob("*.json"))]
@@ -80,6 +81,10 @@ class SweepRun(Callback):
             print(f"fxtrack: {len(spooled) + self.spooled} of {len(jobs) + 1} runs (the sweep's "
                   "parent included) are only in the local spool: run `fxtrack sync` when the "
                   "server is back", file=sys.stderr)
+        if unsupported:  # a matrix may hold combinations a framework has no path for
+            print(f"fxtrack: {len(unsupported)} of {len(jobs)} jobs are not supported by their "
+                  "framework (logged as such; see the report's deployment and memory tables)",
+                  file=sys.stderr)
         if failed:
             print(f"fxtrack: {len(failed)} of {len(jobs)} jobs failed", file=sys.stderr)
         if failed or spooled or self.spooled:
@@ -134,12 +139,18 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
         m = j["metrics"]
         peak = m.get("peak_mem_device_mib", m.get("peak_rss_mib"))
         note = j["error"] or ("" if j["guard"] == "ok" else f"guard: {j['guard']}")
-        rows.append((j["name"], j["status"], _fmt(m.get("throughput_samples_per_s")),
+        status = "NOT SUPPORTED" if _unsupported(j) else j["status"]
+        rows.append((j["name"], status, _fmt(m.get("throughput_samples_per_s")),
                      _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0), (note or "")[:60]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(["", *lines, ""])
+
+
+def _unsupported(job: dict[str, Any]) -> bool:
+    """A job the worker found no path for (NotImplementedError): fxtrack.unsupported=true."""
+    return job.get("tags", {}).get("fxtrack.unsupported") == "true"
 
 
 def _fmt(value: Any, digits: int = 1) -> str:

@@ -87,6 +87,8 @@ def run(spec: JobSpec) -> Result:
     except Exception as e:  # the orchestrator turns this into a FAILED run with the traceback
         traceback.print_exc()
         result.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+        if isinstance(e, NotImplementedError):  # a combination this framework has no path for:
+            result.tags["unsupported"] = "true"  # a "not supported" cell, not a crash
     result.metrics.setdefault("peak_rss_mib", peak_rss_mib())
     return result
 
