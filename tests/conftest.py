@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -41,3 +44,30 @@ def job_spec(framework: str, model: str, tmp_path: Path | None = None, size: str
 @pytest.fixture
 def spec_factory(tmp_path):
     return lambda framework, model, **kw: job_spec(framework, model, tmp_path, **kw)
+
+
+def run_fxtrack(cwd: Path, *args: str, env: dict | None = None,
+                timeout: int = 1200) -> subprocess.CompletedProcess:
+    """``python -m fxtrack ARGS`` in ``cwd`` as a user would run it: no MLflow variables from
+    the test's environment (the embedded store in ``cwd`` unless ``env`` names one), its spool
+    under ``cwd/home``; ``env`` adds or overrides variables."""
+    full = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    full["FXTRACK_HOME"] = str(cwd / "home")
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=full,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def seed_peak_cache(cache: Path) -> dict[str, str]:
+    """A peak-FLOP/s cache for this CPU (1 TFLOP/s for every framework), so runs under test do
+    not calibrate: minutes of matmul probes on a busy 2-core machine, in tests that are not about
+    MFU. Returns the environment that points fxtrack at it."""
+    import json
+
+    from fxtrack.measure import peak
+
+    entry = {"tflops": 1.0, "date": "2026-01-01", "contended": False, "other_cpu_frac": 0.0}
+    key = peak._key("cpu", "fp32", peak._threads(None))
+    cache.mkdir(parents=True, exist_ok=True)
+    (cache / "peak_flops.json").write_text(json.dumps({key: {fw: entry for fw in peak.FRAMEWORKS}}))
+    return {"FXTRACK_CACHE": str(cache)}

@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks.torch import models  # noqa: E402
+from conftest import run_fxtrack  # noqa: E402
 
 TINY_VIT = ["framework=torch", "model=vit", "model.layers=2", "model.image_size=32",
             "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]
@@ -27,10 +28,7 @@ HOST_TAGS = ["fxtrack.framework", "fxtrack.framework_version", "fxtrack.model", 
 
 
 def fxtrack(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    env["FXTRACK_HOME"] = str(cwd / "home")
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_fxtrack(cwd, *args, timeout=timeout)
 
 
 def runs(cwd: Path) -> list:

@@ -15,6 +15,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 
 from fxtrack.measure import complexity  # noqa: E402
+from conftest import run_fxtrack  # noqa: E402
 
 FRAMEWORKS = [fw for fw, module in (("torch", "torch"), ("tensorflow", "tensorflow"), ("jax", "jax"))
               if importlib.util.find_spec(module)]
@@ -28,10 +29,7 @@ GPU_ONLY = ["peak_mem_device_mib", "peak_mem_nvml_mib", "energy_j_per_sample", "
 
 
 def fxtrack(cwd: Path, *args: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(FXTRACK_HOME=str(cwd / "home"), FXTRACK_CACHE=str(cache))
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    return run_fxtrack(cwd, *args, env={"FXTRACK_CACHE": str(cache)})
 
 
 @pytest.fixture(scope="module")

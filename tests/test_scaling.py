@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +12,7 @@ mlflow = pytest.importorskip("mlflow")
 
 from fxtrack.orchestrator.runner import worker_command  # noqa: E402
 from fxtrack.orchestrator.scaling import device_counts, scaling_metrics  # noqa: E402
-from conftest import job_spec  # noqa: E402
+from conftest import job_spec, run_fxtrack  # noqa: E402
 
 TINY = ["size=tiny", "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]
 FRAMEWORKS = [fw for fw, module in (("torch", "torch"), ("tensorflow", "tensorflow"), ("jax", "jax"))
@@ -22,10 +20,7 @@ FRAMEWORKS = [fw for fw, module in (("torch", "torch"), ("tensorflow", "tensorfl
 
 
 def fxtrack(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["FXTRACK_HOME"] = str(cwd / "home")
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=1200)
+    return run_fxtrack(cwd, *args)
 
 
 def runs(cwd: Path) -> list:

@@ -23,6 +23,7 @@ from fxtrack.config import register
 from fxtrack.orchestrator import slurm
 from fxtrack.orchestrator.app import job_spec, validate
 from fxtrack.orchestrator.runner import worker_command
+from conftest import seed_peak_cache
 
 SLURM_JOB = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "4", "SLURM_NODEID": "2",
              "SLURM_JOB_NODELIST": "gpu[07-08,10],login1"}
@@ -109,6 +110,7 @@ def _start_sweep(tmp_path: Path, name: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items()
            if k != "MLFLOW_TRACKING_URI" and not k.startswith("SLURM_")}
     env["FXTRACK_HOME"] = str(tmp_path / "home")
+    env.update(seed_peak_cache(tmp_path / "cache"))  # the two 1-CPU jobs would calibrate, contended
     cmd = [sys.executable, "-m", "fxtrack", "-m", "hydra/launcher=slurm", "framework=torch,jax",
            "size=tiny", "batch_size=2", "steps=2", "warmup_steps=1", "hardware=cpu",
            "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=null",

@@ -23,6 +23,7 @@ mlflow = pytest.importorskip("mlflow")
 pytest.importorskip("torch")
 
 from servers import ADMIN, MlflowServer, free_port  # noqa: E402
+from conftest import run_fxtrack  # noqa: E402
 
 TINY = ["framework=torch", "model=vit", "size=tiny", "batch_size=2", "steps=2",
         "warmup_steps=1", "framework.compile=false"]
@@ -30,11 +31,7 @@ PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 
 
 def fxtrack(cwd: Path, *args: str, env: dict | None = None, timeout: int = 600):
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    base["FXTRACK_HOME"] = str(cwd / "home")
-    base.update(env or {})
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=base,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_fxtrack(cwd, *args, env=env, timeout=timeout)
 
 
 def admin_client(server: MlflowServer):

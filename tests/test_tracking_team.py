@@ -22,6 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("psycopg2", reason="the PostgreSQL backend needs psycopg2-binary (test extra)")
 
 from servers import ADMIN, PG_PASSWORD, MlflowServer, Postgres  # noqa: E402
+from conftest import seed_peak_cache  # noqa: E402
 
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 JOBS = 8
@@ -35,17 +36,6 @@ def postgres():
     pg = Postgres().start()
     yield pg
     pg.stop()
-
-
-def _seed_peak_cache(cache: Path) -> None:
-    """A peak-FLOP/s cache for this CPU, so the sweep's jobs do not calibrate (minutes of matmul
-    probes on a busy 2-core machine, and this test is about tracking, not MFU)."""
-    from fxtrack.measure import peak
-
-    entry = {"tflops": 1.0, "date": "2026-01-01", "contended": False, "other_cpu_frac": 0.0}
-    key = peak._key("cpu", "fp32", peak._threads(None))
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / "peak_flops.json").write_text(json.dumps({key: {fw: entry for fw in peak.FRAMEWORKS}}))
 
 
 def _env(server: MlflowServer, home: Path) -> dict:
@@ -64,7 +54,7 @@ def test_chaos_sweep_and_concurrent_syncs_through_two_server_restarts(tmp_path, 
     server = MlflowServer(tmp_path / "server", auth=True, postgres=postgres,
                           workers=1).start(wait_s=600)
     home = tmp_path / "home"
-    _seed_peak_cache(home / "cache")
+    seed_peak_cache(home / "cache")
     env = _env(server, home)
     env.pop("MLFLOW_TRACKING_URI")  # the sweep names the server by tracking.uri, password inside
     cmd = [sys.executable, "-m", "fxtrack", "-m", "framework=torch", "model=vit", "size=tiny",

@@ -24,6 +24,7 @@ mlflow = pytest.importorskip("mlflow")
 from fxtrack import environment  # noqa: E402
 from fxtrack.orchestrator import runner  # noqa: E402
 from fxtrack.tracking import records, spool, writer  # noqa: E402
+from conftest import run_fxtrack  # noqa: E402
 
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 
@@ -51,11 +52,7 @@ def synthetic(uri: str, parent: str | None = None, kind: str = "job", status: st
 
 
 def fxtrack(cwd: Path, *args: str, env: dict | None = None, timeout: int = 300):
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    base["FXTRACK_HOME"] = str(cwd / "home")
-    base.update(env or {})
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=base,
-                          capture_output=True, text=True, timeout=timeout)
+    return run_fxtrack(cwd, *args, env=env, timeout=timeout)
 
 
 def _script(path: Path, body: str) -> str:
