@@ -108,8 +108,19 @@ def run_app() -> None:
     from fxtrack.orchestrator.app import task
 
     register()
+    exit_on_sigterm()
     sys.argv[1:] = with_user_searchpath(sys.argv[1:], user_config_dirs())
     hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)()
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM outside a worker's run (peak calibration, an upload) unwinds this process as
+    SystemExit(143) instead of killing it outright: ``subprocess.run`` then kills its child (a
+    calibration probe), nothing is left running, results stay in the spool, no traceback. While
+    a worker runs, the runner's own handler forwards the signal to the worker instead."""
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def with_user_searchpath(args: list[str], dirs: list[Path]) -> list[str]:

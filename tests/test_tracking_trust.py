@@ -471,3 +471,25 @@ def test_report_finds_the_runs_mlflow_run_made_in_its_default_experiment(tmp_pat
     frame = reader.load_runs(uri, "fxtrack")
     assert sorted(frame["tags.fxtrack.framework"]) == ["jax", "torch"]
     assert len(reader.load_runs(uri, "fxtrack", "tags.`fxtrack.framework` = 'torch'")) == 1
+
+
+def test_sigterm_outside_a_worker_run_leaves_no_child_behind(tmp_path):
+    """Between worker runs (a peak-calibration probe, an upload) SIGTERM unwinds the orchestrator
+    (exit 143, no traceback) and subprocess.run kills the child it was waiting on."""
+    pidfile, child = tmp_path / "child.pid", tmp_path / "child.py"
+    child.write_text(f"import os, time\nopen({str(pidfile)!r}, 'w').write(str(os.getpid()))\n"
+                     "time.sleep(60)\n")
+    code = ("import subprocess, sys\n"
+            "from fxtrack.cli import exit_on_sigterm\n"
+            "exit_on_sigterm()\n"
+            f"subprocess.run([sys.executable, {str(child)!r}])\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pidfile.exists() and pidfile.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert "Traceback" not in proc.stderr.read()
+    pid = int(pidfile.read_text())
+    time.sleep(0.5)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"

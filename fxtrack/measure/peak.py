@@ -131,8 +131,11 @@ def probe(what: str, framework: str, python: Optional[str], precision: str = "fp
     thread pools follow)."""
     cmd = [python or sys.executable, "-m", "fxtrack.worker", f"--{what}", framework,
            framework_backend(framework), precision, hardware]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")])))
+    from fxtrack.environment import worker_environment  # a worker's: no secrets in it
+
+    env = worker_environment(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
     cores = _cpus()[:threads] if threads and threads < len(_cpus()) else None
     preexec = None
     if cores and hasattr(os, "sched_setaffinity"):
