@@ -38,8 +38,12 @@ usage:
 config groups (group=option):
 {groups}
 keys: batch_size (per device; null = the hardware's default), devices, steps, warmup_steps,
-  seed, timeout_s, verbose, framework.compile, framework.python, tracking.experiment,
-  tracking.uri, model.<size> (e.g. model.layers=2 model.image_size=32)
+  seed, repeats (N workers per config, round-robin; medians + 95% intervals), timeout_s, verbose,
+  framework.compile (auto|true|false), framework.compile_mode (torch: default|reduce-overhead|
+  max-autotune), framework.python, hardware.cpu_threads, hardware.wait_for_idle_s,
+  parallel (ddp|fsdp), memory (none|checkpoint), runtime (native|onnxruntime|tflite|openvino|
+  tensorrt), quantize (none|dynamic_int8), tracking.experiment, tracking.uri,
+  model.<size> (e.g. model.layers=2 model.image_size=32)
 
 sub-commands:
 {commands}

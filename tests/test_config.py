@@ -146,3 +146,16 @@ def test_defaults_fill_only_what_is_left_open():
 
     assert defaults.resolve("vit", "cpu", None, None, None) == (4, 10, 2)
     assert defaults.resolve("vit", "cpu", 2, 3, 0) == (2, 3, 0)  # warmup_steps=0 is a choice
+
+
+def test_help_names_every_top_level_key():
+    import dataclasses
+
+    from fxtrack.cli import usage
+    from fxtrack.config.schema import FxtrackConfig
+
+    groups = {"framework", "model", "precision", "scenario", "hardware", "size", "tracking"}
+    text = usage()
+    missing = [f.name for f in dataclasses.fields(FxtrackConfig)
+               if f.name not in groups and f.name not in text]
+    assert not missing, missing
