@@ -53,6 +53,10 @@ def resolve_compile(framework: str, device_kind: str, family: str,
 #   tiny ViT:        eager 273 / 137,   torch.compile 170 / 858,   first compile 33 s
 #   ResNet-50 32 px: eager 1542 / 1607, torch.compile 2287 / 1155, first compile 244 s
 # No consistent step-time gain, and a compile that costs 0.5-4 minutes per run: eager on CPU.
+# Re-measured on the quiet machine (host_other_cpu_frac 0 in every window), 3 round-robin repeats,
+# `python -m fxtrack -m framework=torch framework.compile=true,false hardware=cpu model=vit
+# size=tiny batch_size=4 steps=10 warmup_steps=2 repeats=3`: eager 72.9 samples/s [67.6, 78.7],
+# torch.compile 65.0 [59.9, 68.7] (median, 95% interval): eager is the faster mode here too.
 # (A loop over fxtrack.worker.run with compile=True/False, tests/conftest.job_spec; re-measure on a
 # quiet machine with `python -m fxtrack -m framework=torch framework.compile=true,false
 # hardware=cpu model=vit,resnet50 size=tiny repeats=3`.)
