@@ -74,15 +74,18 @@ def compile_mode_tag(framework: str, compiled: bool, torch_mode: str = "default"
     return "compiled" if compiled else "eager"
 
 
-def cpu_threads(requested: Optional[int]) -> int:
-    """``hardware.cpu_threads``, or (None) the cores this process may run on: its affinity mask,
-    not the machine's core count (a container or ``taskset`` gives fewer)."""
-    if requested:
-        return int(requested)
+def allowed_cpus() -> list[int]:
+    """The CPU ids this process may run on: its affinity mask, not the machine's core count (a
+    container or ``taskset`` gives fewer); every CPU where there are no masks (macOS)."""
     try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS has no affinity masks
-        return os.cpu_count() or 1
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def cpu_threads(requested: Optional[int]) -> int:
+    """``hardware.cpu_threads``, or (None) the cores this process may run on."""
+    return int(requested) if requested else len(allowed_cpus())
 
 
 def threads_per_process(threads: int) -> int:

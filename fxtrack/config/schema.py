@@ -19,6 +19,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, II, OmegaConf
 
 from fxtrack import architectures
+from fxtrack.policy import COMPILE_REQUESTS
 from fxtrack.orchestrator import slurm
 
 
@@ -61,7 +62,7 @@ class FrameworkConfig:
                              f"got {self.compile_mode!r}")
 
 
-COMPILE_CHOICES = ("auto", "true", "false")
+COMPILE_CHOICES = COMPILE_REQUESTS  # one list: fxtrack.policy resolves them in the worker
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 

@@ -32,10 +32,9 @@ def is_contended(frac: Optional[float]) -> bool:
 
 def _cpus() -> set[int]:
     """The CPU ids this process may run on (its affinity), else all of them."""
-    try:
-        return set(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return set(range(os.cpu_count() or 1))
+    from fxtrack.policy import allowed_cpus
+
+    return set(allowed_cpus())
 
 
 def _cpu_ticks(cpus: set[int]) -> tuple[int, int]:

@@ -85,10 +85,9 @@ def cache_path() -> Path:
 
 
 def _cpus() -> list[int]:
-    try:
-        return sorted(os.sched_getaffinity(0))
-    except AttributeError:  # macOS: no affinity masks
-        return list(range(os.cpu_count() or 1))
+    from fxtrack.policy import allowed_cpus
+
+    return allowed_cpus()
 
 
 def cpu_model() -> str:

@@ -63,7 +63,7 @@ def apply_cpu_threads(spec: JobSpec) -> None:
         else:
             os.environ[key] = value
     if hasattr(os, "sched_setaffinity"):
-        allowed = sorted(os.sched_getaffinity(0))
+        allowed = policy.allowed_cpus()
         if threads < len(allowed):
             os.sched_setaffinity(0, allowed[:threads])
 
