@@ -1,22 +1,29 @@
-"""Does fxtrack bend what it measures? For each framework, fxtrack's reported throughput against
-a bare training loop of the same model, batch and precision with nothing of fxtrack around it.
+"""Does fxtrack bend what it measures? For each framework, the throughput fxtrack's timed window
+reports against a bare training loop of the same model, batch and precision with nothing of
+fxtrack around it.
 
-Each round runs three arms, in an order that rotates from round to round so that no arm always
-goes first: fxtrack in the bare loop's mode, the bare loop, and fxtrack with its default
-``framework.compile=auto`` (what a user gets without asking). A round's ratio is fxtrack / bare
-from the same round (paired, so slow drift in the machine cancels). Reported: the median ratio
-and a 95% Student-t interval of the mean log ratio (fxtrack/stats.py), exponentiated. Rounds go
-on until that interval is narrower than --target (default 2%) or --max-rounds is reached.
+One fresh interpreter per framework holds both arms, and the arms alternate step by step, so
+that the machine's drift (on a shared VM, step times wander by +-25% over tens of seconds with
+nothing else running; measured here) hits both alike:
+  - fxtrack: the job spec composed from fxtrack's own config (``framework.compile=auto``, the
+    default a user gets), the worker's environment (threads), the backend built as the worker
+    builds it, each step timed by the same ``timed_window`` every run goes through (timer, load
+    sampler, NVML window), throughput as ``step_metrics`` computes it. Only the quiet probe
+    before the window is left out (0.5 s of sleep, outside the window): one sampler around the
+    whole bench measures other processes instead;
+  - bare: the model from the framework's models module, the same optimiser, a plain loop that
+    syncs once per step (.item() / .numpy() / block_until_ready), in the mode ``auto`` resolves
+    to on this device (checked: the bench stops if they differ).
+A round runs ``--steps`` steps (default 1) of each arm, the order alternating from round to
+round; its ratio is fxtrack / bare (paired). Reported: the median ratio and a 95% Student-t
+interval of the mean log ratio (fxtrack/stats.py), exponentiated. Rounds go on until that
+interval is narrower than --target (default 2%) or --max-rounds is reached.
 
     python bench/overhead.py                      # every installed framework
-    python bench/overhead.py --frameworks torch --min-rounds 5 --max-rounds 40
+    python bench/overhead.py --frameworks torch --min-rounds 100 --max-rounds 1000
 
-Run it on a quiet machine: each round's host_other_cpu_frac is printed, and rounds in which
-other processes took more than 10% of the cores are counted in the table.
-
-The bare loops below are deliberately plain: the model from each framework's models module,
-the same optimiser, a warm-up, then a wall-clock loop that syncs once per step like fxtrack
-(.item() / .numpy() / block_until_ready).
+Run it on a quiet machine: the share of the cores other processes took over the bench is in
+the table.
 Target: every ratio (fxtrack / bare) >= 0.98, with an interval that shows it.
 """
 
@@ -32,14 +39,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 # A small but real setting: ViT-B widths, 4 layers, 64-pixel images (17 tokens), batch 8.
 MODEL = {"layers": 4, "image_size": 64}
-BATCH, STEPS, WARMUP = 8, 20, 3
+BATCH, WARMUP, SEED = 8, 3, 0
+# The mode each bare loop runs in: what framework.compile=auto resolves to on a CPU.
+BARE_MODE = {"torch": "eager", "tensorflow": "tf.function", "jax": "jit"}
 
 
-def bare_torch() -> float:
+def bare_torch() -> Callable[[], Any]:
     import torch
     import torch.nn.functional as F
 
@@ -47,12 +57,12 @@ def bare_torch() -> float:
     from fxtrack.frameworks.base import ADAMW
     from fxtrack.frameworks.torch.models import build
 
-    torch.manual_seed(0)
+    torch.manual_seed(SEED)
     arch = architectures.resolve("vit", **MODEL)
     model = build(arch).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ADAMW["lr"], weight_decay=ADAMW["weight_decay"],
                             fused=True)
-    data = synthetic.make_batch(arch, BATCH, 0)
+    data = synthetic.make_batch(arch, BATCH, SEED)
     x = torch.from_numpy(data["images"]).permute(0, 3, 1, 2).contiguous()
     y = torch.from_numpy(data["labels"]).long()
 
@@ -63,10 +73,10 @@ def bare_torch() -> float:
         opt.step()
         return loss.item()
 
-    return _loop(step)
+    return step
 
 
-def bare_tensorflow() -> float:
+def bare_tensorflow() -> Callable[[], Any]:
     import keras
     import tensorflow as tf
 
@@ -74,11 +84,11 @@ def bare_tensorflow() -> float:
     from fxtrack.frameworks.base import ADAMW
     from fxtrack.frameworks.tensorflow.models import build
 
-    keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(SEED)
     arch = architectures.resolve("vit", **MODEL)
     model = build(arch)
     opt = keras.optimizers.AdamW(ADAMW["lr"], weight_decay=ADAMW["weight_decay"])
-    data = synthetic.make_batch(arch, BATCH, 0)
+    data = synthetic.make_batch(arch, BATCH, SEED)
     x, y = tf.constant(data["images"]), tf.constant(data["labels"])
     ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
@@ -90,10 +100,10 @@ def bare_tensorflow() -> float:
                                 model.trainable_variables))
         return loss
 
-    return _loop(lambda: step().numpy())
+    return lambda: step().numpy()
 
 
-def bare_jax() -> float:
+def bare_jax() -> Callable[[], Any]:
     import jax
     import optax
     from flax import nnx
@@ -106,7 +116,7 @@ def bare_jax() -> float:
     graphdef, params, rest = nnx.split(build(arch), nnx.Param, ...)
     tx = optax.adamw(ADAMW["lr"], weight_decay=ADAMW["weight_decay"])
     opt_state = tx.init(params)
-    data = synthetic.make_batch(arch, BATCH, 0)
+    data = synthetic.make_batch(arch, BATCH, SEED)
     x, y = jax.device_put(data["images"]), jax.device_put(data["labels"])
 
     @jax.jit
@@ -125,48 +135,64 @@ def bare_jax() -> float:
         state[0], state[1], loss = step(*state)
         return loss.block_until_ready()
 
-    return _loop(run)
+    return run
 
 
-def _loop(step) -> float:
+def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], float]]:
+    """fxtrack's side: the spec the CLI would write for this setting, the worker's environment
+    and build; returns (spec, run(steps) -> the samples/s its timed window reports)."""
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+    from fxtrack import policy
+    from fxtrack.job import Result
+    from fxtrack.orchestrator.app import job_spec, validate
+    from fxtrack.scenarios import timed
+    from fxtrack.worker.__main__ import load, prepare_environment
+
+    register()
+    overrides = [f"framework={framework}", "model=vit", *(f"model.{k}={v}" for k, v in MODEL.items()),
+                 f"batch_size={BATCH}", f"warmup_steps={WARMUP}", "hardware=cpu", f"seed={SEED}"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        conf, arch = validate(compose(config_name="config", overrides=overrides))
+    spec = job_spec(conf, arch, workdir)
+    spec.progress = False
+    prepare_environment(spec)  # before any framework import, as in the worker
+    backend = load(spec.backend)(spec)
+    result = Result(result_id=spec.result_id)
+    kind, batch, _, warmup = timed.build(backend, result)
+    mode = policy.compile_mode_tag(framework, spec.compile, spec.compile_mode)
+    if mode != BARE_MODE[framework]:
+        raise SystemExit(f"{framework}: framework.compile=auto resolved to {mode} on {kind}, but the "
+                         f"bare loop runs {BARE_MODE[framework]}; this bench compares like with like")
+    for _ in range(warmup):
+        backend.train_step()
+
+    def run(steps: int) -> float:
+        times, *_ = timed.timed_window(spec, kind, backend.train_step, 0, steps, probe=False)
+        return timed.step_metrics(times, batch, compiled=timed.compiles(spec))[
+            "throughput_samples_per_s"]
+
+    return spec, run
+
+
+def bare_arm(framework: str) -> Callable[[int], float]:
+    """The bare loop's side: built once and warmed up; run(steps) -> samples/s."""
+    step = BARE[framework]()
     for _ in range(WARMUP):
         step()
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
-        step()
-    return BATCH * STEPS / (time.perf_counter() - t0)
+
+    def run(steps: int) -> float:
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        return BATCH * steps / (time.perf_counter() - t0)
+
+    return run
 
 
 BARE = {"torch": bare_torch, "tensorflow": bare_tensorflow, "jax": bare_jax}
-# Each framework in its default fast mode, the same in both arms: PyTorch eager, a TensorFlow
-# graph without XLA, JAX jitted.
-COMPILE = {"torch": "false", "tensorflow": "false", "jax": "true"}
-
-
-def fxtrack_run(framework: str, workdir: Path, compile_mode: str) -> tuple[float, float]:
-    """One fxtrack run; (its logged throughput, host_other_cpu_frac or nan)."""
-    env = dict(os.environ, FXTRACK_HOME=str(workdir / "home"), MLFLOW_TRACKING_URI=
-               f"sqlite:///{workdir / 'mlflow.db'}")
-    # The peak-FLOP/s calibration is cached across runs (not per temporary directory): it costs
-    # minutes, not throughput, and a quiet machine caches it once.
-    env.setdefault("FXTRACK_CACHE", str(Path.home() / ".cache" / "fxtrack"))
-    overrides = [f"framework={framework}", "model=vit", *(f"model.{k}={v}" for k, v in MODEL.items()),
-                 f"batch_size={BATCH}", f"steps={STEPS}", f"warmup_steps={WARMUP}",
-                 f"framework.compile={compile_mode}", "hardware=cpu",
-                 f"hydra.run.dir={workdir / 'run'}"]
-    subprocess.run([sys.executable, "-m", "fxtrack", *overrides], cwd=workdir, env=env, check=True,
-                   capture_output=True, text=True)
-    metrics = json.loads((workdir / "run" / "result.json").read_text())["metrics"]
-    return metrics["throughput_samples_per_s"], metrics.get("host_other_cpu_frac", math.nan)
-
-
-def bare_run(framework: str) -> float:
-    """The bare loop in a fresh interpreter, as isolated as fxtrack's worker."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu",
-               TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, __file__, "--bare", framework], env=env, check=True,
-                         capture_output=True, text=True)
-    return float(out.stdout.strip().splitlines()[-1])
 
 
 def ratio_interval(fx: list[float], bare: list[float]) -> tuple[float, float, float]:
@@ -179,60 +205,65 @@ def ratio_interval(fx: list[float], bare: list[float]) -> tuple[float, float, fl
     return stats.median([f / b for f, b in zip(fx, bare)]), math.exp(ci.low), math.exp(ci.high)
 
 
-def measure(fw: str, args: argparse.Namespace) -> dict:
-    """Alternated rounds of the three arms until the interval is narrow enough."""
-    arms = {"fxtrack": lambda tmp: fxtrack_run(fw, tmp, COMPILE[fw]),
-            "bare": lambda tmp: (bare_run(fw), math.nan),
-            "default": lambda tmp: fxtrack_run(fw, tmp, "auto")}
-    order = list(arms)
-    got: dict[str, list[float]] = {arm: [] for arm in arms}
-    busy = 0
-    for r in range(args.max_rounds):
-        fracs = []
-        for arm in order[r % 3:] + order[:r % 3]:  # rotate which arm goes first
-            with tempfile.TemporaryDirectory() as tmp:
-                thr, frac = arms[arm](Path(tmp))
-            got[arm].append(thr)
-            fracs.append(frac)
-        worst = max((f for f in fracs if not math.isnan(f)), default=math.nan)
-        busy += worst > 0.10
-        med, low, high = ratio_interval(got["fxtrack"], got["bare"])
-        print(f"{fw} round {r + 1}: fxtrack {got['fxtrack'][-1]:.2f}, bare {got['bare'][-1]:.2f}, "
-              f"default {got['default'][-1]:.2f} samples/s; host_other_cpu_frac {worst:.0%}; "
-              f"ratio so far {med:.3f} [{low:.3f}, {high:.3f}]", flush=True)
-        if r + 1 >= args.min_rounds and high - low < args.target:
-            break
-    return {"framework": fw, "rounds": len(got["bare"]), "contended": busy,
-            "fxtrack": ratio_interval(got["fxtrack"], got["bare"]),
-            "default": ratio_interval(got["default"], got["bare"])}
+def child(framework: str, args: argparse.Namespace) -> None:
+    """Both arms of one framework in this interpreter; prints progress and a final JSON line."""
+    from fxtrack.measure import load
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec, fx = fxtrack_arm(framework, Path(tmp))
+        arms = {"fxtrack": fx, "bare": bare_arm(framework)}
+        got: dict[str, list[float]] = {arm: [] for arm in arms}
+        with load.LoadSampler(spec.cpu_threads) as host:  # other processes over the whole bench
+            for r in range(args.max_rounds):
+                for arm in (("fxtrack", "bare") if r % 2 == 0 else ("bare", "fxtrack")):
+                    got[arm].append(arms[arm](args.steps))
+                med, low, high = ratio_interval(got["fxtrack"], got["bare"])
+                done = r + 1 >= args.min_rounds and high - low < args.target
+                if (r + 1) % 25 == 0 or done:
+                    print(f"{framework} round {r + 1}: ratio so far {med:.3f} [{low:.3f}, {high:.3f}]",
+                          file=sys.stderr, flush=True)
+                if done:
+                    break
+    print(json.dumps({"framework": framework, "mode": BARE_MODE[framework],
+                      "rounds": len(got["bare"]), "other_cpu_frac": host.other_cpu_frac,
+                      "fxtrack": got["fxtrack"], "bare": got["bare"],
+                      "ratio": ratio_interval(got["fxtrack"], got["bare"])}))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frameworks", default=",".join(BARE))
-    parser.add_argument("--min-rounds", type=int, default=3)
-    parser.add_argument("--max-rounds", "--rounds", type=int, default=30, dest="max_rounds")
+    parser.add_argument("--steps", type=int, default=1, help="steps per arm per round")
+    parser.add_argument("--min-rounds", type=int, default=50)
+    parser.add_argument("--max-rounds", "--rounds", type=int, default=600, dest="max_rounds")
     parser.add_argument("--target", type=float, default=0.02,
                         help="stop when the ratio's 95%% interval is narrower than this")
-    parser.add_argument("--bare", help=argparse.SUPPRESS)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.bare:
-        print(BARE[args.bare]())
+    if args.child:
+        child(args.child, args)
         return
     rows = []
     for fw in args.frameworks.split(","):
         if not importlib.util.find_spec({"torch": "torch", "tensorflow": "tensorflow", "jax": "jax"}[fw]):
             print(f"{fw}: not installed, skipped")
             continue
-        rows.append(measure(fw, args))
-    print(f"\nvit {MODEL}, batch {BATCH}, {STEPS} timed steps, fp32, CPU; ratio = fxtrack / bare "
-          "per round, median [95% t interval of the mean log ratio]")
-    print(f"{'framework':<11} {'rounds':>6} {'contended':>9}  {'fxtrack / bare':<26} "
-          f"{'default compile / bare':<26}")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        out = subprocess.run([sys.executable, __file__, "--child", fw, *sys.argv[1:]], env=env,
+                             stdout=subprocess.PIPE, text=True, check=True)
+        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"\nvit {MODEL}, batch {BATCH}, {args.steps} steps per arm per round, fp32, CPU, "
+          f"{os.cpu_count()} cores; ratio = fxtrack / bare per round, median [95% t interval of the "
+          "mean log ratio]")
+    print(f"{'framework':<11} {'mode':<12} {'rounds':>6} {'other CPU':>9}  {'fxtrack / bare':<26} "
+          f"{'fxtrack samples/s':>17} {'bare samples/s':>14}")
+    from fxtrack import stats
     for row in rows:
-        cells = [f"{m:.3f} [{lo:.3f}, {hi:.3f}]" for m, lo, hi in (row["fxtrack"], row["default"])]
-        print(f"{row['framework']:<11} {row['rounds']:>6} {row['contended']:>9}  {cells[0]:<26} "
-              f"{cells[1]:<26}")
+        m, lo, hi = row["ratio"]
+        other = "n/a" if row["other_cpu_frac"] is None else f"{row['other_cpu_frac']:.0%}"
+        print(f"{row['framework']:<11} {row['mode']:<12} {row['rounds']:>6} {other:>9}  "
+              f"{f'{m:.3f} [{lo:.3f}, {hi:.3f}]':<26} {stats.median(row['fxtrack']):>17.2f} "
+              f"{stats.median(row['bare']):>14.2f}")
 
 
 if __name__ == "__main__":

@@ -79,6 +79,34 @@ def test_fp32_is_strict_and_tagged_in_process(spec_factory, framework):
     # on a CPU: torch names the SDPA kernel it dispatches to; JAX has no cuDNN there
     assert tags["attention"].startswith({"torch": "sdpa:", "jax": "xla",
                                          "tensorflow": "keras.ops.dot_product_attention"}[framework])
+    if framework == "jax":  # policy.jax_donates: no donation on a CPU (measured slower there)
+        assert tags["jax_donation"].startswith("off on CPU")
+
+
+def test_jax_donates_its_state_only_off_cpu():
+    assert policy.jax_donates("cpu")[0] is False
+    assert policy.jax_donates("gpu") == (True, "state donated on gpu")
+    assert policy.jax_donates("tpu")[0] is True
+
+
+@needs["jax"]
+def test_jax_step_aliases_its_state_exactly_when_donating(spec_factory):
+    """The rule reaches jax.jit: the CPU step built by the backend aliases no output to an input;
+    the same step built with donation aliases the state's buffers."""
+    pytest.importorskip("flax")
+    import jax
+
+    from fxtrack.frameworks.jax import train
+    from fxtrack.frameworks.jax.backend import JaxBackend
+
+    b = JaxBackend(spec_factory("jax", "vit", compile=True, batch_size=2))
+    b.device_kind()
+    b.build(2)
+    assert "tf.aliasing_output" not in b._step.lower(b.state, b.batch).as_text()
+    donated = train.make_step(b.graphdef, train.optimizer(b.arch), True, b.replicated, b.sharded,
+                              donate=True)
+    aliased = donated.lower(b.state, b.batch).as_text().count("tf.aliasing_output")
+    assert aliased >= len(jax.tree.leaves(b.state.params))
 
 
 @pytest.mark.parametrize("framework", [pytest.param(fw, marks=needs[fw]) for fw in FRAMEWORKS])

@@ -172,9 +172,10 @@ def test_single_runs_get_a_ratio_but_no_verdict_of_difference():
 
 # --- bench/overhead.py's rounds ---------------------------------------------------------------
 
-def test_overhead_rounds_rotate_and_stop_when_the_interval_is_narrow(monkeypatch):
+def test_overhead_rounds_alternate_and_stop_when_the_interval_is_narrow(monkeypatch, capsys):
     import argparse
     import importlib.util
+    import json
 
     spec = importlib.util.spec_from_file_location("overhead", CONF_DIR.parent / "bench" / "overhead.py")
     overhead = importlib.util.module_from_spec(spec)
@@ -182,23 +183,25 @@ def test_overhead_rounds_rotate_and_stop_when_the_interval_is_narrow(monkeypatch
     calls: list[str] = []
     wobble = iter([1.0, 1.004, 0.998, 1.002, 0.999] * 10)
 
-    def fx(fw, tmp, mode):
-        calls.append("fxtrack" if mode == overhead.COMPILE[fw] else "default")
-        return 98.0 * next(wobble), 0.0
+    def fx(steps):
+        calls.append("fxtrack")
+        return 98.0 * next(wobble)
 
-    def bare(fw):
+    def bare(steps):
         calls.append("bare")
         return 100.0
 
-    monkeypatch.setattr(overhead, "fxtrack_run", fx)
-    monkeypatch.setattr(overhead, "bare_run", bare)
-    args = argparse.Namespace(min_rounds=3, max_rounds=30, target=0.02)
-    row = overhead.measure("torch", args)
+    monkeypatch.setattr(overhead, "fxtrack_arm",
+                        lambda fw, tmp: (argparse.Namespace(cpu_threads=None), fx))
+    monkeypatch.setattr(overhead, "bare_arm", lambda fw: bare)
+    args = argparse.Namespace(min_rounds=3, max_rounds=30, target=0.02, steps=1)
+    overhead.child("torch", args)
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["rounds"] == 3  # the interval of ~0.98 +- 0.3% is under 2% at the third round
-    assert calls[:9] == ["fxtrack", "bare", "default", "bare", "default", "fxtrack",
-                         "default", "fxtrack", "bare"]  # no arm always goes first
-    med, low, high = row["fxtrack"]
+    assert calls == ["fxtrack", "bare", "bare", "fxtrack", "fxtrack", "bare"]  # alternating
+    med, low, high = row["ratio"]
     assert low < med < high and high - low < 0.02 and med == pytest.approx(0.98, abs=0.005)
     args.target = 1e-9  # never narrow enough: stops at the maximum
     args.max_rounds = 4
-    assert overhead.measure("torch", args)["rounds"] == 4
+    overhead.child("torch", args)
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"] == 4

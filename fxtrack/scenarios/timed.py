@@ -11,7 +11,7 @@ from fxtrack.job import Result
 from fxtrack.measure import load
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
-from fxtrack.measure.timer import eprint, step_metrics, time_steps
+from fxtrack.measure.timer import StepTimes, eprint, step_metrics, time_steps
 
 
 def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
@@ -39,16 +39,7 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     every scenario. Returns the step handles (warm-up included) for scenario-specific use."""
     spec = backend.spec
     kind, batch, steps, warmup = build(backend, result)
-    step = prepare()
-    memory_gpus, energy_gpus = gpu_ordinals(spec)
-    nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")
-    # other processes' CPU use just before (waiting up to wait_for_idle_s for quiet) and during
-    # the timed window (fxtrack/measure/load.py)
-    before = load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
-    during = load.LoadSampler(spec.cpu_threads)
-    times = time_steps(step, warmup, steps, show=spec.progress,
-                       label=f"{spec.framework}-{spec.arch['name']}",
-                       window=load.sampling(during, nvml))
+    times, nvml, before, during = timed_window(spec, kind, prepare(), warmup, steps)
 
     global_batch = batch * spec.devices * spec.nodes  # every device of every node
     m = result.metrics
@@ -67,6 +58,24 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
         m["peak_mem_device_mib"] = backend.reduce_max(peak / 2**20)  # the fullest device
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
     return times.loss_handles
+
+
+def timed_window(spec: Any, kind: str, step: Callable[[], Any], warmup: int, steps: int,
+                 probe: bool = True
+                 ) -> tuple[StepTimes, NvmlWindow, Optional[load.LoadSampler], load.LoadSampler]:
+    """The timed window itself, as every run takes it (and bench/overhead.py, which compares it
+    step by step with a bare loop): warm-up, then ``steps`` timed steps inside the NVML window
+    and the load sampler, after a probe of other processes' CPU use (waiting up to
+    wait_for_idle_s for quiet; fxtrack/measure/load.py; ``probe=False``: none, the caller
+    samples the load itself). Returns (times, nvml, load before or None, load during)."""
+    memory_gpus, energy_gpus = gpu_ordinals(spec)
+    nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")
+    before = load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint) if probe else None
+    during = load.LoadSampler(spec.cpu_threads)
+    times = time_steps(step, warmup, steps, show=spec.progress,
+                       label=f"{spec.framework}-{spec.arch['name']}",
+                       window=load.sampling(during, nvml))
+    return times, nvml, before, during
 
 
 def compiles(spec: Any) -> bool:

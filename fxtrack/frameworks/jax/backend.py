@@ -36,6 +36,7 @@ class JaxBackend(Backend):
             tags["jax_compile"] = "forced: op-by-op SPMD deadlocks on XLA:CPU"
         if hasattr(self, "jit"):  # what the built model ran
             tags["compile_mode"] = policy.compile_mode_tag("jax", self.jit)
+            tags["jax_donation"] = self.donation
             if self.arch.family != "resnet":
                 dtype = train.COMPUTE_DTYPES[self.spec.precision]
                 if dtype == jnp.float16 and self.device.platform == "cpu":
@@ -71,10 +72,12 @@ class JaxBackend(Backend):
         self.state = parallel.replicate(state, self.mesh)
         self.batch = data.mesh_batch(self.arch, batch_size, self.spec.seed, self.mesh)
         self.jit = self._jit()
-        self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded)
+        donate, self.donation = policy.jax_donates(devices.kind(self.device))
+        self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded,
+                                     donate)
         if self.spec.parallel == "fsdp":  # state sharded over the mesh, the step jitted for it
             self.state, self._step = parallel.fsdp(state, self.mesh, functools.partial(
-                train.train_step, self.graphdef, tx), self.sharded)
+                train.train_step, self.graphdef, tx), self.sharded, donate)
 
     def _jit(self) -> bool:
         """``spec.compile``, except where op-by-op dispatch cannot run: over several XLA:CPU

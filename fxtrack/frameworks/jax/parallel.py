@@ -127,7 +127,8 @@ def fsdp_shardings(tree: Any, mesh: Mesh) -> Any:
     return jax.tree.map(spec, tree)
 
 
-def fsdp(state: Any, mesh: Mesh, step: Callable, batch: NamedSharding) -> tuple[Any, Callable]:
+def fsdp(state: Any, mesh: Mesh, step: Callable, batch: NamedSharding,
+         donate: bool = True) -> tuple[Any, Callable]:
     """The state placed shard by shard and ``step(state, batch)`` jitted with the state sharded
     in and out: XLA's SPMD partitioner all-gathers each weight where it is used and
     reduce-scatters the gradients (the FSDP schedule, chosen by the compiler). Always jitted:
@@ -138,7 +139,7 @@ def fsdp(state: Any, mesh: Mesh, step: Callable, batch: NamedSharding) -> tuple[
     else:  # many processes: each fills its own devices' shards from its (identical) copy
         placed = jax.tree.map(lambda x, s: jax.make_array_from_callback(
             np.shape(x), s, lambda index: np.asarray(x)[index]), state, shardings)
-    jitted = jax.jit(step, donate_argnums=0, in_shardings=(shardings, batch),
+    jitted = jax.jit(step, donate_argnums=0 if donate else (), in_shardings=(shardings, batch),
                      out_shardings=(shardings, replicated(mesh)))
     return placed, jitted
 

@@ -125,19 +125,21 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, state: 
 
 
 def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, jit: bool = True,
-              replicated: Optional[Any] = None, sharded: Optional[Any] = None
-              ) -> Callable[[TrainState, dict], tuple[TrainState, jax.Array]]:
-    """``train_step`` bound to a model and optimiser: jitted with ``state`` donated (its
-    buffers are reused in place), or run op by op under ``jax.disable_jit`` if ``jit`` is False.
+              replicated: Optional[Any] = None, sharded: Optional[Any] = None,
+              donate: bool = True) -> Callable[[TrainState, dict], tuple[TrainState, jax.Array]]:
+    """``train_step`` bound to a model and optimiser: jitted, with ``state`` donated (its
+    buffers are reused in place) if ``donate`` (fxtrack.policy.jax_donates), or run op by op
+    under ``jax.disable_jit`` if ``jit`` is False.
 
     ``replicated`` / ``sharded`` (``jax.sharding`` objects, see ``parallel``) place the state and
     the batch: with the batch split over devices, XLA partitions the step and all-reduces the
     gradients itself."""
     step = functools.partial(train_step, graphdef, tx)
     if jit:
+        donated = 0 if donate else ()
         if replicated is None:
-            return jax.jit(step, donate_argnums=0)
-        return jax.jit(step, donate_argnums=0, in_shardings=(replicated, sharded),
+            return jax.jit(step, donate_argnums=donated)
+        return jax.jit(step, donate_argnums=donated, in_shardings=(replicated, sharded),
                        out_shardings=(replicated, replicated))
     return _eager(step)
 
