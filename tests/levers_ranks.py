@@ -1,7 +1,8 @@
 """Run in a process of its own by tests/test_memory_levers.py (torch: under torchrun, one per
 rank; jax: one process over 2 host devices): build the tiny model with the given parallel /
 memory options, take three training steps, print one JSON line per process with the parameter
-elements the first local device holds, the global count, and the losses."""
+elements the first local device holds, the global count, the losses, and the backend's own
+count of state bytes on its fullest device (the state_mib_per_device metric)."""
 
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def main(framework: str, model: str, mode: str, memory: str, devices: str) -> No
     losses = [backend.loss_value(backend.train_step()) for _ in range(3)]
     print(json.dumps({"rank": int(os.environ.get("RANK", "0")),
                       "local": local_elements(framework, backend),
-                      "total": backend.param_count(), "losses": losses}), flush=True)
+                      "total": backend.param_count(), "losses": losses,
+                      "state_bytes": backend.state_bytes_per_device()}), flush=True)
     if framework == "torch":
         from fxtrack.frameworks.torch import parallel
 

@@ -44,6 +44,9 @@ def test_fsdp_shards_the_parameters_and_keeps_the_math(framework, port):
     for rank, run in fsdp.items():
         assert run["total"] == ddp[rank]["total"] == ddp[rank]["local"]  # ddp: a full replica
         assert run["local"] == pytest.approx(run["total"] / 2, rel=0.01)  # fsdp: half of it
+        # parameters + AdamW's two moments, 4 bytes each: 12 bytes per parameter held
+        assert ddp[rank]["state_bytes"] == pytest.approx(12 * run["total"], rel=0.01)
+        assert run["state_bytes"] == pytest.approx(ddp[rank]["state_bytes"] / 2, rel=0.01)
         assert run["losses"] == pytest.approx(ddp[rank]["losses"], abs=TOL)
         assert run["losses"][-1] < run["losses"][0]
 
@@ -97,13 +100,16 @@ def test_memory_table_gives_ratios_to_the_ddp_none_run():
         row.update({f"metrics.{k}": v for k, v in metrics.items()})
         return row
 
-    frame = pd.DataFrame([run("ddp", "none", 1, peak_rss_mib=1000.0, throughput_samples_per_s=10.0),
-                          run("fsdp", "none", 2, peak_rss_mib=600.0, throughput_samples_per_s=8.0),
+    frame = pd.DataFrame([run("ddp", "none", 1, peak_rss_mib=1000.0, throughput_samples_per_s=10.0,
+                              state_mib_per_device=400.0),
+                          run("fsdp", "none", 2, peak_rss_mib=600.0, throughput_samples_per_s=8.0,
+                              state_mib_per_device=200.0),
                           run("ddp", "checkpoint", 3, peak_rss_mib=800.0,
-                              throughput_samples_per_s=7.5)])
+                              throughput_samples_per_s=7.5, state_mib_per_device=400.0)])
     (table,) = levers.memory(frame)
     rows = {(r[3], r[4]): r[5:] for r in table.rows}
-    assert rows[("fsdp", "none")] == ["600.0", "0.60x", "8.0", "0.80x"]
-    assert rows[("ddp", "checkpoint")] == ["800.0", "0.80x", "7.5", "0.75x"]
+    assert rows[("fsdp", "none")] == ["600.0", "0.60x", "200.0", "0.50x", "8.0", "0.80x"]
+    assert rows[("ddp", "checkpoint")] == ["800.0", "0.80x", "400.0", "1.00x", "7.5", "0.75x"]
     ratios = levers.ratios(frame).set_index("parallel")
     assert ratios.loc["fsdp", "memory_ratio_vs_baseline"] == pytest.approx(0.6)
+    assert ratios.loc["fsdp", "state_ratio_vs_baseline"] == pytest.approx(0.5)

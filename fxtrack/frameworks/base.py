@@ -75,6 +75,13 @@ class Backend(abc.ABC):
         """The framework's own peak device memory, or None where it has no such counter (CPU)."""
         return None
 
+    def state_bytes_per_device(self) -> Optional[int]:
+        """Bytes of persistent training state (parameters, buffers / batch statistics, optimiser
+        state) on the fullest device this process drives, counted from the arrays each device
+        really holds (its shards under parallel=fsdp); None where not counted. Gradients are
+        left out: JAX's live only inside the compiled step."""
+        return None
+
     def reduce_max(self, value: float) -> float:
         """The largest ``value`` over every process of a multi-process run (memory peaks);
         called by every process at the same point."""

@@ -10,7 +10,7 @@ says so, not a missing row. Each cell is the latest run of its full config, what
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -21,7 +21,7 @@ BASE = ["framework", "model", "scenario", "precision", "devices", "hardware"]
 KEY = BASE + list(LEVERS)
 METRICS = ["latency_ms_p50", "step_time_ms_p50", "throughput_samples_per_s", "output_rel_err",
            "output_max_abs_err", "top1_agreement", "artefact_mib", "export_time_s",
-           "peak_mem_device_mib", "peak_rss_mib"]
+           "peak_mem_device_mib", "peak_rss_mib", "state_mib_per_device"]
 
 
 def _column(frame: pd.DataFrame, *names: str) -> pd.Series:
@@ -140,23 +140,23 @@ def memory(frame: pd.DataFrame) -> list[Table]:
                      row["memory"]]
             state = _state(row)
             if state:
-                rows.append(label + [state, "", "", ""])
+                rows.append(label + [state, "", "", "", "", ""])
                 continue
-            peak = _peak(row)
-            thr = _num(row["throughput_samples_per_s"])
             base = _baseline(group, row, ["parallel", "memory"])
             flag = (FLAG if row["guard"] != "ok" else "") + (CONTENDED if row["contended"] else "")
-            rows.append(label + [fmt(peak) + flag,
-                                 _ratio(peak, None if base is None else _peak(base)), fmt(thr),
-                                 _ratio(thr, None if base is None else
-                                        _num(base["throughput_samples_per_s"]))])
+            peak = _with_ratio(row, base, _peak)
+            rows.append(label + [peak[0] + flag, peak[1], *_with_ratio(row, base, _held),
+                                 *_with_ratio(row, base, _throughput)])
         tables.append(Table(
             f"train, {precision}, {hardware}",
             ["model", "framework", "devices", "parallel", "memory", "peak MiB per device",
-             "memory ratio", "samples/s", "throughput ratio"], rows,
+             "peak ratio", "state MiB per device", "state ratio", "samples/s",
+             "throughput ratio"], rows,
             ["peak per device: the framework's device peak where it has one (GPU), else the "
              "largest worker process's peak RSS (CPU: one process per rank in torch; JAX and "
              "TensorFlow hold every CPU device in one process, so there RSS is the whole job's)",
+             "state per device: parameters, buffers and optimiser state on the fullest device, "
+             "counted from the arrays it holds (state_mib_per_device; what parallel=fsdp shards)",
              "ratios: to the ddp/none run of the same framework, model, devices and batch",
              f"{FLAG}: failed its correctness guard; {CONTENDED}: measured on busy cores"]))
     return tables
@@ -164,6 +164,21 @@ def memory(frame: pd.DataFrame) -> list[Table]:
 
 def _peak(row: pd.Series) -> Optional[float]:
     return _num(row["peak_mem_device_mib"]) or _num(row["peak_rss_mib"])
+
+
+def _held(row: pd.Series) -> Optional[float]:
+    return _num(row["state_mib_per_device"])
+
+
+def _throughput(row: pd.Series) -> Optional[float]:
+    return _num(row["throughput_samples_per_s"])
+
+
+def _with_ratio(row: pd.Series, base: Optional[pd.Series],
+                figure: Callable[[pd.Series], Optional[float]]) -> list[str]:
+    """[the row's figure, its ratio to the baseline run's] as table cells."""
+    value = figure(row)
+    return [fmt(value), _ratio(value, None if base is None else figure(base))]
 
 
 def ratios(frame: pd.DataFrame) -> pd.DataFrame:
@@ -176,9 +191,11 @@ def ratios(frame: pd.DataFrame) -> pd.DataFrame:
         if base is None or row["status"] != "FINISHED":
             continue
         peak, bpeak = _peak(row), _peak(base)
+        held, bheld = _held(row), _held(base)
         thr, bthr = _num(row["throughput_samples_per_s"]), _num(base["throughput_samples_per_s"])
         out.append({**{k: row[k] for k in KEY},
                     "memory_ratio_vs_baseline": peak / bpeak if peak and bpeak else None,
+                    "state_ratio_vs_baseline": held / bheld if held and bheld else None,
                     "throughput_ratio_vs_baseline": thr / bthr if thr and bthr else None})
     return pd.DataFrame(out)
 

@@ -16,6 +16,9 @@ def run(backend: Backend, result: Result) -> None:
                         flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
     result.metrics.update(loss_first=losses[0], loss_last=losses[-1])
+    state = backend.state_bytes_per_device()
+    if state is not None:  # every process of the run takes this branch or none does
+        result.metrics["state_mib_per_device"] = backend.reduce_max(state / 2**20)
     result.series["loss"] = losses
     result.guard = guard(backend, int(result.metrics["param_count"]), losses)
 

@@ -115,6 +115,9 @@ class JaxBackend(Backend):
     def train_step_on(self, batch: Any) -> jax.Array:
         return self._train_on(parallel.put_local_batch(batch, self.mesh))  # host -> devices
 
+    def state_bytes_per_device(self) -> Optional[int]:
+        return parallel.state_bytes_per_device(self.state)
+
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 

@@ -144,6 +144,16 @@ def fsdp(state: Any, mesh: Mesh, step: Callable, batch: NamedSharding,
     return placed, jitted
 
 
+def state_bytes_per_device(state: Any) -> int:
+    """Bytes of ``state`` on the fullest of this process's devices, shard by shard (a replicated
+    array counts in full on each device, an FSDP-sharded one by its slice)."""
+    per_device: dict[Any, int] = {}
+    for x in jax.tree.leaves(state):
+        for shard in x.addressable_shards:
+            per_device[shard.device] = per_device.get(shard.device, 0) + shard.data.nbytes
+    return max(per_device.values(), default=0)
+
+
 def reduce_max(value: float) -> float:
     """The largest ``value`` over every process (a collective: all processes call it)."""
     if jax.process_count() == 1:

@@ -92,6 +92,11 @@ class TensorFlowBackend(Backend):
     def train_step_on(self, batch: Any) -> np.ndarray:
         return self._train_on(batch)  # host tensors: the step's inputs are copied to the device
 
+    def state_bytes_per_device(self) -> Optional[int]:
+        # Mirrored (or single-device) variables: every replica holds each one in full.
+        variables = [*self.model.weights, *self.opt.variables]
+        return sum(int(np.prod(v.shape)) * tf.as_dtype(v.dtype).size for v in variables)
+
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 

@@ -81,6 +81,9 @@ class TorchBackend(Backend):
     def train_step_on(self, batch: Any) -> torch.Tensor:
         return self._step(data.to_device(batch, self.device, self.channels_last))
 
+    def state_bytes_per_device(self) -> Optional[int]:
+        return parallel.local_state_bytes(self.model, self.opt)  # one device per rank
+
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 

@@ -63,6 +63,15 @@ def local_param_count(model: nn.Module) -> int:
                for p in model.parameters())
 
 
+def local_state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    """Bytes of parameters, buffers and optimiser state this rank holds (its shards under FSDP:
+    DTensors count their local part)."""
+    tensors = [*model.parameters(), *model.buffers(),
+               *(v for state in opt.state.values() for v in state.values() if torch.is_tensor(v))]
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
+
+
 def reduce_max(value: float, device: torch.device) -> float:
     if world_size() == 1:
         return value
