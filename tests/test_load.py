@@ -17,11 +17,37 @@ def _fake_proc(monkeypatch, samples):
     it = iter(samples)
 
     class Snap:
-        def __init__(self, cpus, sid):
+        def __init__(self, cpus, sid, agent):
             self.t, self.busy, self.steal, self.own = next(it)
 
     monkeypatch.setattr(load, "_Snapshot", Snap)
     monkeypatch.setattr(load, "_HZ", 100)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_torchrun_ranks_count_as_fxtracks_own_work(monkeypatch):
+    """torchrun starts each rank in a session of its own: a rank's sampler counts its agent's
+    children's sessions as fxtrack's, else 2 ranks on 2 cores see each other as 50% contention
+    (measured on canonical BERT before the fix)."""
+    import os
+
+    rank = ("import time\nt = time.time()\nwhile time.time() - t < 3: pass")
+    agent_code = ("import subprocess, sys\n"
+                  f"ps = [subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True)"
+                  " for _ in range(2)]\nprint('started', flush=True)\n[p.wait() for p in ps]")
+    agent = subprocess.Popen([sys.executable, "-c", agent_code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert agent.stdout.readline().strip() == "started"
+        time.sleep(1.0)
+        alone = load._session_ticks(os.getsid(0))
+        with_ranks = load._session_ticks(os.getsid(0), agent=agent.pid)
+    finally:
+        agent.wait(timeout=30)
+    assert with_ranks - alone >= 50  # two ranks spinning for ~1 s: ~200 ticks at 100 Hz
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    assert load.LoadSampler().agent == os.getppid()
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    assert load.LoadSampler().agent is None
 
 
 def test_other_share_is_busy_minus_own_plus_steal(monkeypatch):

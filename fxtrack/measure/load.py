@@ -57,13 +57,16 @@ def _cpu_ticks(cpus: set[int]) -> tuple[int, int]:
     return busy, steal
 
 
-def _session_ticks(sid: int) -> int:
-    """CPU ticks (user + system, plus those of reaped children) of every process in session ``sid``.
+def _session_ticks(sid: int, agent: Optional[int] = None) -> int:
+    """CPU ticks (user + system, plus those of reaped children) of every process in session
+    ``sid``, and, for a torchrun rank (``agent``: the torchrun agent's pid), also in the agent's
+    session and in each session led by one of the agent's children: torchrun starts every rank
+    in a session of its own, and the other ranks are fxtrack's work, not competition.
 
     Reaped children's time moves into their parent's cutime/cstime, so summing all four over the
     live members keeps a process that exits inside the window accounted for in the difference.
     """
-    total = 0
+    procs = []  # (ppid, session, ticks)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -74,16 +77,19 @@ def _session_ticks(sid: int) -> int:
             continue
         fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces
         # after the name: state(0) ppid(1) pgrp(2) session(3) ... utime(11) stime(12) cutime(13) cstime(14)
-        if int(fields[3]) == sid:
-            total += sum(int(x) for x in fields[11:15])
-    return total
+        procs.append((int(fields[1]), int(fields[3]), sum(int(x) for x in fields[11:15]),
+                      int(entry.name)))
+    sids = {sid}
+    if agent is not None:
+        sids |= {s for ppid, s, _, pid in procs if ppid == agent or pid == agent}
+    return sum(ticks for _, s, ticks, _ in procs if s in sids)
 
 
 class _Snapshot:
-    def __init__(self, cpus: set[int], sid: int):
+    def __init__(self, cpus: set[int], sid: int, agent: Optional[int]):
         self.t = time.monotonic()
         self.busy, self.steal = _cpu_ticks(cpus)
-        self.own = _session_ticks(sid)
+        self.own = _session_ticks(sid, agent)
 
 
 class LoadSampler:
@@ -102,6 +108,8 @@ class LoadSampler:
         self.cpus = _cpus()
         self.threads = min(threads or len(self.cpus), len(self.cpus))
         self.sid = os.getsid(0)
+        # torchrun sets TORCHELASTIC_RUN_ID in each rank; the rank's parent is its agent
+        self.agent = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else None
         self.available = os.path.exists("/proc/stat")
         self.other_cpu_frac: Optional[float] = None
         self.steal_frac: Optional[float] = None
@@ -112,7 +120,7 @@ class LoadSampler:
     def start(self) -> "LoadSampler":
         if self.available:
             try:
-                self._start = _Snapshot(self.cpus, self.sid)
+                self._start = _Snapshot(self.cpus, self.sid, self.agent)
             except (OSError, ValueError):
                 self.available = False
         return self
@@ -121,7 +129,7 @@ class LoadSampler:
         if self._start is None:
             return self
         try:
-            end = _Snapshot(self.cpus, self.sid)
+            end = _Snapshot(self.cpus, self.sid, self.agent)
         except (OSError, ValueError):
             self.available = False
             return self

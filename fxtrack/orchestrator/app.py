@@ -269,6 +269,8 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     m.update(complexity.code_metrics(spec.framework))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
         return
+    if spec.quantize != "none":  # int8 matmuls against the float peak: no meaningful MFU (a
+        return  # dynamic_int8 BERT on CPU read 185%); achieved_tflops stays, for the record
     device = result.tags.get("device", result.resolved.get("device_kind", "cpu"))
     hardware = result.resolved.get("device_kind", spec.hardware)
     mfu, tags = peak.mfu_metrics(spec.framework, device, spec.precision, hardware,

@@ -52,8 +52,30 @@ def quantize_dynamic(src: Path, dst: Path) -> Path:
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     pre = dst.with_suffix(".pre.onnx")
-    quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)  # fold shapes, as ORT advises
+    inline = _inlined(src, dst.with_suffix(".inline.onnx"))
+    quant_pre_process(str(inline), str(pre), skip_symbolic_shape=True)  # fold shapes, as ORT advises
     quantize_dynamic(str(pre), str(dst), weight_type=QuantType.QInt8,
                      op_types_to_quantize=["MatMul", "Gemm"])
     pre.unlink()
+    if inline != src:
+        inline.unlink()
+    return dst
+
+
+def _inlined(src: Path, dst: Path) -> Path:
+    """``src``, or a copy of it at ``dst`` with its weights inside the one file when the
+    exporter kept them in an external data file (jax2onnx does for BERT): the quantiser's
+    pre-processing re-saves the model in a temporary directory without that file and fails
+    ("should be stored in .../model.onnx.data, but it is not regular file")."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(src), load_external_data=False)
+    if not any(uses_external_data(t) for t in model.graph.initializer):
+        return src
+    onnx.load_external_data_for_model(model, str(src.parent))  # the weights, now inline
+    if model.ByteSize() >= 2**31:  # protobuf's limit for one file
+        raise NotImplementedError(f"quantize=dynamic_int8 of {src.name}: the model is over 2 GiB, "
+                                  "beyond what ONNX Runtime's quantiser can re-save in one file")
+    onnx.save(model, str(dst))
     return dst

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -54,6 +55,10 @@ def shard(model: nn.Module) -> nn.Module:
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
+    # BERT's tied decoder (F.linear over (B, T, hidden)) returns a view, and FSDP2 warns on every
+    # forward that an in-place op on it would skip the backward hook. The loss (train.loss_fn)
+    # only upcasts, flattens and reads the logits, out of place; the warning would be noise.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
     return model
 
 
