@@ -174,3 +174,19 @@ def test_every_scenario_lands_through_the_cli(tmp_path):
     assert children["checkpoint"].info.run_name == "torch-vit-checkpoint-fp32-x1"
     assert "mfu" not in children["checkpoint"].data.metrics  # nothing timed, so no MFU
     assert children["checkpoint"].data.metrics["code_sloc_checkpoint"] > 0
+
+
+def test_display_name_tells_lever_variants_apart():
+    """Console lines and closing tables name a config's levers (a deployment sweep's 24 rows
+    otherwise all read the same); the MLflow run name stays DESIGN.md's."""
+    from conftest import job_spec
+    from fxtrack.tracking.records import display_name, run_name
+
+    plain = job_spec("torch", "bert", compile_request="auto")
+    assert display_name(plain) == run_name(plain) == "torch-bert-train-fp32-x1"
+    int8 = job_spec("torch", "bert", scenario="inference", runtime="onnxruntime",
+                    quantize="dynamic_int8", compile_request="auto")
+    assert display_name(int8) == "torch-bert-inference-fp32-x1 [onnxruntime, dynamic_int8]"
+    assert run_name(int8) == "torch-bert-inference-fp32-x1"
+    forced = job_spec("jax", "vit", parallel="fsdp", memory="checkpoint", compile=False)
+    assert display_name(forced) == "jax-vit-train-fp32-x1 [fsdp, checkpoint, compile=false]"

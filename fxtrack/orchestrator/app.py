@@ -216,7 +216,7 @@ class Job:
         spec.scenario = scenario or spec.scenario
         if repeat is not None:
             spec.repeat = repeat
-        name = records.run_name(spec)
+        name = records.display_name(spec)
         start_ms = int(time.time() * 1000)
         result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
         if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node

@@ -174,9 +174,10 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
 
     done = [e for e in entries if e["status"] == "FINISHED"]
     metrics = aggregate_metrics([e["metrics"] for e in done])
-    name = (entries[0]["name"] if entries else aggregate)
+    name = (entries[0]["name"] if entries else aggregate)  # the display name, levers included
     tags = aggregate_tags(entries, job.conf.repeats)
-    record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
+    record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment,
+                                   _name_and_tags(job, Path("."))[0], tags,
                                    "FINISHED" if done else "FAILED", parent, metrics)
     record["params"] = (done or entries)[0].get("params", {}) if entries else {}
     run_id, where = job.log(record, {})

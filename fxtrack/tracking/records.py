@@ -77,6 +77,19 @@ def run_name(spec: JobSpec) -> str:
     return f"{spec.framework}-{spec.arch['name']}-{spec.scenario}-{spec.precision}-x{spec.devices}"
 
 
+def display_name(spec: JobSpec) -> str:
+    """The run name plus what sets this config apart where the run name cannot: lever values
+    other than their defaults and a forced ``framework.compile``, e.g. ``torch-bert-inference-
+    fp32-x1 [onnxruntime, dynamic_int8]``. For console lines and closing tables; the MLflow run
+    name stays DESIGN.md's (the levers are params there)."""
+    extras = [value for value, default in ((spec.runtime, "native"), (spec.quantize, "none"),
+                                           (spec.parallel, "ddp"), (spec.memory, "none"))
+              if value != default]
+    if spec.compile_request != "auto":
+        extras.append(f"compile={spec.compile_request}")
+    return run_name(spec) + (f" [{', '.join(extras)}]" if extras else "")
+
+
 def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
                parent_result_id: Optional[str], start_time_ms: int) -> dict[str, Any]:
     tags = run_tags()
