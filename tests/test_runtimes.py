@@ -168,8 +168,9 @@ def test_int8_runs_get_no_mfu_against_the_float_peak(spec_factory, monkeypatch):
 @needs("onnxruntime", "onnx")
 def test_dynamic_int8_of_a_model_with_external_weights(tmp_path):
     """jax2onnx keeps BERT's weights in a model.onnx.data file beside the graph; ONNX Runtime's
-    quantiser re-saved the model without it and failed (canonical BERT, measured). The weights
-    are inlined first, and the int8 model answers like the float one."""
+    quantiser re-saved the model without it and failed (canonical BERT, measured), and the
+    artefact size counted the graph alone (0.7 MiB). The weights are inlined before quantising,
+    counted in the size, and the int8 model answers like the float one."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -185,7 +186,11 @@ def test_dynamic_int8_of_a_model_with_external_weights(tmp_path):
     src = tmp_path / "model.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(src),
               save_as_external_data=True, location="model.onnx.data", size_threshold=0)
-    assert (tmp_path / "model.onnx.data").exists()
+    data = tmp_path / "model.onnx.data"
+    assert data.exists()
+    # the artefact's size counts the weights beside the graph
+    assert deploy.artefact_bytes(src) == src.stat().st_size + data.stat().st_size
+    assert deploy.artefact_bytes(src) >= w.nbytes
     dst = ort_runtime.quantize_dynamic(src, tmp_path / "model.int8.onnx")
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "model.int8.onnx", "model.onnx", "model.onnx.data"]  # the inlined copy is gone
