@@ -143,9 +143,9 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
     and build; returns (spec, run(steps) -> the samples/s its timed window reports)."""
     from hydra import compose, initialize_config_dir
 
+    from fxtrack import policy
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
-    from fxtrack import policy
     from fxtrack.job import Result
     from fxtrack.orchestrator.app import job_spec, validate
     from fxtrack.scenarios import timed
