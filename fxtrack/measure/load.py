@@ -66,7 +66,7 @@ def _session_ticks(sid: int, agent: Optional[int] = None) -> int:
     Reaped children's time moves into their parent's cutime/cstime, so summing all four over the
     live members keeps a process that exits inside the window accounted for in the difference.
     """
-    procs = []  # (ppid, session, ticks)
+    procs = []  # (ppid, session, ticks, pid)
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
