@@ -79,7 +79,7 @@ def jax_donates(device_kind: str) -> tuple[bool, str]:
 # step with and without donate_argnums, alternated step by step in one process (80 rounds): the
 # donated step took 1.02-1.05x the time of the undonated one in three runs, and fxtrack's step with
 # donation was 0.915x [0.908, 0.928] of a bare loop's throughput (python bench/overhead.py
-# --frameworks jax) and 1.00x without it. Why is not established: a likely cause is the copies
+# --frameworks jax) and 0.99-1.00x without it. Why is not established: a likely cause is the copies
 # XLA:CPU inserts to keep each output aliased to its input buffer.
 JAX_CPU_DONATION_NOTE = "measured 2-5% slower steps with donation on XLA:CPU"
 
