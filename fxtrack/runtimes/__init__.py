@@ -12,9 +12,22 @@ capability is a module in its own layer").
 
 from __future__ import annotations
 
+from pathlib import Path
+
 DEPLOY_EXTRA = "pip install 'fxtrack[deploy]'"
 
 
 def missing(runtime: str, package: str) -> ImportError:
     """The error for a runtime whose package is not installed in the worker's interpreter."""
     return ImportError(f"runtime={runtime} needs the '{package}' package: {DEPLOY_EXTRA}")
+
+
+def onnx_external_files(path: Path) -> list[Path]:
+    """The external data files an ONNX model's weights live in, beside the graph (jax2onnx
+    keeps BERT's in model.onnx.data); empty when every weight is inside the file."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    return sorted({path.parent / entry.value for t in model.graph.initializer
+                   if uses_external_data(t) for entry in t.external_data if entry.key == "location"})

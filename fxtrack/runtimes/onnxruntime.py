@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from fxtrack.runtimes import missing
+from fxtrack.runtimes import missing, onnx_external_files
 
 try:
     import onnxruntime as ort
@@ -68,12 +68,10 @@ def _inlined(src: Path, dst: Path) -> Path:
     pre-processing re-saves the model in a temporary directory without that file and fails
     ("should be stored in .../model.onnx.data, but it is not regular file")."""
     import onnx
-    from onnx.external_data_helper import uses_external_data
 
-    model = onnx.load(str(src), load_external_data=False)
-    if not any(uses_external_data(t) for t in model.graph.initializer):
+    if not onnx_external_files(src):
         return src
-    onnx.load_external_data_for_model(model, str(src.parent))  # the weights, now inline
+    model = onnx.load(str(src))  # the weights loaded from their files, now inline
     if model.ByteSize() >= 2**31:  # protobuf's limit for one file
         raise NotImplementedError(f"quantize=dynamic_int8 of {src.name}: the model is over 2 GiB, "
                                   "beyond what ONNX Runtime's quantiser can re-save in one file")

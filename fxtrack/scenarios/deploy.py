@@ -92,16 +92,10 @@ def artefact_bytes(path: Path) -> int:
     """Size of what the runtime loads: the file, plus for ONNX the external data files its
     tensors point to (jax2onnx keeps BERT's weights in model.onnx.data: the .onnx alone is
     under 1 MiB)."""
-    size = path.stat().st_size
-    if path.suffix != ".onnx":
-        return size
-    import onnx
-    from onnx.external_data_helper import uses_external_data
+    from fxtrack.runtimes import onnx_external_files
 
-    model = onnx.load(str(path), load_external_data=False)
-    locations = {entry.value for t in model.graph.initializer if uses_external_data(t)
-                 for entry in t.external_data if entry.key == "location"}
-    return size + sum((path.parent / loc).stat().st_size for loc in locations)
+    extra = onnx_external_files(path) if path.suffix == ".onnx" else []
+    return sum(p.stat().st_size for p in [path, *extra])
 
 
 def compare(ref: np.ndarray, out: np.ndarray, int8: bool) -> tuple[dict[str, float], str]:

@@ -72,7 +72,7 @@ class JaxBackend(Backend):
         self.state = parallel.replicate(state, self.mesh)
         self.batch = data.mesh_batch(self.arch, batch_size, self.spec.seed, self.mesh)
         self.jit = self._jit()
-        donate, self.donation = policy.jax_donates(devices.kind(self.device))
+        donate, self.donation = policy.jax_donates(self.device_kind())
         self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded,
                                      donate)
         if self.spec.parallel == "fsdp":  # state sharded over the mesh, the step jitted for it
