@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 from pathlib import Path
 
-CONFIG_DIR_ENV = "FXTRACK_CONFIG_DIR"  # the user's own config dirs (os.pathsep-separated)
+from fxtrack.paths import CONF_DIR, CONFIG_DIR_ENV, user_config_dirs
 
-
-def conf_dir() -> Path:
-    """fxtrack's config directory: the package ``fxtrack.conf`` that an installed wheel carries
-    (setup.py maps the checkout's top-level ``conf/`` onto it; an editable install finds it
-    there), else, in a bare source tree on PYTHONPATH, the checkout's ``conf/``."""
-    spec = importlib.util.find_spec("fxtrack.conf")
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parent.parent / "conf"
-
-
-CONF_DIR = conf_dir()
 SUBCOMMANDS = {
     "doctor": "installed frameworks, their versions, the devices each sees, the peak FLOP/s",
     "report": "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)",
@@ -53,11 +40,6 @@ Your own options and sweep presets (hardware/, precision/, size/, experiment/ ..
   --config-dir DIR (searched first) or hydra.searchpath=[file:///DIR].
 fxtrack --version: the installed version.
 """
-
-
-def user_config_dirs() -> list[Path]:
-    """The directories named by $FXTRACK_CONFIG_DIR, made absolute."""
-    return [Path(d).resolve() for d in os.environ.get(CONFIG_DIR_ENV, "").split(os.pathsep) if d]
 
 
 def usage() -> str:

@@ -67,7 +67,7 @@ _UNCACHED: dict[str, dict[str, dict[str, Any]]] = {}
 def _conf_dir() -> Path:
     """Where the framework configs live: fxtrack's config directory (a checkout's conf/, or
     the package fxtrack.conf in a wheel), found the one way the CLI finds it."""
-    from fxtrack.cli import CONF_DIR
+    from fxtrack.paths import CONF_DIR
 
     return CONF_DIR / "framework"
 

@@ -1,0 +1,144 @@
+"""What a framework declares about itself, readable without importing the framework.
+
+Each framework package (``fxtrack/frameworks/<name>/__init__.py``) holds one ``FRAMEWORK =
+Framework(...)``: its Backend class, its ``framework.compile=auto`` rule, the names its compile
+modes are tagged with, its own config keys, the environment it needs before import, and the
+optional capabilities it has. The orchestrator reads declarations to refuse impossible configs
+before any work; a scenario asks the backend for a capability by name (``Backend.capability``)
+and gets the framework's module for it, or ``NotSupported`` with the declared reason.
+
+This module imports no framework and nothing above ``fxtrack.frameworks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Mapping, Optional
+
+# The optional capabilities a framework may declare, and what the module it names provides.
+# Every function takes the built Backend first.
+CAPABILITIES: dict[str, str] = {
+    "inference": "prepare(backend) -> step: the built model in inference mode, a forward-only "
+                 "step on the resident batch (scenario=inference, the checkpoint scenario's "
+                 "live model)",
+    "pipeline": "loader(backend, directory, batch_size, workers) -> iterator of batches, "
+                "train_step_on(backend, batch) -> loss handle (scenario=pipeline)",
+    "checkpoint": "save(backend, directory), restore(backend, directory): the full training "
+                  "state (scenario=checkpoint)",
+    "serving_export": "export(backend, directory) -> step: the model saved for serving in the "
+                      "framework's own format, loaded back, a forward step (scenario=checkpoint)",
+    "onnx_export": "reference(backend) -> (input, output), to_onnx(backend, path) -> path "
+                   "(runtime=onnxruntime|openvino|tensorrt)",
+    "tflite_export": "reference(backend), to_tflite(backend, path, quantize) -> path "
+                     "(runtime=tflite)",
+    "native_int8": "reference(backend), quantize_native(backend) -> forward(x) "
+                   "(quantize=dynamic_int8 runtime=native)",
+    "sharded_state": "parallel=fsdp: parameters, gradients and optimiser state sharded over "
+                     "the devices (used inside Backend.build)",
+    "remat": "memory=checkpoint: activations recomputed per block (used inside Backend.build)",
+    "calibration": "matmul_tflops(backend) -> float: a large square matmul's TFLOP/s at the "
+                   "spec's precision (the peak FLOP/s yardstick for MFU)",
+}
+
+
+class NotSupported(Exception):
+    """A combination the framework declares it has no path for: a "not supported" cell, never
+    a crash. Raised by ``Framework.capability`` (and by a capability's own module for a model it
+    cannot handle, e.g. an exporter without a path for one architecture)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileRule:
+    """One row of a framework's ``framework.compile=auto`` table: on ``device_kind`` (cpu | gpu
+    | ``*``) for model ``family`` (resnet | vit | bert | ... | ``*``), compile or not, and why
+    (a documented best practice, or a measured figure with the command that gave it)."""
+
+    compiled: bool
+    why: str
+    device_kind: str = "*"
+    family: str = "*"
+
+    def matches(self, device_kind: str, family: str) -> bool:
+        return self.device_kind in ("*", device_kind) and self.family in ("*", family)
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """A config key only this framework has: ``framework.<name>``, one of ``choices``."""
+
+    default: str
+    choices: tuple[str, ...]
+    help: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Framework:
+    name: str
+    backend: str  # "module:Class" of its fxtrack.frameworks.base.Backend
+    extra: str  # the pip extra that installs it, for error messages
+    report_order: int  # where its column stands in the report (lower: further left)
+    compile_rules: tuple[CompileRule, ...]  # framework.compile=auto: the first match wins
+    compiled_tag: str  # fxtrack.compile_mode when compiled; "{compile_mode}" is filled in
+    uncompiled_tag: str  # ... when not (e.g. "eager", "tf.function")
+    uncompiled_builds_graph: bool = False  # a plain tf.function still traces: compile_time_s
+    # capability name (a key of CAPABILITIES) -> "module" implementing it
+    capabilities: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # capability name -> why it is absent (the "not supported" message says this)
+    absent: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    settings: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
+    # environment variables set before the framework is imported, from the JobSpec
+    environment: Optional[Callable[[Any], dict[str, str]]] = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.capabilities) - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"{self.name} declares unknown capabilities {sorted(unknown)}")
+
+    def has(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    def capability(self, name: str) -> Any:
+        """The module implementing ``name``, imported now; NotSupported when it is absent."""
+        if name not in CAPABILITIES:
+            raise KeyError(f"unknown capability {name!r} (one of {', '.join(CAPABILITIES)})")
+        if name not in self.capabilities:
+            why = self.absent.get(name, "not implemented for this framework")
+            raise NotSupported(f"{name} is not supported by {self.name}: {why}")
+        return importlib.import_module(self.capabilities[name])
+
+    def resolve_compile(self, device_kind: str, family: str, request: str = "auto"
+                        ) -> tuple[bool, str]:
+        """(compile?, why) for ``framework.compile=request``: ``true`` / ``false`` as asked,
+        ``auto`` the first matching rule."""
+        if request != "auto":
+            return request == "true", f"framework.compile={request}"
+        for rule in self.compile_rules:
+            if rule.matches(device_kind, family):
+                return rule.compiled, f"auto: {rule.why}"
+        raise ValueError(f"{self.name} declares no compile rule for {family} on {device_kind}")
+
+    def compile_mode_tag(self, compiled: bool, compile_mode: str = "default") -> str:
+        """The ``fxtrack.compile_mode`` tag: what actually ran."""
+        tag = self.compiled_tag if compiled else self.uncompiled_tag
+        return tag.format(compile_mode=compile_mode)
+
+    def builds_graph(self, compiled: bool) -> bool:
+        """Whether the first step builds a graph (then compile_time_s is logged)."""
+        return compiled or self.uncompiled_builds_graph
+
+
+def import_path(path: str) -> Any:
+    """``"package.module:name"`` -> the object."""
+    module, _, name = path.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, name) if name else obj
+
+
+def declaration(package: str) -> Framework:
+    """The ``FRAMEWORK`` that ``package`` (e.g. ``fxtrack.frameworks.torch``) declares."""
+    framework = getattr(importlib.import_module(package), "FRAMEWORK", None)
+    if not isinstance(framework, Framework):
+        raise ValueError(f"{package} declares no FRAMEWORK = fxtrack.frameworks.declaration."
+                         "Framework(...)")
+    return framework
