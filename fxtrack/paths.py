@@ -11,13 +11,16 @@ CONFIG_DIR_ENV = "FXTRACK_CONFIG_DIR"  # the user's own config dirs (os.pathsep-
 
 
 def conf_dir() -> Path:
-    """fxtrack's config directory: the package ``fxtrack.conf`` that an installed wheel carries
-    (setup.py maps the checkout's top-level ``conf/`` onto it; an editable install finds it
-    there), else, in a bare source tree on PYTHONPATH, the checkout's ``conf/``."""
+    """fxtrack's config directory: in a checkout (editable install, or a source tree on
+    PYTHONPATH) the checkout's own ``conf/`` beside this package; in an installed wheel the
+    package ``fxtrack.conf`` (setup.py maps the checkout's ``conf/`` onto it)."""
+    checkout = Path(__file__).resolve().parent.parent / "conf"
+    if (checkout / "config.yaml").is_file():
+        return checkout
     spec = importlib.util.find_spec("fxtrack.conf")
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    return Path(__file__).resolve().parent.parent / "conf"
+    return checkout
 
 
 CONF_DIR = conf_dir()
