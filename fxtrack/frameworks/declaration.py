@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional
 
 # The optional capabilities a framework may declare, and what the module it names provides.
 # Every function takes the built Backend first.
@@ -87,8 +87,9 @@ class Framework:
     # capability name -> why it is absent (the "not supported" message says this)
     absent: Mapping[str, str] = dataclasses.field(default_factory=dict)
     settings: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
-    # environment variables set before the framework is imported, from the JobSpec
-    environment: Optional[Callable[[Any], dict[str, str]]] = None
+    # prepare_environment(spec, env): sets in ``env`` (os.environ) what the framework reads when
+    # it is imported (platform, XLA flags, allocator), before the worker imports it
+    prepare_environment: Optional[Callable[[Any, MutableMapping[str, str]], None]] = None
 
     def __post_init__(self) -> None:
         unknown = set(self.capabilities) - set(CAPABILITIES)
@@ -126,6 +127,11 @@ class Framework:
     def builds_graph(self, compiled: bool) -> bool:
         """Whether the first step builds a graph (then compile_time_s is logged)."""
         return compiled or self.uncompiled_builds_graph
+
+
+def append_xla_flag(env: MutableMapping[str, str], flag: str) -> None:
+    """Append one flag to XLA_FLAGS (read by XLA when JAX or TF starts its backend)."""
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flag}".strip()
 
 
 def import_path(path: str) -> Any:

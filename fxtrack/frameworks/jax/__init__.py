@@ -1,1 +1,48 @@
-"""JAX: Flax NNX models, ``jax.nn.dot_product_attention``, Optax, a pure ``jax.jit`` train step."""
+"""JAX (Flax NNX, Optax): what it declares (no jax import here; fxtrack.frameworks.declaration)."""
+
+from __future__ import annotations
+
+from typing import Any, MutableMapping
+
+from fxtrack.frameworks.declaration import CompileRule, Framework, append_xla_flag
+
+
+def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
+    """What JAX reads when it starts: platform, allocator, XLA flags."""
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # peak memory, not the pool
+    if spec.hardware == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        if spec.devices > 1:  # N host devices stand in for N accelerators
+            append_xla_flag(env, f"--xla_force_host_platform_device_count={spec.devices}")
+    elif spec.devices * spec.nodes > 1:
+        # Overlap the gradient all-reduce with the backward pass (XLA:GPU's latency-hiding
+        # scheduler; TF's and torch's DDP overlap theirs by default). Read only by XLA:GPU.
+        append_xla_flag(env, "--xla_gpu_enable_latency_hiding_scheduler=true")
+
+
+FRAMEWORK = Framework(
+    name="jax",
+    backend="fxtrack.frameworks.jax.backend:JaxBackend",
+    extra="jax",
+    report_order=30,
+    # op-by-op dispatch is JAX's debugging mode, never its fast path
+    compile_rules=(CompileRule(True, "jax always jits"),),
+    compiled_tag="jit",
+    uncompiled_tag="op-by-op",
+    capabilities={
+        "inference": "fxtrack.frameworks.jax.inference",
+        "pipeline": "fxtrack.frameworks.jax.pipeline",
+        "checkpoint": "fxtrack.frameworks.jax.checkpoint",
+        "serving_export": "fxtrack.frameworks.jax.serving",
+        "onnx_export": "fxtrack.frameworks.jax.deployment",
+        "sharded_state": "fxtrack.frameworks.jax.parallel",
+        "remat": "fxtrack.frameworks.jax.models",
+        "calibration": "fxtrack.frameworks.jax.devices",
+    },
+    absent={
+        "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
+                         "TensorFlow); use runtime=onnxruntime",
+        "native_int8": "no maintained dynamic int8 path in the framework itself; use "
+                       "runtime=onnxruntime quantize=dynamic_int8",
+    },
+)

@@ -1,2 +1,38 @@
-"""TensorFlow: Keras 3 functional models, ``tf.GradientTape`` steps in ``tf.function`` (XLA
-with ``jit_compile``), Keras mixed-precision policies and loss scaling."""
+"""TensorFlow (Keras 3 models on tf.function / XLA): what it declares (no tensorflow import here;
+fxtrack.frameworks.declaration)."""
+
+from fxtrack.frameworks.declaration import CompileRule, Framework
+
+FRAMEWORK = Framework(
+    name="tensorflow",
+    backend="fxtrack.frameworks.tensorflow.backend:TensorFlowBackend",
+    extra="tensorflow",
+    report_order=20,
+    compile_rules=(
+        CompileRule(True, "XLA on GPU", device_kind="gpu"),
+        # docs/measurements.md ("XLA on a CPU"): bench/tf_compile.py, ResNet-50
+        CompileRule(False, "tf.function without XLA on CPU (measured: XLA 2-7x slower, "
+                           "ResNet-50)", device_kind="cpu"),
+    ),
+    compiled_tag="xla",
+    uncompiled_tag="tf.function",
+    uncompiled_builds_graph=True,  # a plain tf.function still traces a graph on the first step
+    capabilities={
+        "inference": "fxtrack.frameworks.tensorflow.inference",
+        "pipeline": "fxtrack.frameworks.tensorflow.pipeline",
+        "checkpoint": "fxtrack.frameworks.tensorflow.checkpoint",
+        "serving_export": "fxtrack.frameworks.tensorflow.serving",
+        "onnx_export": "fxtrack.frameworks.tensorflow.deployment",
+        "tflite_export": "fxtrack.frameworks.tensorflow.deployment",
+        "calibration": "fxtrack.frameworks.tensorflow.devices",
+    },
+    absent={
+        "native_int8": "no maintained dynamic int8 path in the framework itself; use "
+                       "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
+        "sharded_state": "tf.distribute has no sharded-state strategy (ParameterServerStrategy "
+                         "shards variables over CPU servers, not accelerators; DTensor was "
+                         "removed); use framework=torch or framework=jax",
+        "remat": "keras.RematScope's tf.custom_gradient rejects keyword arguments (training=) "
+                 "inside tf.function; use framework=torch or framework=jax",
+    },
+)
