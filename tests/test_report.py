@@ -156,6 +156,15 @@ def test_nothing_to_report_is_one_line_and_exit_1(store, tmp_path, capsys, args,
     assert not (tmp_path / "r").exists()
 
 
+def test_missing_experiment_names_those_the_store_holds(store, tmp_path, capsys):
+    mlflow.MlflowClient(store).create_experiment("fxtrack-gpu-nightly")
+    code, _, err = report(capsys, "--uri", store, "--experiment", "fxtrak", "--no-log")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "experiment 'fxtrak' does not exist" in err
+    held = err.split("the store holds ", 1)[1]
+    assert "'fxtrack'" in held and "'fxtrack-gpu-nightly'" in held and "--experiment" in held
+
+
 def test_empty_experiment_and_missing_store(tmp_path, capsys, monkeypatch):
     uri = f"sqlite:///{tmp_path / 'empty.db'}"
     mlflow.MlflowClient(uri).create_experiment("fxtrack")
