@@ -7,13 +7,16 @@ import dataclasses
 import html
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from tabulate import tabulate
 
-from fxtrack.report.charts import Chart
 from fxtrack.report.select import KEY
 from fxtrack.report.tables import Section, Table
+
+if TYPE_CHECKING:  # charts loads matplotlib; a closing table in the orchestrator needs none of it
+    from fxtrack.report.charts import Chart
 
 # The CSV's leading columns; every metric the kept runs logged follows them.
 CSV_COLUMNS = [*KEY, "check", "guard", "run_name", "run_id", "start_time", "device",
