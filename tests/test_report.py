@@ -295,3 +295,24 @@ def test_lever_variants_stay_out_of_the_main_tables():
     selection = select.latest_runs(pd.DataFrame(rows))
     assert list(selection.runs["run_id"]) == ["native"]
     assert selection.skipped["lever variants (deployment / memory tables)"] == 1
+
+
+def test_pages_escape_cells_and_set_inline_code_as_code():
+    """Figures right-aligned in every renderer; HTML escaped; the reST inline code of
+    docstring-made intros becomes <code> / Markdown code, never literal double backticks."""
+    from fxtrack.report import render, tables
+
+    table = tables.Table("Throughput <x1>", ["model", "torch"],
+                         [["a|b<i>", "1,234.5"], ["vit", "-"]], ["see ``--min-repeats N``"])
+    report = render.Report("r", [], [tables.Section("Verdicts", [table],
+                                                    "``--min-repeats N`` refuses to rank")], [])
+    page = render.html_page(report)
+    assert "<code>--min-repeats N</code> refuses" in page and "``" not in page
+    assert "a|b&lt;i&gt;" in page and "<i>" not in page and "Throughput &lt;x1&gt;" in page
+    assert '<td style="text-align: right;">1,234.5</td>' in page
+    md = render.markdown(report)
+    assert "`--min-repeats N` refuses" in md and "``" not in md and "a\\|b<i>" in md
+    assert re.search(r"^\|:-+\|-+:\|$", md, re.MULTILINE)  # model left, figures right
+    text = render.text_table(table).splitlines()
+    assert text[0] == "Throughput <x1>" and text[-1] == "  see ``--min-repeats N``"
+    assert text[3].endswith("1,234.5") and text[4].endswith("      -")  # right-aligned, uncut
