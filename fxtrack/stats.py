@@ -25,8 +25,11 @@ def median(xs: Sequence[float]) -> float:
 
 
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and the sample standard deviation (n - 1 in the denominator; 0 for one value)."""
-    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+    """Mean and the sample standard deviation (n - 1 in the denominator; 0 for one value).
+    Plain arithmetic, not statistics.stdev: that raises on a nan or inf, which must propagate."""
+    n = len(xs)
+    m = sum(xs) / n
+    return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0)
 
 
 def t_cdf(t: float, df: float) -> float:
