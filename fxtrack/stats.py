@@ -1,4 +1,4 @@
-"""Intervals for repeated measurements, without scipy (the orchestrator's dependencies stay small).
+"""Intervals for repeated measurements; the t distribution is scipy's (scipy.stats.t).
 
 Which interval, and why: with the 3-5 repeats a benchmark affords, a bootstrap has too few
 distinct resamples to reach its nominal coverage (for n = 3 its percentile interval is about
@@ -14,78 +14,39 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from typing import Optional, Sequence
 
 LEVEL = 0.95
 
 
 def median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+    return statistics.median(xs)
 
 
 def mean_sd(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and the sample standard deviation (n - 1 in the denominator; 0 for one value)."""
+    """Mean and the sample standard deviation (n - 1 in the denominator; 0 for one value).
+    Plain arithmetic, not statistics.stdev: that raises on a nan or inf, which must propagate."""
     n = len(xs)
     m = sum(xs) / n
     return m, (math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0)
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the regularized incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        m2 = 2 * m
-        for aa in (m * (b - m) * x / ((qam + m2) * (a + m2)),
-                   -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2))):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    lbt = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(lbt) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(lbt) * _betacf(b, a, 1.0 - x) / b
-
-
 def t_cdf(t: float, df: float) -> float:
     """P(T <= t) for Student's t with ``df`` (possibly fractional) degrees of freedom."""
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return 1.0 - tail if t > 0 else tail
+    # Imported on use: scipy.stats takes ~0.5 s to load, and only an aggregate or a verdict needs it.
+    from scipy.stats import t as student_t
+
+    return float(student_t.cdf(t, df))
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t (bisection on t_cdf; 1e-12 absolute)."""
+    """The ``p`` quantile of Student's t (``df`` may be fractional: Welch-Satterthwaite)."""
     if not 0.0 < p < 1.0 or df <= 0:
         raise ValueError(f"t_quantile needs 0 < p < 1 and df > 0, got p={p}, df={df}")
-    if p < 0.5:
-        return -t_quantile(1.0 - p, df)
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2.0
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-        if hi - lo < 1e-12:
-            break
-    return (lo + hi) / 2.0
+    from scipy.stats import t as student_t
+
+    return float(student_t.ppf(p, df))
 
 
 @dataclasses.dataclass

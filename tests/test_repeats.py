@@ -56,10 +56,20 @@ def test_ratio_interval_is_welch_on_log_throughput():
     assert stats.ratio_interval(stats.log_summary([3.0]), stats.log_summary(b)) is None
 
 
-def test_scipy_agrees_where_installed():
+def test_intervals_match_scipys_own_procedures():
+    """scipy supplies the t quantiles; the intervals built on them must match scipy's own
+    one-sample t interval and Welch test on log values, for fractional Welch df too."""
     st = pytest.importorskip("scipy.stats")
-    for df in (2, 7.3, 55):
-        assert stats.t_quantile(0.9, df) == pytest.approx(st.t.ppf(0.9, df), abs=1e-9)
+    xs = [7.1, 9.4, 8.2, 8.8]
+    m, sem = sum(xs) / 4, st.sem(xs)
+    ci = stats.t_interval(xs)
+    assert (ci.low, ci.high) == pytest.approx(st.t.interval(0.95, 3, loc=m, scale=sem), rel=1e-12)
+    a, b = [3.0, 3.4, 2.9, 3.8, 3.1], [4.0, 4.6, 4.1]
+    want = st.ttest_ind([math.log(x) for x in a], [math.log(x) for x in b],
+                        equal_var=False).confidence_interval(0.95)
+    got = stats.ratio_interval(stats.log_summary(a), stats.log_summary(b))
+    assert got == pytest.approx((math.exp(want.low), math.exp(want.high)), rel=1e-12)
+    assert stats.t_cdf(stats.t_quantile(0.9, 7.3), 7.3) == pytest.approx(0.9, abs=1e-12)
 
 
 # --- round-robin order ----------------------------------------------------------------------

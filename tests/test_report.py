@@ -105,7 +105,7 @@ def test_report_keeps_the_latest_finished_runs_and_writes_every_file(store, tmp_
     assert by.loc[("jax", "vit", "train"), "status"] == "guard_failed"
     assert 777.7 not in csv["throughput_samples_per_s"].tolist()
 
-    md = (out_dir / "report.md").read_text()
+    md = re.sub(r" +", " ", (out_dir / "report.md").read_text())  # cells padded to their column
     assert "| resnet50 | 123.4 (0.82x) | 150.0 (1.00x) |" in md
     assert "900 RSS" in md and "2,048 device" in md  # which memory figure each cell is
     assert "41.0%" in md and "90.0%" in md  # MFU, scaling efficiency at x4
@@ -154,6 +154,15 @@ def test_nothing_to_report_is_one_line_and_exit_1(store, tmp_path, capsys, args,
     assert code == 1
     assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_missing_experiment_names_those_the_store_holds(store, tmp_path, capsys):
+    mlflow.MlflowClient(store).create_experiment("fxtrack-gpu-nightly")
+    code, _, err = report(capsys, "--uri", store, "--experiment", "fxtrak", "--no-log")
+    assert code == 1 and len(err.strip().splitlines()) == 1
+    assert "experiment 'fxtrak' does not exist" in err
+    held = err.split("the store holds ", 1)[1]
+    assert "'fxtrack'" in held and "'fxtrack-gpu-nightly'" in held and "--experiment" in held
 
 
 def test_empty_experiment_and_missing_store(tmp_path, capsys, monkeypatch):
@@ -286,3 +295,24 @@ def test_lever_variants_stay_out_of_the_main_tables():
     selection = select.latest_runs(pd.DataFrame(rows))
     assert list(selection.runs["run_id"]) == ["native"]
     assert selection.skipped["lever variants (deployment / memory tables)"] == 1
+
+
+def test_pages_escape_cells_and_set_inline_code_as_code():
+    """Figures right-aligned in every renderer; HTML escaped; the reST inline code of
+    docstring-made intros becomes <code> / Markdown code, never literal double backticks."""
+    from fxtrack.report import render, tables
+
+    table = tables.Table("Throughput <x1>", ["model", "torch"],
+                         [["a|b<i>", "1,234.5"], ["vit", "-"]], ["see ``--min-repeats N``"])
+    report = render.Report("r", [], [tables.Section("Verdicts", [table],
+                                                    "``--min-repeats N`` refuses to rank")], [])
+    page = render.html_page(report)
+    assert "<code>--min-repeats N</code> refuses" in page and "``" not in page
+    assert "a|b&lt;i&gt;" in page and "<i>" not in page and "Throughput &lt;x1&gt;" in page
+    assert '<td style="text-align: right;">1,234.5</td>' in page
+    md = render.markdown(report)
+    assert "`--min-repeats N` refuses" in md and "``" not in md and "a\\|b<i>" in md
+    assert re.search(r"^\|:-+\|-+:\|$", md, re.MULTILINE)  # model left, figures right
+    text = render.text_table(table).splitlines()
+    assert text[0] == "Throughput <x1>" and text[-1] == "  see ``--min-repeats N``"
+    assert text[3].endswith("1,234.5") and text[4].endswith("      -")  # right-aligned, uncut

@@ -54,6 +54,12 @@ def main(argv: list[str]) -> int:
     uri = args.uri or writer.tracking_uri(None, os.getcwd())
     try:
         frame = reader.load_runs(uri, args.experiment, args.filter)
+    except reader.ExperimentNotFound as e:
+        held = reader.experiment_names(uri)
+        hint = (f"; the store holds {', '.join(map(repr, held))} (choose with --experiment)"
+                if held else "")
+        print(f"{PROG}: {e}{hint}", file=sys.stderr)
+        return 1
     except reader.ReadError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1

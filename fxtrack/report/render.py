@@ -7,12 +7,16 @@ import dataclasses
 import html
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
+from tabulate import tabulate
 
-from fxtrack.report.charts import Chart
 from fxtrack.report.select import KEY
 from fxtrack.report.tables import Section, Table
+
+if TYPE_CHECKING:  # charts loads matplotlib; a closing table in the orchestrator needs none of it
+    from fxtrack.report.charts import Chart
 
 # The CSV's leading columns; every metric the kept runs logged follows them.
 CSV_COLUMNS = [*KEY, "check", "guard", "run_name", "run_id", "start_time", "device",
@@ -20,6 +24,7 @@ CSV_COLUMNS = [*KEY, "check", "guard", "run_name", "run_id", "start_time", "devi
 
 
 _FIGURE = re.compile(r"^-?[\d.,]+")
+_CODE = re.compile(r"``(.+?)``")
 
 
 @dataclasses.dataclass
@@ -36,25 +41,32 @@ def numeric(table: Table) -> list[bool]:
             for i in range(len(table.header))]
 
 
+def _grid(table: Table, fmt: str, cell=lambda c: c) -> str:
+    """The table's header and rows through tabulate: cells kept as written (no number parsing,
+    never cut), figures right-aligned."""
+    align = ["right" if r else "left" for r in numeric(table)]
+    return tabulate([[cell(c) for c in row] for row in table.rows], [cell(h) for h in table.header],
+                    tablefmt=fmt, colalign=align, disable_numparse=True)
+
+
 def text_table(table: Table) -> str:
     """A fixed-width table with its title and notes, for the terminal."""
-    rows = [table.header, *table.rows]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(table.header))]
-    right = numeric(table)
-    line = lambda r: "  ".join(c.rjust(w) if right[i] else c.ljust(w)  # noqa: E731
-                               for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-    out = [table.title, line(table.header), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in table.rows]
-    out += [f"  {note}" for note in table.notes]
-    return "\n".join(out)
+    lines = [line.rstrip() for line in _grid(table, "simple").splitlines()]
+    return "\n".join([table.title, *lines, *[f"  {note}" for note in table.notes]])
 
 
 def text(tables: list[Table]) -> str:
     return "\n\n".join(text_table(t) for t in tables)
 
 
-def _md_cell(value: str) -> str:
+def _md(value: str) -> str:
+    """A Markdown table cell: a literal | would end the cell."""
     return value.replace("|", "\\|")
+
+
+def _md_text(value: str) -> str:
+    """Prose from docstrings writes inline code reST-style (two backticks); Markdown uses one."""
+    return _CODE.sub(r"`\1`", value)
 
 
 def markdown(report: Report) -> str:
@@ -66,13 +78,10 @@ def markdown(report: Report) -> str:
     for section in report.sections:
         out += [f"## {section.title}", ""]
         if section.intro:
-            out += [section.intro, ""]
+            out += [_md_text(section.intro), ""]
         for table in section.tables:
-            out += [f"### {table.title}", "",
-                    "| " + " | ".join(map(_md_cell, table.header)) + " |",
-                    "|" + "|".join(" ---: " if r else " --- " for r in numeric(table)) + "|"]
-            out += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in table.rows]
-            out += [""] + [f"*{_md_cell(note)}*  " for note in table.notes] + [""]
+            out += [f"### {table.title}", "", _grid(table, "pipe", _md)]
+            out += [""] + [f"*{_md_text(_md(note))}*  " for note in table.notes] + [""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -85,10 +94,8 @@ h3 { font-size: 1rem; margin-bottom: .4rem; }
 ul.meta { color: #57606a; }
 table { border-collapse: collapse; margin: .3rem 0 .4rem; font-size: .92rem; }
 th, td { border: 1px solid #d0d7de; padding: .3rem .7rem; }
-th { background: #f6f8fa; text-align: left; }
-td { white-space: nowrap; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-th.num { text-align: right; }
+th { background: #f6f8fa; text-align: left; }  /* figures: tabulate sets text-align: right */
+td { white-space: nowrap; font-variant-numeric: tabular-nums; }
 td:first-child { font-weight: 600; }
 tr:nth-child(even) td { background: #fafbfc; }
 p.note { color: #57606a; font-size: .85rem; margin: .1rem 0; }
@@ -98,15 +105,14 @@ figcaption { color: #57606a; font-size: .85rem; }
 """
 
 
+def _html_text(value: str) -> str:
+    """Escaped prose, with its reST-style inline code (two backticks) set as <code>."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(value))
+
+
 def _html_table(table: Table) -> str:
-    esc = html.escape
-    cls = [' class="num"' if r else "" for r in numeric(table)]
-    head = "".join(f"<th{k}>{esc(h)}</th>" for h, k in zip(table.header, cls))
-    body = "".join("<tr>" + "".join(f"<td{k}>{esc(c)}</td>" for c, k in zip(row, cls)) + "</tr>"
-                   for row in table.rows)
-    notes = "".join(f'<p class="note">{esc(n)}</p>' for n in table.notes)
-    return (f"<h3>{esc(table.title)}</h3>\n<table><thead><tr>{head}</tr></thead>"
-            f"<tbody>{body}</tbody></table>\n{notes}\n")
+    notes = "".join(f'<p class="note">{_html_text(n)}</p>' for n in table.notes)
+    return f"<h3>{html.escape(table.title)}</h3>\n{_grid(table, 'html')}\n{notes}\n"
 
 
 def html_page(report: Report) -> str:
@@ -127,7 +133,7 @@ def html_page(report: Report) -> str:
     for section in report.sections:
         parts.append(f"<h2>{esc(section.title)}</h2>")
         if section.intro:
-            parts.append(f"<p>{esc(section.intro)}</p>")
+            parts.append(f"<p>{_html_text(section.intro)}</p>")
         parts += [_html_table(t) for t in section.tables]
     parts.append("</body></html>\n")
     return "\n".join(parts)

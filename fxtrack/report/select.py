@@ -17,7 +17,7 @@ import pandas as pd
 KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]
 # Each lever and its default: runs at the defaults are the main tables' benchmarks.
 LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
-# The report's own column names for the tags of DESIGN.md section 5.
+# The report's own column names for the run tags (docs/contract.md#tags).
 TAGS = {
     "framework": "fxtrack.framework", "model": "fxtrack.model", "scenario": "fxtrack.scenario",
     "precision": "fxtrack.precision", "devices": "fxtrack.devices", "hardware": "fxtrack.hardware",
@@ -31,7 +31,7 @@ TAGS = {
 }
 # Per-step series: search_runs returns only their last step, which is not a summary figure.
 SERIES = {"step_time_ms", "loss"}
-# Report order: as DESIGN.md lists them; any other value follows alphabetically.
+# Report order: as docs/contract.md lists them; any other value follows alphabetically.
 FRAMEWORK_ORDER = ("torch", "tensorflow", "jax")
 SCENARIO_ORDER = ("train", "inference", "scaling", "pipeline", "checkpoint")
 PRECISION_ORDER = ("fp32", "bf16", "fp16")
@@ -114,7 +114,7 @@ def frameworks(runs: pd.DataFrame) -> list[str]:
 
 
 def metric(row: pd.Series, key: str) -> float | None:
-    """A run's metric, or None where it was not logged (absent, never zero: DESIGN.md section 5)."""
+    """A run's metric, or None where it was not logged (absent, never zero: docs/contract.md#metrics)."""
     value = row.get(f"metrics.{key}")
     return None if value is None or pd.isna(value) else float(value)
 

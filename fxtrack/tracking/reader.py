@@ -68,6 +68,17 @@ def load_runs(uri: str, experiment: str, filter_string: Optional[str] = None) ->
     return pd.DataFrame([_row(run) for run in runs])
 
 
+def experiment_names(uri: str) -> list[str]:
+    """The active experiments at ``uri``, sorted; empty when the store cannot be read (or, for
+    sqlite, does not exist: listing must not create it)."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return []
+    try:
+        return sorted(e.name for e in MlflowClient(uri).search_experiments())
+    except (mlflow.exceptions.MlflowException, OSError, ConnectionError):
+        return []
+
+
 DEFAULT_EXPERIMENT = "fxtrack"
 _PROJECT = "tags.`mlflow.source.type` = 'PROJECT'"
 

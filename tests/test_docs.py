@@ -1,0 +1,393 @@
+"""docs/contract.md against the code: every metric key the code writes (found by reading the
+source, and taken from a real worker run), every tag, every schema key and every sub-command
+with its options must be documented there; the README's commands stay those CI runs; no file
+points at a design document the repository does not ship; links in the docs resolve."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import inspect
+import io
+import re
+import typing
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "fxtrack"
+CONTRACT = ROOT / "docs" / "contract.md"
+# Pages another part of the refactor writes; the index links them already.
+PENDING_PAGES = {"measurements.md", "frameworks-keras.md"}
+
+
+# --- reading the contract ---------------------------------------------------------------------
+
+def section(title: str) -> str:
+    """The text of the contract's ``## title`` section (its ### subsections included)."""
+    text = CONTRACT.read_text(encoding="utf-8")
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.MULTILINE | re.DOTALL)
+    assert match, f"docs/contract.md has no '## {title}' section"
+    return match.group(1)
+
+
+def first_column_names(text: str) -> list[str]:
+    """The backticked names in the first cell of every table row (header rows excluded)."""
+    names = []
+    for line in text.splitlines():
+        if not line.startswith("|") or re.fullmatch(r"[|\s:-]+", line):
+            continue
+        cell = re.split(r"(?<!\\)\|", line)[1]
+        names += [n.replace("\\|", "|") for n in re.findall(r"`([^`]+)`", cell)]
+    headers = {"metric", "tag", "key", "group", "option", "command", "variable"}
+    return [n for n in names if n not in headers]
+
+
+def matcher(names: list[str]) -> re.Pattern:
+    """One regex for documented names: ``{a|b}`` is one of the alternatives, ``{N}`` a number."""
+    def one(name: str) -> str:
+        out, pos = "", 0
+        for m in re.finditer(r"\{([^{}]+)\}", name):
+            out += re.escape(name[pos:m.start()])
+            inner = m.group(1)
+            out += r"\d+" if inner == "N" else "(?:" + "|".join(map(re.escape, inner.split("|"))) + ")"
+            pos = m.end()
+        return out + re.escape(name[pos:])
+
+    return re.compile("|".join(f"(?:{one(n)})" for n in names))
+
+
+def undocumented(keys: set[str], names: list[str]) -> list[str]:
+    pattern = matcher(names)
+    return sorted(k for k in keys if not pattern.fullmatch(k))
+
+
+# --- metric keys, from the source -------------------------------------------------------------
+
+# Names a metric dict goes by where the code writes metric keys; ``out`` / ``totals`` only inside
+# functions that build metrics (``*metrics``, ``window_figures``), where they mean exactly that.
+METRIC_NAMES = {"m", "metrics", "result.metrics", "outcome.metrics", "checked"}
+LOCAL_NAMES = {"out", "totals"}
+# Only readers of metrics (report), the schema and the transport to MLflow live here.
+NOT_WRITERS = {"report", "config", "tracking"}
+
+
+def _families() -> dict[str, list[str]]:
+    """The f-string keys the code writes, each expanded from the values it is formatted with.
+    A new f-string key must be added here: the scan cannot guess its values."""
+    from fxtrack.measure import complexity
+    from fxtrack.measure.load import LoadSampler
+    from fxtrack.scenarios import pipeline
+
+    prefix = inspect.signature(LoadSampler.metrics).parameters["prefix"].default
+    code = sorted(complexity.code_metrics("torch"))
+    # The resident window's throughput is renamed to resident_samples_per_s straight away.
+    resident = [f"resident_{k}" for k in pipeline._WINDOW_KEYS if k != "throughput_samples_per_s"]
+    return {
+        "f'code_{name}'": [k for k in code if k.count("_") == 1],
+        "f'code_{name}_{dimension}'": [k for k in code if k.count("_") == 2],
+        "f'{prefix}other_cpu_frac'": [f"{prefix}other_cpu_frac"],
+        "f'{prefix}steal_frac'": [f"{prefix}steal_frac"],
+        "f'{prefix}loadavg_1m'": [f"{prefix}loadavg_1m"],
+        "f'speedup_x{n}'": ["speedup_x1", "speedup_x8"],
+        "f'scaling_efficiency_x{n}'": ["scaling_efficiency_x1", "scaling_efficiency_x8"],
+        "f'throughput_samples_per_s_x{n}'": ["throughput_samples_per_s_x1",
+                                            "throughput_samples_per_s_x8"],
+        "f'{label}_latency_ms_p50'": ["live_latency_ms_p50", "export_latency_ms_p50"],
+        "f'latency_ms_p{q}'": ["latency_ms_p50", "latency_ms_p90", "latency_ms_p99"],
+        "f'resident_{key}'": resident,
+        "f'resident_{k}'": resident,
+    }
+
+
+def _comprehension_targets(fn: ast.AST) -> set[str]:
+    return {n.id for c in ast.walk(fn) if isinstance(c, ast.comprehension)
+            for n in ast.walk(c.target) if isinstance(n, ast.Name)}
+
+
+def _key_nodes(fn: ast.FunctionDef) -> list[ast.AST]:
+    """The key expressions of every metric write inside ``fn``."""
+    local = LOCAL_NAMES if fn.name.endswith(("metrics", "figures")) else set()
+    names = METRIC_NAMES | local
+
+    def dict_keys(value: ast.AST) -> list[ast.AST]:
+        if isinstance(value, ast.Dict):
+            return [k for k in value.keys if k is not None]
+        return [value.key] if isinstance(value, ast.DictComp) else []
+
+    keys: list[ast.AST] = []
+    for n in ast.walk(fn):
+        if isinstance(n, ast.Assign):
+            for t in n.targets:
+                if isinstance(t, ast.Subscript) and ast.unparse(t.value) in names:
+                    keys.append(t.slice)
+                elif isinstance(t, ast.Name) and t.id in names:
+                    keys += dict_keys(n.value)
+        elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+              and ast.unparse(n.func.value) in names):
+            if n.func.attr == "update":
+                keys += [ast.Constant(k.arg) for k in n.keywords if k.arg]
+                for arg in n.args:
+                    keys += dict_keys(arg)
+            elif n.func.attr == "setdefault" and n.args:
+                keys.append(n.args[0])
+        elif isinstance(n, ast.Return) and fn.name.endswith("metrics") and n.value is not None:
+            keys += dict_keys(n.value)
+    return keys
+
+
+def scanned_metric_keys() -> set[str]:
+    """Every metric key written in fxtrack/, f-string families expanded (see _families)."""
+    families = _families()
+    keys: set[str] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] in NOT_WRITERS:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            assigned = {t.id: n.value for n in ast.walk(fn) if isinstance(n, ast.Assign)
+                        for t in n.targets if isinstance(t, ast.Name)}
+            passthrough = _comprehension_targets(fn)
+            for node in _key_nodes(fn):
+                where = f"{path.relative_to(ROOT)}:{node.lineno if hasattr(node, 'lineno') else '?'}"
+                if isinstance(node, ast.Name) and node.id in assigned:
+                    node = assigned[node.id]
+                elif isinstance(node, ast.Name) and node.id in passthrough:
+                    continue  # re-keys metrics already written elsewhere (medians, filters)
+                if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                    keys.add(node.value)
+                elif isinstance(node, ast.JoinedStr):
+                    source = ast.unparse(node)
+                    assert source in families, (
+                        f"{where}: metric key {source} is new: add its values to _families()")
+                    keys.update(families[source])
+                else:
+                    pytest.fail(f"{where}: cannot tell which metric key {ast.unparse(node)} is")
+    return keys
+
+
+def test_the_scan_finds_the_metrics_it_must():
+    keys = scanned_metric_keys()
+    assert len(keys) > 40, f"the metric scan found only {sorted(keys)}"
+    # One key from each kind of writer: timer, scenario, orchestrator, measure, aggregate.
+    assert {"throughput_samples_per_s", "input_bound_fraction", "scaling_efficiency", "mfu",
+            "throughput_ci_low", "code_sloc_model", "host_other_cpu_frac"} <= keys
+
+
+def test_every_metric_the_code_writes_is_in_the_contract():
+    missing = undocumented(scanned_metric_keys(), first_column_names(section("Metrics")))
+    assert not missing, f"metric keys missing from docs/contract.md's Metrics tables: {missing}"
+
+
+@pytest.fixture(scope="module")
+def worker_results(tmp_path_factory):
+    """Real Results of a tiny torch ViT, 2 steps, in-process: train and inference."""
+    pytest.importorskip("torch")
+    from conftest import job_spec
+
+    from fxtrack.worker.__main__ import run
+
+    out = {}
+    for scenario in ("train", "inference"):
+        spec = job_spec("torch", "vit", tmp_path_factory.mktemp(scenario), steps=2,
+                        warmup_steps=1, scenario=scenario,
+                        runner=f"fxtrack.scenarios.{scenario}.run")
+        result = run(spec)
+        assert result.status == "FINISHED", result.error
+        out[scenario] = (spec, result)
+    return out
+
+
+def test_a_real_runs_metrics_and_series_are_in_the_contract(worker_results):
+    from fxtrack.measure import complexity
+
+    metrics = section("Metrics")
+    names = first_column_names(metrics)
+    for spec, result in worker_results.values():
+        assert len(result.metrics) > 10
+        keys = set(result.metrics) | set(complexity.code_metrics(spec.framework))
+        assert not undocumented(keys, names), f"{spec.scenario}: {undocumented(keys, names)}"
+        for series in result.series:
+            assert f"`{series}`" in metrics, f"series {series} is not in the Metrics section"
+
+
+# --- tags --------------------------------------------------------------------------------------
+
+TAG_NAMES = {"tags", "result.tags"}
+
+
+def scanned_tags() -> set[str]:
+    """``fxtrack.*`` tag names in fxtrack/: literal names, and the worker's short names (which
+    the job record prefixes), f-string names expanded."""
+    from fxtrack.tracking.records import _DEVICE_TAGS
+
+    runtimes = sorted(p.stem for p in (PACKAGE / "runtimes").glob("*.py")
+                      if re.search(r"^def version\(", p.read_text(encoding="utf-8"), re.MULTILINE))
+    families = {"f'{spec.runtime}_version'": [f"{r}_version" for r in runtimes]}
+    full: set[str] = set()
+    short: set[str] = set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.relative_to(PACKAGE).parts[0] == "report":
+            continue  # reads tags
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and re.fullmatch(
+                    r"fxtrack\.[a-z0-9_]+", n.value):
+                name = n.value.split(".", 1)[1]
+                if not ((PACKAGE / f"{name}.py").exists() or (PACKAGE / name).is_dir()
+                        or name == "conf"):  # modules, and the wheel's config package
+                    full.add(n.value)
+        worker_side = path.relative_to(PACKAGE).parts[0] in (
+            "worker", "scenarios", "frameworks", "measure", "orchestrator")
+        if not worker_side:
+            continue
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            in_tag_builder = fn.name in ("tags", "configure", "device_tags")
+            for n in ast.walk(fn):
+                nodes: list[ast.AST] = []
+                if isinstance(n, ast.Assign):
+                    for t in n.targets:
+                        if isinstance(t, ast.Subscript) and ast.unparse(t.value) in TAG_NAMES:
+                            nodes.append(t.slice)
+                elif (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                      and n.func.attr == "update" and ast.unparse(n.func.value) in TAG_NAMES):
+                    nodes += [ast.Constant(k.arg) for k in n.keywords if k.arg]
+                elif isinstance(n, ast.Dict) and in_tag_builder:
+                    nodes += [k for k in n.keys if k is not None]
+                for node in nodes:
+                    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                        short.add(node.value)
+                    elif isinstance(node, ast.JoinedStr):
+                        source = ast.unparse(node)
+                        assert source in families, f"{path}: tag {source} is new: expand it"
+                        short.update(families[source])
+    mapped = {k if k.startswith(("fxtrack.", "mlflow.")) else _DEVICE_TAGS.get(k, f"fxtrack.{k}")
+              for k in short}
+    return {t for t in full | mapped if t.startswith("fxtrack.")}
+
+
+def test_every_tag_is_in_the_contract():
+    tags = scanned_tags()
+    assert len(tags) > 30 and {"fxtrack.framework", "fxtrack.contended", "fxtrack.attention",
+                               "fxtrack.jax_donation", "fxtrack.cpu"} <= tags, sorted(tags)
+    missing = undocumented(tags, first_column_names(section("Tags")))
+    assert not missing, f"tags missing from docs/contract.md's Tags table: {missing}"
+
+
+def test_a_real_runs_tags_are_in_the_contract(worker_results):
+    from fxtrack.tracking import records
+
+    names = first_column_names(section("Tags"))
+    for spec, result in worker_results.values():
+        record = records.job_record(spec, result, {}, "sqlite:///unused.db", "fxtrack", None, 0)
+        tags = {k for k in record["tags"] if k.startswith("fxtrack.")}
+        assert {"fxtrack.framework", "fxtrack.compile_mode"} <= tags
+        assert not undocumented(tags, names), f"{spec.scenario}: {undocumented(tags, names)}"
+
+
+# --- configuration keys and commands -----------------------------------------------------------
+
+def schema_keys() -> set[str]:
+    """Every key of the config schema: top-level keys, groups, and group.key."""
+    from fxtrack.config import schema
+
+    def fields(cls: type) -> dict[str, typing.Any]:
+        hints = typing.get_type_hints(cls)
+        return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+
+    keys = set()
+    for name, hint in fields(schema.FxtrackConfig).items():
+        if name == "model":
+            members = list(schema._MODEL_SCHEMAS.values())
+        elif dataclasses.is_dataclass(hint):
+            members = [hint]
+        else:
+            keys.add(name)
+            continue
+        if any("name" in fields(cls) for cls in members):
+            keys.add(name)  # a config group: its `name` is the chosen option
+        keys.update(f"{name}.{k}" for cls in members for k in fields(cls) if k != "name")
+    return keys
+
+
+def test_every_config_key_is_in_the_contract():
+    keys = schema_keys()
+    assert {"batch_size", "framework.compile", "model.layers", "hardware.cpu_threads",
+            "tracking.uri"} <= keys and len(keys) > 30
+    missing = undocumented(keys, first_column_names(section("Configuration keys")))
+    assert not missing, f"config keys missing from docs/contract.md: {missing}"
+
+
+def _help(command: str) -> str:
+    from fxtrack import commands
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        getattr(commands, command)(["--help"])
+    return out.getvalue()
+
+
+def test_every_sub_command_and_option_is_in_the_contract():
+    from fxtrack.cli import SUBCOMMANDS
+
+    text = section("Commands")
+    assert SUBCOMMANDS
+    for command in SUBCOMMANDS:
+        match = re.search(rf"^### fxtrack {command}\n(.*?)(?=^##|\Z)", text,
+                          re.MULTILINE | re.DOTALL)
+        assert match, f"docs/contract.md's Commands section has no '### fxtrack {command}'"
+        options = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", _help(command))) - {"--help"}
+        assert options or command == "sync", f"no options found in `fxtrack {command} --help`"
+        missing = [o for o in sorted(options) if not re.search(rf"`{o}\b", match.group(1))]
+        assert not missing, f"fxtrack {command}: options missing from docs/contract.md: {missing}"
+    assert "`fxtrack --version`" in text and "python -m fxtrack -m" in text
+
+
+# --- the README, dangling references, links -----------------------------------------------------
+
+def test_readme_keeps_the_commands_ci_runs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line.startswith("python3 -m venv")]
+    assert len(ci) == 1 and ci[0] in readme.splitlines(), "README's test command != .ci/run's"
+    assert ("python3 -m venv .venv && .venv/bin/pip install -e '.[jax]' && .venv/bin/python -m "
+            "fxtrack framework=jax model=vit") in readme.splitlines()
+    assert len(readme.splitlines()) <= 220, "the README is a front page; details go to docs/"
+    for image in (ROOT / "docs").glob("*.png"):
+        assert f"(docs/{image.name})" in readme, f"docs/{image.name} is no longer shown"
+
+
+def test_nothing_cites_a_design_document_the_repository_lacks():
+    # The contract is docs/contract.md; a wheel user has no design document beside it.
+    cited = [f"{p.relative_to(ROOT)}:{i}" for top in ("fxtrack", "conf", "tests")
+             for p in sorted((ROOT / top).rglob("*")) if p.suffix in (".py", ".yaml", ".md")
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+             if re.search(r"DESIGN\.md", line)]
+    assert not cited, f"point these at docs/ instead: {cited}"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_in_the_docs_resolve():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if dest.name in PENDING_PAGES:
+                continue
+            if not dest.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and dest.suffix == ".md":
+                headings = re.findall(r"^#+ (.+)$", dest.read_text(encoding="utf-8"), re.MULTILINE)
+                if anchor not in {_anchor(h) for h in headings}:
+                    broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert not broken, broken
