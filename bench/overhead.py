@@ -207,7 +207,7 @@ def ratio_interval(fx: list[float], bare: list[float]) -> tuple[float, float, fl
 
 def child(framework: str, args: argparse.Namespace) -> None:
     """Both arms of one framework in this interpreter; prints progress and a final JSON line."""
-    from fxtrack.measure import load
+    from fxtrack.measure import host_load as load
 
     with tempfile.TemporaryDirectory() as tmp:
         spec, fx = fxtrack_arm(framework, Path(tmp))

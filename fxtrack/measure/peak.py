@@ -4,7 +4,7 @@ A known GPU uses its datasheet's dense figure, found by its whole model name. An
 CPU, an unknown GPU) uses the best large-matmul rate that any installed framework reaches there,
 each framework probed in its own worker, best of ``TRIALS`` probes, and cached on disk keyed by
 CPU model, thread count, device and precision. A calibration taken while other processes used the
-cores (``fxtrack.measure.load``) serves the run that asked for it but is never cached. Every
+cores (``fxtrack.measure.host_load``) serves the run that asked for it but is never cached. Every
 framework's own rate is logged too (``framework_matmul_tflops``), so a framework that leaves the
 hardware unused shows it.
 """
@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from fxtrack.measure.load import LoadSampler, is_contended
+from fxtrack.measure.host_load import LoadSampler, is_contended
 
 # Dense (no structured sparsity) TFLOP/s of one device: fp32 = non-tensor-core IEEE fp32 (vector),
 # tf32 / bf16 / fp16 = tensor (matrix) cores. Datasheets quote tensor figures "with sparsity"; those

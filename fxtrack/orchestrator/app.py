@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from fxtrack import architectures
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.job import JobSpec, Result
-from fxtrack.measure.load import is_contended
+from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
 from fxtrack.tracking.records import NOISY_CV
 
