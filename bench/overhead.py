@@ -147,7 +147,8 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.job import Result
-    from fxtrack.orchestrator.app import job_spec, validate
+    from fxtrack.config.validate import validate
+    from fxtrack.orchestrator.job import job_spec
     from fxtrack.scenarios import timed
     from fxtrack.worker.__main__ import load, prepare_environment
 
