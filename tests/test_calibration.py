@@ -85,3 +85,50 @@ def test_a_framework_without_calibration_is_neither_a_failure_nor_cached(tmp_pat
     monkeypatch.setattr(calibration, "_UNCACHED", {})  # the next fxtrack command asks again
     calibration.calibrate("cpu", "fp32", "cpu", pythons)
     assert calls.count("keras") == 2 and calls.count("torch") == 3
+
+
+def _trials(monkeypatch, rates: dict, frac: float):
+    """Probes answering ``rates[fw]`` TFLOP/s while other processes take ``frac`` of the cores."""
+    monkeypatch.setattr(calibration, "_UNCACHED", {})
+    monkeypatch.setattr(calibration, "_trial", lambda fw, *a: (
+        {"installed": True, "tflops": rates[fw]} if fw in rates else {"installed": False}, frac))
+
+
+def test_a_contended_peak_gives_no_mfu_and_the_run_says_why(tmp_path, monkeypatch):
+    from fxtrack.job import Result
+    from fxtrack.orchestrator.job import summary_line
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    _trials(monkeypatch, {"torch": 1.0}, frac=0.5)
+    metrics, tags = calibration.mfu_metrics("torch", "cpu", "fp32", "cpu", 1, 0.4, {"torch": None})
+    assert "mfu" not in metrics and tags["peak_contended"] == "true"
+    result = Result("r", status="FINISHED", metrics={"throughput_samples_per_s": 3.0, **metrics},
+                    tags=tags)
+    line = summary_line("torch-vit-train-fp32-x1", result)
+    assert "no MFU" in line and "other processes used the cores" in line
+    assert "no MFU" not in summary_line("x", Result("r", status="FINISHED", metrics={"mfu": 0.1}))
+
+
+def test_a_quiet_cached_peak_replaces_this_processs_contended_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    _trials(monkeypatch, {"torch": 1.2}, frac=0.5)
+    _, tags = calibration.mfu_metrics("torch", "cpu", "fp32", "cpu", 1, 0.5, {"torch": None})
+    assert tags["peak_contended"] == "true"  # this sweep's first run: a busy machine
+    key = peak.cache_key("cpu", "fp32", peak.thread_count(None))
+    calibration.store(key, {"torch": ENTRY})  # meanwhile another run calibrated quietly: 1.0
+    metrics, tags = calibration.mfu_metrics("torch", "cpu", "fp32", "cpu", 1, 0.5, {"torch": None})
+    assert "peak_contended" not in tags and metrics["mfu"] == pytest.approx(0.5)
+
+
+def test_a_quiet_peak_below_a_contended_rate_is_not_the_machines(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    key = peak.cache_key("cpu", "fp32", peak.thread_count(None))
+    calibration.store(key, {"jax": ENTRY})  # quiet: 1.0
+    _trials(monkeypatch, {"torch": 3.0}, frac=0.5)  # busy, and still 3.0: the peak is higher
+    metrics, tags = calibration.mfu_metrics("torch", "cpu", "fp32", "cpu", 1, 0.5, {"torch": None})
+    assert tags["peak_tflops_source"] == "measured:torch" and tags["peak_contended"] == "true"
+    assert "mfu" not in metrics
+    calibration.store(key, {"jax": dict(ENTRY, tflops=4.0)})  # a quiet peak above it: used
+    metrics, tags = calibration.mfu_metrics("torch", "cpu", "fp32", "cpu", 1, 0.5, {"torch": None})
+    assert tags["peak_tflops_source"] == "measured:jax" and "peak_contended" not in tags
+    assert metrics["mfu"] == pytest.approx(0.125) and metrics["framework_matmul_tflops"] == 3.0

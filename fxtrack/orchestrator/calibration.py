@@ -200,7 +200,9 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
                 threads: Optional[int] = None) -> tuple[dict[str, float], dict[str, str]]:
     """(``peak_tflops``, ``framework_matmul_tflops``, ``mfu``) and the tags that qualify them:
     ``peak_tflops_source``, ``peak_calibrated`` (the measured peak's UTC date), ``mfu_over_1``
-    (an MFU above 1 is impossible: the peak or the FLOP count is wrong; never logged silently)."""
+    (an MFU above 1 is impossible: the peak or the FLOP count is wrong; never logged silently),
+    ``peak_contended`` (the best measured rate was probed while other processes used the cores:
+    no ``mfu`` then, as that rate is what they left over, not the machine's peak)."""
     entries = calibrate(device, precision, hardware, pythons, threads=threads)
     sheet = peak.datasheet(device, precision)
     best_rate = max((_rate(entries, fw) for fw in frameworks()), default=0.0)
@@ -213,14 +215,23 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
     tags: dict[str, str] = {}
     if _rate(entries, framework):
         metrics["framework_matmul_tflops"] = _rate(entries, framework)
-    best = max(frameworks(), key=lambda fw: _rate(entries, fw), default=None)
+    # The highest rate; a quiet one wins a tie. A cached quiet entry already replaced this
+    # process's contended one of the same framework (calibrate), but a quiet peak below some
+    # contended rate is not the machine's: contention only ever lowers a rate.
+    rated = [fw for fw in frameworks() if _rate(entries, fw)]
+    best = max(rated, key=lambda fw: (_rate(entries, fw), not entries[fw]["contended"]),
+               default=None)
     if sheet:
         peak_tflops, tags["peak_tflops_source"] = sheet
-    elif best is not None and _rate(entries, best):
+    elif best is not None:
         peak_tflops, tags["peak_tflops_source"] = _rate(entries, best), f"measured:{best}"
         entry = entries[best]
         busy = " (contended, not cached)" if entry["contended"] else ""
         tags["peak_calibrated"] = entry["date"] + busy
+        if entry["contended"]:
+            tags["peak_contended"] = "true"
+            metrics["peak_tflops"] = peak_tflops  # kept for the record; no MFU against it
+            return metrics, tags
     else:
         return metrics, tags
     metrics["peak_tflops"] = peak_tflops

@@ -154,7 +154,7 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
                                         {spec.framework: conf.framework.python},
                                         spec.cpu_threads)
     m.update(mfu)
-    result.tags.update(tags)  # peak_tflops_source, peak_calibrated, mfu_over_1
+    result.tags.update(tags)  # peak_tflops_source, peak_calibrated, mfu_over_1, peak_contended
 
 
 # Headline figures for the one-line summary, in order, where a scenario logged them.
@@ -176,6 +176,9 @@ def summary_line(name: str, result: Result) -> str:
     if m.get("mfu", 0.0) > 1.0:  # impossible: the peak or the FLOP count is wrong
         notes += (f"  WARNING: MFU {m['mfu']:.0%} > 100%: peak {m.get('peak_tflops', 0):.1f} "
                   f"TFLOP/s ({result.tags.get('peak_tflops_source', '?')}) is below this run's rate")
+    if result.tags.get("peak_contended") == "true":
+        notes += ("  NOTE: no MFU: the peak FLOP/s was calibrated while other processes used the "
+                  "cores (not cached; a quiet run calibrates again)")
     if m.get("step_time_cv", 0.0) > NOISY_CV:
         notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
     if is_contended(m.get("host_other_cpu_frac")):
