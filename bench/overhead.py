@@ -147,7 +147,8 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.job import Result
-    from fxtrack.orchestrator.app import job_spec, validate
+    from fxtrack.config.validate import validate
+    from fxtrack.orchestrator.job import job_spec
     from fxtrack.scenarios import timed
     from fxtrack.worker.__main__ import load, prepare_environment
 
@@ -207,7 +208,7 @@ def ratio_interval(fx: list[float], bare: list[float]) -> tuple[float, float, fl
 
 def child(framework: str, args: argparse.Namespace) -> None:
     """Both arms of one framework in this interpreter; prints progress and a final JSON line."""
-    from fxtrack.measure import load
+    from fxtrack.measure import host_load as load
 
     with tempfile.TemporaryDirectory() as tmp:
         spec, fx = fxtrack_arm(framework, Path(tmp))

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
+import re
 import sys
 from pathlib import Path
 
 from fxtrack.paths import CONF_DIR, CONFIG_DIR_ENV, user_config_dirs
 
+# Sub-command -> "module:function" (called with the remaining arguments, returns the exit
+# status), imported only when chosen so that `fxtrack --help` and a run stay fast.
 SUBCOMMANDS = {
-    "doctor": "installed frameworks, their versions, the devices each sees, the peak FLOP/s",
-    "report": "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)",
-    "sync": "upload results that an unreachable tracking server missed",
+    "doctor": ("fxtrack.orchestrator.doctor:main",
+               "installed frameworks, their versions, the devices each sees, the peak FLOP/s"),
+    "report": ("fxtrack.report.cli:main",
+               "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)"),
+    "sync": ("fxtrack.orchestrator.sync:sync",
+             "upload results that an unreachable tracking server missed"),
 }
+# A first word that is neither a Hydra override (key=value, +key=value, ~key) nor an option.
+_WORD = re.compile(r"^[A-Za-z][\w.-]*$")
 
 _USAGE = """\
 fxtrack: one model, measured the same way in PyTorch, TensorFlow and JAX, logged to MLflow.
@@ -49,9 +59,22 @@ def usage() -> str:
             options.setdefault(group.name, set()).update(p.stem for p in group.glob("*.yaml"))
     groups = "".join(f"  {name}: {', '.join(sorted(opts))}\n"
                      for name, opts in sorted(options.items()) if opts)
-    commands = "".join(f"  fxtrack {name}: {text}\n" for name, text in SUBCOMMANDS.items())
+    commands = "".join(f"  fxtrack {name}: {text}\n" for name, (_, text) in SUBCOMMANDS.items())
     return _USAGE.format(subcommands="|".join(SUBCOMMANDS), groups=groups, commands=commands,
                          pathsep=os.pathsep)
+
+
+def subcommand_parser() -> argparse.ArgumentParser:
+    """Chooses the sub-command from the first word; each sub-command parses its own options."""
+    parser = argparse.ArgumentParser(
+        prog="fxtrack", add_help=False,
+        usage="fxtrack SUBCOMMAND [options]  or  fxtrack [group=option ...] [key=value ...]",
+        description="sub-commands: " + "; ".join(f"{name}: {text}"
+                                                 for name, (_, text) in SUBCOMMANDS.items()))
+    commands = parser.add_subparsers(dest="command", metavar="SUBCOMMAND", required=True)
+    for name, (_, text) in SUBCOMMANDS.items():
+        commands.add_parser(name, help=text, add_help=False)
+    return parser
 
 
 def main() -> None:
@@ -73,11 +96,11 @@ def _main() -> None:
 
         print(f"fxtrack {__version__}")
         return
-    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
-        command = sys.argv.pop(1)
-        from fxtrack import commands
-
-        sys.exit(getattr(commands, command)(sys.argv[1:]))
+    if len(sys.argv) > 1 and _WORD.match(sys.argv[1]):
+        command = subcommand_parser().parse_args(sys.argv[1:2]).command  # unknown: exit 2
+        sys.argv.pop(1)
+        module, _, function = SUBCOMMANDS[command][0].partition(":")
+        sys.exit(getattr(importlib.import_module(module), function)(sys.argv[1:]))
     if not (CONF_DIR / "config.yaml").is_file():
         sys.exit(f"fxtrack: no config.yaml in {CONF_DIR}: a broken install; reinstall fxtrack "
                  "(pip install fxtrack, or pip install -e . in a checkout)")

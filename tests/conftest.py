@@ -65,9 +65,11 @@ def seed_peak_cache(cache: Path) -> dict[str, str]:
     import json
 
     from fxtrack.measure import peak
+    from fxtrack.orchestrator import calibration
 
     entry = {"tflops": 1.0, "date": "2026-01-01", "contended": False, "other_cpu_frac": 0.0}
-    key = peak._key("cpu", "fp32", peak._threads(None))
+    key = peak.cache_key("cpu", "fp32", peak.thread_count(None))
     cache.mkdir(parents=True, exist_ok=True)
-    (cache / "peak_flops.json").write_text(json.dumps({key: {fw: entry for fw in peak.FRAMEWORKS}}))
+    (cache / "peak_flops.json").write_text(json.dumps(
+        {key: {fw: entry for fw in calibration.frameworks()}}))
     return {"FXTRACK_CACHE": str(cache)}

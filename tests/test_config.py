@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from fxtrack import architectures
 from fxtrack.cli import CONF_DIR
 from fxtrack.config import register
-from fxtrack.orchestrator.app import ConfigError, validate
+from fxtrack.config.validate import ConfigError, validate
 
 
 def composed(*overrides: str):
@@ -46,7 +46,7 @@ def test_compile_choice_is_normalised(value, expected):
 
 
 def test_new_keys_reach_the_job_spec(tmp_path):
-    from fxtrack.orchestrator.app import job_spec
+    from fxtrack.orchestrator.job import job_spec
 
     conf, arch = validate(composed("framework=jax", "framework.compile=false", "precision=tf32",
                                    "hardware.cpu_threads=1", "parallel=fsdp", "memory=checkpoint",

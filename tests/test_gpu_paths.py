@@ -255,20 +255,21 @@ def test_one_node_needs_no_collective():
 # ---- MFU above 100% is flagged -------------------------------------------------------------
 
 def test_mfu_above_one_is_tagged_and_warned(monkeypatch, tmp_path):
-    from fxtrack.orchestrator.app import summary_line
+    from fxtrack.orchestrator import calibration
+    from fxtrack.orchestrator.job import summary_line
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
-    monkeypatch.setattr(peak, "_trial", lambda *a: ({"installed": False}, 0.0))
-    monkeypatch.setattr(peak, "_UNCACHED", {})
+    monkeypatch.setattr(calibration, "_trial", lambda *a: ({"installed": False}, 0.0))
+    monkeypatch.setattr(calibration, "_UNCACHED", {})
     # bf16 on an H100: 989.5 TFLOP/s datasheet; a run "achieving" 1200 is impossible.
-    metrics, tags = peak.mfu_metrics("jax", "NVIDIA H100 80GB HBM3", "bf16", "gpu", 1, 1200.0, {})
+    metrics, tags = calibration.mfu_metrics("jax", "NVIDIA H100 80GB HBM3", "bf16", "gpu", 1, 1200.0, {})
     assert metrics["mfu"] == pytest.approx(1200 / 989.5)
     assert tags == {"peak_tflops_source": "datasheet:H100 SXM", "mfu_over_1": "true"}
     result = Result("r", status="FINISHED", metrics={"throughput_samples_per_s": 10.0, **metrics},
                     tags=tags)
     line = summary_line("jax-vit-train-bf16-x1", result)
     assert "WARNING: MFU 121% > 100%" in line and "datasheet:H100 SXM" in line
-    metrics, tags = peak.mfu_metrics("jax", "NVIDIA H100 80GB HBM3", "bf16", "gpu", 2, 1200.0, {})
+    metrics, tags = calibration.mfu_metrics("jax", "NVIDIA H100 80GB HBM3", "bf16", "gpu", 2, 1200.0, {})
     assert "mfu_over_1" not in tags  # two devices: 61%
     assert "WARNING" not in summary_line("x", Result("r", status="FINISHED", metrics=metrics))
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from fxtrack.measure import load
+from fxtrack.measure import host_load as load
 
 
 def _fake_proc(monkeypatch, samples):

@@ -20,7 +20,7 @@ from packaging.utils import canonicalize_name
 import fxtrack
 from fxtrack.cli import CONF_DIR
 from fxtrack.config import register
-from fxtrack.orchestrator.app import validate
+from fxtrack.config.validate import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

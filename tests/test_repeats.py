@@ -107,7 +107,7 @@ def test_one_repeat_adds_no_jobs():
 def test_the_sweep_callback_counts_configs_from_the_sweeper_params_too():
     """The callback validates and counts every config up front: a preset's sweeper params
     (experiment=seeds_table: 3 frameworks x 3 models x 2 scenarios) count, repeats do not."""
-    from fxtrack.tracking.callbacks import sweep_jobs
+    from fxtrack.orchestrator.sweep import sweep_jobs
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

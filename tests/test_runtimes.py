@@ -150,10 +150,10 @@ def test_int8_runs_get_no_mfu_against_the_float_peak(spec_factory, monkeypatch):
     from types import SimpleNamespace
 
     from fxtrack.job import Result
-    from fxtrack.measure import peak
-    from fxtrack.orchestrator.app import enrich
+    from fxtrack.orchestrator import calibration
+    from fxtrack.orchestrator.job import enrich
 
-    monkeypatch.setattr(peak, "mfu_metrics", lambda *a, **k: ({"mfu": 0.5}, {}))
+    monkeypatch.setattr(calibration, "mfu_metrics", lambda *a, **k: ({"mfu": 0.5}, {}))
     conf = SimpleNamespace(framework=SimpleNamespace(python=None))
     for quantize, has_mfu in (("none", True), ("dynamic_int8", False)):
         spec = spec_factory("torch", "bert", scenario="inference", runtime="onnxruntime",

@@ -20,8 +20,9 @@ from hydra import compose, initialize_config_dir
 
 from fxtrack.cli import CONF_DIR
 from fxtrack.config import register
-from fxtrack.orchestrator import slurm
-from fxtrack.orchestrator.app import job_spec, validate
+from fxtrack.config import slurm
+from fxtrack.config.validate import validate
+from fxtrack.orchestrator.job import job_spec
 from fxtrack.orchestrator.runner import worker_command
 from conftest import seed_peak_cache
 

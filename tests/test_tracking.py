@@ -141,7 +141,7 @@ def test_eight_processes_logging_at_once_all_land(tmp_path):
     """One real result, spooled eight times under new ids, uploaded by eight concurrent
     ``fxtrack sync`` processes, each with its own spool."""
     dead = f"http://127.0.0.1:{free_port()}"
-    proc = fxtrack(tmp_path, *TINY, env={"MLFLOW_TRACKING_URI": dead})
+    fxtrack(tmp_path, *TINY, env={"MLFLOW_TRACKING_URI": dead})  # spooled: no server there
     (entry,) = (tmp_path / "home" / "spool").iterdir()
     server = MlflowServer(tmp_path / "server").start()
     try:

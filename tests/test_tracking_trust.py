@@ -377,7 +377,7 @@ def test_an_unknown_key_is_rejected_naming_the_closest_one(tmp_path):
 def test_warmup_steps_zero_is_a_valid_config():
     from test_config import composed
 
-    from fxtrack.orchestrator.app import validate
+    from fxtrack.config.validate import validate
 
     conf, _ = validate(composed("warmup_steps=0"))
     assert conf.warmup_steps == 0

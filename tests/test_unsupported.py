@@ -6,7 +6,7 @@ from __future__ import annotations
 from conftest import job_spec
 
 from fxtrack.frameworks.base import Backend
-from fxtrack.tracking.callbacks import _unsupported, closing_table
+from fxtrack.orchestrator.sweep import _unsupported, closing_table
 from fxtrack.worker.__main__ import run
 
 

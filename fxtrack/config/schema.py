@@ -19,8 +19,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, II, OmegaConf
 
 from fxtrack import architectures
+from fxtrack.config import slurm
 from fxtrack.policy import COMPILE_REQUESTS
-from fxtrack.orchestrator import slurm
 
 
 def _arch(key: str) -> Any:
@@ -126,7 +126,7 @@ class ScenarioConfig:
 class HardwareConfig:
     name: str = MISSING  # auto | cpu | gpu
     # Multi-node: each defaults, when not given, to SLURM's view of the job (SLURM_NNODES,
-    # SLURM_NODEID, first host of SLURM_JOB_NODELIST:29500; fxtrack/orchestrator/slurm.py),
+    # SLURM_NODEID, first host of SLURM_JOB_NODELIST:29500; fxtrack/config/slurm.py),
     # read on the node that runs the job; outside SLURM: 1, 0, None (coordinator: host:port).
     nodes: int = dataclasses.field(default=II("fx.slurm:nodes"))
     node_rank: int = dataclasses.field(default=II("fx.slurm:node_rank"))

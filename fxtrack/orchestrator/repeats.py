@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fxtrack import stats
+from fxtrack.orchestrator.sweep import AGGREGATES_DIR, SWEEP_CONFIGS_ENV
 
-SWEEP_CONFIGS_ENV = "FXTRACK_SWEEP_CONFIGS"  # distinct configs in the sweep (jobs / repeats)
-AGGREGATES_DIR = "aggregates"  # beside the job status files: one file per config's aggregate
 # Identity tags an aggregate copies from its repeats, so the report groups it like a single run.
 IDENTITY = ("fxtrack.framework", "fxtrack.model", "fxtrack.scenario", "fxtrack.precision",
             "fxtrack.hardware", "fxtrack.devices", "fxtrack.framework_version", "fxtrack.device",
@@ -120,7 +119,7 @@ def sweep_position(job_num: int, sweep_id: Optional[str]) -> tuple[str, int]:
 
 
 def _name_and_tags(job, job_dir) -> tuple[str, dict[str, str]]:
-    from fxtrack.orchestrator.app import job_spec
+    from fxtrack.orchestrator.job import job_spec
     from fxtrack.tracking import records
 
     spec = job_spec(job.conf, job.arch, job_dir)
@@ -190,23 +189,3 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{aggregate}.json").write_text(json.dumps(entry))
     return entry
-
-
-def closing_table(aggregates: list[dict[str, Any]]) -> str:
-    """The sweep's aggregates: median throughput with its 95% interval, repeats, contention."""
-    rows = [("config", "repeats", "samples/s (median)", "95% interval", "+-%", "note")]
-    for a in aggregates:
-        m, t = a["metrics"], a["tags"]
-        thr = m.get("throughput_samples_per_s")
-        low, high = m.get("throughput_ci_low"), m.get("throughput_ci_high")
-        note = (f"contended in {t['fxtrack.contended_repeats']}" if t.get("fxtrack.contended_repeats")
-                else "")
-        rows.append((a["name"], f"{t.get('fxtrack.repeats', '0')}/{t.get('fxtrack.repeats_requested', '?')}",
-                     "-" if thr is None else f"{thr:,.1f}",
-                     "-" if low is None else f"[{low:,.1f}, {high:,.1f}]",
-                     "-" if "throughput_rel_ci" not in m else f"{m['throughput_rel_ci'] / 2:.1%}",
-                     note))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(["", "Aggregates (median of the repeats, 95% Student-t interval of the mean log):", *lines, ""])

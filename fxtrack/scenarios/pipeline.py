@@ -21,7 +21,7 @@ import time
 from fxtrack import datasets, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
-from fxtrack.measure import load
+from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import StepTimes, step_metrics, time_steps
 from fxtrack.scenarios.timed import run_timed
 from fxtrack.scenarios.train import guard

@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 from fxtrack import defaults, policy
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
-from fxtrack.measure import load
+from fxtrack.measure import host_load as load
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
 from fxtrack.measure.timer import StepTimes, eprint, step_metrics, time_steps
@@ -66,7 +66,7 @@ def timed_window(spec: Any, kind: str, step: Callable[[], Any], warmup: int, ste
     """The timed window itself, as every run takes it (and bench/overhead.py, which compares it
     step by step with a bare loop): warm-up, then ``steps`` timed steps inside the NVML window
     and the load sampler, after a probe of other processes' CPU use (waiting up to
-    wait_for_idle_s for quiet; fxtrack/measure/load.py; ``probe=False``: none, the caller
+    wait_for_idle_s for quiet; fxtrack/measure/host_load.py; ``probe=False``: none, the caller
     samples the load itself). Returns (times, nvml, load before or None, load during)."""
     memory_gpus, energy_gpus = gpu_ordinals(spec)
     nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")

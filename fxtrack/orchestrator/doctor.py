@@ -11,6 +11,7 @@ from typing import Optional
 
 from fxtrack.environment import host_tags, redact_uri
 from fxtrack.measure import peak
+from fxtrack.orchestrator import calibration
 
 
 def nvml_state() -> tuple[Optional[int], str]:
@@ -56,14 +57,16 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     pythons = dict(p.split("=", 1) for p in args.python)
     required = [f for f in args.require.split(",") if f]
-    unknown = [f for f in required if f not in peak.FRAMEWORKS]
+    frameworks = calibration.frameworks()
+    unknown = [f for f in required if f not in frameworks]
     if unknown:
-        parser.error(f"--require takes {', '.join(peak.FRAMEWORKS)}; got {', '.join(unknown)}")
+        parser.error(f"--require takes {', '.join(frameworks)}; got {', '.join(unknown)}")
 
     gpus, nvml_line = nvml_state()
-    with ThreadPoolExecutor(len(peak.FRAMEWORKS)) as pool:
-        answers = dict(zip(peak.FRAMEWORKS, pool.map(
-            lambda fw: peak.probe("describe", fw, pythons.get(fw), timeout_s=300), peak.FRAMEWORKS)))
+    with ThreadPoolExecutor(len(frameworks)) as pool:
+        answers = dict(zip(frameworks, pool.map(
+            lambda fw: calibration.ask_worker("describe", fw, pythons.get(fw), timeout_s=300),
+            frameworks)))
     print(f"host: {', '.join(f'{k.split(chr(46))[-1]}={v}' for k, v in host_tags().items())}")
     print(f"NVML: {nvml_line}")
     missing = []
@@ -86,7 +89,7 @@ def main(argv: list[str]) -> int:
     if args.calibrate:
         device = next((a["device"] for a in answers.values() if a and a.get("installed")), "cpu")
         for precision in ("fp32", "bf16"):
-            peak.calibrate(device, precision, "auto", pythons, refresh=True)
+            calibration.calibrate(device, precision, "auto", pythons, refresh=True)
     entries = peak.cached()
     print(f"peak FLOP/s cache ({peak.cache_path()}):" + ("" if entries else " empty"))
     for key, rates in sorted(entries.items()):

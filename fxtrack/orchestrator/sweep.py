@@ -15,10 +15,15 @@ from typing import Any
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, open_dict, read_write
 
-from fxtrack.orchestrator.app import JOBS_DIR, SWEEP_ID_ENV, SWEEP_TOTAL_ENV, ConfigError, validate
+from fxtrack.config.validate import ConfigError, validate
 
+# Set for the sweep's jobs (they run in this process, or under submitit in processes of their own).
+SWEEP_ID_ENV, SWEEP_TOTAL_ENV = "FXTRACK_SWEEP_ID", "FXTRACK_SWEEP_TOTAL"
+SWEEP_CONFIGS_ENV = "FXTRACK_SWEEP_CONFIGS"  # distinct configs in the sweep (jobs / repeats)
+JOBS_DIR = "fxtrack_jobs"  # in the sweep directory: one status file per job, for the closing table
+AGGREGATES_DIR = "aggregates"  # beside the job status files: one file per config's aggregate
 _ACTIVE: "SweepRun | None" = None  # the sweep in progress in this process, for close_interrupted
 
 
@@ -48,9 +53,7 @@ class SweepRun(Callback):
                 print(f"fxtrack: invalid config in job [{' '.join(overrides)}]: {e}", file=sys.stderr)
                 sys.exit(2)
         self._check_target(config)
-        # repeats=N: RepeatSweeper launches the job list N times over (round-robin)
-        from fxtrack.orchestrator.repeats import SWEEP_CONFIGS_ENV
-
+        # repeats=N: the hidden sweep dimension launches the job list N times over (round-robin)
         os.environ[SWEEP_TOTAL_ENV] = str(len(jobs) * max(1, int(config.get("repeats", 1) or 1)))
         os.environ[SWEEP_CONFIGS_ENV] = str(len(jobs))
         self.sweep_id = uuid.uuid4().hex
@@ -68,10 +71,8 @@ class SweepRun(Callback):
         failed = [j for j in jobs if j["status"] != "FINISHED" and not _unsupported(j)]
         print(closing_table(jobs), file=sys.stderr)
         aggregates = [json.loads(p.read_text())
-                      for p in sorted((jobs_dir / "aggregates").glob("*.json"))]
+                      for p in sorted((jobs_dir / AGGREGATES_DIR).glob("*.json"))]
         if aggregates:
-            from fxtrack.orchestrator.repeats import closing_table as aggregate_table
-
             print(aggregate_table(aggregates), file=sys.stderr)
         self._deliver(config, "FAILED" if failed else "FINISHED")
         global _ACTIVE
@@ -134,18 +135,43 @@ def close_interrupted(status: str = "KILLED") -> None:
 
 def closing_table(jobs: list[dict[str, Any]]) -> str:
     """The sweep's jobs with their status and headline figures, as a text table."""
-    rows = [("run", "status", "samples/s", "step p50 ms", "peak MiB", "note")]
+    rows = []
     for j in jobs:
         m = j["metrics"]
         peak = m.get("peak_mem_device_mib", m.get("peak_rss_mib"))
         note = j["error"] or ("" if j["guard"] == "ok" else f"guard: {j['guard']}")
         status = "NOT SUPPORTED" if _unsupported(j) else j["status"]
-        rows.append((j["name"], status, _fmt(m.get("throughput_samples_per_s")),
-                     _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0), (note or "")[:60]))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(["", *lines, ""])
+        rows.append([j["name"], status, _fmt(m.get("throughput_samples_per_s")),
+                     _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0), (note or "")[:60]])
+    return _text("Jobs:", ["run", "status", "samples/s", "step p50 ms", "peak MiB", "note"], rows)
+
+
+def aggregate_table(aggregates: list[dict[str, Any]]) -> str:
+    """The sweep's aggregates (repeats=N): median throughput with its 95% interval, repeats,
+    contention."""
+    rows = []
+    for a in aggregates:
+        m, t = a["metrics"], a["tags"]
+        thr = m.get("throughput_samples_per_s")
+        low, high = m.get("throughput_ci_low"), m.get("throughput_ci_high")
+        note = (f"contended in {t['fxtrack.contended_repeats']}" if t.get("fxtrack.contended_repeats")
+                else "")
+        rows.append([a["name"],
+                     f"{t.get('fxtrack.repeats', '0')}/{t.get('fxtrack.repeats_requested', '?')}",
+                     _fmt(thr), "-" if low is None else f"[{low:,.1f}, {high:,.1f}]",
+                     "-" if "throughput_rel_ci" not in m else f"{m['throughput_rel_ci'] / 2:.1%}",
+                     note])
+    return _text("Aggregates (median of the repeats, 95% Student-t interval of the mean log):",
+                 ["config", "repeats", "samples/s (median)", "95% interval", "+-%", "note"], rows)
+
+
+def _text(title: str, header: list[str], rows: list[list[str]]) -> str:
+    """The report's one text renderer (imported here: pandas and matplotlib load only when a
+    sweep ends), with a blank line either side as the console shows it."""
+    from fxtrack.report.render import text_table
+    from fxtrack.report.tables import Table
+
+    return "\n".join(["", text_table(Table(title, header, rows)), ""])
 
 
 def _unsupported(job: dict[str, Any]) -> bool:

@@ -1,4 +1,4 @@
-"""Sub-commands of the ``fxtrack`` console script other than the Hydra app."""
+"""``fxtrack sync``: deliver the spooled results that a tracking server missed."""
 
 from __future__ import annotations
 
@@ -6,18 +6,6 @@ import argparse
 import os
 import sys
 from typing import Optional
-
-
-def doctor(argv: list[str]) -> int:
-    from fxtrack.doctor import main
-
-    return main(argv)
-
-
-def report(argv: list[str]) -> int:
-    from fxtrack.report.cli import main
-
-    return main(argv)
 
 
 def sync(argv: list[str]) -> int:

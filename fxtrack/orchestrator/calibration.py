@@ -1,0 +1,241 @@
+"""Peak FLOP/s calibration: each declared framework's large-matmul rate, measured in its own worker,
+and the MFU a run gets against the best of them (or against the datasheet, fxtrack.measure.peak).
+
+Each framework is probed ``TRIALS`` times and the best probe counts. A calibration taken while
+other processes used the cores (``fxtrack.measure.host_load``) serves the run that asked for it but
+is never cached. A framework whose worker answers without ``tflops`` gives no calibration: it is
+neither a failure nor cached. Every framework's own rate is logged too
+(``framework_matmul_tflops``), so a framework that leaves the hardware unused shows it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from filelock import FileLock, Timeout
+
+from fxtrack.measure import peak
+from fxtrack.measure.host_load import LoadSampler, is_contended
+from fxtrack.paths import config_dirs
+
+TRIALS = 3  # probes per framework; the best counts (a probe can only lose to other work, not gain)
+LOCK_TIMEOUT_S = 60  # waiting longer for another process's cache write: this run's entries go uncached
+_FAILED = object()  # the measurement failed: not cached, tried again next time
+# Entries this process measured but did not cache (contended, "not installed" for an interpreter
+# that is not the framework's, no calibration): every run of one sweep still divides by one peak.
+_UNCACHED: dict[str, dict[str, dict[str, Any]]] = {}
+
+
+def frameworks() -> list[str]:
+    """The frameworks the config directories declare (the stems of ``framework/*.yaml``):
+    fxtrack's own first, then the user's, each sorted."""
+    names: list[str] = []
+    for root in config_dirs():
+        names += [p.stem for p in sorted((root / "framework").glob("*.yaml")) if p.stem not in names]
+    return names
+
+
+def _framework_yaml(framework: str) -> Path:
+    """The first ``framework/<framework>.yaml`` in the config directories' order (Hydra's)."""
+    for root in config_dirs():
+        if (root / "framework" / f"{framework}.yaml").is_file():
+            return root / "framework" / f"{framework}.yaml"
+    raise FileNotFoundError(f"no framework/{framework}.yaml in {', '.join(map(str, config_dirs()))}")
+
+
+def framework_package(framework: str) -> str:
+    """What the worker's probe command names the framework's code by: the YAML's ``package``
+    (e.g. ``fxtrack.frameworks.torch``) where it has one, else its ``backend`` ("module.Class")."""
+    from omegaconf import OmegaConf  # the orchestrator's dependency, not the worker's
+
+    declared = OmegaConf.load(_framework_yaml(framework))
+    return declared["package"] if "package" in declared else declared["backend"]
+
+
+def ask_worker(what: str, framework: str, python: Optional[str], precision: str = "fp32",
+               hardware: str = "auto", timeout_s: float = 600,
+               threads: Optional[int] = None) -> Optional[dict]:
+    """Ask ``framework``'s worker (``python -m fxtrack.worker --describe|--matmul``) under
+    ``python``; its JSON answer, or None when the worker failed. ``threads``: the worker may run
+    on only the first ``threads`` of this process's cores (its affinity, which the worker's
+    thread pools follow)."""
+    cmd = [python or sys.executable, "-m", "fxtrack.worker", f"--{what}", framework,
+           framework_package(framework), precision, hardware]
+    from fxtrack.environment import worker_environment  # a worker's: no secrets in it
+
+    env = worker_environment(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
+    cpus = peak.cpus()
+    cores = cpus[:threads] if threads and threads < len(cpus) else None
+    preexec = None
+    if cores and hasattr(os, "sched_setaffinity"):
+        preexec = lambda: os.sched_setaffinity(0, cores)  # noqa: E731 - runs in the child
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
+                             preexec_fn=preexec)
+    except (OSError, subprocess.TimeoutExpired, subprocess.SubprocessError):
+        return None
+    lines = out.stdout.strip().splitlines()
+    return json.loads(lines[-1]) if out.returncode == 0 and lines else None
+
+
+def _trial(framework: str, python: Optional[str], precision: str, hardware: str,
+           threads: int) -> tuple[Optional[dict], Optional[float]]:
+    """One matmul probe: (the worker's answer or None, other processes' share of the probe's
+    cores meanwhile, 0..1, None where /proc cannot be read)."""
+    with LoadSampler(threads) as load:
+        answer = ask_worker("matmul", framework, python, precision, hardware, threads=threads)
+    return answer, load.other_cpu_frac
+
+
+def _measure(framework: str, python: Optional[str], precision: str, hardware: str,
+             threads: int, cpu: bool):
+    """Best of TRIALS probes as a cache entry ``{"tflops", "date", "other_cpu_frac",
+    "contended"}`` (tflops None: not installed for ``python``, or, with ``"calibrates": False``,
+    the framework gives no calibration), or _FAILED."""
+    best, fracs, quiet = None, [], False
+    for _ in range(TRIALS):
+        answer, frac = _trial(framework, python, precision, hardware, threads)
+        if answer is None:
+            continue
+        if not answer["installed"]:
+            return {"tflops": None, "date": _now(), "other_cpu_frac": frac, "contended": False,
+                    "python": python or sys.executable}
+        if "tflops" not in answer:  # no calibration capability: asking again would say the same
+            return {"tflops": None, "date": _now(), "other_cpu_frac": frac, "contended": False,
+                    "python": python or sys.executable, "calibrates": False,
+                    "reason": answer.get("reason", "")}
+        best = max(best or 0.0, answer["tflops"] or 0.0)
+        fracs.append(frac)
+        # Only a CPU probe competes with other processes for its arithmetic.
+        quiet = quiet or not (cpu and is_contended(frac))
+    if not best:
+        return _FAILED
+    return {"tflops": best, "date": _now(), "contended": not quiet,
+            "other_cpu_frac": max((f for f in fracs if f is not None), default=None)}
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def store(key: str, entries: dict[str, dict[str, Any]], replace: bool = False) -> bool:
+    """Merge ``entries`` into the cache under ``key`` (``replace``: instead of the key's old
+    entries). Read, merge and write happen under one file lock, so concurrent runs calibrating
+    different devices or frameworks keep each other's entries. False if the lock stayed busy."""
+    path = peak.cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(f"{path}.lock", timeout=LOCK_TIMEOUT_S):
+            cache = peak.cached()
+            cache[key] = dict({} if replace else cache.get(key, {}), **entries)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(cache, indent=1))
+            tmp.replace(path)  # readers (peak.cached) take no lock: they see old or new, whole
+    except Timeout:
+        return False
+    return True
+
+
+def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Optional[str]],
+              refresh: bool = False, threads: Optional[int] = None) -> dict[str, dict[str, Any]]:
+    """Every framework's matmul entry on ``device`` at ``precision`` (``tflops`` None: not
+    installed, or no calibration), from the cache, measuring the missing ones (all of them when
+    ``refresh``).
+
+    ``pythons``: each framework's configured interpreter (None: this one). A framework absent from
+    it is probed with this interpreter; if that says "not installed", the answer serves this
+    process only: the framework may live in a venv of its own that this run was not told about.
+    A cached "not installed" is kept with the interpreter that said it, and asked again when a
+    run configures another one.
+    """
+    threads = peak.thread_count(threads)
+    key, path = peak.cache_key(device, precision, threads), peak.cache_path()
+    if refresh:
+        _UNCACHED.pop(key, None)
+    entries = {} if refresh else {**_UNCACHED.get(key, {}), **peak.cached().get(key, {})}
+    for fw, python in pythons.items():  # "not installed" holds only for the interpreter asked
+        if fw in entries and entries[fw]["tflops"] is None and \
+                entries[fw].get("python") != (python or sys.executable):
+            del entries[fw]
+    missing = [fw for fw in frameworks() if fw not in entries]
+    if not missing:
+        return entries
+    print(f"[fxtrack] calibrating peak FLOP/s on {device} at {precision} ({threads} threads) with "
+          f"{', '.join(missing)}, best of {TRIALS} (cached in {path})", file=sys.stderr, flush=True)
+    cpu = hardware == "cpu" or device == "cpu"
+    measured = {fw: _measure(fw, pythons.get(fw), precision, hardware, threads, cpu)
+                for fw in missing}
+    measured = {fw: e for fw, e in measured.items() if e is not _FAILED}
+    entries.update(measured)
+    keep = {fw: e for fw, e in measured.items()
+            if not e["contended"] and e.get("calibrates", True)
+            and (e["tflops"] is not None or fw in pythons)}
+    busy = [fw for fw, e in measured.items() if e["contended"]]
+    if busy:
+        print(f"[fxtrack] other processes used the cores while calibrating {', '.join(busy)} "
+              "(every trial contended): used by this process's runs, not cached",
+              file=sys.stderr, flush=True)
+    if keep and not store(key, keep, replace=refresh):
+        print(f"[fxtrack] {path}.lock stayed busy for {LOCK_TIMEOUT_S} s: this calibration is "
+              "used by this process's runs, not cached", file=sys.stderr, flush=True)
+        keep = {}
+    _UNCACHED.setdefault(key, {}).update({fw: e for fw, e in measured.items() if fw not in keep})
+    return entries
+
+
+def _rate(entries: dict[str, dict[str, Any]], fw: str) -> float:
+    return (entries.get(fw) or {}).get("tflops") or 0.0
+
+
+def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devices: int,
+                achieved_tflops: float, pythons: dict[str, Optional[str]],
+                threads: Optional[int] = None) -> tuple[dict[str, float], dict[str, str]]:
+    """(``peak_tflops``, ``framework_matmul_tflops``, ``mfu``) and the tags that qualify them:
+    ``peak_tflops_source``, ``peak_calibrated`` (the measured peak's UTC date), ``mfu_over_1``
+    (an MFU above 1 is impossible: the peak or the FLOP count is wrong; never logged silently),
+    ``peak_contended`` (the best measured rate was probed while other processes used the cores:
+    no ``mfu`` then, as that rate is what they left over, not the machine's peak)."""
+    entries = calibrate(device, precision, hardware, pythons, threads=threads)
+    sheet = peak.datasheet(device, precision)
+    best_rate = max((_rate(entries, fw) for fw in frameworks()), default=0.0)
+    if not sheet and best_rate and achieved_tflops / devices > best_rate:
+        # A model outran the "peak": the calibration ran on a busy machine. Measure again once.
+        print("[fxtrack] the cached peak is below this run's rate; calibrating again",
+              file=sys.stderr, flush=True)
+        entries = calibrate(device, precision, hardware, pythons, refresh=True, threads=threads)
+    metrics: dict[str, float] = {}
+    tags: dict[str, str] = {}
+    if _rate(entries, framework):
+        metrics["framework_matmul_tflops"] = _rate(entries, framework)
+    # The highest rate; a quiet one wins a tie. A cached quiet entry already replaced this
+    # process's contended one of the same framework (calibrate), but a quiet peak below some
+    # contended rate is not the machine's: contention only ever lowers a rate.
+    rated = [fw for fw in frameworks() if _rate(entries, fw)]
+    best = max(rated, key=lambda fw: (_rate(entries, fw), not entries[fw]["contended"]),
+               default=None)
+    if sheet:
+        peak_tflops, tags["peak_tflops_source"] = sheet
+    elif best is not None:
+        peak_tflops, tags["peak_tflops_source"] = _rate(entries, best), f"measured:{best}"
+        entry = entries[best]
+        busy = " (contended, not cached)" if entry["contended"] else ""
+        tags["peak_calibrated"] = entry["date"] + busy
+        if entry["contended"]:
+            tags["peak_contended"] = "true"
+            metrics["peak_tflops"] = peak_tflops  # kept for the record; no MFU against it
+            return metrics, tags
+    else:
+        return metrics, tags
+    metrics["peak_tflops"] = peak_tflops
+    metrics["mfu"] = achieved_tflops / (devices * peak_tflops)
+    if metrics["mfu"] > 1.0:
+        tags["mfu_over_1"] = "true"
+    return metrics, tags
