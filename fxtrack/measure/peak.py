@@ -73,10 +73,11 @@ def _conf_dir() -> Path:
 
 
 def framework_backend(framework: str) -> str:
-    """``backend`` ("module.Class") from conf/framework/<framework>.yaml."""
+    """``package`` (the framework's declaration) from conf/framework/<framework>.yaml: the
+    worker probe's third word."""
     from omegaconf import OmegaConf  # the orchestrator's dependency, not the worker's
 
-    return OmegaConf.load(_conf_dir() / f"{framework}.yaml")["backend"]
+    return OmegaConf.load(_conf_dir() / f"{framework}.yaml")["package"]
 
 
 def cache_path() -> Path:

@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fxtrack import architectures
 from fxtrack.config.schema import FxtrackConfig
+from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
@@ -40,6 +41,8 @@ def unknown_keys(cfg: DictConfig) -> None:
 
     groups = {f.name: f.type for f in dataclasses.fields(FxtrackConfig)}
     nested = {g: {f.name for f in dataclasses.fields(c)} for g, c in schema._GROUP_SCHEMAS.items()}
+    nested["framework"] = {f.name for f in dataclasses.fields(  # with the framework's own keys
+        schema.framework_schema(str(cfg.framework.get("name", ""))))}
     nested["tracking"] = {f.name for f in dataclasses.fields(schema.TrackingConfig)}
     nested["model"] = {f.name for c in schema._MODEL_SCHEMAS.values()
                        for f in dataclasses.fields(c)}
@@ -67,8 +70,7 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     if conf.scenario.runner is None:
         raise ConfigError(f"scenario={conf.scenario.name} is not implemented yet "
                           "(implemented: scenario=train)")
-    module = conf.framework.backend.rpartition(".")[0]
-    if importlib.util.find_spec(module) is None:
+    if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
     return conf, arch
 
@@ -76,7 +78,7 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
 def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> JobSpec:
     fw = conf.framework
     return JobSpec(
-        result_id=uuid.uuid4().hex, framework=fw.name, backend=fw.backend, extra=fw.extra,
+        result_id=uuid.uuid4().hex, framework=fw.name, package=fw.package,
         scenario=conf.scenario.name, runner=conf.scenario.runner, arch=arch.to_json(),
         precision=conf.precision.name, hardware=conf.hardware.name, devices=conf.devices,
         compile=fw.compile != "false", compile_request=fw.compile, compile_mode=fw.compile_mode,
@@ -89,6 +91,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options={"dataset_samples": conf.scenario.dataset_samples,
                  "loader_workers": conf.scenario.loader_workers},
+        framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
     )
 
 

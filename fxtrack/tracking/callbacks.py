@@ -149,7 +149,7 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
 
 
 def _unsupported(job: dict[str, Any]) -> bool:
-    """A job the worker found no path for (NotImplementedError): fxtrack.unsupported=true."""
+    """A job the worker found no path for (NotSupported): fxtrack.unsupported=true."""
     return job.get("tags", {}).get("fxtrack.unsupported") == "true"
 
 
