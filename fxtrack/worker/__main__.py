@@ -90,12 +90,14 @@ def answer_probe(what: str, framework_name: str, package: str, precision: str,
     model: version and visible devices (for ``fxtrack doctor``), or a large matmul's TFLOP/s
     (its ``calibration`` capability, for the peak FLOP/s calibration). Not installed:
     ``{"installed": false}``; no calibration: ``"supported": false`` and the declared reason."""
+    framework = declaration(package)
+    # The command line has no room for framework.<key>: the declared defaults.
+    settings = {key: setting.default for key, setting in framework.settings.items()}
     spec = JobSpec(result_id=what, framework=framework_name, package=package, scenario=what,
                    runner="", arch={"name": "", "family": "", "dims": {}}, precision=precision,
                    hardware=hardware, devices=1, compile=True, seed=0, batch_size=None,
-                   steps=None, warmup_steps=None, result_path="")
+                   steps=None, warmup_steps=None, result_path="", framework_settings=settings)
     prepare_environment(spec)
-    framework = declaration(package)
     try:
         backend_cls = import_path(framework.backend)
     except ImportError as e:
