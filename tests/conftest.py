@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from fxtrack import architectures
+from fxtrack.config.frameworks import packages
 from fxtrack.job import JobSpec
 
-# The frameworks under test: their packages, as conf/framework/<name>.yaml names them.
-PACKAGES = {name: f"fxtrack.frameworks.{name}" for name in ("torch", "tensorflow", "jax")}
+# The frameworks under test: name -> package, as conf/framework/<name>.yaml names them.
+PACKAGES = packages()
 
 
 def backend_class(spec: JobSpec):
