@@ -209,6 +209,13 @@ def test_the_fake_trains_in_the_worker_and_reports_after_the_declared_order(fake
     assert frameworks(runs) == ["fake", "torch", "tensorflow", "jax", "aaa", "zzz"]
 
 
+def test_help_lists_a_declared_setting(fake):
+    from fxtrack.cli import usage
+
+    assert ("framework=fake: framework.flavour (plain|spicy, default plain): how the fake tastes"
+            in usage())
+
+
 def test_a_framework_without_calibration_answers_the_matmul_probe_unsupported(fake):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(fake.parent / "pkg")]))
     out = subprocess.run([sys.executable, "-m", "fxtrack.worker", "--matmul", "fake", "fakefw",
