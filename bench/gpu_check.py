@@ -34,16 +34,14 @@ from fxtrack.measure.peak import datasheet  # noqa: E402
 
 JOBS = [("resnet50", "bf16", 256), ("resnet50", "fp32", 256), ("resnet50", "tf32", 256),
         ("bert", "bf16", 64), ("vit", "bf16", 128), ("vit", "fp32", 128)]
-SLOW_COMPILE_MODES = ("eager", "op-by-op", "tf.function")  # fxtrack.policy.compile_mode_tag
-BACKENDS = {"torch": "fxtrack.frameworks.torch.backend.TorchBackend",
-            "jax": "fxtrack.frameworks.jax.backend.JaxBackend"}
+SLOW_COMPILE_MODES = ("eager", "op-by-op", "tf.function")  # the declarations' uncompiled_tag
 
 
 def run_job(framework: str, model: str, precision: str, batch: int, steps: int, warmup: int,
             out: Path, timeout_s: float) -> Result:
     name = f"{framework}-{model}-train-{precision}-x1"
-    spec = JobSpec(result_id=uuid.uuid4().hex, framework=framework, backend=BACKENDS[framework],
-                   extra=framework, scenario="train", runner="fxtrack.scenarios.train.run",
+    spec = JobSpec(result_id=uuid.uuid4().hex, framework=framework,
+                   package=f"fxtrack.frameworks.{framework}", scenario="train", runner="fxtrack.scenarios.train:run",
                    arch=architectures.resolve(model).to_json(), precision=precision,
                    hardware="gpu", devices=1, compile=True, compile_request="auto", seed=0,
                    batch_size=batch, steps=steps,
@@ -58,7 +56,7 @@ def run_job(framework: str, model: str, precision: str, batch: int, steps: int, 
         except subprocess.TimeoutExpired:
             pass
     path = Path(spec.result_path)
-    result = Result.load(path) if path.exists() else Result(spec.result_id, error="no result")
+    result = Result.read(path) if path.exists() else Result(spec.result_id, error="no result")
     m = result.metrics
     sheet = datasheet(result.tags.get("device", ""), precision)
     if sheet and "flops_per_sample" in m:

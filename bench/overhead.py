@@ -143,14 +143,14 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
     and build; returns (spec, run(steps) -> the samples/s its timed window reports)."""
     from hydra import compose, initialize_config_dir
 
-    from fxtrack import policy
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
+    from fxtrack.frameworks.declaration import declaration, import_path
     from fxtrack.job import Result
     from fxtrack.config.validate import validate
     from fxtrack.orchestrator.job import job_spec
     from fxtrack.scenarios import timed
-    from fxtrack.worker.__main__ import load, prepare_environment
+    from fxtrack.worker.__main__ import prepare_environment
 
     register()
     overrides = [f"framework={framework}", "model=vit", *(f"model.{k}={v}" for k, v in MODEL.items()),
@@ -160,10 +160,10 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
     spec = job_spec(conf, arch, workdir)
     spec.progress = False
     prepare_environment(spec)  # before any framework import, as in the worker
-    backend = load(spec.backend)(spec)
+    backend = import_path(declaration(spec.package).backend)(spec)
     result = Result(result_id=spec.result_id)
     kind, batch, _, warmup = timed.build(backend, result)
-    mode = policy.compile_mode_tag(framework, spec.compile, spec.compile_mode)
+    mode = backend.framework.compile_mode_tag(spec.compile, spec.compile_mode)
     if mode != BARE_MODE[framework]:
         raise SystemExit(f"{framework}: framework.compile=auto resolved to {mode} on {kind}, but the "
                          f"bare loop runs {BARE_MODE[framework]}; this bench compares like with like")
@@ -171,7 +171,8 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
         backend.train_step()
 
     def run(steps: int) -> float:
-        times, *_ = timed.timed_window(spec, kind, backend.train_step, 0, steps, probe=False)
+        times, *_ = timed.timed_window(spec, kind, backend.train_step, 0, steps,
+                                       wait_for_quiet=False)
         return timed.step_metrics(times, batch, compiled=timed.compiles(spec))[
             "throughput_samples_per_s"]
 

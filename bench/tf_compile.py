@@ -1,6 +1,6 @@
 """TensorFlow ResNet-50 training step time on the CPU in each compile mode, side by side: XLA
 (``jit_compile=True``), a plain ``tf.function`` graph, and eager. The figure behind fxtrack's
-compile rule for TensorFlow on a CPU (fxtrack.policy.resolve_compile).
+compile rule for TensorFlow on a CPU (its declaration, fxtrack/frameworks/tensorflow/__init__.py).
 
     python bench/tf_compile.py                   # 64-px images, batch 4, 5 rounds
     python bench/tf_compile.py --rounds 3 --steps 3 --image-size 32

@@ -41,7 +41,7 @@ keys: batch_size (per device; null = the hardware's default), devices, steps, wa
   parallel (ddp|fsdp), memory (none|checkpoint), runtime (native|onnxruntime|tflite|openvino|
   tensorrt), quantize (none|dynamic_int8), tracking.experiment, tracking.uri,
   model.<size> (e.g. model.layers=2 model.image_size=32)
-
+{framework_keys}
 sub-commands:
 {commands}
 Hydra's own options: --cfg job (show the composed config), --hydra-help, -m / --multirun.
@@ -61,7 +61,17 @@ def usage() -> str:
                      for name, opts in sorted(options.items()) if opts)
     commands = "".join(f"  fxtrack {name}: {text}\n" for name, (_, text) in SUBCOMMANDS.items())
     return _USAGE.format(subcommands="|".join(SUBCOMMANDS), groups=groups, commands=commands,
-                         pathsep=os.pathsep)
+                         pathsep=os.pathsep, framework_keys=_framework_keys())
+
+
+def _framework_keys() -> str:
+    """The keys a framework declares for itself (``framework.<key>``, its Settings)."""
+    from fxtrack.config.frameworks import declared
+
+    lines = [f"  framework={name}: framework.{key} ({'|'.join(s.choices)}, default {s.default}): "
+             f"{s.help}\n"
+             for name, framework in declared().items() for key, s in framework.settings.items()]
+    return "framework keys of one framework:\n" + "".join(lines) if lines else ""
 
 
 def subcommand_parser() -> argparse.ArgumentParser:

@@ -13,10 +13,9 @@ from typing import Any, Optional
 class JobSpec:
     result_id: str  # unique per run; becomes the fxtrack.result_id tag
     framework: str
-    backend: str  # "module.Class" of the Backend the worker runs
-    extra: str  # pip extra that installs the framework, for error messages
+    package: str  # the framework's package (fxtrack.frameworks.<name>): its declaration
     scenario: str
-    runner: str  # "module.function" of the scenario
+    runner: str  # "module:function" of the scenario
     arch: dict[str, Any]  # fxtrack.architectures.Arch.to_json()
     precision: str  # fp32 | tf32 | bf16 | fp16
     hardware: str  # auto | cpu | gpu
@@ -43,12 +42,14 @@ class JobSpec:
     memory: str = "none"  # none | checkpoint
     runtime: str = "native"  # inference runtime
     quantize: str = "none"  # none | dynamic_int8
+    # framework.<key> of the keys only this framework declares (Framework.settings)
+    framework_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> "JobSpec":
+    def read(cls, path: Path) -> "JobSpec":
         return cls(**json.loads(Path(path).read_text()))
 
 
@@ -67,5 +68,5 @@ class Result:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
 
     @classmethod
-    def load(cls, path: Path) -> "Result":
+    def read(cls, path: Path) -> "Result":
         return cls(**json.loads(Path(path).read_text()))

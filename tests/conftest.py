@@ -11,13 +11,18 @@ from pathlib import Path
 import pytest
 
 from fxtrack import architectures
+from fxtrack.config.frameworks import packages
 from fxtrack.job import JobSpec
 
-BACKENDS = {
-    "torch": "fxtrack.frameworks.torch.backend.TorchBackend",
-    "tensorflow": "fxtrack.frameworks.tensorflow.backend.TensorFlowBackend",
-    "jax": "fxtrack.frameworks.jax.backend.JaxBackend",
-}
+# The frameworks under test: name -> package, as conf/framework/<name>.yaml names them.
+PACKAGES = packages()
+
+
+def backend_class(spec: JobSpec):
+    """The Backend class ``spec``'s framework declares (as the worker imports it)."""
+    from fxtrack.frameworks.declaration import declaration, import_path
+
+    return import_path(declaration(spec.package).backend)
 
 
 def tiny_arch(name: str, **overrides) -> architectures.Arch:
@@ -29,8 +34,8 @@ def job_spec(framework: str, model: str, tmp_path: Path | None = None, size: str
     """A JobSpec as the orchestrator would write it, for running a Backend in-process."""
     arch_overrides = overrides.pop("arch", {})
     fields = dict(
-        result_id=uuid.uuid4().hex, framework=framework, backend=BACKENDS[framework],
-        extra=framework, scenario="train", runner="fxtrack.scenarios.train.run",
+        result_id=uuid.uuid4().hex, framework=framework, package=PACKAGES[framework],
+        scenario="train", runner="fxtrack.scenarios.train:run",
         arch=architectures.resolve(model, size, **arch_overrides).to_json(), precision="fp32",
         hardware="cpu", devices=1, compile=False, seed=0, batch_size=2, steps=3, warmup_steps=1,
         result_path=str((tmp_path or Path(".")) / "result.json"), progress=False,

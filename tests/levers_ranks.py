@@ -13,8 +13,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from conftest import job_spec  # noqa: E402
-from fxtrack.worker.__main__ import load, prepare_environment  # noqa: E402
+from conftest import backend_class, job_spec  # noqa: E402
+from fxtrack.worker.__main__ import prepare_environment  # noqa: E402
 
 
 def local_elements(framework: str, backend) -> int:
@@ -31,7 +31,7 @@ def main(framework: str, model: str, mode: str, memory: str, devices: str) -> No
     spec = job_spec(framework, model, devices=int(devices), parallel=mode, memory=memory,
                     launcher="torchrun" if framework == "torch" else "process", compile=True)
     prepare_environment(spec)  # JAX: --xla_force_host_platform_device_count before import
-    backend = load(spec.backend)(spec)
+    backend = backend_class(spec)(spec)
     backend.device_kind()
     backend.build(2)
     losses = [backend.loss_value(backend.train_step()) for _ in range(3)]

@@ -104,15 +104,16 @@ def test_timeout_and_missing_interpreter_fail_while_the_sweep_goes_on(tmp_path):
     assert "jobs failed" in proc.stderr
 
 
-@pytest.mark.parametrize("entry", ["jax", "torch"])
-def test_mlflow_run_entry_point_logs_into_the_run_mlflow_created(tmp_path, entry):
-    pytest.importorskip(entry)
+@pytest.mark.parametrize("framework", ["jax", "torch"])
+def test_mlflow_run_entry_point_logs_into_the_run_mlflow_created(tmp_path, framework):
+    pytest.importorskip(framework)
     repo = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     env.update(FXTRACK_HOME=str(tmp_path / "home"), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'm.db'}",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
     mlflow_bin = str(Path(sys.executable).with_name("mlflow"))
-    proc = subprocess.run([mlflow_bin, "run", str(repo), "-e", entry, "-P", "model=vit", "-P",
+    proc = subprocess.run([mlflow_bin, "run", str(repo), "-P", f"framework={framework}",
+                           "-P", "model=vit", "-P",
                            "overrides=size=tiny batch_size=2 steps=2 warmup_steps=1 framework.compile=false",
                            "--env-manager", "local"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=900)
@@ -120,8 +121,8 @@ def test_mlflow_run_entry_point_logs_into_the_run_mlflow_created(tmp_path, entry
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
     all_runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     (run,) = all_runs  # no second run, no second experiment: fxtrack adopted mlflow run's run
-    assert run.info.run_name == f"{entry}-vit-train-fp32-x1" and run.info.status == "FINISHED"
-    assert run.data.tags["mlflow.project.entryPoint"] == entry
+    assert run.info.run_name == f"{framework}-vit-train-fp32-x1" and run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.project.entryPoint"] == "main"
     assert "throughput_samples_per_s" in run.data.metrics
     assert run.data.params["model.layers"] == "2"
     assert run.data.params["fxtrack.resolved.steps"] == "2"  # mlflow run logged steps=null first

@@ -24,8 +24,8 @@ def composed(*overrides: str):
 
 def test_defaults_compose_to_the_canonical_vit_in_torch():
     cfg = OmegaConf.to_container(composed(), resolve=True, enum_to_str=True)
-    assert cfg["framework"] == {"name": "torch", "backend": "fxtrack.frameworks.torch.backend.TorchBackend",
-                                "extra": "torch", "compile": "auto", "compile_mode": "default",
+    assert cfg["framework"] == {"name": "torch", "package": "fxtrack.frameworks.torch",
+                                "compile": "auto", "compile_mode": "default",
                                 "python": None, "launcher": "torchrun"}
     assert cfg["model"] == {"name": "vit", "image_size": 224, "num_classes": 1000, "patch": 16,
                             "layers": 12, "hidden": 768, "heads": 12, "mlp_dim": 3072}

@@ -78,7 +78,7 @@ def _families() -> dict[str, list[str]]:
     """The f-string keys the code writes, each expanded from the values it is formatted with.
     A new f-string key must be added here: the scan cannot guess its values."""
     from fxtrack.measure import complexity
-    from fxtrack.measure.load import LoadSampler
+    from fxtrack.measure.host_load import LoadSampler
     from fxtrack.scenarios import pipeline
 
     prefix = inspect.signature(LoadSampler.metrics).parameters["prefix"].default

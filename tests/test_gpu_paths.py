@@ -187,7 +187,8 @@ def test_no_pynvml_means_no_figures(monkeypatch):
 # ---- which devices each process reads, and the sum over nodes ---------------------------------
 
 def _spec(devices=1, nodes=1, node_rank=0) -> JobSpec:
-    return JobSpec(result_id="x", framework="torch", backend="", extra="", scenario="train",
+    return JobSpec(result_id="x", framework="torch", package="fxtrack.frameworks.torch",
+                   scenario="train",
                    runner="", arch={}, precision="bf16", hardware="gpu", devices=devices,
                    compile=True, seed=0, batch_size=2, steps=2, warmup_steps=1, result_path="",
                    nodes=nodes, node_rank=node_rank)

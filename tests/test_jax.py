@@ -207,7 +207,7 @@ def test_gpu_without_gpu_fails_clearly(tmp_path):
 @pytest.mark.parametrize("name", ["vit", "resnet50"])
 def test_inference_scenario(tmp_path, name):
     result = run(job_spec("jax", name, tmp_path, scenario="inference",
-                          runner="fxtrack.scenarios.inference.run", compile=True))
+                          runner="fxtrack.scenarios.inference:run", compile=True))
     assert result.status == "FINISHED", result.error
     assert result.guard == "ok" and result.metrics["throughput_samples_per_s"] > 0
 
@@ -230,11 +230,11 @@ def _worker(*args: str, env: dict | None = None, **kw) -> subprocess.CompletedPr
 
 
 def test_probes_print_devices_and_matmul_rate():
-    backend = "fxtrack.frameworks.jax.backend.JaxBackend"
-    described = json.loads(_worker("--describe", "jax", backend, "fp32", "cpu").stdout)
+    package = "fxtrack.frameworks.jax"  # the probe's third word: the framework's package
+    described = json.loads(_worker("--describe", "jax", package, "fp32", "cpu").stdout)
     assert described["installed"] and described["version"] == jax.__version__
     assert described["devices"] and described["devices"][0] == "cpu:0"
-    rate = json.loads(_worker("--matmul", "jax", backend, "fp32", "cpu").stdout)["tflops"]
+    rate = json.loads(_worker("--matmul", "jax", package, "fp32", "cpu").stdout)["tflops"]
     assert 1e-4 < rate < 100  # TFLOP/s of a CPU
 
 
@@ -255,7 +255,7 @@ def test_two_nodes_on_loopback_train_as_one_job(tmp_path):
     outs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
     assert not (tmp_path / "node1" / "result.json").exists()  # node 0 speaks for both
-    result = Result.load(tmp_path / "node0" / "result.json")
+    result = Result.read(tmp_path / "node0" / "result.json")
     assert result.status == "FINISHED" and result.guard == "ok"
     step_s = result.metrics["step_time_ms_mean"] / 1e3
     assert result.metrics["throughput_samples_per_s"] == pytest.approx(2 * 2 / step_s, rel=0.3)
@@ -264,7 +264,7 @@ def test_two_nodes_on_loopback_train_as_one_job(tmp_path):
 @pytest.mark.parametrize("name", ["resnet50", "bert", "vit"])
 def test_restored_checkpoint_reproduces_the_next_step(tmp_path, name):
     result = run(job_spec("jax", name, tmp_path, scenario="checkpoint",
-                          runner="fxtrack.scenarios.checkpoint.run"))
+                          runner="fxtrack.scenarios.checkpoint:run"))
     assert result.status == "FINISHED", result.error
     assert result.guard == "ok"
     m = result.metrics
@@ -273,9 +273,11 @@ def test_restored_checkpoint_reproduces_the_next_step(tmp_path, name):
 
 
 def test_restore_that_does_not_reproduce_fails_the_guard(tmp_path, monkeypatch):
-    monkeypatch.setattr(JaxBackend, "restore_checkpoint", lambda self, directory: None)
+    from fxtrack.frameworks.jax import checkpoint
+
+    monkeypatch.setattr(checkpoint, "restore", lambda backend, directory: None)
     result = run(job_spec("jax", "vit", tmp_path, scenario="checkpoint",
-                          runner="fxtrack.scenarios.checkpoint.run", compile=True))
+                          runner="fxtrack.scenarios.checkpoint:run", compile=True))
     assert result.metrics["checkpoint_restore_exact"] == 0.0
     assert "did not reproduce" in result.guard
 
@@ -285,7 +287,7 @@ def test_pipeline_scenario_feeds_training_from_disk(tmp_path, monkeypatch, name)
     pytest.importorskip("grain")
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
     result = run(job_spec("jax", name, tmp_path, scenario="pipeline",
-                          runner="fxtrack.scenarios.pipeline.run", compile=True,
+                          runner="fxtrack.scenarios.pipeline:run", compile=True,
                           options={"dataset_samples": 64, "loader_workers": 2}))
     assert result.status == "FINISHED", result.error
     m = result.metrics
@@ -300,14 +302,14 @@ def test_pipeline_does_the_per_sample_work(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
     arch = tiny_arch("bert")
-    batch = next(pipeline.loader(datasets.ensure(arch, 32, 0), 32, 0, seed=0))
+    batch = next(pipeline.host_loader(datasets.ensure(arch, 32, 0), 32, 0, seed=0))
     assert batch["input_ids"].shape == (32, arch.seq_len) and batch["input_ids"].dtype == np.int32
     assert 0.05 < batch["mlm_weights"].mean() < 0.3
     masked = batch["mlm_weights"] == 1
     assert (batch["input_ids"][masked] == architectures.BERT_MASK_TOKEN).all()
     assert (batch["input_ids"][~masked] == batch["mlm_labels"][~masked]).all()
     arch = tiny_arch("resnet50")
-    batch = next(pipeline.loader(datasets.ensure(arch, 8, 0), 4, 0, seed=0))
+    batch = next(pipeline.host_loader(datasets.ensure(arch, 8, 0), 4, 0, seed=0))
     assert batch["images"].shape == (4, arch.image_size, arch.image_size, 3)
     assert batch["images"].dtype == np.float32 and batch["labels"].dtype == np.int32
     assert np.abs(batch["images"]).max() <= 128 / datasets.PIXEL_SCALE + 1e-6

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -127,8 +128,10 @@ class SpinBackend:
     def device_kind(self): return "cpu"
     def build(self, batch_size): pass
     def train_step(self): return self._spin(self.step_s)
-    def train_step_on(self, batch): return self._spin(self.fed_s)
-    def pipeline_loader(self, directory, batch_size, workers): return iter(lambda: None, 1)
+    def capability(self, name):  # the pipeline capability: an endless loader, a slower step
+        assert name == "pipeline"
+        return types.SimpleNamespace(loader=lambda backend, *args: iter(lambda: None, 1),
+                                     train_step_on=lambda backend, batch: self._spin(self.fed_s))
     def param_count(self): return 1
     def reduce_max(self, value): return value
     def peak_memory_bytes(self): return None

@@ -379,8 +379,8 @@ def test_which_runs_log_a_compile_time(framework, compile, expected):
 
     from fxtrack.scenarios.timed import compiles
 
-    assert compiles(SimpleNamespace(framework=framework, compile=compile,
-                                    compile_mode="default")) is expected
+    assert compiles(SimpleNamespace(package=f"fxtrack.frameworks.{framework}",
+                                    compile=compile)) is expected
 
 
 def test_timer_refuses_zero_steps():

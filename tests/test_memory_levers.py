@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import job_spec
-from fxtrack.worker.__main__ import load, prepare_environment
+from conftest import backend_class, job_spec
+from fxtrack.worker.__main__ import prepare_environment, run
 
 RANKS = Path(__file__).with_name("levers_ranks.py")
 TOL = 1e-4
@@ -60,7 +60,7 @@ def test_jax_remat_matches_none():
 def _losses(framework: str, model: str, memory: str) -> list[float]:
     spec = job_spec(framework, model, memory=memory)
     prepare_environment(spec)
-    backend = load(spec.backend)(spec)
+    backend = backend_class(spec)(spec)
     backend.device_kind()
     backend.build(2)
     return [backend.loss_value(backend.train_step()) for _ in range(3)]
@@ -72,18 +72,27 @@ def test_activation_checkpointing_matches_none(framework, model):
     assert _losses(framework, model, "checkpoint") == pytest.approx(none, abs=TOL)
 
 
-def test_tensorflow_fsdp_fails_fast_and_says_what_to_use():
-    spec = job_spec("tensorflow", "vit", parallel="fsdp", devices=2)
-    with pytest.raises(NotImplementedError, match="not supported by tensorflow .*framework=torch"):
-        load(spec.backend)(spec).device_kind()
+@pytest.mark.parametrize("lever, capability, says", [
+    (dict(parallel="fsdp", devices=2), "sharded_state", "framework=torch"),
+    (dict(memory="checkpoint"), "remat", "training="),
+])
+def test_tensorflow_lever_without_its_capability_is_a_not_supported_run(tmp_path, monkeypatch,
+                                                                        lever, capability, says):
+    """Refused by the worker from the declaration, before anything is built: the run is a
+    not-supported cell whose error is the declared reason."""
+    from fxtrack.frameworks.declaration import declaration
+    from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
 
+    def no_build(self, batch_size):
+        raise AssertionError("built despite the declared absence")
 
-def test_tensorflow_checkpoint_fails_fast_and_says_why():
-    spec = job_spec("tensorflow", "vit", memory="checkpoint")
-    backend = load(spec.backend)(spec)
-    backend.device_kind()
-    with pytest.raises(NotImplementedError, match="not supported by tensorflow .*training="):
-        backend.build(2)
+    monkeypatch.setattr(TensorFlowBackend, "build", no_build)
+    result = run(job_spec("tensorflow", "vit", tmp_path, **lever))
+    assert result.status == "FAILED" and result.tags["unsupported"] == "true"
+    field, value = next(iter(lever.items()))
+    assert result.error.startswith(f"NotSupported: {field}={value} is not supported by tensorflow ")
+    assert declaration("fxtrack.frameworks.tensorflow").absent[capability] in result.error
+    assert says in result.error
 
 
 def test_memory_table_gives_ratios_to_the_ddp_none_run():

@@ -227,8 +227,8 @@ def test_the_wheel_works_from_any_directory(tmp_path):
     subprocess.run(["git", "clone", "-q", f"file://{src}", str(clone)], check=True)
     overrides = (f"size=tiny batch_size=2 steps=2 warmup_steps=1 hardware=cpu "
                  f"framework.compile=false framework.python={sys.executable}")
-    run(str(python), "-m", "mlflow", "run", f"file://{clone}", "--version", "main", "-e", "torch",
-        "-P", "model=vit", "-P", f"overrides={overrides}", "--env-manager", "local",
+    run(str(python), "-m", "mlflow", "run", f"file://{clone}", "--version", "main",
+        "-P", "framework=torch", "-P", "model=vit", "-P", f"overrides={overrides}", "--env-manager", "local",
         "--experiment-name", "fxtrack", timeout=900)
     report = run(str(bindir / "fxtrack"), "report")
     assert "vit" in report.stdout and (outside / "fxtrack-report" / "report.md").exists()

@@ -12,7 +12,8 @@ from fxtrack import architectures, flops  # noqa: E402
 from fxtrack.frameworks.torch import models  # noqa: E402
 from fxtrack.job import Result  # noqa: E402
 from fxtrack.scenarios import train  # noqa: E402
-from fxtrack.worker.__main__ import load, run  # noqa: E402
+from fxtrack.worker.__main__ import run  # noqa: E402
+from conftest import backend_class  # noqa: E402
 
 
 @pytest.mark.parametrize("model", architectures.MODELS)
@@ -27,7 +28,7 @@ def test_canonical_parameter_counts(model):
 def test_loss_falls_over_20_steps(spec_factory, model):
     spec = spec_factory("torch", model, steps=19, warmup_steps=1)
     result = Result(spec.result_id)
-    train.run(load(spec.backend)(spec), result)
+    train.run(backend_class(spec)(spec), result)
     losses = result.series["loss"]
     assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < 0.5 * losses[0]
@@ -85,7 +86,7 @@ def test_architecture_flops_match_flop_counter(model):
 @pytest.mark.parametrize("model", ["resnet50", "bert", "vit"])
 def test_restored_checkpoint_reproduces_the_next_step(spec_factory, model):
     result = run(spec_factory("torch", model, scenario="checkpoint",
-                              runner="fxtrack.scenarios.checkpoint.run"))
+                              runner="fxtrack.scenarios.checkpoint:run"))
     assert result.status == "FINISHED", result.error
     m = result.metrics
     assert m["checkpoint_restore_exact"] == 1.0 and m["loss_after_restore"] == m["loss_next_step"]
@@ -96,11 +97,11 @@ def test_restored_checkpoint_reproduces_the_next_step(spec_factory, model):
 
 def test_restore_that_does_not_reproduce_fails_the_guard(spec_factory, monkeypatch):
     """The guard can fail: restoring nothing leaves the state one step further on."""
-    from fxtrack.frameworks.torch.backend import TorchBackend
+    from fxtrack.frameworks.torch import checkpoint
 
-    monkeypatch.setattr(TorchBackend, "restore_checkpoint", lambda self, directory: None)
+    monkeypatch.setattr(checkpoint, "restore", lambda backend, directory: None)
     result = run(spec_factory("torch", "vit", scenario="checkpoint",
-                              runner="fxtrack.scenarios.checkpoint.run"))
+                              runner="fxtrack.scenarios.checkpoint:run"))
     assert result.metrics["checkpoint_restore_exact"] == 0.0
     assert "did not reproduce the next step's loss" in result.guard
 
@@ -114,14 +115,14 @@ def test_pipeline_scenario_feeds_training_from_disk(spec_factory, model, tmp_pat
     import sys
     from pathlib import Path
 
-    spec = spec_factory("torch", model, scenario="pipeline", runner="fxtrack.scenarios.pipeline.run",
+    spec = spec_factory("torch", model, scenario="pipeline", runner="fxtrack.scenarios.pipeline:run",
                         options={"dataset_samples": 32, "loader_workers": 1})
     spec.dump(tmp_path / "spec.json")
     env = dict(os.environ, FXTRACK_CACHE=str(tmp_path / "cache"))
     proc = subprocess.run([sys.executable, "-m", "fxtrack.worker", str(tmp_path / "spec.json")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    result = Result.load(Path(spec.result_path))
+    result = Result.read(Path(spec.result_path))
     assert result.status == "FINISHED", result.error
     m = result.metrics
     assert m["pipeline_samples_per_s"] > 0 and m["resident_samples_per_s"] > 0

@@ -41,9 +41,10 @@ def _positive(owner: str, **values: Any) -> None:
 @dataclasses.dataclass
 class FrameworkConfig:
     name: str = MISSING
-    backend: str = MISSING  # "module.Class" of the worker-side Backend
-    extra: str = MISSING  # the pip extra that installs this framework
-    # auto: the framework's best mode for this device and model (one rule, fxtrack.policy);
+    # The framework's package (fxtrack.frameworks.<name>): its declaration names the worker-side
+    # Backend, the pip extra, the compile rules and the capabilities.
+    package: str = MISSING
+    # auto: the framework's best mode for this device and model (its declaration's rule);
     # true / false force torch.compile / XLA (tf jit_compile) / jax.jit on or off.
     compile: str = "auto"
     compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
@@ -62,8 +63,45 @@ class FrameworkConfig:
                              f"got {self.compile_mode!r}")
 
 
-COMPILE_CHOICES = COMPILE_REQUESTS  # one list: fxtrack.policy resolves them in the worker
+COMPILE_CHOICES = COMPILE_REQUESTS  # one list: the declaration resolves them in the worker
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
+
+# framework name -> its schema (FrameworkConfig plus the keys its declaration adds), made once so
+# that register() stays idempotent.
+_FRAMEWORK_SCHEMAS: dict[str, type] = {}
+
+
+def framework_schema(name: str) -> type:
+    """The schema of ``framework=<name>``: FrameworkConfig with one ``str`` field per declared
+    ``Setting`` (``framework.<key>``), value-checked against its choices. A framework whose
+    YAML names no package (or an unknown name) gets FrameworkConfig itself."""
+    if name not in _FRAMEWORK_SCHEMAS:
+        from fxtrack.config.frameworks import declared
+
+        framework = declared().get(name)
+        if framework is None:
+            return FrameworkConfig
+        _FRAMEWORK_SCHEMAS[name] = _with_settings(name, framework.settings)
+    return _FRAMEWORK_SCHEMAS[name]
+
+
+def _with_settings(name: str, settings: Any) -> type:
+    def __post_init__(self) -> None:
+        FrameworkConfig.__post_init__(self)
+        for key, setting in settings.items():
+            value = str(getattr(self, key))
+            if value not in setting.choices and value.lower() in setting.choices:
+                value = value.lower()  # `framework.<key>=true` arrives as a bool
+            if value not in setting.choices:
+                raise ValueError(f"framework.{key} must be one of {', '.join(setting.choices)}, "
+                                 f"got {value!r}")
+            setattr(self, key, value)
+
+    fields = [(key, str, dataclasses.field(default=setting.default))
+              for key, setting in settings.items()]
+    return dataclasses.make_dataclass(f"{name.title().replace('_', '')}FrameworkConfig", fields,
+                                      bases=(FrameworkConfig,),
+                                      namespace={"__post_init__": __post_init__})
 
 
 @dataclasses.dataclass
@@ -112,7 +150,7 @@ class PrecisionConfig:
 @dataclasses.dataclass
 class ScenarioConfig:
     name: str = MISSING
-    runner: Optional[str] = None  # "module.function" run in the worker; None: not implemented yet
+    runner: Optional[str] = None  # "module:function" run in the worker; None: not implemented yet
     dataset_samples: int = 512  # pipeline: samples in the on-disk synthetic dataset
     loader_workers: int = 2  # pipeline: loader processes / parallel calls
 
@@ -235,3 +273,7 @@ def register() -> None:
         cs.store(group=f"schema/{group}", name="base", node=schema)
     for fam, schema in _MODEL_SCHEMAS.items():
         cs.store(group="schema/model", name=fam, node=schema)
+    from fxtrack.config.frameworks import declared
+
+    for name in declared():  # framework/<name>.yaml names /schema/framework/<name>@_here_
+        cs.store(group="schema/framework", name=name, node=framework_schema(name))

@@ -23,6 +23,8 @@ def unknown_keys(cfg: DictConfig) -> None:
     key), naming the closest valid one."""
     groups = {f.name: f.type for f in dataclasses.fields(FxtrackConfig)}
     nested = {g: {f.name for f in dataclasses.fields(c)} for g, c in schema._GROUP_SCHEMAS.items()}
+    nested["framework"] = {f.name for f in dataclasses.fields(  # with the framework's own keys
+        schema.framework_schema(str(cfg.framework.get("name", ""))))}
     nested["tracking"] = {f.name for f in dataclasses.fields(schema.TrackingConfig)}
     nested["model"] = {f.name for c in schema._MODEL_SCHEMAS.values()
                        for f in dataclasses.fields(c)}
@@ -50,7 +52,6 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     if conf.scenario.runner is None:
         raise ConfigError(f"scenario={conf.scenario.name} is not implemented yet "
                           "(implemented: scenario=train)")
-    module = conf.framework.backend.rpartition(".")[0]
-    if importlib.util.find_spec(module) is None:
+    if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
     return conf, arch

@@ -1,12 +1,14 @@
-"""The small contract between a scenario and a framework (no framework imported here)."""
+"""The small contract between a scenario and a framework (no framework imported here): what
+every framework must do. Anything optional is a capability the framework declares
+(``fxtrack.frameworks.declaration``) and a scenario asks for by name (``Backend.capability``)."""
 
 from __future__ import annotations
 
 import abc
-from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Optional
+from typing import Any, ClassVar, Optional
 
 from fxtrack.architectures import Arch
+from fxtrack.frameworks.declaration import Framework, declaration
 from fxtrack.job import JobSpec
 
 # Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
@@ -32,7 +34,7 @@ def attention_tokens(arch: Arch) -> int:
 
 class Backend(abc.ABC):
     """One framework, set up for one job. The worker calls, in order: ``device_kind``,
-    ``build``, then ``train_step`` (or another scenario's hooks) many times."""
+    ``build``, then ``train_step`` (or a capability's step) many times."""
 
     name: ClassVar[str]
 
@@ -91,35 +93,13 @@ class Backend(abc.ABC):
         """Every device this framework can use here, e.g. ``["cpu", "cuda:0 NVIDIA H200"]``."""
         return []
 
-    def prepare_inference(self) -> Callable[[], None]:
-        """Put the built model in inference mode and return a forward-only step on the resident
-        batch that returns (None) once the device has finished."""
-        raise NotImplementedError(f"scenario=inference is not implemented for {self.name} yet")
+    @property
+    def framework(self) -> Framework:
+        """What this framework declares (its package's ``FRAMEWORK``)."""
+        return declaration(self.spec.package)
 
-    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
-        """An endless iterator of batches read from ``directory`` (fxtrack.datasets) through this
-        framework's idiomatic input pipeline, doing the per-sample work datasets.py fixes."""
-        raise NotImplementedError(f"scenario=pipeline is not implemented for {self.name} yet")
-
-    def train_step_on(self, batch: Any) -> Any:
-        """``train_step`` on a batch from ``pipeline_loader`` (moved to the device here)."""
-        raise NotImplementedError(f"scenario=pipeline is not implemented for {self.name} yet")
-
-    def save_checkpoint(self, directory: Path) -> None:
-        """Save the full training state (weights and optimiser) in the framework's standard way."""
-        raise NotImplementedError(f"scenario=checkpoint is not implemented for {self.name} yet")
-
-    def restore_checkpoint(self, directory: Path) -> None:
-        """Restore what ``save_checkpoint`` wrote into the live model and optimiser."""
-        raise NotImplementedError(f"scenario=checkpoint is not implemented for {self.name} yet")
-
-    def export(self, directory: Path) -> Callable[[], None]:
-        """Export the model for serving into ``directory``, load it back as a server would, and
-        return a forward step of the loaded artifact on the resident batch (synced, like
-        ``prepare_inference``'s)."""
-        raise NotImplementedError(f"scenario=checkpoint is not implemented for {self.name} yet")
-
-    def matmul_tflops(self) -> float:
-        """This framework's rate on a large square matmul at ``spec.precision`` on the device
-        ``device_kind`` chose, TFLOP/s: the yardstick for MFU (DESIGN.md section 4)."""
-        raise NotImplementedError(f"matmul calibration is not implemented for {self.name} yet")
+    def capability(self, name: str) -> Any:
+        """The framework's module for the optional capability ``name`` (a key of
+        ``fxtrack.frameworks.declaration.CAPABILITIES``); its functions take this backend
+        first. Raises ``NotSupported``, with the declared reason, where the framework has none."""
+        return self.framework.capability(name)

@@ -7,7 +7,8 @@ optional capabilities it has. The orchestrator reads declarations to refuse impo
 before any work; a scenario asks the backend for a capability by name (``Backend.capability``)
 and gets the framework's module for it, or ``NotSupported`` with the declared reason.
 
-This module imports no framework and nothing above ``fxtrack.frameworks``.
+This module imports no framework and nothing above ``fxtrack.frameworks`` but the base module
+``fxtrack.policy``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from typing import Any, Callable, Mapping, MutableMapping, Optional
+
+from fxtrack.policy import COMPILE_REQUESTS
 
 # The optional capabilities a framework may declare, and what the module it names provides.
 # Every function takes the built Backend first.
@@ -39,6 +42,13 @@ CAPABILITIES: dict[str, str] = {
     "remat": "memory=checkpoint: activations recomputed per block (used inside Backend.build)",
     "calibration": "matmul_tflops(backend) -> float: a large square matmul's TFLOP/s at the "
                    "spec's precision (the peak FLOP/s yardstick for MFU)",
+}
+
+
+# Run levers (a JobSpec field and value) that need a capability: refused before the build.
+LEVERS: dict[tuple[str, str], str] = {
+    ("parallel", "fsdp"): "sharded_state",
+    ("memory", "checkpoint"): "remat",
 }
 
 
@@ -99,19 +109,37 @@ class Framework:
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
 
+    def unsupported(self, capability: str, what: Optional[str] = None,
+                    version: Optional[str] = None) -> NotSupported:
+        """The error for an absent ``capability``: ``"<what> is not supported by <name>
+        [<version>]: <the declared reason>"`` (the report's not-supported cell quotes it up to
+        the reason)."""
+        why = self.absent.get(capability, "not implemented for this framework")
+        by = f"{self.name} {version}" if version else self.name
+        return NotSupported(f"{what or capability} is not supported by {by}: {why}")
+
     def capability(self, name: str) -> Any:
         """The module implementing ``name``, imported now; NotSupported when it is absent."""
         if name not in CAPABILITIES:
             raise KeyError(f"unknown capability {name!r} (one of {', '.join(CAPABILITIES)})")
         if name not in self.capabilities:
-            why = self.absent.get(name, "not implemented for this framework")
-            raise NotSupported(f"{name} is not supported by {self.name}: {why}")
+            raise self.unsupported(name)
         return importlib.import_module(self.capabilities[name])
+
+    def check_levers(self, spec: Any, version: Optional[str] = None) -> None:
+        """NotSupported for a lever of ``spec`` (``parallel=fsdp``, ``memory=checkpoint``) whose
+        capability this framework lacks: before anything is built."""
+        for (field, value), capability in LEVERS.items():
+            if getattr(spec, field) == value and not self.has(capability):
+                raise self.unsupported(capability, f"{field}={value}", version)
 
     def resolve_compile(self, device_kind: str, family: str, request: str = "auto"
                         ) -> tuple[bool, str]:
         """(compile?, why) for ``framework.compile=request``: ``true`` / ``false`` as asked,
         ``auto`` the first matching rule."""
+        if request not in COMPILE_REQUESTS:
+            raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_REQUESTS)}, "
+                             f"got {request!r}")
         if request != "auto":
             return request == "true", f"framework.compile={request}"
         for rule in self.compile_rules:

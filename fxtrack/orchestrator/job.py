@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fxtrack import architectures
 from fxtrack.config.schema import FxtrackConfig
+from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
@@ -23,7 +24,7 @@ from fxtrack.tracking.records import NOISY_CV
 def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> JobSpec:
     fw = conf.framework
     return JobSpec(
-        result_id=uuid.uuid4().hex, framework=fw.name, backend=fw.backend, extra=fw.extra,
+        result_id=uuid.uuid4().hex, framework=fw.name, package=fw.package,
         scenario=conf.scenario.name, runner=conf.scenario.runner, arch=arch.to_json(),
         precision=conf.precision.name, hardware=conf.hardware.name, devices=conf.devices,
         compile=fw.compile != "false", compile_request=fw.compile, compile_mode=fw.compile_mode,
@@ -36,6 +37,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options={"dataset_samples": conf.scenario.dataset_samples,
                  "loader_workers": conf.scenario.loader_workers},
+        framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
     )
 
 

@@ -181,7 +181,7 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 
 def _outcome(spec: JobSpec, code: int, timed_out: bool, timeout_s: float, log: Path) -> Result:
     result_path = Path(spec.result_path)
-    result = Result.load(result_path) if result_path.exists() else Result(spec.result_id)
+    result = Result.read(result_path) if result_path.exists() else Result(spec.result_id)
     if spec.node_rank != 0 and code == 0 and not timed_out:
         result.status = "FINISHED"  # a non-zero node writes no Result: node 0 reports for all
     if _INTERRUPTED:

@@ -175,7 +175,7 @@ def _text(title: str, header: list[str], rows: list[list[str]]) -> str:
 
 
 def _unsupported(job: dict[str, Any]) -> bool:
-    """A job the worker found no path for (NotImplementedError): fxtrack.unsupported=true."""
+    """A job the worker found no path for (NotSupported): fxtrack.unsupported=true."""
     return job.get("tags", {}).get("fxtrack.unsupported") == "true"
 
 

@@ -14,7 +14,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from fxtrack.report.select import FRAMEWORK_ORDER, LEVERS, _rank
+from fxtrack.report.select import LEVERS, _rank, framework_order
 from fxtrack.report.tables import CONTENDED, FLAG, Section, Table, fmt, fmt_ms
 
 BASE = ["framework", "model", "scenario", "precision", "devices", "hardware"]
@@ -52,8 +52,9 @@ def cells(frame: pd.DataFrame) -> pd.DataFrame:
     runs = runs[runs["framework"].fillna("").astype(str).str.len() > 0]
     runs = runs[_column(frame, "tags.fxtrack.repeat_of").fillna("").loc[runs.index] == ""]
     runs = runs.sort_values("start_time", kind="stable").drop_duplicates(KEY, keep="last")
+    order = framework_order()
     return runs.sort_values(["model", "framework"] + list(LEVERS), kind="stable",
-                            key=lambda c: c.map(lambda v: _rank(v, FRAMEWORK_ORDER))
+                            key=lambda c: c.map(lambda v: _rank(v, order))
                             if c.name == "framework" else c)
 
 
@@ -63,7 +64,7 @@ def _num(value) -> Optional[float]:
 
 def _state(row: pd.Series) -> Optional[str]:
     """What a cell says instead of figures: not supported (and why, briefly), or failed."""
-    if row["unsupported"]:  # "NotImplementedError: runtime=tflite is not supported by torch ..."
+    if row["unsupported"]:  # "NotSupported: runtime=tflite is not supported by torch 2.13: ..."
         error = str(row["error"])
         start = error.find("not supported by")  # up to the reason: "... by jax2onnx 0.17.1"
         return error[start:].split(": ")[0][:80] if start >= 0 else "not supported"

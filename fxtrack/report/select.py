@@ -31,8 +31,8 @@ TAGS = {
 }
 # Per-step series: search_runs returns only their last step, which is not a summary figure.
 SERIES = {"step_time_ms", "loss"}
-# Report order: as docs/contract.md lists them; any other value follows alphabetically.
-FRAMEWORK_ORDER = ("torch", "tensorflow", "jax")
+# Report order of scenarios and precisions (frameworks: their declared report_order, frameworks()); any
+# other value follows alphabetically.
 SCENARIO_ORDER = ("train", "inference", "scaling", "pipeline", "checkpoint")
 PRECISION_ORDER = ("fp32", "bf16", "fp16")
 
@@ -86,7 +86,8 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     kept = kept.sort_values(["start_time", "end_time"], kind="stable")
     latest = kept.drop_duplicates(KEY, keep="last")
 
-    order = {"scenario": SCENARIO_ORDER, "precision": PRECISION_ORDER, "framework": FRAMEWORK_ORDER}
+    order = {"scenario": SCENARIO_ORDER, "precision": PRECISION_ORDER,
+             "framework": framework_order()}
     latest = latest.sort_values(
         ["scenario", "precision", "devices", "hardware", "model", "framework"],
         key=lambda col: col.map(lambda v: _rank(v, order[col.name])) if col.name in order else col)
@@ -108,9 +109,18 @@ def _rank(value: str, order: tuple[str, ...]) -> str:
     return f"{order.index(value):03d}" if value in order else f"999{value}"
 
 
+def framework_order() -> tuple[str, ...]:
+    """The declared frameworks in report order (each declaration's ``report_order``); a
+    framework no config declares follows them alphabetically (``_rank``)."""
+    from fxtrack.config.frameworks import declared
+
+    return tuple(declared())
+
+
 def frameworks(runs: pd.DataFrame) -> list[str]:
     """The frameworks present in ``runs``, in report order."""
-    return sorted(runs["framework"].unique(), key=lambda f: _rank(f, FRAMEWORK_ORDER))
+    order = framework_order()
+    return sorted(runs["framework"].unique(), key=lambda f: _rank(f, order))
 
 
 def metric(row: pd.Series, key: str) -> float | None:

@@ -4,7 +4,7 @@ One module per runtime, each importing only its runtime, each with the same smal
 
     load(path, device_kind, threads) -> Callable[[np.ndarray], np.ndarray]
 
-``path`` is the artefact the framework's ``export`` module wrote; the callable maps one input
+``path`` is the artefact the framework's ``deployment`` module wrote; the callable maps one input
 batch (host NumPy array, the exported shape) to the model's output (logits), synchronously.
 The frameworks only export; what serves the file lives here (DESIGN.md section 6's "a new
 capability is a module in its own layer").

@@ -73,7 +73,10 @@ def _inlined(src: Path, dst: Path) -> Path:
         return src
     model = onnx.load(str(src))  # the weights loaded from their files, now inline
     if model.ByteSize() >= 2**31:  # protobuf's limit for one file
-        raise NotImplementedError(f"quantize=dynamic_int8 of {src.name}: the model is over 2 GiB, "
-                                  "beyond what ONNX Runtime's quantiser can re-save in one file")
+        from fxtrack.frameworks.declaration import NotSupported
+
+        raise NotSupported(f"quantize=dynamic_int8 of {src.name} is not supported by onnxruntime: "
+                           "the model is over 2 GiB, beyond what its quantiser can re-save in "
+                           "one file")
     onnx.save(model, str(dst))
     return dst

@@ -22,6 +22,9 @@ def _mib(directory: Path) -> float:
 
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
+    # Asked for before the build, so that a framework without one costs nothing.
+    state, inference, serving = (backend.capability(name)
+                                 for name in ("checkpoint", "inference", "serving_export"))
     _, _, steps, warmup = build(backend, result)
     for _ in range(warmup):  # optimiser moments exist: the state is a real training state
         backend.train_step()
@@ -32,20 +35,20 @@ def run(backend: Backend, result: Result) -> None:
         ckpt.mkdir()
         exported.mkdir()
         t0 = time.perf_counter()
-        backend.save_checkpoint(ckpt)
+        state.save(backend, ckpt)
         m["checkpoint_save_s"] = time.perf_counter() - t0
         m["checkpoint_mib"] = _mib(ckpt)
         expected = backend.loss_value(backend.train_step())  # moves the state on one step
         t0 = time.perf_counter()
-        backend.restore_checkpoint(ckpt)
+        state.restore(backend, ckpt)
         m["checkpoint_restore_s"] = time.perf_counter() - t0
         replayed = backend.loss_value(backend.train_step())  # the same step, from the restore
         m.update(loss_next_step=expected, loss_after_restore=replayed,
                  checkpoint_restore_exact=float(replayed == expected))
 
-        live = backend.prepare_inference()
+        live = inference.prepare(backend)
         t0 = time.perf_counter()
-        served = backend.export(exported)
+        served = serving.export(backend, exported)
         m["export_s"] = time.perf_counter() - t0
         m["export_mib"] = _mib(exported)
         for label, step in (("live", live), ("export", served)):

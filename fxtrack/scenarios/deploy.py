@@ -1,7 +1,8 @@
 """Inference through a deployment runtime (``runtime=onnxruntime|tflite|openvino|tensorrt``)
 or dynamic int8 quantisation (``quantize=dynamic_int8``), timed like every inference run.
 
-The framework's ``export`` module (``fxtrack/frameworks/<fw>/export.py``) writes the artefact in
+The framework's deployment-export capability (``onnx_export``, ``tflite_export`` or
+``native_int8``: its ``deployment.py``, fxtrack.frameworks.declaration) writes the artefact in
 the worker; the runtime module (``fxtrack/runtimes/<runtime>.py``) only consumes the file. Every
 run first checks the runtime's output against the native model's on the same batch and fails
 its correctness guard outside the bound:
@@ -11,9 +12,10 @@ its correctness guard outside the bound:
   scales move a logit by up to a few % of the largest one on these models), and the top-1
   class (argmax of the last axis: per image, per BERT token) agrees on >= INT8_TOP1 of them.
 
-A combination that has no path (e.g. PyTorch to TFLite, TensorFlow's native int8) raises
-``NotImplementedError("... not supported by ...")`` and is tagged ``fxtrack.unsupported=true``:
-the report shows it as a not-supported cell, not as a crash.
+A combination that has no path (e.g. PyTorch to TFLite, TensorFlow's native int8: a capability
+the framework declares absent, with its reason) raises ``NotSupported("... not supported by
+...")`` and is tagged ``fxtrack.unsupported=true``: the report shows it as a not-supported cell,
+not as a crash.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import numpy as np
 
 from fxtrack import flops
 from fxtrack.frameworks.base import Backend
+from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.job import Result
 from fxtrack.measure.timer import eprint
 from fxtrack.scenarios.timed import run_timed
@@ -39,48 +42,45 @@ INT8_TOP1 = 0.9
 ONNX_RUNTIMES = ("onnxruntime", "openvino", "tensorrt")  # they serve an ONNX file
 
 
-def exporter(backend: Backend) -> Any:
-    """``fxtrack.frameworks.<fw>.export`` for this backend (``fxtrack.frameworks.torch.backend.
-    TorchBackend`` -> ``fxtrack.frameworks.torch.export``)."""
-    package = backend.spec.backend.rpartition(".")[0].rpartition(".")[0]
-    return importlib.import_module(f"{package}.export")
+def capability_for(spec: Any) -> str:
+    """The deployment-export capability ``spec``'s runtime and quantisation need."""
+    if spec.runtime == "native":  # quantize=dynamic_int8 in the framework itself
+        return "native_int8"
+    if spec.runtime == "tflite":
+        return "tflite_export"
+    if spec.runtime in ONNX_RUNTIMES:
+        return "onnx_export"
+    raise ValueError(f"runtime={spec.runtime}: no deployment export serves it")
 
 
-def unsupported(backend: Backend, what: str, instead: str) -> NotImplementedError:
-    return NotImplementedError(f"{what} is not supported by {backend.name} {backend.version()}: "
-                               f"{instead}")
-
-
-def check_supported(backend: Backend, ex: Any) -> None:
-    """Fail before any work for a combination this framework has no path to."""
+def check_supported(backend: Backend) -> None:
+    """Fail before any work for a combination there is no path to: the framework's declaration
+    (a capability it lacks, and why), or a runtime's own limit."""
     spec = backend.spec
+    framework = backend.framework
     int8 = spec.quantize == "dynamic_int8"
+    by = f"{backend.name} {backend.version()}"
     if spec.precision not in ("fp32", "tf32") and spec.runtime != "native":
-        raise unsupported(backend, f"runtime={spec.runtime} with precision={spec.precision}",
-                          "exported artefacts are fp32; use precision=fp32 (or quantize=dynamic_int8)")
-    if spec.runtime == "native" and int8 and not hasattr(ex, "quantize_native"):
-        raise unsupported(backend, "quantize=dynamic_int8 with runtime=native",
-                          "no maintained dynamic int8 path in the framework itself; use "
-                          + ("runtime=tflite or " if hasattr(ex, "to_tflite") else "")
-                          + "runtime=onnxruntime quantize=dynamic_int8")
-    if spec.runtime in ONNX_RUNTIMES and not hasattr(ex, "to_onnx"):
-        raise unsupported(backend, f"runtime={spec.runtime}", "no ONNX exporter for this framework")
-    if spec.runtime == "tflite" and not hasattr(ex, "to_tflite"):
-        raise unsupported(backend, "runtime=tflite",
-                          "TFLite export is TensorFlow's (ai-edge-torch / jax2tf would convert "
-                          "through TensorFlow); use runtime=onnxruntime")
+        raise NotSupported(f"runtime={spec.runtime} with precision={spec.precision} is not "
+                           f"supported by {by}: exported artefacts are fp32; use precision=fp32 "
+                           "(or quantize=dynamic_int8)")
+    needed = capability_for(spec)
+    if not framework.has(needed):
+        what = ("quantize=dynamic_int8 with runtime=native" if spec.runtime == "native"
+                else f"runtime={spec.runtime}")
+        raise framework.unsupported(needed, what, version=backend.version())
     if spec.runtime == "tensorrt" and int8:
-        raise unsupported(backend, "runtime=tensorrt with quantize=dynamic_int8",
-                          "TensorRT's int8 is static (calibrated); use quantize=none")
+        raise NotSupported(f"runtime=tensorrt with quantize=dynamic_int8 is not supported by "
+                           f"{by}: TensorRT's int8 is static (calibrated); use quantize=none")
 
 
-def export_artefact(backend: Backend, ex: Any, work: Path) -> Path:
+def export_artefact(backend: Backend, exporter: Any, work: Path) -> Path:
     """Write what ``spec.runtime`` serves into ``work``; returns its path."""
     spec = backend.spec
     int8 = spec.quantize == "dynamic_int8"
     if spec.runtime == "tflite":
-        return ex.to_tflite(backend, work / "model.tflite", quantize=int8)
-    path = ex.to_onnx(backend, work / "model.onnx")
+        return exporter.to_tflite(backend, work / "model.tflite", quantize=int8)
+    path = exporter.to_onnx(backend, work / "model.onnx")
     if int8:  # ONNX Runtime's quantiser; OpenVINO then runs the same int8 graph
         from fxtrack.runtimes import onnxruntime as ort_runtime
 
@@ -115,15 +115,11 @@ def compare(ref: np.ndarray, out: np.ndarray, int8: bool) -> tuple[dict[str, flo
 
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
-    ex = exporter(backend)
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
     # Resolved first, so that a not-supported run is filed under the hardware it would have used
     result.resolved["device_kind"] = backend.device_kind()
-    try:
-        check_supported(backend, ex)
-    except NotImplementedError:
-        result.tags["unsupported"] = "true"
-        raise
+    check_supported(backend)  # NotSupported: the worker tags the run fxtrack.unsupported
+    ex = backend.capability(capability_for(spec))
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}
 
@@ -137,8 +133,10 @@ def run(backend: Backend, result: Result) -> None:
             checked["artefact_mib"] = artefact_bytes(path) / 2**20
             runtime = importlib.import_module(f"fxtrack.runtimes.{spec.runtime}")
             served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads)
-            if hasattr(runtime, "version"):
-                result.tags[f"{spec.runtime}_version"] = runtime.version()
+            # A runtime module's own version, where it has one (tensorrt runs through onnxruntime)
+            version = getattr(runtime, "version", None)
+            if version is not None:
+                result.tags[f"{spec.runtime}_version"] = version()
         checked["export_time_s"] = time.perf_counter() - t0  # export + quantise + load
         metrics, checked["guard"] = compare(ref, served(x), spec.quantize == "dynamic_int8")
         checked.update(metrics)
@@ -146,11 +144,8 @@ def run(backend: Backend, result: Result) -> None:
                f", top-1 agreement {metrics['top1_agreement']:.0%}")
         return lambda: served(x)  # each call returns once the runtime has the output on the host
 
-    try:
+    try:  # an exporter without a path for this model raises NotSupported too
         run_timed(backend, result, prepare, flops.forward_flops_per_sample(backend.arch))
-    except NotImplementedError:  # an exporter without a path for this model
-        result.tags["unsupported"] = "true"
-        raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result.guard = checked.pop("guard")

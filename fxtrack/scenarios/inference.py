@@ -18,7 +18,8 @@ def run(backend: Backend, result: Result) -> None:
         deploy.run(backend, result)
     else:
         result.tags.update(runtime="native", quantize="none")
-        run_timed(backend, result, backend.prepare_inference,
+        inference = backend.capability("inference")
+        run_timed(backend, result, lambda: inference.prepare(backend),
                   flops.forward_flops_per_sample(backend.arch))
     result.metrics.update(deploy.latency_metrics(result.metrics))
     if result.guard == "ok":

@@ -44,6 +44,7 @@ def _joined(windows: list[StepTimes]) -> StepTimes:
 
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
+    pipeline = backend.capability("pipeline")  # before the build: NotSupported costs nothing
     options = spec.options
     # Resident window 1: build, warm-up (the real compile), memory, load: run_timed's figures.
     handles = run_timed(backend, result, lambda: backend.train_step,
@@ -59,7 +60,7 @@ def run(backend: Backend, result: Result) -> None:
             m[f"resident_{key}"] = m.pop(key)
 
     directory = datasets.ensure(backend.arch, options["dataset_samples"], spec.seed)
-    loader = backend.pipeline_loader(directory, batch, options["loader_workers"])
+    loader = pipeline.loader(backend, directory, batch, options["loader_workers"])
     for _ in range(warmup):  # worker start-up, file-system cache, autotuning
         next(loader)
     t0 = time.perf_counter()
@@ -73,7 +74,7 @@ def run(backend: Backend, result: Result) -> None:
         if r:  # resident again; its one warm-up step is an ordinary (compiled) step
             resident.append(time_steps(backend.train_step, 1, steps, show=spec.progress,
                                        label=f"resident, round {r + 1}"))
-        fed.append(time_steps(lambda: backend.train_step_on(next(loader)), warmup, steps,
+        fed.append(time_steps(lambda: pipeline.train_step_on(backend, next(loader)), warmup, steps,
                               show=spec.progress, label=f"fed by the loader, round {r + 1}"))
     sampler.stop()
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Optional
 
-from fxtrack import defaults, policy
+from fxtrack import defaults
 from fxtrack.frameworks.base import Backend
+from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.memory import peak_rss_mib
@@ -20,8 +21,8 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     spec = backend.spec
     kind = backend.device_kind()
     # framework.compile=auto resolved here, once the device is known and before the build.
-    spec.compile, why = policy.resolve_compile(spec.framework, kind, spec.arch["family"],
-                                               spec.compile_request)
+    spec.compile, why = declaration(spec.package).resolve_compile(kind, spec.arch["family"],
+                                                                  spec.compile_request)
     result.resolved["compile"] = spec.compile
     result.tags["compile_rule"] = why
     batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
@@ -61,16 +62,17 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
 
 
 def timed_window(spec: Any, kind: str, step: Callable[[], Any], warmup: int, steps: int,
-                 probe: bool = True
+                 wait_for_quiet: bool = True
                  ) -> tuple[StepTimes, NvmlWindow, Optional[load.LoadSampler], load.LoadSampler]:
     """The timed window itself, as every run takes it (and bench/overhead.py, which compares it
     step by step with a bare loop): warm-up, then ``steps`` timed steps inside the NVML window
     and the load sampler, after a probe of other processes' CPU use (waiting up to
-    wait_for_idle_s for quiet; fxtrack/measure/host_load.py; ``probe=False``: none, the caller
-    samples the load itself). Returns (times, nvml, load before or None, load during)."""
+    wait_for_idle_s for quiet; fxtrack/measure/host_load.py; ``wait_for_quiet=False``: none, the
+    caller samples the load itself). Returns (times, nvml, load before or None, load during)."""
     memory_gpus, energy_gpus = gpu_ordinals(spec)
     nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")
-    before = load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint) if probe else None
+    before = (load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
+              if wait_for_quiet else None)
     during = load.LoadSampler(spec.cpu_threads)
     times = time_steps(step, warmup, steps, show=spec.progress,
                        label=f"{spec.framework}-{spec.arch['name']}",
@@ -80,11 +82,9 @@ def timed_window(spec: Any, kind: str, step: Callable[[], Any], warmup: int, ste
 
 def compiles(spec: Any) -> bool:
     """Whether the first step built a graph (torch.compile, XLA, jax.jit, or a plain tf.function
-    graph, which TensorFlow traces even with framework.compile=false): then ``compile_time_s``
-    is logged. Eager torch and op-by-op JAX compile nothing. ``spec.compile`` is resolved by
-    build()."""
-    return policy.compile_mode_tag(spec.framework, spec.compile, spec.compile_mode) not in (
-        "eager", "op-by-op")
+    graph, which TensorFlow traces even with framework.compile=false), as the framework declares
+    it: then ``compile_time_s`` is logged. ``spec.compile`` is resolved by build()."""
+    return declaration(spec.package).builds_graph(spec.compile)
 
 
 def gpu_ordinals(spec: Any) -> tuple[list[int], list[int]]:

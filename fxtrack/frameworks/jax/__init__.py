@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, MutableMapping
 
+from fxtrack import policy
 from fxtrack.frameworks.declaration import CompileRule, Framework, append_xla_flag
 
 
 def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
-    """What JAX reads when it starts: platform, allocator, XLA flags."""
+    """What JAX reads when it starts: platform, allocator, XLA flags (the worker has already set
+    the framework-neutral thread variables and CPU affinity)."""
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # peak memory, not the pool
     if spec.hardware == "cpu":
         env["JAX_PLATFORMS"] = "cpu"
@@ -18,6 +20,10 @@ def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
         # Overlap the gradient all-reduce with the backward pass (XLA:GPU's latency-hiding
         # scheduler; TF's and torch's DDP overlap theirs by default). Read only by XLA:GPU.
         append_xla_flag(env, "--xla_gpu_enable_latency_hiding_scheduler=true")
+    # XLA:CPU sizes its Eigen pool from the affinity and takes no thread count; at one thread
+    # its multi-threaded Eigen path is switched off instead.
+    if policy.threads_per_process(policy.cpu_threads(spec.cpu_threads)) == 1:
+        append_xla_flag(env, "--xla_cpu_multi_thread_eigen=false")
 
 
 FRAMEWORK = Framework(
@@ -29,6 +35,7 @@ FRAMEWORK = Framework(
     compile_rules=(CompileRule(True, "jax always jits"),),
     compiled_tag="jit",
     uncompiled_tag="op-by-op",
+    prepare_environment=prepare_environment,
     capabilities={
         "inference": "fxtrack.frameworks.jax.inference",
         "pipeline": "fxtrack.frameworks.jax.pipeline",

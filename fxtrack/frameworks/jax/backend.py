@@ -1,20 +1,18 @@
-"""The JAX Backend: wires models, data, devices and the training step together."""
+"""The JAX Backend: wires models, data, devices and the training step together (the optional
+capabilities are modules of this package: fxtrack.frameworks.jax.FRAMEWORK)."""
 
 from __future__ import annotations
 
 import functools
 import sys
-from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fxtrack import policy
 from fxtrack.frameworks.base import Backend, attention_tokens
-from fxtrack.frameworks.jax import (checkpoint, data, devices, models, parallel, pipeline,
-                                   train)
+from fxtrack.frameworks.jax import data, devices, models, parallel, train
 
 
 class JaxBackend(Backend):
@@ -35,7 +33,7 @@ class JaxBackend(Backend):
         if getattr(self, "forced_jit", False):
             tags["jax_compile"] = "forced: op-by-op SPMD deadlocks on XLA:CPU"
         if hasattr(self, "jit"):  # what the built model ran
-            tags["compile_mode"] = policy.compile_mode_tag("jax", self.jit)
+            tags["compile_mode"] = self.framework.compile_mode_tag(self.jit)
             tags["jax_donation"] = self.donation
             if self.arch.family != "resnet":
                 dtype = train.COMPUTE_DTYPES[self.spec.precision]
@@ -72,7 +70,7 @@ class JaxBackend(Backend):
         self.state = parallel.replicate(state, self.mesh)
         self.batch = data.mesh_batch(self.arch, batch_size, self.spec.seed, self.mesh)
         self.jit = self._jit()
-        donate, self.donation = policy.jax_donates(self.device_kind())
+        donate, self.donation = train.donates(self.device_kind())
         self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded,
                                      donate)
         if self.spec.parallel == "fsdp":  # state sharded over the mesh, the step jitted for it
@@ -106,15 +104,6 @@ class JaxBackend(Backend):
         jax.block_until_ready(self.state)
         return loss.block_until_ready()
 
-    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
-        # This process feeds all its mesh devices: batch_size samples for each of them.
-        local = len(parallel.local_devices(self.mesh))
-        return pipeline.loader(directory, batch_size * local, workers, self.spec.seed,
-                               jax.process_index(), jax.process_count())
-
-    def train_step_on(self, batch: Any) -> jax.Array:
-        return self._train_on(parallel.put_local_batch(batch, self.mesh))  # host -> devices
-
     def state_bytes_per_device(self) -> Optional[int]:
         return parallel.state_bytes_per_device(self.state)
 
@@ -124,37 +113,3 @@ class JaxBackend(Backend):
     def peak_memory_bytes(self) -> Optional[int]:
         peaks = [devices.peak_memory_bytes(d) for _, d in parallel.local_devices(self.mesh)]
         return None if None in peaks else max(peaks)  # the fullest of this process's devices
-
-    def prepare_inference(self) -> Callable[[], None]:
-        graphdef = train.eval_graphdef(self.graphdef, self.state)  # BatchNorm: running stats
-        forward = train.make_forward(graphdef, self.jit, self.replicated, self.sharded)
-        x = train.model_inputs(self.batch)
-
-        def step() -> None:  # reads the live state: weights as they are when called
-            forward(self.state.params, self.state.batch_stats, x).block_until_ready()
-
-        return step
-
-    def save_checkpoint(self, directory: Path) -> None:
-        checkpoint.save(self.state, directory)
-
-    def restore_checkpoint(self, directory: Path) -> None:
-        # The live state is replaced as a whole: the jitted step is a pure function of it.
-        self.state = checkpoint.restore(self.state, directory)
-
-    def export(self, directory: Path) -> Callable[[], None]:
-        graphdef = train.eval_graphdef(self.graphdef, self.state)
-        # jax.export serialises a jitted function, whatever spec.compile says for live runs.
-        forward = train.make_forward(graphdef, True, self.replicated, self.sharded)
-        variables = (self.state.params, self.state.batch_stats)
-        x = train.model_inputs(self.batch)
-        checkpoint.export(forward, variables, x, directory)
-        served = checkpoint.load_exported(directory, variables)
-
-        def step() -> None:
-            served(x).block_until_ready()
-
-        return step
-
-    def matmul_tflops(self) -> float:
-        return devices.matmul_tflops(self.device, self.spec.precision)

@@ -93,9 +93,11 @@ def visible() -> list[str]:
     return out + [f"gpu:{d.id} {d.device_kind}" for d in _gpus()]
 
 
-def matmul_tflops(device: jax.Device, precision: str) -> float:
-    """Best-of-three rate of a jitted n x n @ n x n matmul (n = 8192 on a GPU, 2048 on a CPU),
-    the method of the PyTorch backend's ``devices.matmul_tflops``."""
+def matmul_tflops(backend) -> float:
+    """Capability ``calibration``: best-of-three rate of a jitted n x n @ n x n matmul at the
+    spec's precision on the backend's device (n = 8192 on a GPU, 2048 on a CPU), the method of
+    the PyTorch backend's ``devices.matmul_tflops``."""
+    device, precision = backend.device, backend.spec.precision
     n, reps = (8192, 20) if device.platform != "cpu" else (2048, 4)
     ka, kb = jax.random.split(jax.random.key(0))
     a, b = (jax.device_put(jax.random.normal(k, (n, n), DTYPES[precision]), device)

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Iterator
 
 import grain
+import jax
 from absl import flags
 import numpy as np
 
 from fxtrack import datasets
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
+from fxtrack.frameworks.jax import parallel
 
 PREFETCH_PER_WORKER = 4  # batches each worker keeps ready, as the PyTorch loader's prefetch
 
@@ -84,8 +86,8 @@ def dataset(directory: Path, seed: int, shard: int = 0, shards: int = 1) -> grai
     return ds.shuffle(seed=seed).repeat(None).random_map(work, seed=seed)
 
 
-def loader(directory: Path, batch_size: int, workers: int, seed: int, shard: int = 0,
-           shards: int = 1) -> Iterator[dict[str, np.ndarray]]:
+def host_loader(directory: Path, batch_size: int, workers: int, seed: int, shard: int = 0,
+                shards: int = 1) -> Iterator[dict[str, np.ndarray]]:
     """Endless host batches of ``batch_size`` ({"images": (B, H, W, 3) float32, "labels": (B,)
     int32} or the three (B, T) BERT arrays), made by ``workers`` processes (0: in this one)."""
     if not flags.FLAGS.is_parsed():  # Grain reads its settings from absl flags, which only an
@@ -97,3 +99,17 @@ def loader(directory: Path, batch_size: int, workers: int, seed: int, shard: int
         it = it.mp_prefetch(grain.MultiprocessingOptions(
             num_workers=workers, per_worker_buffer_size=PREFETCH_PER_WORKER))
     return iter(it)
+
+
+def loader(backend, directory: Path, batch_size: int, workers: int
+           ) -> Iterator[dict[str, np.ndarray]]:
+    """Capability ``pipeline``: this process feeds all its mesh devices, so ``batch_size``
+    samples for each of them, its own shard of the dataset under jax.distributed."""
+    local = len(parallel.local_devices(backend.mesh))
+    return host_loader(directory, batch_size * local, workers, backend.spec.seed,
+                       jax.process_index(), jax.process_count())
+
+
+def train_step_on(backend, batch: dict[str, np.ndarray]) -> jax.Array:
+    """The training step on a host batch, put on the mesh devices first."""
+    return backend._train_on(parallel.put_local_batch(batch, backend.mesh))

@@ -124,11 +124,26 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, state: 
                       state.loss_scale.update(finite)), loss
 
 
+# Why not on a CPU: docs/measurements.md ("JAX state donation on XLA:CPU"), with the figures and
+# the commands; why XLA:CPU is slower with it is not established.
+CPU_DONATION_NOTE = "measured 2-5% slower steps with donation on XLA:CPU"
+
+
+def donates(device_kind: str) -> tuple[bool, str]:
+    """Whether the jitted training step donates its state (``donate_argnums``: the new
+    parameters and optimiser state are written into the old buffers), and why (the
+    ``fxtrack.jax_donation`` tag). On GPU / TPU it does: the state is not held twice, XLA's
+    documented fast path. On CPU it does not: measured slower there (CPU_DONATION_NOTE)."""
+    if device_kind == "cpu":
+        return False, f"off on CPU ({CPU_DONATION_NOTE})"
+    return True, f"state donated on {device_kind}"
+
+
 def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, jit: bool = True,
               replicated: Optional[Any] = None, sharded: Optional[Any] = None,
               donate: bool = True) -> Callable[[TrainState, dict], tuple[TrainState, jax.Array]]:
     """``train_step`` bound to a model and optimiser: jitted, with ``state`` donated (its
-    buffers are reused in place) if ``donate`` (fxtrack.policy.jax_donates), or run op by op
+    buffers are reused in place) if ``donate`` (``donates``), or run op by op
     under ``jax.disable_jit`` if ``jit`` is False.
 
     ``replicated`` / ``sharded`` (``jax.sharding`` objects, see ``parallel``) place the state and

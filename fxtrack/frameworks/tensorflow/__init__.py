@@ -1,7 +1,15 @@
 """TensorFlow (Keras 3 models on tf.function / XLA): what it declares (no tensorflow import here;
 fxtrack.frameworks.declaration)."""
 
+from typing import Any, MutableMapping
+
 from fxtrack.frameworks.declaration import CompileRule, Framework
+
+
+def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
+    """What TensorFlow reads when it starts: grow GPU memory as needed (the peak, not the pool)."""
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+
 
 FRAMEWORK = Framework(
     name="tensorflow",
@@ -16,6 +24,7 @@ FRAMEWORK = Framework(
     ),
     compiled_tag="xla",
     uncompiled_tag="tf.function",
+    prepare_environment=prepare_environment,
     uncompiled_builds_graph=True,  # a plain tf.function still traces a graph on the first step
     capabilities={
         "inference": "fxtrack.frameworks.tensorflow.inference",

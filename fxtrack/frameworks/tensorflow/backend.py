@@ -1,11 +1,10 @@
-"""The TensorFlow Backend: wires models, data, devices, parallelism, the training step, the input
-pipeline and checkpoints together."""
+"""The TensorFlow Backend: wires models, data, devices, parallelism and the training step together
+(the optional capabilities are modules of this package: fxtrack.frameworks.tensorflow.FRAMEWORK)."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import keras
 import numpy as np
@@ -13,8 +12,7 @@ import tensorflow as tf
 
 from fxtrack import policy
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.tensorflow import (checkpoint, data, devices, models, parallel, pipeline,
-                                           train)
+from fxtrack.frameworks.tensorflow import data, devices, models, parallel, train
 
 
 class TensorFlowBackend(Backend):
@@ -39,7 +37,7 @@ class TensorFlowBackend(Backend):
         tags = {**devices.tags(self.device), "keras": keras.__version__,
                 **getattr(self, "policy_tags", {})}
         if hasattr(self, "model"):  # what the built model ran
-            tags["compile_mode"] = policy.compile_mode_tag("tensorflow", self.spec.compile)
+            tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile)
             if self.arch.family != "resnet":
                 tags["attention"] = models.ATTENTION
         return tags
@@ -57,8 +55,8 @@ class TensorFlowBackend(Backend):
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
         with self._place():  # mirrored variables on every replica, or the one device
             with train.precision_policy(self.spec.precision):
-                with models.remat_scope(self.spec.memory):
-                    self.model = models.build(self.arch)
+                # memory=checkpoint never gets here: TensorFlow declares no ``remat``.
+                self.model = models.build(self.arch)
             # num_replicas_in_sync already counts every worker's replicas
             self.opt = train.optimizer(self.arch, self.spec.precision,
                                        batch_size * self.strategy.num_replicas_in_sync)
@@ -86,12 +84,6 @@ class TensorFlowBackend(Backend):
     def train_step(self) -> np.ndarray:
         return self._train_on(self.batch)
 
-    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
-        return pipeline.loader(directory, batch_size, workers, self.strategy)
-
-    def train_step_on(self, batch: Any) -> np.ndarray:
-        return self._train_on(batch)  # host tensors: the step's inputs are copied to the device
-
     def state_bytes_per_device(self) -> Optional[int]:
         # Mirrored (or single-device) variables: every replica holds each one in full.
         variables = [*self.model.weights, *self.opt.variables]
@@ -105,13 +97,8 @@ class TensorFlowBackend(Backend):
                  for d in parallel.replica_devices(self.strategy, self.device)]
         return None if None in peaks else max(peaks)  # the fullest device
 
-    def prepare_inference(self) -> Callable[[], None]:
-        with tf.device(self.device):
-            forward = train.make_inference_step(self.model, self._one_batch(), self.spec.compile)
-        return self._synced(forward)
-
     def _one_batch(self) -> dict[str, tf.Tensor]:
-        """The first replica's resident batch (inference and export run on one device)."""
+        """The first replica's resident batch (inference and the exports run on one device)."""
         if self.strategy.num_replicas_in_sync > 1:
             return self.strategy.experimental_local_results(self.batch)[0]
         return self.batch
@@ -123,22 +110,3 @@ class TensorFlowBackend(Backend):
             devices.sync(self.device)
 
         return step
-
-    def save_checkpoint(self, directory: Path) -> None:
-        if self._step is None:  # the optimiser's slots must exist to be saved
-            with self._place():
-                self.opt.build(self.model.trainable_variables)
-        checkpoint.save(self.model, self.opt, directory)
-
-    def restore_checkpoint(self, directory: Path) -> None:
-        with self._place():
-            checkpoint.restore(self.model, self.opt, directory)
-
-    def export(self, directory: Path) -> Callable[[], None]:
-        batch = self._one_batch()
-        x = batch["images"] if "images" in batch else batch["input_ids"]
-        served = checkpoint.load_exported(checkpoint.export(self.model, x, directory))
-        return self._synced(lambda: served(x))
-
-    def matmul_tflops(self) -> float:
-        return devices.matmul_tflops(self.device, self.spec.precision)

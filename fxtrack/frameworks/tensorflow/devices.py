@@ -81,8 +81,10 @@ def tags(device: str) -> dict[str, str]:
             "cudnn": str(build.get("cudnn_version", ""))}
 
 
-def matmul_tflops(device: str, precision: str) -> float:
-    """Best-of-three rate of an n x n @ n x n matmul (n = 8192 on a GPU, 2048 on a CPU)."""
+def matmul_tflops(backend) -> float:
+    """Capability ``calibration``: best-of-three rate of an n x n @ n x n matmul at the spec's
+    precision on the backend's device (n = 8192 on a GPU, 2048 on a CPU)."""
+    device, precision = backend.device, backend.spec.precision
     n, reps = (8192, 20) if "GPU" in device else (2048, 4)
     with tf.device(device):
         a = tf.random.normal((n, n), dtype=DTYPES[precision])

@@ -235,24 +235,6 @@ def bert(arch: Arch) -> keras.Model:
     return keras.Model(ids, logits, name=arch.name)
 
 
-def remat_scope(memory: str):
-    """memory=checkpoint would build the layers inside ``keras.RematScope`` (``tf.recompute_grad``
-    on this backend), but Keras' TensorFlow remat wraps each layer call in
-    ``tf.custom_gradient``, which rejects the keyword arguments every Keras layer takes
-    (``training=``) inside a ``tf.function``: it fails on the first traced step. So the run fails
-    fast, saying so; memory=none: no-op."""
-    import contextlib
-
-    if memory == "checkpoint":
-        import tensorflow as tf
-
-        raise NotImplementedError(
-            f"memory=checkpoint is not supported by tensorflow {tf.__version__} with keras "
-            f"{keras.__version__}: keras.RematScope's tf.custom_gradient rejects keyword arguments "
-            "(training=) inside tf.function; use framework=torch or framework=jax")
-    return contextlib.nullcontext()
-
-
 def build(arch: Arch) -> keras.Model:
     """The Keras model for ``arch`` under the current global dtype policy."""
     return {"resnet": resnet, "vit": vit, "bert": bert}[arch.family](arch)

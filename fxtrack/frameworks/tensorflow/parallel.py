@@ -10,6 +10,7 @@ from typing import ContextManager
 
 import tensorflow as tf
 
+from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.job import JobSpec
 
 
@@ -18,13 +19,8 @@ def create(spec: JobSpec, device: str) -> tf.distribute.Strategy:
     ``"/CPU:0"``) and ``spec.nodes`` nodes; the default (no-op) strategy for one device.
 
     Must run before anything initialises TensorFlow's devices (any op, any variable): logical
-    CPU devices and the multi-worker runtime can only be configured before that."""
-    if spec.parallel == "fsdp":
-        raise NotImplementedError(
-            f"parallel=fsdp is not supported by tensorflow {tf.__version__}: tf.distribute has no "
-            "sharded-state strategy (ParameterServerStrategy shards variables over CPU servers, "
-            "not accelerators; DTensor was removed); use framework=torch or framework=jax, or "
-            "keras.distribution.ModelParallel on the JAX backend")
+    CPU devices and the multi-worker runtime can only be configured before that. parallel=fsdp
+    never gets here: TensorFlow declares no ``sharded_state`` (its __init__.py says why)."""
     n, gpu = spec.devices, "GPU" in device
     if not gpu and n > 1:  # N logical CPU devices stand in for N accelerators
         cpus = tf.config.list_physical_devices("CPU")
@@ -48,9 +44,9 @@ def _multi_worker(spec: JobSpec, gpu: bool) -> tf.distribute.Strategy:
     port + i; collectives (all-reduce of the gradients) run over gRPC between the workers."""
     if not gpu and spec.devices > 1:
         # MultiWorkerMirroredStrategy places exactly one replica on a worker without GPUs.
-        raise NotImplementedError("nodes > 1 with devices > 1 on CPU: TensorFlow's "
-                                  "MultiWorkerMirroredStrategy runs one replica per CPU worker; "
-                                  "use devices=1 per node")
+        raise NotSupported("nodes > 1 with devices > 1 on CPU is not supported by tensorflow: "
+                           "its MultiWorkerMirroredStrategy runs one replica per CPU worker; "
+                           "use devices=1 per node")
     host, _, port = spec.coordinator.rpartition(":")
     workers = [f"{host}:{int(port) + i}" for i in range(spec.nodes)]
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},

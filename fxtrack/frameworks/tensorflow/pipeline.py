@@ -55,10 +55,10 @@ def _mask(tokens: tf.Tensor) -> dict[str, tf.Tensor]:
             "mlm_weights": tf.cast(masked, tf.float32)}
 
 
-def loader(directory: Path, batch_size: int, workers: int,
-           strategy: tf.distribute.Strategy) -> Iterator:
+def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator:
     """Endless batches of ``batch_size`` per replica (``workers`` parallel calls per map, or
     autotuned when 0), prefetched; per-replica values under a multi-device strategy."""
+    strategy = backend.strategy
     calls = workers if workers > 0 else AUTOTUNE
     tokens = any(directory.glob("tokens-*.npy"))
     ds = _tokens(directory, calls) if tokens else _images(directory, calls)
@@ -69,3 +69,8 @@ def loader(directory: Path, batch_size: int, workers: int,
     options = tf.data.Options()  # every worker reads every file, keeping its share of the batches
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return iter(strategy.experimental_distribute_dataset(ds.with_options(options)))
+
+
+def train_step_on(backend, batch) -> np.ndarray:
+    """The training step on a loader batch (host tensors: the step copies them to the device)."""
+    return backend._train_on(batch)

@@ -1,16 +1,16 @@
-"""The PyTorch Backend: wires models, data, devices and the training step together."""
+"""The PyTorch Backend: wires models, data, devices and the training step together (the
+optional capabilities are modules of this package: fxtrack.frameworks.torch.FRAMEWORK)."""
 
 from __future__ import annotations
 
 import functools
-from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
 
 import torch
 
 from fxtrack import policy
 from fxtrack.frameworks.base import Backend, attention_tokens
-from fxtrack.frameworks.torch import checkpoint, data, devices, models, parallel, pipeline, train
+from fxtrack.frameworks.torch import data, devices, models, parallel, train
 
 
 class TorchBackend(Backend):
@@ -29,8 +29,8 @@ class TorchBackend(Backend):
     def device_tags(self) -> dict[str, str]:
         tags = {**devices.tags(self.device), **getattr(self, "policy_tags", {})}
         if hasattr(self, "model"):  # what the built model ran
-            tags["compile_mode"] = policy.compile_mode_tag("torch", self.spec.compile,
-                                                           self.spec.compile_mode)
+            tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile,
+                                                                   self.spec.compile_mode)
             if self.arch.family != "resnet":
                 dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
                 tags["attention"] = devices.sdpa_backend(
@@ -75,12 +75,6 @@ class TorchBackend(Backend):
     def train_step(self) -> torch.Tensor:
         return self._step(self.batch)
 
-    def pipeline_loader(self, directory: Path, batch_size: int, workers: int) -> Iterator[Any]:
-        return pipeline.loader(directory, batch_size, workers, pin=self.device.type == "cuda")
-
-    def train_step_on(self, batch: Any) -> torch.Tensor:
-        return self._step(data.to_device(batch, self.device, self.channels_last))
-
     def state_bytes_per_device(self) -> Optional[int]:
         return parallel.local_state_bytes(self.model, self.opt)  # one device per rank
 
@@ -89,27 +83,3 @@ class TorchBackend(Backend):
 
     def peak_memory_bytes(self) -> Optional[int]:
         return devices.peak_memory_bytes(self.device)
-
-    def prepare_inference(self) -> Callable[[], None]:
-        self.model.eval()  # BatchNorm running statistics
-        runnable = self.model
-        if self.spec.compile:
-            mode = self.spec.compile_mode
-            runnable = torch.compile(self.model, mode=None if mode == "default" else mode)
-        return train.make_inference_step(runnable, self.batch, self.spec.precision, self.device,
-                                         functools.partial(devices.sync, self.device))
-
-    def save_checkpoint(self, directory: Path) -> None:
-        checkpoint.save(self.model, self.opt, directory)
-
-    def restore_checkpoint(self, directory: Path) -> None:
-        checkpoint.restore(self.model, self.opt, directory, self.device)
-
-    def export(self, directory: Path) -> Callable[[], None]:
-        path = checkpoint.export(self.model, train.model_input(self.batch), directory)
-        served = checkpoint.load_exported(path)
-        return train.make_inference_step(served, self.batch, self.spec.precision, self.device,
-                                         functools.partial(devices.sync, self.device))
-
-    def matmul_tflops(self) -> float:
-        return devices.matmul_tflops(self.device, self.spec.precision)

@@ -72,8 +72,10 @@ def tags(device: torch.device) -> dict[str, str]:
             "cudnn": str(torch.backends.cudnn.version())}
 
 
-def matmul_tflops(device: torch.device, precision: str) -> float:
-    """Best-of-three rate of an n x n @ n x n matmul (n = 8192 on a GPU, 2048 on a CPU)."""
+def matmul_tflops(backend) -> float:
+    """Capability ``calibration``: best-of-three rate of an n x n @ n x n matmul at the spec's
+    precision on the backend's device (n = 8192 on a GPU, 2048 on a CPU)."""
+    device, precision = backend.device, backend.spec.precision
     n, reps = (8192, 20) if device.type == "cuda" else (2048, 4)
     a = torch.randn(n, n, device=device, dtype=DTYPES[precision])
     b = torch.randn(n, n, device=device, dtype=DTYPES[precision])

@@ -1,4 +1,5 @@
-"""The PyTorch input pipeline: a map-style ``Dataset`` over the on-disk synthetic dataset and a
+"""The PyTorch input pipeline (capability ``pipeline``): a map-style ``Dataset`` over the
+on-disk synthetic dataset and a
 ``DataLoader`` with worker processes, pinned memory (CUDA) and prefetching."""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from fxtrack import datasets
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
+from fxtrack.frameworks.torch import data
 
 
 class JpegImages(Dataset):
@@ -61,11 +63,18 @@ def _rng() -> np.random.Generator:
     return np.random.default_rng([seed % 2**32, torch.randint(0, 2**31, ()).item()])
 
 
-def loader(directory: Path, batch_size: int, workers: int, pin: bool) -> Iterator[dict]:
-    """Endless batches: shuffled, ``workers`` decoding processes, 4 batches prefetched each."""
+def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator[dict]:
+    """Endless batches: shuffled, ``workers`` decoding processes, 4 batches prefetched each
+    (pinned host memory when training on CUDA)."""
+    pin = backend.device.type == "cuda"
     dataset = TokenShards(directory) if any(directory.glob("tokens-*.npy")) else JpegImages(directory)
     dl = DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                     num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
                     prefetch_factor=4 if workers else None)
     while True:
         yield from dl
+
+
+def train_step_on(backend, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The training step on a loader batch, moved to the device first."""
+    return backend._step(data.to_device(batch, backend.device, backend.channels_last))

@@ -1,4 +1,5 @@
-"""Deployment exports for TensorFlow/Keras: TFLite (LiteRT) through ``tf.lite.TFLiteConverter``
+"""Deployment exports for TensorFlow/Keras (capabilities ``onnx_export`` and ``tflite_export``;
+the serving export is ``serving.py``'s): TFLite (LiteRT) through ``tf.lite.TFLiteConverter``
 (fp32, or dynamic-range int8 weights with ``Optimize.DEFAULT``) and ONNX through ``tf2onnx``;
 both of the model in inference mode at the resident batch's shape."""
 
@@ -8,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
+
+from fxtrack.frameworks.declaration import NotSupported
 
 
 def _input(backend) -> tf.Tensor:
@@ -56,7 +59,7 @@ def to_onnx(backend, path: Path) -> Path:
     try:  # tf2onnx writes ops it could not convert as they were: a graph no runtime can load
         onnx.checker.check_model(str(path))
     except onnx.checker.ValidationError as e:
-        raise NotImplementedError(f"runtime=onnxruntime is not supported by tf2onnx "
-                                  f"{tf2onnx.__version__} for this model: "
-                                  f"{str(e).splitlines()[0][:160]}") from None
+        raise NotSupported(f"runtime=onnxruntime is not supported by tf2onnx "
+                           f"{tf2onnx.__version__} for this model: "
+                           f"{str(e).splitlines()[0][:160]}") from None
     return path

@@ -1,4 +1,5 @@
-"""Deployment exports for PyTorch: ONNX through the dynamo exporter (``torch.onnx.export(...,
+"""Deployment exports for PyTorch (capabilities ``onnx_export`` and ``native_int8``; the
+serving export is ``serving.py``'s): ONNX through the dynamo exporter (``torch.onnx.export(...,
 dynamo=True)``, needs ``onnx`` and ``onnxscript``), and dynamic int8 quantisation of the Linear
 layers in PyTorch itself (``torch.ao.quantization.quantize_dynamic``)."""
 
@@ -12,6 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.torch.train import model_input
 
 
@@ -47,9 +49,9 @@ def quantize_native(backend) -> Callable[[np.ndarray], np.ndarray]:
     (fbgemm / qnnpack CPU kernels only: a GPU run fails clearly). The model is copied, so the
     fp32 one stays the reference."""
     if backend.device.type != "cpu":
-        raise NotImplementedError("quantize=dynamic_int8 with runtime=native is not supported by "
-                                  f"torch {torch.__version__} on {backend.device.type}: its dynamic "
-                                  "int8 kernels are CPU-only; use hardware=cpu or runtime=onnxruntime")
+        raise NotSupported("quantize=dynamic_int8 with runtime=native is not supported by "
+                           f"torch {torch.__version__} on {backend.device.type}: its dynamic "
+                           "int8 kernels are CPU-only; use hardware=cpu or runtime=onnxruntime")
     import copy
 
     from torch.ao.quantization import quantize_dynamic

@@ -1,4 +1,5 @@
-"""Deployment exports for JAX: ONNX through ``jax2onnx`` (the maintained JAX/Flax-to-ONNX
+"""Deployment export for JAX (capability ``onnx_export``; the serving export is
+``serving.py``'s): ONNX through ``jax2onnx`` (the maintained JAX/Flax-to-ONNX
 exporter), tracing the inference-mode forward with the weights baked in as constants."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.jax import train
 
 
@@ -38,7 +40,7 @@ def to_onnx(backend, path: Path) -> Path:
         from jax2onnx import to_onnx as convert
     except ImportError as e:
         raise ImportError("runtime=onnxruntime/openvino for jax needs jax2onnx: "
-                          "pip install 'fxtrack[deploy]'") from e
+                          "pip install 'fxtrack[deploy-jax]'") from e
     from importlib.metadata import version
 
     x = _input(backend)
@@ -51,7 +53,7 @@ def to_onnx(backend, path: Path) -> Path:
     except (TypeError, NotImplementedError, ValueError) as e:
         # jax2onnx 0.17.1 replaces nnx.max_pool with a patch that rejects Flax's own
         # positional call (ResNet's stem): its failure, not the model's.
-        raise NotImplementedError(f"runtime=onnxruntime is not supported by jax2onnx "
-                                  f"{version('jax2onnx')} for {backend.arch.name}: "
-                                  f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+        raise NotSupported(f"runtime=onnxruntime is not supported by jax2onnx "
+                           f"{version('jax2onnx')} for {backend.arch.name}: "
+                           f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
     return path

@@ -1,0 +1,227 @@
+"""The framework contract: a small Backend, optional capabilities declared by each framework
+package (fxtrack.frameworks.declaration) and asked for by name, framework-specific settings, and
+shared code that names no framework. A fake framework, declared from a user config directory,
+proves that a new framework needs no change outside its own package and YAML."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from conftest import PACKAGES, job_spec
+from fxtrack.frameworks.declaration import CAPABILITIES, NotSupported, declaration
+
+ROOT = Path(__file__).resolve().parents[1]
+FRAMEWORK_MODULES = ("torch", "tensorflow", "jax", "keras", "flax", "mlflow")
+# What each capability's module must define (CAPABILITIES says what each function does).
+PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on"),
+             "checkpoint": ("save", "restore"), "serving_export": ("export",),
+             "onnx_export": ("reference", "to_onnx"), "tflite_export": ("reference", "to_tflite"),
+             "native_int8": ("reference", "quantize_native"), "calibration": ("matmul_tflops",),
+             "sharded_state": (), "remat": ()}
+
+
+def _tree(module: str) -> ast.Module:
+    path = ROOT / (module.replace(".", "/") + ".py")
+    return ast.parse(path.read_text(), str(path))
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGES.values()))
+def test_a_framework_package_imports_no_framework(package):
+    """Its declaration is read by the orchestrator, which must not start a framework."""
+    code = (f"import sys, {package} as p; assert p.FRAMEWORK.name; "
+            f"print([m for m in {FRAMEWORK_MODULES!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
+
+
+def test_base_backend_has_no_stub_and_scenarios_do_not_probe():
+    base = _tree("fxtrack.frameworks.base")
+    assert "NotImplementedError" not in {n.id for n in ast.walk(base) if isinstance(n, ast.Name)}
+    backend = next(n for n in base.body if isinstance(n, ast.ClassDef) and n.name == "Backend")
+    methods = {n.name for n in backend.body if isinstance(n, ast.FunctionDef)}
+    assert {"capability", "build", "train_step"} <= methods
+    assert not methods & {"prepare_inference", "pipeline_loader", "export", "matmul_tflops"}
+    for path in sorted((ROOT / "fxtrack" / "scenarios").glob("*.py")):
+        calls = [n for n in ast.walk(ast.parse(path.read_text()))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+                 and n.func.id == "hasattr"]
+        assert not calls, f"{path.name} probes with hasattr at line {calls[0].lineno}"
+
+
+@pytest.mark.parametrize("framework", sorted(PACKAGES))
+def test_every_declared_capability_module_has_its_protocol(framework):
+    """Checked from the source, without importing the framework: every declared capability
+    names a module of the package defining the protocol's functions; absent ones say why."""
+    decl = declaration(PACKAGES[framework])
+    assert set(PROTOCOLS) == set(CAPABILITIES)
+    assert set(decl.capabilities) | set(decl.absent) == set(CAPABILITIES)
+    assert not set(decl.capabilities) & set(decl.absent)
+    for name, module in decl.capabilities.items():
+        assert module.startswith(PACKAGES[framework] + ".")
+        defined = {n.name for n in _tree(module).body if isinstance(n, ast.FunctionDef)}
+        missing = set(PROTOCOLS[name]) - defined
+        assert not missing, f"{module} lacks {sorted(missing)} for {name}"
+        # The protocol: the built backend first.
+        for fn in (n for n in _tree(module).body if isinstance(n, ast.FunctionDef)
+                   and n.name in PROTOCOLS[name]):
+            assert fn.args.args[0].arg == "backend", f"{module}.{fn.name}"
+
+
+def test_an_absent_capability_is_not_supported_with_the_declared_reason():
+    torch = declaration(PACKAGES["torch"])
+    with pytest.raises(NotSupported, match="tflite_export is not supported by torch: TFLite "
+                                           "export is TensorFlow's"):
+        torch.capability("tflite_export")
+    with pytest.raises(KeyError):
+        torch.capability("teleport")
+
+
+def test_torch_tflite_through_the_worker_is_a_not_supported_run(tmp_path):
+    """A scenario asking for an absent capability: a not-supported run that quotes the
+    declared reason, before anything is built."""
+    from fxtrack.worker.__main__ import run
+
+    result = run(job_spec("torch", "bert", tmp_path, scenario="inference",
+                          runner="fxtrack.scenarios.inference:run", runtime="tflite"))
+    assert result.status == "FAILED" and result.tags["unsupported"] == "true"
+    assert result.error.startswith("NotSupported: runtime=tflite is not supported by torch ")
+    assert declaration(PACKAGES["torch"]).absent["tflite_export"] in result.error
+    assert "param_count" not in result.metrics  # refused before the build
+
+
+# ----------------------------------------------------------------------------- a fake framework
+FAKE_PACKAGE = '''
+from fxtrack.frameworks.declaration import CompileRule, Framework, Setting
+
+FRAMEWORK = Framework(
+    name="fake", backend="fakefw.backend:FakeBackend", extra="fake", report_order=5,
+    compile_rules=(CompileRule(False, "nothing to compile"),), compiled_tag="compiled",
+    uncompiled_tag="eager",
+    settings={"flavour": Setting("plain", ("plain", "spicy"), "how the fake tastes")},
+    absent={"inference": "the fake has no forward pass"},
+)
+'''
+FAKE_BACKEND = '''
+from fxtrack.frameworks.base import Backend
+
+
+class FakeBackend(Backend):
+    name = "fake"
+
+    def version(self): return "0.1"
+    def device_kind(self): return "cpu"
+    def build(self, batch_size): self.loss = 10.0
+    def param_count(self): return 1
+    def loss_value(self, handle): return handle
+    def device_tags(self): return {"flavour": self.spec.framework_settings["flavour"]}
+
+    def train_step(self):
+        self.loss *= 0.9
+        return self.loss
+'''
+FAKE_YAML = '''
+defaults:
+  - /schema/framework/fake@_here_
+  - _self_
+
+name: fake
+package: fakefw
+'''
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """fakefw on sys.path, declared through $FXTRACK_CONFIG_DIR/framework/fake.yaml."""
+    package = tmp_path / "pkg" / "fakefw"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(FAKE_PACKAGE)
+    (package / "backend.py").write_text(FAKE_BACKEND)
+    conf = tmp_path / "conf"
+    (conf / "framework").mkdir(parents=True)
+    (conf / "framework" / "fake.yaml").write_text(textwrap.dedent(FAKE_YAML))
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    monkeypatch.setenv("FXTRACK_CONFIG_DIR", str(conf))
+    return conf
+
+
+def _compose(user_conf: Path, *overrides: str):
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=[
+            *overrides, f"hydra.searchpath=[file://{user_conf}]"])
+
+
+def test_a_declared_setting_composes_is_checked_and_reaches_the_job_spec(fake, tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    from fxtrack.orchestrator.app import ConfigError, job_spec as make_spec, validate
+
+    conf, arch = validate(_compose(fake, "framework=fake", "size=tiny"))
+    assert make_spec(conf, arch, tmp_path).framework_settings == {"flavour": "plain"}
+    conf, arch = validate(_compose(fake, "framework=fake", "framework.flavour=spicy"))
+    spec = make_spec(conf, arch, tmp_path)
+    assert (spec.package, spec.framework_settings) == ("fakefw", {"flavour": "spicy"})
+    with pytest.raises(ConfigError, match="framework.flavour must be one of plain, spicy"):
+        validate(_compose(fake, "framework=fake", "framework.flavour=bland"))
+    with pytest.raises(ConfigCompositionException):  # a typo of a declared key
+        _compose(fake, "framework=fake", "framework.flavor=spicy")
+    with pytest.raises(ConfigCompositionException):  # another framework's key
+        _compose(fake, "framework=torch", "framework.flavour=spicy")
+
+
+def test_the_fake_trains_in_the_worker_and_reports_after_the_declared_order(fake, tmp_path):
+    from fxtrack.config.frameworks import declared
+    from fxtrack.worker.__main__ import run
+
+    spec = job_spec("torch", "vit", tmp_path, package="fakefw",
+                    framework_settings={"flavour": "spicy"})
+    spec.framework = "fake"
+    result = run(spec)
+    assert result.status == "FINISHED", result.error
+    assert result.tags["flavour"] == "spicy" and result.tags["compile_rule"] == (
+        "framework.compile=false")
+    spec.scenario, spec.runner = "inference", "fxtrack.scenarios.inference:run"
+    result = run(spec)
+    assert result.tags["unsupported"] == "true"
+    assert result.error == ("NotSupported: inference is not supported by fake: the fake has "
+                            "no forward pass")
+    assert list(declared()) == ["fake", "torch", "tensorflow", "jax"]  # report_order 5 first
+
+    import pandas as pd
+
+    from fxtrack.report.select import frameworks
+
+    runs = pd.DataFrame({"framework": ["zzz", "jax", "aaa", "torch", "fake", "tensorflow"]})
+    assert frameworks(runs) == ["fake", "torch", "tensorflow", "jax", "aaa", "zzz"]
+
+
+def test_help_lists_a_declared_setting(fake):
+    from fxtrack.cli import usage
+
+    assert ("framework=fake: framework.flavour (plain|spicy, default plain): how the fake tastes"
+            in usage())
+
+
+def test_a_framework_without_calibration_answers_the_matmul_probe_unsupported(fake):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(fake.parent / "pkg")]))
+    out = subprocess.run([sys.executable, "-m", "fxtrack.worker", "--matmul", "fake", "fakefw",
+                          "fp32", "cpu"], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    assert answer == {"installed": True, "version": "0.1", "device": "cpu", "supported": False,
+                      "reason": "calibration is not supported by fake: not implemented for "
+                                "this framework"}
