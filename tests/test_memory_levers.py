@@ -41,14 +41,14 @@ def ranks(framework: str, model: str, parallel: str, memory: str, port: int) -> 
 def test_fsdp_shards_the_parameters_and_keeps_the_math(framework, port):
     ddp = ranks(framework, "vit", "ddp", "none", port)
     fsdp = ranks(framework, "vit", "fsdp", "none", port + 1 if port else 0)
-    for rank, run in fsdp.items():
-        assert run["total"] == ddp[rank]["total"] == ddp[rank]["local"]  # ddp: a full replica
-        assert run["local"] == pytest.approx(run["total"] / 2, rel=0.01)  # fsdp: half of it
+    for rank, shard in fsdp.items():
+        assert shard["total"] == ddp[rank]["total"] == ddp[rank]["local"]  # ddp: a full replica
+        assert shard["local"] == pytest.approx(shard["total"] / 2, rel=0.01)  # fsdp: half of it
         # parameters + AdamW's two moments, 4 bytes each: 12 bytes per parameter held
-        assert ddp[rank]["state_bytes"] == pytest.approx(12 * run["total"], rel=0.01)
-        assert run["state_bytes"] == pytest.approx(ddp[rank]["state_bytes"] / 2, rel=0.01)
-        assert run["losses"] == pytest.approx(ddp[rank]["losses"], abs=TOL)
-        assert run["losses"][-1] < run["losses"][0]
+        assert ddp[rank]["state_bytes"] == pytest.approx(12 * shard["total"], rel=0.01)
+        assert shard["state_bytes"] == pytest.approx(ddp[rank]["state_bytes"] / 2, rel=0.01)
+        assert shard["losses"] == pytest.approx(ddp[rank]["losses"], abs=TOL)
+        assert shard["losses"][-1] < shard["losses"][0]
 
 
 @pytest.mark.slow
