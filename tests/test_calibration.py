@@ -47,18 +47,19 @@ def test_store_merges_into_a_key_unless_told_to_replace_it(tmp_path, monkeypatch
 
 
 def test_frameworks_are_the_declared_configs_the_users_included(tmp_path, monkeypatch):
-    assert calibration.frameworks() == ["jax", "tensorflow", "torch"]
+    assert calibration.frameworks()[:3] == ["jax", "tensorflow", "torch"]
     (tmp_path / "framework").mkdir()
-    (tmp_path / "framework" / "keras.yaml").write_text(
-        "name: keras\npackage: fxtrack.frameworks.keras\nbackend: k.Backend\nextra: keras\n")
-    (tmp_path / "framework" / "torch.yaml").write_text("name: torch\nbackend: mine.Torch\n")
+    (tmp_path / "framework" / "mine.yaml").write_text("name: mine\npackage: mypkg.fw\n")
+    (tmp_path / "framework" / "torch.yaml").write_text("name: torch\npackage: mypkg.torch\n")
     monkeypatch.setenv("FXTRACK_CONFIG_DIR", str(tmp_path))
-    assert calibration.frameworks() == ["jax", "tensorflow", "torch", "keras"]
-    # the probe names the framework's code by `package` where the YAML has one, else `backend`
-    assert calibration.framework_package("keras") == "fxtrack.frameworks.keras"
-    assert calibration.framework_package("jax") == "fxtrack.frameworks.jax.backend.JaxBackend"
+    assert calibration.frameworks()[-1] == "mine"  # the user's after fxtrack's own
+    # the probe names the framework's code by the YAML's package
+    assert calibration.framework_package("mine") == "mypkg.fw"
+    assert calibration.framework_package("jax") == "fxtrack.frameworks.jax"
     # fxtrack's own config comes first, as in Hydra's search path
-    assert calibration.framework_package("torch") == "fxtrack.frameworks.torch.backend.TorchBackend"
+    assert calibration.framework_package("torch") == "fxtrack.frameworks.torch"
+    with pytest.raises(FileNotFoundError):
+        calibration.framework_package("nonesuch")
 
 
 def test_a_framework_without_calibration_is_neither_a_failure_nor_cached(tmp_path, monkeypatch):

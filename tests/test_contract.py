@@ -168,7 +168,8 @@ def _compose(user_conf: Path, *overrides: str):
 def test_a_declared_setting_composes_is_checked_and_reaches_the_job_spec(fake, tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    from fxtrack.orchestrator.app import ConfigError, job_spec as make_spec, validate
+    from fxtrack.config.validate import ConfigError, validate
+    from fxtrack.orchestrator.job import job_spec as make_spec
 
     conf, arch = validate(_compose(fake, "framework=fake", "size=tiny"))
     assert make_spec(conf, arch, tmp_path).framework_settings == {"flavour": "plain"}

@@ -33,29 +33,23 @@ _UNCACHED: dict[str, dict[str, dict[str, Any]]] = {}
 
 
 def frameworks() -> list[str]:
-    """The frameworks the config directories declare (the stems of ``framework/*.yaml``):
+    """The frameworks the config directories declare (``framework/*.yaml`` with a ``package``):
     fxtrack's own first, then the user's, each sorted."""
-    names: list[str] = []
-    for root in config_dirs():
-        names += [p.stem for p in sorted((root / "framework").glob("*.yaml")) if p.stem not in names]
-    return names
+    from fxtrack.config.frameworks import packages
 
-
-def _framework_yaml(framework: str) -> Path:
-    """The first ``framework/<framework>.yaml`` in the config directories' order (Hydra's)."""
-    for root in config_dirs():
-        if (root / "framework" / f"{framework}.yaml").is_file():
-            return root / "framework" / f"{framework}.yaml"
-    raise FileNotFoundError(f"no framework/{framework}.yaml in {', '.join(map(str, config_dirs()))}")
+    return list(packages())
 
 
 def framework_package(framework: str) -> str:
-    """What the worker's probe command names the framework's code by: the YAML's ``package``
-    (e.g. ``fxtrack.frameworks.torch``) where it has one, else its ``backend`` ("module.Class")."""
-    from omegaconf import OmegaConf  # the orchestrator's dependency, not the worker's
+    """What the worker's probe command names the framework's code by: its YAML's ``package``
+    (e.g. ``fxtrack.frameworks.torch``), from the first config directory that has the YAML."""
+    from fxtrack.config.frameworks import packages
 
-    declared = OmegaConf.load(_framework_yaml(framework))
-    return declared["package"] if "package" in declared else declared["backend"]
+    found = packages()
+    if framework not in found:
+        raise FileNotFoundError(f"no framework/{framework}.yaml with a package in "
+                                f"{', '.join(map(str, config_dirs()))}")
+    return found[framework]
 
 
 def ask_worker(what: str, framework: str, python: Optional[str], precision: str = "fp32",
