@@ -2,7 +2,8 @@
 get slower than the baseline runs?
 
 Each side is the runs an MLflow filter selects. Runs are paired by their config identity
-(framework, model and its size keys, scenario, precision, devices, device kind, levers, batch),
+(framework, model and its size keys, scenario, precision, devices, device kind, levers including
+``framework.compile``, batch),
 leaving out the keys the filters themselves select on: ``--baseline "params.batch_size = '2'"
 --candidate "params.batch_size = '8'"`` pairs batch 2 with batch 8 of the same everything else.
 On each side a config stands on its latest aggregate of repeats (its repeats' figures where they
@@ -39,6 +40,8 @@ DEFAULT_THRESHOLD = 2.0  # % below which a change is "no clear difference" howev
 IDENTITY = {
     "framework": ("fxtrack.framework", "framework.name"),
     "keras_backend": ("fxtrack.keras_backend", "framework.keras_backend"),
+    # what was asked for (auto / true / false / tune), a lever of the framework's own
+    "compile": (None, "framework.compile"),
     "model": ("fxtrack.model", "model.name"),
     "scenario": ("fxtrack.scenario", "scenario.name"),
     "precision": ("fxtrack.precision", "precision.name"),
