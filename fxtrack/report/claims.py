@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 import shutil
 import sys
@@ -29,7 +28,6 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from fxtrack import stats
 from fxtrack.report import compare
 from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import Section, Table
@@ -269,15 +267,6 @@ def _meets(interval: tuple[float, float], value: float, rel: float) -> bool:
     return interval[0] <= value * (1 + rel) and interval[1] >= value * (1 - rel)
 
 
-def _figure_interval(s: compare.Sample) -> Optional[tuple[float, float]]:
-    """95% Student-t interval of the geometric mean, from a sample's log values."""
-    if not s.log:
-        return None
-    mean, sd, n = s.log
-    half = stats.t_quantile(0.5 + stats.LEVEL / 2, n - 1) * sd / math.sqrt(n)
-    return math.exp(mean - half), math.exp(mean + half)
-
-
 def _judge_ratio(claim: Claim, group: Group) -> tuple[str, str]:
     devices = int(group.config.get("devices", "1")) if group.config.get("devices", "-") != "-" else \
         max(int(a.get("devices", 1)) for a in claim.arms)
@@ -297,7 +286,7 @@ def _judge_figures(claim: Claim, group: Group) -> tuple[str, str]:
     parts, status = [], CONSISTENT
     for arm, s in zip(claim.arms, group.samples):
         want = float(arm["value"]) * claim.scale()
-        interval = _figure_interval(s)
+        interval = s.interval()
         text = (f"{claim.label(arm)} {s.point:,.4g}" + (f" [{interval[0]:,.4g}, {interval[1]:,.4g}]"
                                                        if interval else "") + f" vs {want:,.4g}")
         if interval is None:

@@ -145,6 +145,14 @@ class Sample:
     run_ids: list[str]
     rows: pd.DataFrame = dataclasses.field(repr=False)  # the runs, for provenance columns
 
+    def interval(self) -> Optional[tuple[float, float]]:
+        """95% Student-t interval of the geometric mean (None for a single run)."""
+        if not self.log:
+            return None
+        mean, sd, n = self.log
+        half = stats.t_quantile(0.5 + stats.LEVEL / 2, n - 1) * sd / math.sqrt(n)
+        return math.exp(mean - half), math.exp(mean + half)
+
     def cell(self) -> str:
         return fmt(self.point, 2 if abs(self.point) < 10 else 1) + (f" (n={self.n})" if self.n > 1 else "")
 
@@ -272,7 +280,7 @@ def compare(base_frame: pd.DataFrame, cand_frame: pd.DataFrame, metric: str,
     return Comparison(metric, lower_better, identity, pairs, only)
 
 
-def _describe(config: dict[str, str], varying: list[str]) -> str:
+def describe(config: dict[str, str], varying: list[str]) -> str:
     """``torch vit train fp32 x1 cpu`` plus the identity keys that vary between pairs."""
     fw = config.get("framework", "")
     if config.get("keras_backend", "-") != "-":
@@ -308,7 +316,7 @@ def tables(comparison: Comparison) -> list[Table]:
     for p in comparison.pairs:
         ratio_cell = f"{p.ratio:.3f}x" + (f" [{p.interval[0]:.3f}, {p.interval[1]:.3f}]"
                                            if p.interval else " (no interval: single runs)")
-        row = [_describe(p.config, varying), p.base.cell(), p.cand.cell(), ratio_cell,
+        row = [describe(p.config, varying), p.base.cell(), p.cand.cell(), ratio_cell,
                f"{p.change_pct:+.1f}%", p.verdict,
                f"{_short(p.base.run_ids)} / {_short(p.cand.run_ids)}"]
         if with_cost:
@@ -323,7 +331,7 @@ def tables(comparison: Comparison) -> list[Table]:
                   "its repeats)"])]
     if comparison.only:
         out.append(Table("Configs on one side only (not compared)", ["side", "config", "runs"],
-                         [[side, _describe(c, varying), _short(ids)]
+                         [[side, describe(c, varying), _short(ids)]
                           for side, c, ids in comparison.only]))
     return out
 
@@ -417,7 +425,7 @@ def main(argv: list[str]) -> int:
     failing = result.regressions_above(args.fail_above) if args.fail_above is not None else []
     if args.fail_above is not None:
         print(f"\n{PROG}: {len(failing)} regression(s) larger than {args.fail_above:g}%"
-              + (": " + "; ".join(f"{_describe(p.config, [])} {p.change_pct:+.1f}%" for p in failing)
+              + (": " + "; ".join(f"{describe(p.config, [])} {p.change_pct:+.1f}%" for p in failing)
                  if failing else ""))
     files = _write(args, result, found, uri) if args.out or args.log else []
     if args.log:
