@@ -122,7 +122,8 @@ def test_a_tiny_sweep_gives_ratio_claims_verdicts_and_absolute_ones_not_testable
     assert absolute.status == claims.UNTESTABLE
     assert absolute.detail.startswith("needs a GPU (A100 80GB)")
     assert "jax/torch is" in absolute.detail and "published 1.11x" in absolute.detail  # 345 / 312
-    assert found["nvidia-dle-resnet50-train-a100"].status == claims.UNTESTABLE
+    nvidia = found["nvidia-dle-resnet50-train-a100"]  # AMP / TF32 arms: fp32 runs are neither
+    assert nvidia.status == claims.UNMEASURED and any("precision=fp16" in c for c in nvidia.commands)
     assert found["seed-bert-train-tf-vs-torch"].status == claims.UNMEASURED
     assert any("model=bert" in c for c in found["seed-bert-train-tf-vs-torch"].commands)
 

@@ -11,7 +11,10 @@ mlflow = pytest.importorskip("mlflow")
 from conftest import run_fxtrack, seed_peak_cache  # noqa: E402
 from fxtrack.report import compare, trend  # noqa: E402
 
-TINY = ["framework=torch", "model=vit", "size=tiny", "steps=5", "warmup_steps=1", "hardware=cpu"]
+# One intra-op thread: on a shared 2-core machine a 2-thread pool waits on whichever core is
+# busy elsewhere, which spreads a tiny step's time over 4x between repeats; one thread is steady.
+TINY = ["framework=torch", "model=vit", "size=tiny", "steps=5", "warmup_steps=1", "hardware=cpu",
+        "hardware.cpu_threads=1"]
 BATCH2 = "params.batch_size = '2' and params.seed = '0'"
 BATCH64 = "params.batch_size = '64'"
 
@@ -24,11 +27,23 @@ def store(tmp_path_factory):
     Three repeats each, so every figure has an interval."""
     cwd = tmp_path_factory.mktemp("compare")
     env = seed_peak_cache(cwd / "cache")
+    _seed_one_thread(cwd / "cache" / "peak_flops.json")
     for args in (["-m", *TINY, "batch_size=2", "seed=0,1", "repeats=3"],
                  [*TINY, "batch_size=64", "seed=0", "repeats=3"]):
         proc = run_fxtrack(cwd, *args, env=env)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return f"sqlite:///{cwd / 'mlflow.db'}"
+
+
+def _seed_one_thread(path):
+    """The seeded peak for one thread too (the cache is keyed by thread count)."""
+    import json
+
+    from fxtrack.measure import peak
+
+    cache = json.loads(path.read_text())
+    cache[peak._key("cpu", "fp32", 1)] = cache[peak._key("cpu", "fp32", peak._threads(None))]
+    path.write_text(json.dumps(cache))
 
 
 @pytest.fixture(autouse=True)
