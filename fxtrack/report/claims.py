@@ -277,6 +277,8 @@ def _judge_ratio(claim: Claim, group: Group) -> tuple[str, str]:
     if interval is None:
         return UNTESTABLE, f"{text}; single runs have no interval: measure with repeats={REPEATS}"
     if _meets(interval, want, rel):
+        if interval[1] > 2 * interval[0]:  # agrees, but so would half or twice the figure
+            text += f"; the interval is wide: repeats={REPEATS} or more would narrow it"
         return CONSISTENT, text
     off = point / want - 1
     return CONTRADICTED, f"{text}: {abs(off):.0%} {'above' if off > 0 else 'below'} it"
