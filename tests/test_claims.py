@@ -132,3 +132,46 @@ def test_a_tiny_sweep_gives_ratio_claims_verdicts_and_absolute_ones_not_testable
     ids = [row[0] for row in table.rows]
     assert "seed-jax-resnet50-faster" in ids and "seed-bert-train-tf-vs-torch" not in ids
     assert all(row[-1] != "-" for row in table.rows)  # every verdict cites its runs
+
+
+def _runs(values: dict[str, list[float]], hardware: str = "cpu", device: str = "cpu",
+          model: str = "resnet50"):
+    """Single runs of one config per framework (pooled as its repeats), in search_runs layout."""
+    import pandas as pd
+
+    t0 = pd.Timestamp("2026-01-01", tz="UTC")
+    runs = [(fw, i, v) for fw in values for i, v in enumerate(values[fw])]
+    rows = [{"run_id": f"{fw}{i}", "status": "FINISHED", "start_time": t0 + pd.Timedelta(minutes=n),
+             "tags.fxtrack.framework": fw, "tags.fxtrack.model": model,
+             "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "fp32",
+             "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": hardware,
+             "tags.fxtrack.device": device, "tags.fxtrack.status": "ok", "params.batch_size": "32",
+             "params.size.name": "full", "metrics.throughput_samples_per_s": v}
+            for n, (fw, i, v) in enumerate(runs)]
+    return pd.DataFrame(rows)
+
+
+def test_verdicts_consistent_contradicted_and_on_the_claimed_device():
+    found = {c.id: c for c in claims.load()}
+    faster = found["seed-jax-resnet50-faster"]
+    near = claims.evaluate(faster, _runs({"jax": [115.0, 116.0, 114.0], "torch": [100.0, 101.0, 99.0]}), "cpu")
+    assert near.status == claims.CONSISTENT and "published 1.15x" in near.detail
+    assert sorted(near.run_ids) == ["jax0", "jax1", "jax2", "torch0", "torch1", "torch2"]
+    far = claims.evaluate(faster, _runs({"jax": [200.0, 202.0, 198.0], "torch": [100.0, 101.0, 99.0]}), "cpu")
+    assert far.status == claims.CONTRADICTED and "jax/torch is 2.00x [" in far.detail
+    assert "74% above it" in far.detail  # 2.00 / 1.15 - 1
+    single = claims.evaluate(faster, _runs({"jax": [115.0], "torch": [100.0]}), "cpu")
+    assert single.status == claims.UNTESTABLE and "repeats=3" in single.detail
+
+    a100 = found["seed-resnet50-train-a100"]
+    on = {"hardware": "gpu", "device": "NVIDIA A100-SXM4-80GB"}
+    ok = claims.evaluate(a100, _runs({"torch": [310.0, 312.0, 314.0], "tensorflow": [285.0, 287.0, 289.0],
+                                      "jax": [343.0, 345.0, 347.0]}, **on), "gpu")
+    assert ok.status == claims.CONSISTENT, ok.detail
+    slow = claims.evaluate(a100, _runs({"torch": [250.0, 251.0, 249.0], "tensorflow": [285.0, 287.0, 289.0],
+                                        "jax": [343.0, 345.0, 347.0]}, **on), "gpu")
+    assert slow.status == claims.CONTRADICTED and "torch 250 [" in slow.detail and "(-20%)" in slow.detail
+    other = claims.evaluate(a100, _runs({"torch": [250.0, 251.0, 249.0], "jax": [300.0, 301.0, 299.0]},
+                                        hardware="gpu", device="NVIDIA H100 80GB HBM3"), "gpu")
+    assert other.status == claims.UNTESTABLE and other.detail.startswith("needs an A100 80GB")
+    assert "jax/torch is 1.20x [" in other.detail
