@@ -9,7 +9,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 
 from conftest import run_fxtrack, seed_peak_cache  # noqa: E402
-from fxtrack.report import compare, trend  # noqa: E402
+from fxtrack.report import compare, samples, trend  # noqa: E402
 
 # One intra-op thread: on a shared 2-core machine a 2-thread pool waits on whichever core is
 # busy elsewhere, which spreads a tiny step's time over 4x between repeats; one thread is steady.
@@ -136,9 +136,9 @@ def _frame(sides: dict[str, dict[str, list[float]]], version: dict[str, str] | N
 
 
 def _one(frame: pd.DataFrame, metric: str) -> compare.Pair:
-    ident = compare.identity_columns(frame, "params.side = 'a'")
+    ident = samples.identity_columns(frame, "params.side = 'a'")
     result = compare.compare(frame[frame["params.side"] == "a"], frame[frame["params.side"] == "b"],
-                             metric, compare.lower_is_better(metric), ident)
+                             metric, samples.lower_is_better(metric), ident)
     (pair,) = result.pairs
     return pair
 
@@ -148,9 +148,9 @@ def test_direction_flips_for_lower_is_better_metrics():
                           "peak_rss_mib": [500.0, 502.0, 498.0]},
                     "b": {"throughput_samples_per_s": [80.0, 81.0, 79.0], "step_time_ms_p50": [25.0, 25.2, 24.8],
                           "peak_rss_mib": [400.0, 401.0, 399.0]}})
-    assert compare.lower_is_better("step_time_ms_p50") and compare.lower_is_better("peak_mem_device_mib")
-    assert compare.lower_is_better("latency_ms_p90") and compare.lower_is_better("cost_per_1m_samples")
-    assert not compare.lower_is_better("throughput_samples_per_s") and not compare.lower_is_better("mfu")
+    assert samples.lower_is_better("step_time_ms_p50") and samples.lower_is_better("peak_mem_device_mib")
+    assert samples.lower_is_better("latency_ms_p90") and samples.lower_is_better("cost_per_1m_samples")
+    assert not samples.lower_is_better("throughput_samples_per_s") and not samples.lower_is_better("mfu")
     slower = _one(frame, "throughput_samples_per_s")  # fewer samples/s: worse
     assert slower.ratio == pytest.approx(0.8) and slower.verdict == "regression"
     longer = _one(frame, "step_time_ms_p50")  # a longer step: worse
@@ -164,13 +164,13 @@ def test_direction_flips_for_lower_is_better_metrics():
 
 
 def test_filters_keys_leave_the_identity_and_aggregates_give_intervals():
-    assert compare.selected_keys("tags.`fxtrack.model` = 'vit' and params.batch_size = '2' "
+    assert samples.selected_keys("tags.`fxtrack.model` = 'vit' and params.batch_size = '2' "
                                  "and attributes.start_time > 0") == {
         "tags.fxtrack.model", "params.batch_size", "attributes.start_time"}
     frame = _frame({"a": {"throughput_samples_per_s": [1.0]}})
-    assert "batch_size" not in compare.identity_columns(frame, "params.batch_size = '2'")
-    assert "model" not in compare.identity_columns(frame, "tags.`fxtrack.model` = 'vit'")
-    assert "batch_size" in compare.identity_columns(frame, "tags.`fxtrack.framework_version` = '2.13.0'")
+    assert "batch_size" not in samples.identity_columns(frame, "params.batch_size = '2'")
+    assert "model" not in samples.identity_columns(frame, "tags.`fxtrack.model` = 'vit'")
+    assert "batch_size" in samples.identity_columns(frame, "tags.`fxtrack.framework_version` = '2.13.0'")
 
     # An aggregate without its repeats in the frame: the step-time interval it logged is inverted
     # back to log mean and sd, giving the same interval as the repeats' own values.
@@ -181,10 +181,10 @@ def test_filters_keys_leave_the_identity_and_aggregates_give_intervals():
     agg = repeats.aggregate_metrics([{"step_time_ms_p50": v, "throughput_samples_per_s": 100 / v}
                                      for v in values])
     row = pd.Series({"run_id": "agg", **{f"metrics.{k}": v for k, v in agg.items()}})
-    s = compare._from_aggregate(row, "step_time_ms_p50", pd.DataFrame([row]))
+    s = samples._from_aggregate(row, "step_time_ms_p50", pd.DataFrame([row]))
     mean, sd, n = stats.log_summary(values)
     assert s.log == pytest.approx((mean, sd, n)) and s.point == 21.0
-    t = compare._from_aggregate(row, "throughput_samples_per_s", pd.DataFrame([row]))
+    t = samples._from_aggregate(row, "throughput_samples_per_s", pd.DataFrame([row]))
     assert t.log == pytest.approx(stats.log_summary([100 / v for v in values]))
 
 

@@ -11,7 +11,7 @@ field means). For each claim the runs in MLflow that match it are grouped so tha
   exist (no interval); the ratio form measured here is shown where there is one;
 - *not yet measured*: no runs of its arms; with the command that would measure them.
 
-Ratios and lever effects use the report's Welch interval (fxtrack/report/compare.py, stats.py);
+Ratios and lever effects use the report's Welch interval (fxtrack/report/samples.py, stats.py);
 an absolute figure uses the Student-t interval of its repeats' log values. Each verdict cites the
 run ids it stands on.
 """
@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import pandas as pd
 
-from fxtrack.report import compare
+from fxtrack.report.claim_plans import CONFIG_KEYS, REPEATS, machine_kind, plan
+from fxtrack.report.samples import Sample, configs, identity_columns, ratio, sample
 from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import Section, Table
 
@@ -38,15 +38,10 @@ KINDS = ("absolute", "ratio", "memory", "lever")
 TESTS = ("on_device", "anywhere")
 CONSISTENT, CONTRADICTED = "consistent", "contradicted"
 UNTESTABLE, UNMEASURED = "not testable here", "not yet measured"
-# Arm keys -> the config key a command sets (identity columns of compare.configs carry the same names).
-CONFIG_KEYS = {"framework": "framework", "keras_backend": "framework.keras_backend",
-               "compile": "framework.compile", "precision": "precision", "devices": "devices",
-               "batch_size": "batch_size", **{lever: lever for lever in LEVERS}}
 UNITS = {"GB": 1e9 / 2**20}  # published unit -> MiB, the unit of fxtrack's memory metrics
 REQUIRED = ("id", "source", "claim", "kind", "metric", "arms", "conditions", "test")
 CONDITIONS = ("model", "scenario", "hardware", "device", "precision", "batch_size", "devices",
               "framework_versions")
-REPEATS = 3  # what a plan asks for: the fewest repeats that give a usable interval
 
 
 @dataclasses.dataclass
@@ -157,7 +152,7 @@ class Group:
     """Runs in which every arm of a claim was measured with nothing else differing."""
 
     config: dict[str, str]
-    samples: list[Optional[compare.Sample]]  # per arm; None: that arm has no runs here
+    samples: list[Optional[Sample]]  # per arm; None: that arm has no runs here
     rows: pd.DataFrame
 
     @property
@@ -187,7 +182,7 @@ def groups(claim: Claim, frame: pd.DataFrame, metric: Optional[str] = None) -> l
     metric = metric or claim.metric
     if frame.empty:
         return []
-    runs = compare.configs(frame)
+    runs = configs(frame)
     cond = claim.conditions
     if cond.get("model"):
         runs = runs[runs["model"] == cond["model"]]
@@ -196,13 +191,13 @@ def groups(claim: Claim, frame: pd.DataFrame, metric: Optional[str] = None) -> l
     for lever, default in LEVERS.items():  # a lever no arm sets stays at its default
         if lever not in claim.arm_keys:
             runs = runs[runs[lever] == default]
-    keys = [c for c in compare.identity_columns(frame) if c not in claim.arm_keys]
+    keys = [c for c in identity_columns(frame) if c not in claim.arm_keys]
     found = []
     for values, rows in (runs.groupby(keys, sort=False) if len(runs) else []):
-        samples = [compare.sample(_matches_arm(rows, arm), runs, metric) if len(_matches_arm(rows, arm))
-                   else None for arm in claim.arms]
-        if any(samples):
-            found.append(Group(dict(zip(keys, values)), samples, rows))
+        arms = [sample(_matches_arm(rows, arm), runs, metric) if len(_matches_arm(rows, arm))
+                else None for arm in claim.arms]
+        if any(arms):
+            found.append(Group(dict(zip(keys, values)), arms, rows))
     return found
 
 
@@ -255,7 +250,7 @@ def _ratio_form(claim: Claim, group: Group) -> str:
         return f"only {claim.label(arm)} measured here: {s.point:,.4g}"
     (ref_arm, ref), out = measured[0], []
     for arm, s in measured[1:]:
-        point, interval = compare.ratio(s, ref)
+        point, interval = ratio(s, ref)
         text = _ratio_text(f"{claim.label(arm)}/{claim.label(ref_arm)}", point, interval)
         if "value" in arm and "value" in ref_arm:
             text += f" (published {float(arm['value']) / float(ref_arm['value']):.2f}x)"
@@ -271,7 +266,7 @@ def _judge_ratio(claim: Claim, group: Group) -> tuple[str, str]:
     devices = int(group.config.get("devices", "1")) if group.config.get("devices", "-") != "-" else \
         max(int(a.get("devices", 1)) for a in claim.arms)
     want, rel = expected_ratio(claim, devices)
-    point, interval = compare.ratio(group.samples[0], group.samples[1])
+    point, interval = ratio(group.samples[0], group.samples[1])
     label = f"{claim.label(claim.arms[0])}/{claim.label(claim.arms[1])}"
     text = _ratio_text(label, point, interval) + f", published {want:.3g}x"
     if interval is None:
@@ -330,71 +325,6 @@ def evaluate(claim: Claim, frame: pd.DataFrame, machine: str) -> Verdict:
     else:
         status, text = _judge_figures(claim, best)
     return Verdict(claim, status, f"{text}; {where}", best.run_ids, commands)
-
-
-# --- plans: the commands that would measure a claim -------------------------------------------
-
-def machine_kind() -> str:
-    """``gpu`` where an NVIDIA driver is installed, else ``cpu`` (no framework is imported)."""
-    return "gpu" if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists() else "cpu"
-
-
-def _available(group: str, option: str) -> bool:
-    from fxtrack.paths import CONF_DIR
-
-    return (CONF_DIR / group / f"{option}.yaml").is_file()
-
-
-def plan(claim: Claim, machine: str) -> list[str]:
-    """``python -m fxtrack ...`` lines that measure the claim's arms (a comment says when one
-    needs hardware or a framework this machine or install lacks)."""
-    cond = claim.conditions
-    # a ratio checked anywhere is measured here; a figure for the claimed hardware, there
-    hardware = (cond.get("hardware") if claim.test == "on_device" else None) or machine
-    fixed = {"model": cond.get("model"), "scenario": cond.get("scenario")}
-    for key in ("precision", "batch_size", "devices"):
-        if key not in claim.arm_keys and cond.get(key) is not None and not (key == "devices" and cond[key] == 1):
-            fixed[key] = cond[key]
-    fixed.update(hardware=hardware, repeats=REPEATS)
-    sets = [{CONFIG_KEYS[k]: str(v).lower() if k == "compile" else str(v)
-             for k, v in arm.items() if k != "value"} for arm in claim.arms]
-    lines = [_line(fixed, sweep, machine) for sweep in _sweeps(sets)]
-    if hardware != machine and claim.kind in ("absolute", "memory"):
-        # the arms' ratios to one another are measurable here, though not the figures
-        lines.append("# the ratio form on this machine:")
-        lines += [_line(dict(fixed, hardware=machine), sweep, machine) for sweep in _sweeps(sets)]
-    return lines
-
-
-def _sweeps(sets: list[dict[str, str]]) -> list[dict[str, list[str]]]:
-    """Arms as few sweeps as possible: arms that differ in one key only become one sweep over it."""
-    if len({frozenset(s) for s in sets}) == 1:
-        differ = [k for k in sets[0] if len({s[k] for s in sets}) > 1]
-        if len(differ) <= 1:
-            return [{k: list(dict.fromkeys(s[k] for s in sets)) for k in sets[0]}]
-    by_rest: dict[tuple, list[str]] = {}
-    for s in sets:
-        rest = tuple(sorted((k, v) for k, v in s.items() if k != "framework"))
-        by_rest.setdefault(rest, []).append(s.get("framework", ""))
-    return [{**{k: [v] for k, v in rest}, **({"framework": [f for f in fws if f]} if any(fws) else {})}
-            for rest, fws in by_rest.items()]
-
-
-def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> str:
-    """One command line; commented out, saying why, when this machine or install cannot run it."""
-    values = {k: [str(v)] for k, v in fixed.items() if v is not None}
-    values.update(sweep)
-    order = ["framework", "framework.keras_backend", "framework.compile", "model", "scenario",
-             "precision", "runtime", "quantize", "parallel", "memory", "batch_size", "devices",
-             "hardware", "repeats"]
-    args = [f"{k}={','.join(values[k])}" for k in order if k in values]
-    multirun = any(len(v) > 1 for v in values.values())
-    line = "python -m fxtrack " + ("-m " if multirun else "") + " ".join(args)
-    needs = ["a GPU"] if values["hardware"] == ["gpu"] and machine != "gpu" else []
-    missing = [fw for fw in values.get("framework", []) if not _available("framework", fw)]
-    if missing:
-        needs.append(f"framework={','.join(missing)} (not in this install)")
-    return f"# needs {' and '.join(needs)}: {line}" if needs else line
 
 
 # --- the report section and the command -------------------------------------------------------

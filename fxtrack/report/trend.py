@@ -3,7 +3,7 @@
 
 Every finished run counts, not only the latest per config (the report's tables keep those): a
 point is one config at one framework version, standing on its latest aggregate of repeats or
-on all its single runs, as ``fxtrack compare`` reads a side (fxtrack/report/compare.py).
+on all its single runs, as ``fxtrack compare`` reads a side (fxtrack/report/samples.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fxtrack.report import compare  # noqa: E402
+from fxtrack.report import samples  # noqa: E402
 from fxtrack.report.charts import Chart, _slug  # noqa: E402
 
 _DPI = 110
@@ -27,13 +27,13 @@ def points(frame: pd.DataFrame, metric: str = "throughput_samples_per_s",
            by: str = "version") -> dict[tuple, dict[str, list[tuple]]]:
     """(scenario, precision, devices, hardware) -> series label -> [(first run time, x label,
     Sample)], for series with at least two x values (one point is no trend)."""
-    runs = compare.configs(frame) if len(frame) else pd.DataFrame()
+    runs = samples.configs(frame) if len(frame) else pd.DataFrame()
     if runs.empty or f"metrics.{metric}" not in runs:
         return {}
     x = (runs["framework_version"].fillna("?") if by == "version"
          else pd.to_datetime(runs["start_time"], utc=True).dt.strftime("%Y-%m-%d"))
     runs = runs.assign(_x=x)
-    identity = compare.identity_columns(frame)
+    identity = samples.identity_columns(frame)
     series_keys = [k for k in identity if k not in GROUP]
     out: dict[tuple, dict[str, list[tuple]]] = {}
     for key, group in runs.groupby(GROUP, sort=True):
@@ -42,11 +42,11 @@ def points(frame: pd.DataFrame, metric: str = "throughput_samples_per_s",
         for ident, rows in group.groupby(series_keys, sort=True):
             found = []
             for label, at in rows.groupby("_x", sort=False):
-                s = compare.sample(at, runs, metric)
+                s = samples.sample(at, runs, metric)
                 if s is not None:
                     found.append((at["start_time"].min(), str(label), s))
             if len({p[1] for p in found}) > 1:
-                label = compare.describe(dict(zip(series_keys, ident)), varying)  # "torch vit"
+                label = samples.describe(dict(zip(series_keys, ident)), varying)  # "torch vit"
                 out.setdefault(key, {})[label] = sorted(found, key=lambda p: p[0])
     return out
 
@@ -56,7 +56,7 @@ def charts(frame: pd.DataFrame, out: Path, metric: str = "throughput_samples_per
     """One PNG per (scenario, precision, devices, hardware) with a trend, written under ``out``:
     each point at the date its framework version was first measured, labelled with it."""
     drawn = []
-    lower = compare.lower_is_better(metric)
+    lower = samples.lower_is_better(metric)
     for (scenario, precision, devices, hardware), series in points(frame, metric, by).items():
         fig, ax = plt.subplots(figsize=(7.0, 4.2))
         for label, found in series.items():
