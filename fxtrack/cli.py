@@ -9,6 +9,8 @@ from pathlib import Path
 from fxtrack.paths import CONF_DIR, CONFIG_DIR_ENV, user_config_dirs
 
 SUBCOMMANDS = {
+    "claims": "published benchmark claims checked against the runs (--plan: commands to measure them)",
+    "compare": "candidate vs baseline runs (two MLflow filters): regressions, exit 1 past --fail-above",
     "doctor": "installed frameworks, their versions, the devices each sees, the peak FLOP/s",
     "report": "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)",
     "sync": "upload results that an unreachable tracking server missed",

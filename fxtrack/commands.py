@@ -8,6 +8,18 @@ import sys
 from typing import Optional
 
 
+def claims(argv: list[str]) -> int:
+    from fxtrack.report.claims import main
+
+    return main(argv)
+
+
+def compare(argv: list[str]) -> int:
+    from fxtrack.report.compare import main
+
+    return main(argv)
+
+
 def doctor(argv: list[str]) -> int:
     from fxtrack.doctor import main
 
