@@ -14,6 +14,12 @@ from fxtrack.paths import CONF_DIR, CONFIG_DIR_ENV, user_config_dirs
 # Sub-command -> "module:function" (called with the remaining arguments, returns the exit
 # status), imported only when chosen so that `fxtrack --help` and a run stay fast.
 SUBCOMMANDS = {
+    "claims": ("fxtrack.report.claims:main",
+               "published benchmark claims checked against the runs (--plan: commands to measure "
+               "them)"),
+    "compare": ("fxtrack.report.compare:main",
+                "candidate vs baseline runs (two MLflow filters): regressions, exit 1 past "
+                "--fail-above"),
     "doctor": ("fxtrack.orchestrator.doctor:main",
                "installed frameworks, their versions, the devices each sees, the peak FLOP/s"),
     "report": ("fxtrack.report.cli:main",

@@ -173,9 +173,12 @@ class HardwareConfig:
     # process may run on (os.sched_getaffinity).
     cpu_threads: Optional[int] = None
     wait_for_idle_s: float = 0.0  # wait up to this long for the machine to go quiet before timing
+    # Price of one device-hour of this hardware, any currency; None: no cost_per_1m_* metrics.
+    price_per_hour: Optional[float] = None
 
     def __post_init__(self) -> None:
-        _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads)
+        _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads,
+                  price_per_hour=self.price_per_hour)
         if self.wait_for_idle_s < 0:
             raise ValueError(f"hardware.wait_for_idle_s must be >= 0, got {self.wait_for_idle_s}")
         if not 0 <= self.node_rank < self.nodes:

@@ -138,13 +138,14 @@ class Job:
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
-    """Figures the orchestrator adds: MFU against the one peak per device and precision, and
-    the code complexity of this framework's implementation."""
-    from fxtrack.measure import complexity
+    """Figures the orchestrator adds: MFU against the one peak per device and precision, the
+    code complexity of this framework's implementation, and the cost per 1M samples (tokens)."""
+    from fxtrack.measure import complexity, cost
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
     m.update(complexity.code_metrics(spec.framework))
+    m.update(cost.cost_metrics(conf.hardware.price_per_hour, spec.devices, spec.nodes, m))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
         return
     if spec.quantize != "none":  # int8 matmuls against the float peak: no meaningful MFU (a

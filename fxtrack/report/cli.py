@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri
-    from fxtrack.report import charts, levers, render, select, tables, verdicts
+    from fxtrack.report import charts, claims, cost, levers, render, select, tables, trend, verdicts
     from fxtrack.tracking import reader, writer
 
     uri = args.uri or writer.tracking_uri(None, os.getcwd())
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Charts are only seen through the Markdown and HTML pages; a CSV-only report skips them.
-    drawn = charts.draw(runs, out) if {"md", "html"} & set(args.formats) else []
+    drawn = charts.draw(runs, out) + trend.charts(frame, out) if {"md", "html"} & set(args.formats) else []
     source = f"experiment {args.experiment!r} at {redact_uri(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
             f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
@@ -81,6 +81,7 @@ def main(argv: list[str]) -> int:
             "precision, device count and hardware"]
     verdict = verdicts.table(runs, args.min_repeats)
     sections = tables.sections(runs) + levers.sections(frame)  # levers: every variant, raw frame
+    sections += cost.section(runs) + [s for s in [claims.section(frame)] if s]
     if verdict:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
                                           .replace("\n", " ")))

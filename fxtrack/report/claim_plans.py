@@ -1,0 +1,84 @@
+"""The commands that would measure a published claim (``fxtrack claims --plan``): real
+``python -m fxtrack ...`` lines with the config keys of its arms and conditions, commented out,
+saying what they need, where this machine or install cannot run them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fxtrack.report.select import LEVERS
+
+if TYPE_CHECKING:
+    from fxtrack.report.claims import Claim
+
+# Arm keys -> the config key a command sets (the identity columns of
+# samples.configs have the arm keys' names).
+CONFIG_KEYS = {"framework": "framework", "keras_backend": "framework.keras_backend",
+               "compile": "framework.compile", "precision": "precision", "devices": "devices",
+               "batch_size": "batch_size", **{lever: lever for lever in LEVERS}}
+REPEATS = 3  # what a plan asks for: the fewest repeats that give a usable interval
+
+
+def machine_kind() -> str:
+    """``gpu`` where an NVIDIA driver is installed, else ``cpu`` (no framework is imported)."""
+    return "gpu" if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists() else "cpu"
+
+
+def _available(group: str, option: str) -> bool:
+    from fxtrack.paths import CONF_DIR
+
+    return (CONF_DIR / group / f"{option}.yaml").is_file()
+
+
+def plan(claim: Claim, machine: str) -> list[str]:
+    """``python -m fxtrack ...`` lines that measure the claim's arms (a comment says when one
+    needs hardware or a framework this machine or install lacks)."""
+    cond = claim.conditions
+    # a ratio checked anywhere is measured here; a figure for the claimed hardware, there
+    hardware = (cond.get("hardware") if claim.test == "on_device" else None) or machine
+    fixed = {"model": cond.get("model"), "scenario": cond.get("scenario")}
+    for key in ("precision", "batch_size", "devices"):
+        if key not in claim.arm_keys and cond.get(key) is not None and not (key == "devices" and cond[key] == 1):
+            fixed[key] = cond[key]
+    fixed.update(hardware=hardware, repeats=REPEATS)
+    sets = [{CONFIG_KEYS[k]: str(v).lower() if k == "compile" else str(v)
+             for k, v in arm.items() if k != "value"} for arm in claim.arms]
+    lines = [_line(fixed, sweep, machine) for sweep in _sweeps(sets)]
+    if hardware != machine and claim.kind in ("absolute", "memory"):
+        # the arms' ratios to one another are measurable here, though not the figures
+        lines.append("# the ratio form on this machine:")
+        lines += [_line(dict(fixed, hardware=machine), sweep, machine) for sweep in _sweeps(sets)]
+    return lines
+
+
+def _sweeps(sets: list[dict[str, str]]) -> list[dict[str, list[str]]]:
+    """Arms as few sweeps as possible: arms that differ in one key only become one sweep over it."""
+    if len({frozenset(s) for s in sets}) == 1:
+        differ = [k for k in sets[0] if len({s[k] for s in sets}) > 1]
+        if len(differ) <= 1:
+            return [{k: list(dict.fromkeys(s[k] for s in sets)) for k in sets[0]}]
+    by_rest: dict[tuple, list[str]] = {}
+    for s in sets:
+        rest = tuple(sorted((k, v) for k, v in s.items() if k != "framework"))
+        by_rest.setdefault(rest, []).append(s.get("framework", ""))
+    return [{**{k: [v] for k, v in rest}, **({"framework": [f for f in fws if f]} if any(fws) else {})}
+            for rest, fws in by_rest.items()]
+
+
+def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> str:
+    """One command line; commented out, saying why, when this machine or install cannot run it."""
+    values = {k: [str(v)] for k, v in fixed.items() if v is not None}
+    values.update(sweep)
+    order = ["framework", "framework.keras_backend", "framework.compile", "model", "scenario",
+             "precision", "runtime", "quantize", "parallel", "memory", "batch_size", "devices",
+             "hardware", "repeats"]
+    args = [f"{k}={','.join(values[k])}" for k in order if k in values]
+    multirun = any(len(v) > 1 for v in values.values())
+    line = "python -m fxtrack " + ("-m " if multirun else "") + " ".join(args)
+    needs = ["a GPU"] if values["hardware"] == ["gpu"] and machine != "gpu" else []
+    missing = [fw for fw in values.get("framework", []) if not _available("framework", fw)]
+    if missing:
+        needs.append(f"framework={','.join(missing)} (not in this install)")
+    return f"# needs {' and '.join(needs)}: {line}" if needs else line

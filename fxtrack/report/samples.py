@@ -1,0 +1,205 @@
+"""The runs a comparison stands on: each benchmark run's config identity, and one config's figure
+(a ``Sample``) with the log statistics its intervals need.
+
+Shared by ``fxtrack compare`` (two filtered sides), ``fxtrack claims`` (the arms of a published
+claim) and the report's trend charts (one point per framework version). A config stands on its
+latest aggregate of repeats (its repeats' own figures where they are in the store, else the
+interval the aggregate logged), or on every single run of it in the frame.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Optional
+
+import pandas as pd
+
+from fxtrack import stats
+from fxtrack.report.select import LEVERS
+from fxtrack.report.tables import fmt
+
+# Identity column -> (tag, param) it is read from; the tag (what actually ran) wins.
+IDENTITY = {
+    "framework": ("fxtrack.framework", "framework.name"),
+    "keras_backend": ("fxtrack.keras_backend", "framework.keras_backend"),
+    # what was asked for (auto / true / false / tune), a lever of the framework's own
+    "compile": (None, "framework.compile"),
+    "model": ("fxtrack.model", "model.name"),
+    "scenario": ("fxtrack.scenario", "scenario.name"),
+    "precision": ("fxtrack.precision", "precision.name"),
+    "devices": ("fxtrack.devices", "devices"),
+    "hardware": ("fxtrack.hardware", "hardware.name"),
+    "batch_size": (None, "batch_size"),
+    "size": (None, "size.name"),
+    **{lever: (None, lever) for lever in LEVERS},
+}
+# Lower is better for these metric keys (times, memory, energy, cost, error, code size); higher
+# for rates, utilisation and scaling. A key matching neither needs --lower-is-better or not.
+LOWER = re.compile(r"^(step_time_ms|latency_ms|ttft_ms|decode_ms_per_token|compile_time_s|"
+                   r"first_step_time_s|peak_mem|peak_rss|state_mib|checkpoint_|export_|artefact_mib|"
+                   r"energy_j|power_w|cost_per_|output_.*err|code_|host_other_cpu|step_time_cv|"
+                   r"memory_ratio)")
+HIGHER = re.compile(r"(_per_s$|^throughput|^mfu$|^achieved_tflops|^scaling_efficiency|^speedup_x|"
+                    r"^top1_agreement|^resident_)")
+_SELECTED = re.compile(r"\b(params?|tags?|attributes?|metrics?)\.(`[^`]+`|\"[^\"]+\"|'[^']+'|[\w.]+)")
+
+
+def lower_is_better(key: str) -> bool:
+    """Which way a metric improves; ValueError for a key fxtrack does not know."""
+    if LOWER.search(key):
+        return True
+    if HIGHER.search(key):
+        return False
+    raise ValueError(f"which way is better for {key!r} is not known: pass --lower-is-better "
+                     "or --higher-is-better")
+
+
+def selected_keys(filter_string: str) -> set[str]:
+    """``tags.`fxtrack.model` = 'vit' and params.batch_size = '2'`` -> {"tags.fxtrack.model",
+    "params.batch_size"}: what a filter selects on, in the frame's column names."""
+    out = set()
+    for kind, name in _SELECTED.findall(filter_string or ""):
+        kind = {"param": "params", "tag": "tags", "attribute": "attributes",
+                "metric": "metrics"}.get(kind, kind)
+        out.add(f"{kind}.{name.strip('`' + chr(34) + chr(39))}")
+    return out
+
+
+def identity_columns(frame: pd.DataFrame, *filters: str) -> list[str]:
+    """The identity columns pairs are matched on: IDENTITY, then every ``model.*`` size key,
+    less the ones any of ``filters`` selects on."""
+    selected = set().union(*(selected_keys(f) for f in filters)) if filters else set()
+    cols = list(IDENTITY) + sorted(c[len("params."):] for c in frame.columns
+                                   if c.startswith("params.model.") and c != "params.model.name")
+    out = []
+    for col in cols:
+        tag, param = IDENTITY.get(col, (None, col))
+        if (tag and f"tags.{tag}" in selected) or f"params.{param}" in selected:
+            continue
+        out.append(col)
+    return out
+
+
+def _column(frame: pd.DataFrame, tag: Optional[str], param: Optional[str]) -> pd.Series:
+    out = pd.Series([None] * len(frame), index=frame.index, dtype=object)
+    for name in (f"tags.{tag}" if tag else None, f"params.{param}" if param else None):
+        if name and name in frame.columns:
+            out = out.where(out.notna(), frame[name].astype(object))
+    return out
+
+
+def configs(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per benchmark run of a ``search_runs`` frame: its identity (strings; a lever's
+    default where not logged), kind, provenance and metrics. Sweep parents, reports and runs
+    that failed or did not finish are left out."""
+    runs = pd.DataFrame(index=frame.index)
+    for col in IDENTITY:
+        runs[col] = _column(frame, *IDENTITY[col])
+    for col in (c for c in frame.columns if c.startswith("params.model.") and c != "params.model.name"):
+        runs[col[len("params."):]] = frame[col].astype(object)
+    for lever, default in LEVERS.items():
+        runs[lever] = runs[lever].fillna(default)
+    runs = runs.astype(object).where(runs.notna(), "-").astype(str)
+    runs["devices"] = runs["devices"].str.replace(r"\.0$", "", regex=True)
+    for name, tag in (("kind", "fxtrack.kind"), ("repeat_of", "fxtrack.repeat_of"),
+                      ("result_id", "fxtrack.result_id"), ("check", "fxtrack.status"),
+                      ("device", "fxtrack.device"), ("framework_version", "fxtrack.framework_version"),
+                      ("git_commit", "fxtrack.git_commit"), ("host", "fxtrack.host")):
+        runs[name] = _column(frame, tag, None)
+    runs["run_id"] = frame["run_id"]
+    runs["start_time"] = frame["start_time"]
+    runs["status"] = frame["status"]
+    metrics = [c for c in frame.columns if c.startswith("metrics.")]
+    runs = pd.concat([runs, frame[metrics]], axis=1)
+    benchmark = runs["framework"] != "-"
+    ok = (runs["status"] == "FINISHED") & ~runs["check"].isin(["failed", "guard_failed"])
+    return runs[benchmark & ok].sort_values("start_time", kind="stable")
+
+
+@dataclasses.dataclass
+class Sample:
+    """One config's figure on one side: the median, the (mean, sd, n) of its log values where
+    it has at least two, and the runs it stands on."""
+
+    point: float
+    log: Optional[tuple[float, float, int]]
+    n: int
+    run_ids: list[str]
+    rows: pd.DataFrame = dataclasses.field(repr=False)  # the runs, for provenance columns
+
+    def interval(self) -> Optional[tuple[float, float]]:
+        """95% Student-t interval of the geometric mean (None for a single run)."""
+        if not self.log:
+            return None
+        mean, sd, n = self.log
+        half = stats.t_quantile(0.5 + stats.LEVEL / 2, n - 1) * sd / math.sqrt(n)
+        return math.exp(mean - half), math.exp(mean + half)
+
+    def cell(self) -> str:
+        return fmt(self.point, 2 if abs(self.point) < 10 else 1) + (f" (n={self.n})" if self.n > 1 else "")
+
+
+def _from_values(values: list[float], run_ids: list[str], rows: pd.DataFrame) -> Optional[Sample]:
+    if not values:
+        return None
+    log = stats.log_summary(values) if len(values) > 1 and min(values) > 0 else None
+    return Sample(stats.median(values), log, len(values), run_ids, rows)
+
+
+def _from_aggregate(agg: pd.Series, key: str, rows: pd.DataFrame) -> Optional[Sample]:
+    """An aggregate's own figures: throughput logs its log mean and sd; a metric with a logged
+    ``_ci_low|high`` has them recovered from the t interval (exact: the interval is t on logs)."""
+    value = agg.get(f"metrics.{key}")
+    if value is None or pd.isna(value):
+        return None
+    repeats = agg.get("metrics.repeats")
+    n = 1 if repeats is None or pd.isna(repeats) else int(repeats)
+    log = None
+    if key == "throughput_samples_per_s" and not pd.isna(agg.get("metrics.throughput_log_sd", math.nan)):
+        log = (float(agg["metrics.throughput_log_mean"]), float(agg["metrics.throughput_log_sd"]), n)
+    else:
+        low, high = agg.get(f"metrics.{key}_ci_low"), agg.get(f"metrics.{key}_ci_high")
+        if n > 1 and low is not None and high is not None and not pd.isna(low) and low > 0:
+            half = (math.log(high) - math.log(low)) / 2
+            sd = half * math.sqrt(n) / stats.t_quantile(0.5 + stats.LEVEL / 2, n - 1)
+            log = ((math.log(high) + math.log(low)) / 2, sd, n)
+    return Sample(float(value), log if n > 1 else None, n, [agg["run_id"]], rows)
+
+
+def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str) -> Optional[Sample]:
+    """The figure of ``key`` that one config's runs (``group``, from ``configs``) stand on.
+    ``runs``: every run read, where an aggregate's repeats are looked up."""
+    col = f"metrics.{key}"
+    aggs = group[group["kind"] == "aggregate"]
+    if len(aggs):
+        agg = aggs.iloc[-1]  # the latest aggregate stands for the config
+        reps = runs[(runs["repeat_of"] == agg["result_id"]) & (runs["kind"] != "aggregate")]
+        values = [float(v) for v in reps.get(col, pd.Series(dtype=float)).dropna()]
+        if len(values) > 1:
+            return _from_values(values, [agg["run_id"]], aggs.iloc[[-1]])
+        return _from_aggregate(agg, key, aggs.iloc[[-1]])
+    if col not in group:
+        return None
+    having = group[group[col].notna()]
+    return _from_values([float(v) for v in having[col]], list(having["run_id"]), having)
+
+
+def ratio(cand: Sample, base: Sample) -> tuple[float, Optional[tuple[float, float]]]:
+    """candidate / baseline medians, with the Welch 95% interval of the geometric means' ratio
+    (None when a side has a single run)."""
+    point = cand.point / base.point
+    interval = stats.ratio_interval(cand.log, base.log) if cand.log and base.log else None
+    return point, interval
+
+
+def describe(config: dict[str, str], varying: list[str]) -> str:
+    """``torch vit train fp32 x1 cpu`` plus the identity keys that vary between pairs."""
+    fw = config.get("framework", "")
+    if config.get("keras_backend", "-") != "-":
+        fw += f"[{config['keras_backend']}]"
+    head = [fw, config.get("model", ""), config.get("scenario", ""), config.get("precision", ""),
+            f"x{config['devices']}" if "devices" in config else "", config.get("hardware", "")]
+    rest = [f"{k}={config[k]}" for k in varying if k in config]
+    return " ".join(p for p in head + rest if p and p != "-")
