@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fxtrack.report.select import LEVERS
-
-if TYPE_CHECKING:
-    from fxtrack.report.claims import Claim
 
 # Arm keys -> the config key a command sets (the identity columns of
 # samples.configs have the arm keys' names).
@@ -32,7 +29,7 @@ def _available(group: str, option: str) -> bool:
     return (CONF_DIR / group / f"{option}.yaml").is_file()
 
 
-def plan(claim: Claim, machine: str) -> list[str]:
+def plan(claim: Any, machine: str) -> list[str]:  # a fxtrack.report.claims.Claim
     """``python -m fxtrack ...`` lines that measure the claim's arms (a comment says when one
     needs hardware or a framework this machine or install lacks)."""
     cond = claim.conditions
