@@ -1,4 +1,4 @@
-"""How much of the CPU other processes took while fxtrack measured (DESIGN.md section 4).
+"""How much of the CPU other processes took while fxtrack measured (docs/fairness.md).
 
 A timing taken while another process competes for the cores is not a property of the framework:
 PyTorch's OpenMP threads, for one, wait at every op on a thread the kernel descheduled. So the

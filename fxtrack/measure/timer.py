@@ -1,4 +1,4 @@
-"""The one step timer every framework's run goes through (DESIGN.md section 4)."""
+"""The one step timer every framework's run goes through (docs/fairness.md)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def step_metrics(times: StepTimes, global_batch: int, compiled: bool) -> dict[str, float]:
-    """Throughput and step-time statistics in the metric keys of DESIGN.md section 5.
+    """Throughput and step-time statistics in the metric keys of docs/contract.md.
 
     ``compile_time_s`` = first step - median timed step (>= 0): what the first step cost beyond
     an ordinary step. Logged only when ``compiled`` (the worker compiled the step): an eager

@@ -6,8 +6,8 @@ One module per runtime, each importing only its runtime, each with the same smal
 
 ``path`` is the artefact the framework's ``deployment`` module wrote; the callable maps one input
 batch (host NumPy array, the exported shape) to the model's output (logits), synchronously.
-The frameworks only export; what serves the file lives here (DESIGN.md section 6's "a new
-capability is a module in its own layer").
+The frameworks only export; what serves the file lives here, in its own layer
+(docs/deployment-and-levers.md).
 """
 
 from __future__ import annotations
