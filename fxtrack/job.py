@@ -43,6 +43,8 @@ class JobSpec:
     memory: str = "none"  # none | checkpoint
     runtime: str = "native"  # inference runtime
     quantize: str = "none"  # none | dynamic_int8
+    # the framework's own config keys (fxtrack.frameworks.declaration.Setting), by name
+    framework_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
