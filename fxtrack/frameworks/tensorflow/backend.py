@@ -12,9 +12,9 @@ import numpy as np
 import tensorflow as tf
 
 from fxtrack import policy
+from fxtrack.frameworks import keras_models as models
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.tensorflow import (checkpoint, data, devices, models, parallel, pipeline,
-                                           train)
+from fxtrack.frameworks.tensorflow import checkpoint, data, devices, parallel, pipeline, train
 
 
 class TensorFlowBackend(Backend):
@@ -41,7 +41,7 @@ class TensorFlowBackend(Backend):
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = policy.compile_mode_tag("tensorflow", self.spec.compile)
             if self.arch.family != "resnet":
-                tags["attention"] = models.ATTENTION
+                tags["attention"] = train.ATTENTION
         return tags
 
     def reduce_max(self, value: float) -> float:
@@ -57,7 +57,7 @@ class TensorFlowBackend(Backend):
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
         with self._place():  # mirrored variables on every replica, or the one device
             with train.precision_policy(self.spec.precision):
-                with models.remat_scope(self.spec.memory):
+                with train.remat_scope(self.spec.memory):
                     self.model = models.build(self.arch)
             # num_replicas_in_sync already counts every worker's replicas
             self.opt = train.optimizer(self.arch, self.spec.precision,

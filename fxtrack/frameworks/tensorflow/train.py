@@ -18,6 +18,12 @@ POLICIES = {"fp32": "float32", "tf32": "float32", "bf16": "mixed_bfloat16",
             "fp16": "mixed_float16"}
 
 
+# What ``ops.dot_product_attention`` runs on the TensorFlow backend (Keras 3.x): a composite of
+# einsums and a softmax that XLA (or the tf.function graph) fuses as it can; Keras' flash path
+# is JAX/torch-only. The ``fxtrack.attention`` tag.
+ATTENTION = "keras.ops.dot_product_attention:composite"
+
+
 @contextlib.contextmanager
 def precision_policy(precision: str) -> Iterator[None]:
     """Make ``precision``'s Keras dtype policy global while a model is built (layers read it
@@ -28,6 +34,20 @@ def precision_policy(precision: str) -> Iterator[None]:
         yield
     finally:
         keras.config.set_dtype_policy(previous)
+
+
+def remat_scope(memory: str) -> contextlib.AbstractContextManager:
+    """memory=checkpoint would build the layers inside ``keras.RematScope`` (``tf.recompute_grad``
+    on this backend), but Keras' TensorFlow remat wraps each layer call in
+    ``tf.custom_gradient``, which rejects the keyword arguments every Keras layer takes
+    (``training=``) inside a ``tf.function``: it fails on the first traced step. So the run fails
+    fast, saying so; memory=none: no-op."""
+    if memory == "checkpoint":
+        raise NotImplementedError(
+            f"memory=checkpoint is not supported by tensorflow {tf.__version__} with keras "
+            f"{keras.__version__}: keras.RematScope's tf.custom_gradient rejects keyword arguments "
+            "(training=) inside tf.function; use framework=torch or framework=jax")
+    return contextlib.nullcontext()
 
 
 class CoupledSGD(keras.optimizers.SGD):
