@@ -19,9 +19,10 @@ DIMENSIONS = {"models.py": "model", "train.py": "train", "data.py": "data", "dev
               "parallel.py": "devices", "checkpoint.py": "checkpoint", "export.py": "checkpoint",
               "pipeline.py": "data"}
 
-# Modules of fxtrack/frameworks/ that frameworks share (the Keras models of framework=tensorflow
-# and framework=keras) -> dimension: counted in every framework whose package imports them.
-SHARED = {"keras_models.py": "model"}
+# Modules of fxtrack/frameworks/ that frameworks share (the Keras models and optimisers of
+# framework=tensorflow and framework=keras) -> dimension: counted in every framework whose
+# package imports them.
+SHARED = {"keras_models.py": "model", "keras_train.py": "train"}
 
 
 def _sources(root: Path) -> list[Path]:
