@@ -1,7 +1,8 @@
 """framework=keras (Keras 3's own compile + train_on_batch) on each Keras backend, CPU, tiny
 settings: every model trains with a finite, falling loss, has the parameter count of the other
 frameworks' model, computes the loss fxtrack defines, and tags the backend and the compile mode
-Keras ran. KERAS_BACKEND is read once, when keras is imported, so each backend runs in a
+Keras ran; the inference and calibration capabilities run; devices > 1 is refused; on the
+TensorFlow backend the losses are framework=tensorflow's. KERAS_BACKEND is read once, when keras is imported, so each backend runs in a
 subprocess that prepares its environment as the worker does (the framework's
 prepare_environment, before the import), then runs jobs through the worker."""
 
@@ -71,6 +72,25 @@ JOBS = textwrap.dedent("""
             print(json.dumps({"model": job["model"], "expected": expected,
                               "got": b.loss_value(b.train_step())}), flush=True)
             continue
+        if job.get("native"):  # the same job in the native framework
+            r = worker.run(job_spec(job["native"], job["model"], steps=7, warmup_steps=1,
+                                    batch_size=s.batch_size))
+            print(json.dumps({"model": job["model"], "native": r.series.get("loss", [])}),
+                  flush=True)
+            continue
+        if job.get("inference"):  # the declared capabilities, as the scenarios will call them
+            from fxtrack import flops
+            from fxtrack.frameworks.keras import devices
+            from fxtrack.frameworks.keras.backend import KerasBackend
+            from fxtrack.job import Result
+            from fxtrack.scenarios.timed import run_timed
+            b, r = KerasBackend(s), Result(result_id="inference")
+            module = FRAMEWORK.capability("inference")
+            run_timed(b, r, lambda: module.prepare(b), flops.forward_flops_per_sample(b.arch))
+            print(json.dumps({"model": job["model"], "inference": r.metrics,
+                              "tflops": FRAMEWORK.capability("calibration").matmul_tflops(b),
+                              "compile_mode": b.device_tags()["compile_mode"]}), flush=True)
+            continue
         r = worker.run(s)
         print(json.dumps({"model": job["model"], "request": job.get("request", "auto"),
                           "devices": s.devices, "status": r.status, "error": r.error,
@@ -109,10 +129,14 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
     pytest.importorskip(keras_backend)
     jobs = [{"model": m, "batch_size": BATCH.get(m, 2)} for m in MODELS]
     jobs.append({"model": "bert", "check_loss": True})
+    jobs.append({"model": "resnet50", "inference": True})
     if keras_backend in FORCED:
         jobs.append({"model": "vit", "request": FORCED[keras_backend][0]})
     if keras_backend == "jax":
         jobs.append({"model": "vit", "devices": 2})
+    if keras_backend == "tensorflow":  # same backend, same seed: the very same numbers
+        jobs += [{"model": m, "native": "tensorflow", "batch_size": BATCH.get(m, 2)}
+                 for m in ("resnet50", "bert")]
     out = run_jobs(keras_backend, jobs)
     assert len(out) == len(jobs), out
     for r in out[:len(MODELS)]:
@@ -126,9 +150,11 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
         assert tags["keras_backend"] == keras_backend and tags["keras_version"]
         assert tags["keras_backend_version"] and tags["framework_version"] == tags["keras_version"]
         assert tags["compile_mode"] == AUTO_ON_CPU[keras_backend], tags
-    loss = out[len(MODELS)]
+    loss, inference = out[len(MODELS):len(MODELS) + 2]
     assert abs(loss["got"] - loss["expected"]) < 1e-4 * abs(loss["expected"]), loss
-    rest = out[len(MODELS) + 1:]
+    assert inference["inference"]["throughput_samples_per_s"] > 0 and 0 < inference["tflops"] < 1e4
+    assert inference["compile_mode"] == AUTO_ON_CPU[keras_backend]
+    rest = out[len(MODELS) + 2:]
     if keras_backend in FORCED:
         forced = rest.pop(0)
         assert forced["status"] == "FINISHED", forced["error"]
@@ -136,6 +162,12 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
     if keras_backend == "jax":
         (two,) = rest
         assert two["status"] == "FAILED" and two["error"].startswith("NotSupported: devices > 1")
+    if keras_backend == "tensorflow":
+        # train_on_batch under Keras' own tf.function trains exactly as fxtrack's GradientTape
+        # step: the same initial weights, batch, loss and optimiser updates
+        keras_losses = {r["model"]: r["losses"] for r in out[:len(MODELS)]}
+        for native in rest:
+            assert native["native"] == pytest.approx(keras_losses[native["model"]], rel=1e-5)
 
 
 class Spec:  # the fields prepare_environment reads

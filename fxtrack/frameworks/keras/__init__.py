@@ -56,10 +56,10 @@ FRAMEWORK = Framework(
     # the model and, on TensorFlow, a tf.function trace even without XLA.
     uncompiled_builds_graph=True,
     capabilities={
+        "inference": "fxtrack.frameworks.keras.inference",
         "calibration": "fxtrack.frameworks.keras.devices",
     },
     absent={
-        "inference": "not implemented for keras yet",
         "pipeline": "not implemented for keras yet",
         "checkpoint": "not implemented for keras yet",
         "serving_export": "not implemented for keras yet",
