@@ -56,7 +56,8 @@ class KerasBackend(Backend):
             FRAMEWORK.capability("sharded_state")
         # No keras.device scope: the backend's default device is already the one select()
         # named (hardware=cpu hid the GPUs before import; else each backend takes GPU 0), and
-        # under torch a scope around compile() leaves train_on_batch without gradients.
+        # on torch, building and compiling inside one left train_on_batch without gradients
+        # ("No gradients provided for any variable", keras 3.15).
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and the backend's RNG
         with keras_train.precision_policy(self.spec.precision):
             self.model = keras_models.build(self.arch)
