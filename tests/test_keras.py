@@ -1,8 +1,9 @@
 """framework=keras (Keras 3's own compile + train_on_batch) on each Keras backend, CPU, tiny
 settings: every model trains with a finite, falling loss, has the parameter count of the other
 frameworks' model, computes the loss fxtrack defines, and tags the backend and the compile mode
-Keras ran; the inference and calibration capabilities run; devices > 1 is refused; on the
-TensorFlow backend the losses are framework=tensorflow's. KERAS_BACKEND is read once, when keras is imported, so each backend runs in a
+Keras ran; bf16 and fp16 train; the inference and calibration capabilities run; devices > 1
+(and fp16 attention on JAX's CPU) is refused; on the TensorFlow backend the losses are
+framework=tensorflow's. KERAS_BACKEND is read once, when keras is imported, so each backend runs in a
 subprocess that prepares its environment as the worker does (the framework's
 prepare_environment, before the import), then runs jobs through the worker."""
 
@@ -57,7 +58,7 @@ JOBS = textwrap.dedent("""
     FRAMEWORK.prepare_environment(first, os.environ)  # before keras is imported (by run)
     for job in jobs:
         s = spec(job["model"], job.get("request", "auto"), devices=job.get("devices", 1),
-                 batch_size=job.get("batch_size", 2))
+                 batch_size=job.get("batch_size", 2), precision=job.get("precision", "fp32"))
         if job.get("check_loss"):  # the first step's loss against fxtrack's definition
             import keras
             from keras import ops
@@ -133,7 +134,9 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
     if keras_backend in FORCED:
         jobs.append({"model": "vit", "request": FORCED[keras_backend][0]})
     if keras_backend == "jax":
-        jobs.append({"model": "vit", "devices": 2})
+        jobs += [{"model": "vit", "devices": 2}, {"model": "vit", "precision": "fp16"}]
+    else:  # mixed precision: Keras' dtype policy, fp16 with its LossScaleOptimizer
+        jobs += [{"model": "vit", "precision": "bf16"}, {"model": "vit", "precision": "fp16"}]
     if keras_backend == "tensorflow":  # same backend, same seed: the very same numbers
         jobs += [{"model": m, "native": "tensorflow", "batch_size": BATCH.get(m, 2)}
                  for m in ("resnet50", "bert")]
@@ -160,8 +163,15 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
         assert forced["status"] == "FINISHED", forced["error"]
         assert forced["tags"]["compile_mode"] == FORCED[keras_backend][1]
     if keras_backend == "jax":
-        (two,) = rest
+        two, fp16 = rest[:2]
         assert two["status"] == "FAILED" and two["error"].startswith("NotSupported: devices > 1")
+        assert fp16["status"] == "FAILED" and "fp16 x fp16 -> fp32 dot" in fp16["error"]
+    else:
+        for mixed in rest[:2]:  # the first fp16 steps may be skipped while the scale backs off
+            assert mixed["status"] == "FINISHED", mixed["error"]
+            assert all(math.isfinite(x) for x in mixed["losses"])
+            assert mixed["losses"][-1] < mixed["losses"][0], mixed
+    rest = rest[2:]
     if keras_backend == "tensorflow":
         # train_on_batch under Keras' own tf.function trains exactly as fxtrack's GradientTape
         # step: the same initial weights, batch, loss and optimiser updates

@@ -54,6 +54,12 @@ class KerasBackend(Backend):
             FRAMEWORK.capability("remat")
         if self.spec.parallel == "fsdp":
             FRAMEWORK.capability("sharded_state")
+        if (self.spec.precision == "fp16" and self.arch.family != "resnet"
+                and devices.backend_name() == "jax" and "gpu" not in self.device):
+            raise NotSupported(
+                "precision=fp16 with attention is not supported by keras on jax on a CPU: "
+                "keras.ops.dot_product_attention asks XLA:CPU for an fp16 x fp16 -> fp32 dot, "
+                "which it lacks (framework=jax computes those scores in fp32 there)")
         # No keras.device scope: the backend's default device is already the one select()
         # named (hardware=cpu hid the GPUs before import; else each backend takes GPU 0), and
         # on torch, building and compiling inside one left train_on_batch without gradients
