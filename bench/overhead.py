@@ -82,7 +82,7 @@ def bare_tensorflow() -> Callable[[], Any]:
 
     from fxtrack import architectures, synthetic
     from fxtrack.frameworks.base import ADAMW
-    from fxtrack.frameworks.tensorflow.models import build
+    from fxtrack.frameworks.keras_models import build
 
     keras.utils.set_random_seed(SEED)
     arch = architectures.resolve("vit", **MODEL)

@@ -82,7 +82,7 @@ def keras_resnet_pair() -> tuple[Callable[[], None], Callable[[], None]]:
     import tensorflow as tf
 
     from fxtrack import architectures, synthetic
-    from fxtrack.frameworks.tensorflow import models
+    from fxtrack.frameworks import keras_models as models
 
     arch = architectures.resolve("resnet50", image_size=128)
     data = synthetic.make_batch(arch, BATCH, 0)

@@ -36,7 +36,8 @@ def main() -> None:
     import tensorflow as tf
 
     from fxtrack import architectures
-    from fxtrack.frameworks.tensorflow import data, models, train
+    from fxtrack.frameworks import keras_models as models
+    from fxtrack.frameworks.tensorflow import data, train
 
     arch = architectures.resolve("resnet50", image_size=args.image_size)
     keras.utils.set_random_seed(0)

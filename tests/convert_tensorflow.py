@@ -1,5 +1,5 @@
 """Test tooling: copy a PyTorch model's weights (fxtrack.frameworks.torch.models) into the Keras
-model of the same ``Arch`` (fxtrack.frameworks.tensorflow.models), layer by layer by name.
+model of the same ``Arch`` (fxtrack.frameworks.keras_models), layer by layer by name.
 
 Layout changes: conv kernels OIHW -> HWIO, linear weights (out, in) -> dense kernels (in, out),
 BatchNorm (weight, bias, running_mean, running_var) -> (gamma, beta, moving_mean,

@@ -23,7 +23,8 @@ keras = pytest.importorskip("keras")
 
 from conftest import job_spec, tiny_arch  # noqa: E402
 from fxtrack import architectures  # noqa: E402
-from fxtrack.frameworks.tensorflow import data, models, train  # noqa: E402
+from fxtrack.frameworks import keras_models as models  # noqa: E402
+from fxtrack.frameworks.tensorflow import data, train  # noqa: E402
 from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend  # noqa: E402
 from fxtrack.job import Result  # noqa: E402
 from fxtrack.scenarios import train as train_scenario  # noqa: E402

@@ -11,8 +11,9 @@ import numpy as np
 import tensorflow as tf
 
 from fxtrack import policy
+from fxtrack.frameworks import keras_models as models
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.tensorflow import data, devices, models, parallel, train
+from fxtrack.frameworks.tensorflow import data, devices, parallel, train
 
 
 class TensorFlowBackend(Backend):
@@ -39,7 +40,7 @@ class TensorFlowBackend(Backend):
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile)
             if self.arch.family != "resnet":
-                tags["attention"] = models.ATTENTION
+                tags["attention"] = train.ATTENTION
         return tags
 
     def reduce_max(self, value: float) -> float:

@@ -1,9 +1,13 @@
 """ResNet-50 v1.5, ViT and BERT (masked-LM) as Keras 3 functional models, sized by ``Arch``.
 
-Layouts are TensorFlow's: images NHWC, conv kernels HWIO, dense kernels (in, out). Every layer
+Shared by the two Keras-based frameworks (``framework=tensorflow``, ``framework=keras``), which
+stay independent packages: this module imports only ``keras`` (layers and ``keras.ops``), so it
+builds the same model on every Keras backend.
+
+Layouts are Keras' defaults: images NHWC, conv kernels HWIO, dense kernels (in, out). Every layer
 is named after where it sits (``stage2_block1_conv2``, ``block0_attn_qkv``), so the weights map
 one to one onto the PyTorch modules (tests/convert_tensorflow.py). Precision comes from the
-Keras dtype policy that is global while a model is built (see ``train.precision_policy``).
+Keras dtype policy that is global while a model is built.
 """
 
 from __future__ import annotations
@@ -42,12 +46,6 @@ def torch_bias_init(fan_in: int) -> keras.initializers.Initializer:
     return keras.initializers.RandomUniform(-bound, bound)
 
 
-# What ``ops.dot_product_attention`` runs on the TensorFlow backend (Keras 3.x): a composite of
-# einsums and a softmax that XLA (or the tf.function graph) fuses as it can; Keras' flash path
-# is JAX/torch-only. The ``fxtrack.attention`` tag.
-ATTENTION = "keras.ops.dot_product_attention:composite"
-
-
 def gelu(x):
     """Exact (erf) GELU, as torch's default; Keras' own default is the tanh approximation."""
     return keras.activations.gelu(x, approximate=False)
@@ -63,8 +61,9 @@ def _bn(name: str) -> layers.BatchNormalization:
 def _conv(x, filters: int, kernel: int, stride: int, name: str):
     """Conv without bias, padded symmetrically like torch's ``padding=kernel // 2``.
 
-    TF's ``"same"`` pads stride-2 convolutions asymmetrically (0 before, 1 after for a 3x3), so
-    strided convolutions get an explicit ``ZeroPadding2D`` and ``"valid"`` instead."""
+    Keras' ``"same"`` pads stride-2 convolutions asymmetrically (0 before, 1 after for a 3x3; TF's
+    convention, on every backend), so strided convolutions get an explicit ``ZeroPadding2D`` and
+    ``"valid"`` instead."""
     if stride > 1 and kernel > 1:
         x = layers.ZeroPadding2D(kernel // 2, name=f"{name}_pad")(x)
         padding = "valid"

@@ -1,0 +1,84 @@
+"""Keras 3's own training path (``model.compile`` + ``train_on_batch``) on the JAX, PyTorch or
+TensorFlow backend (``framework.keras_backend``): what it declares (no keras, jax, torch or
+tensorflow import here; fxtrack.frameworks.declaration). The models are the ones
+framework=tensorflow builds (fxtrack.frameworks.keras_models)."""
+
+from __future__ import annotations
+
+from typing import Any, MutableMapping
+
+from fxtrack import policy
+from fxtrack.frameworks.declaration import CompileRule, Framework, Setting, append_xla_flag
+
+KERAS_BACKENDS = ("jax", "torch", "tensorflow")
+
+
+def keras_backend(spec: Any) -> str:
+    """The Keras backend a job asked for (``framework.keras_backend``), checked."""
+    name = spec.framework_settings.get("keras_backend", "jax")
+    if name not in KERAS_BACKENDS:
+        raise ValueError(f"framework.keras_backend must be one of {', '.join(KERAS_BACKENDS)}, "
+                         f"got {name!r}")
+    return name
+
+
+def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
+    """KERAS_BACKEND (Keras reads it once, at import), and what that backend reads when it
+    starts: platform, allocator, device."""
+    name = keras_backend(spec)
+    env["KERAS_BACKEND"] = name
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX: peak memory, not the pool
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # TF: likewise
+    # XLA:CPU takes no thread count: at one thread its multi-threaded Eigen path is switched off
+    # (as framework=jax does)
+    if name == "jax" and policy.threads_per_process(policy.cpu_threads(spec.cpu_threads)) == 1:
+        append_xla_flag(env, "--xla_cpu_multi_thread_eigen=false")
+    if spec.hardware != "cpu":
+        return
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    if name == "jax":
+        env["JAX_PLATFORMS"] = "cpu"
+        if spec.devices > 1:  # N host devices stand in for N accelerators
+            append_xla_flag(env, f"--xla_force_host_platform_device_count={spec.devices}")
+    elif name == "torch":
+        env["KERAS_TORCH_DEVICE"] = "cpu"  # Keras' torch backend picks CUDA at import otherwise
+
+
+FRAMEWORK = Framework(
+    name="keras",
+    backend="fxtrack.frameworks.keras.backend:KerasBackend",
+    extra="keras",
+    report_order=40,
+    # Keras' own default, compile(jit_compile="auto"): jax.jit on JAX; XLA on TensorFlow where
+    # a GPU is present (a plain tf.function on a CPU-only machine); eager on torch (Keras does
+    # not torch.compile unless asked). true / false force jit_compile=True / False; the
+    # compile_mode tag (keras-<backend>:<mode>) says what ran, read back from model.jit_compile.
+    compile_rules=(CompileRule(True, "keras chooses (compile(jit_compile='auto'): jit on jax, "
+                                     "XLA on tensorflow with a GPU, eager on torch)"),),
+    compiled_tag="keras:jit_compile",
+    uncompiled_tag="keras:eager",
+    # Keras' first train_on_batch always builds: the optimiser's variables, a symbolic pass over
+    # the model and, on TensorFlow, a tf.function trace even without XLA.
+    uncompiled_builds_graph=True,
+    capabilities={
+        "inference": "fxtrack.frameworks.keras.inference",
+        "calibration": "fxtrack.frameworks.keras.devices",
+    },
+    absent={
+        "pipeline": "not implemented for keras yet",
+        "checkpoint": "not implemented for keras yet",
+        "serving_export": "not implemented for keras yet",
+        "onnx_export": "not implemented for keras yet; use framework=tensorflow or torch",
+        "tflite_export": "TFLite export is TensorFlow's; use framework=tensorflow",
+        "native_int8": "not implemented for keras yet",
+        "sharded_state": "not implemented for keras yet (keras.distribution.ModelParallel on "
+                         "JAX could shard it); use framework=torch or framework=jax",
+        "remat": "not implemented for keras yet (keras.RematScope fails inside tf.function on "
+                 "the TensorFlow backend); use framework=torch or framework=jax",
+    },
+    settings={
+        "keras_backend": Setting("jax", KERAS_BACKENDS,
+                                 "the backend Keras runs on (KERAS_BACKEND)"),
+    },
+    prepare_environment=prepare_environment,
+)

@@ -1,0 +1,170 @@
+"""Device choice, fairness settings, sync, memory counters and device tags for Keras, on whichever
+backend it was imported with. Each function asks ``keras.backend.backend()`` and imports that
+framework only (already imported by Keras itself)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from typing import Any, Optional
+
+import keras
+
+
+def backend_name() -> str:
+    return keras.backend.backend()
+
+
+def backend_version() -> str:
+    """The version of the framework under Keras (jax, torch or tensorflow)."""
+    return importlib.import_module(backend_name()).__version__
+
+
+def configure(precision: str, threads: int) -> dict[str, str]:
+    """The fairness policy (fxtrack.policy) in the backend's own terms, as the native framework
+    packages apply it: strict IEEE fp32 matmuls unless ``precision=tf32``; intra-op threads
+    sized to ``threads`` (XLA:CPU under JAX sizes its pools from the CPU affinity the worker
+    set). Returns the settings read back, as run tags."""
+    tf32, name = precision == "tf32", backend_name()
+    if name == "jax":
+        import jax
+
+        jax.config.update("jax_default_matmul_precision", "tensorfloat32" if tf32 else "highest")
+        exact = jax.config.jax_default_matmul_precision in ("highest", "float32")
+        used = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    elif name == "torch":
+        import torch
+
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        torch.backends.cudnn.allow_tf32 = tf32
+        torch.backends.cudnn.benchmark = True  # static shapes, as XLA's autotuning assumes
+        torch.set_num_threads(threads)
+        exact, used = torch.get_float32_matmul_precision() == "highest", torch.get_num_threads()
+    else:
+        import tensorflow as tf
+
+        tf.config.experimental.enable_tensor_float_32_execution(tf32)
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(threads)
+        except RuntimeError:  # runtime already initialised (a second build in one process)
+            pass
+        exact = not tf.config.experimental.tensor_float_32_execution_enabled()
+        used = tf.config.threading.get_intra_op_parallelism_threads()
+    return {"matmul_precision": "fp32" if exact else "tf32", "cpu_threads": str(used)}
+
+
+def gpu_names() -> list[str]:
+    """The GPUs the backend sees (none when hardware=cpu hid them before import)."""
+    name = backend_name()
+    if name == "jax":
+        import jax
+
+        try:
+            return [d.device_kind for d in jax.local_devices(backend="gpu")]
+        except RuntimeError:  # no CUDA backend in this jaxlib, or no device behind it
+            return []
+    if name == "torch":
+        import torch
+
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    import tensorflow as tf
+
+    return [tf.config.experimental.get_device_details(g).get("device_name", "gpu")
+            for g in tf.config.list_physical_devices("GPU")]
+
+
+def select(hardware: str) -> str:
+    """``auto`` | ``cpu`` | ``gpu`` -> ``"gpu:0"`` or ``"cpu:0"``: the backend's default device,
+    where the model and batch are placed."""
+    gpus = gpu_names() if hardware in ("gpu", "auto") else []
+    if hardware == "gpu" and not gpus:
+        raise RuntimeError(f"hardware=gpu, but Keras' {backend_name()} backend sees no GPU "
+                           f"({backend_name()} {backend_version()}, keras {keras.__version__})")
+    return "gpu:0" if gpus else "cpu:0"
+
+
+def sync(device: str, variables: list) -> None:
+    """Wait until the step's updates of ``variables`` are done. train_on_batch has already
+    fetched the loss to the host; what may still run: op-by-op JAX dispatch (async), and queued
+    GPU kernels under torch and TensorFlow."""
+    name = backend_name()
+    if name == "jax":
+        import jax
+
+        jax.block_until_ready([v.value for v in variables])
+    elif "gpu" in device:
+        if name == "torch":
+            import torch
+
+            torch.cuda.synchronize()
+        else:
+            import tensorflow as tf
+
+            tf.test.experimental.sync_devices()
+
+
+def peak_memory_bytes(device: str) -> Optional[int]:
+    """The backend allocator's peak bytes on the GPU; None on a CPU (no such counter)."""
+    if "gpu" not in device:
+        return None
+    name = backend_name()
+    if name == "jax":
+        import jax
+
+        stats = jax.local_devices(backend="gpu")[0].memory_stats() or {}
+        return stats.get("peak_bytes_in_use")
+    if name == "torch":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    import tensorflow as tf
+
+    return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+
+
+def attention(device: str) -> str:
+    """What ``keras.ops.dot_product_attention`` runs here (Keras 3.x): JAX's
+    ``jax.nn.dot_product_attention`` (cuDNN flash where Keras finds the inputs eligible on a
+    GPU, XLA's composite otherwise), torch's ``scaled_dot_product_attention``, or TF's einsum
+    composite. The ``fxtrack.attention`` tag."""
+    name, gpu = backend_name(), "gpu" in device
+    impl = {"jax": "jax.nn.dot_product_attention:" + ("cudnn-if-eligible" if gpu else "xla"),
+            "torch": "torch.sdpa" + (":flash-if-eligible" if gpu else ""),
+            "tensorflow": "composite"}[name]
+    return f"keras.ops.dot_product_attention:{impl}"
+
+
+def tags(device: str) -> dict[str, str]:
+    gpus = gpu_names() if "gpu" in device else []
+    return {"device": gpus[0] if gpus else "cpu", "keras_backend": backend_name(),
+            "keras_version": keras.__version__, "keras_backend_version": backend_version()}
+
+
+def visible() -> list[str]:
+    """Every device the backend can use here, e.g. ``["cpu", "gpu:0 NVIDIA H200"]``."""
+    return ["cpu"] + [f"gpu:{i} {name}" for i, name in enumerate(gpu_names())]
+
+
+DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+def matmul_tflops(backend: Any) -> float:
+    """The calibration capability: best-of-three rate of an n x n @ n x n ``keras.ops.matmul``
+    (n = 8192 on a GPU, 2048 on a CPU) at the spec's precision, synced by fetching one element
+    (a device-to-host copy waits for the queued matmuls under every backend)."""
+    gpu = "gpu" in backend.device
+    n, reps = (8192, 20) if gpu else (2048, 4)
+    dtype = DTYPES[backend.spec.precision]  # on the default device, as the model (backend.py)
+    a = keras.random.normal((n, n), dtype=dtype, seed=0)
+    b = keras.random.normal((n, n), dtype=dtype, seed=1)
+    keras.ops.convert_to_numpy(keras.ops.matmul(a, b)[0, 0])  # warm-up
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            c = keras.ops.matmul(a, b)
+        keras.ops.convert_to_numpy(c[0, 0])
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 * reps / best / 1e12

@@ -1,0 +1,40 @@
+"""The loss and Keras' own training step: ``model.compile`` + ``train_on_batch``."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import keras
+
+
+def loss(family: str) -> keras.losses.Loss:
+    """Cross-entropy from the logits, in fp32 (a Keras loss computes in its own dtype, float32,
+    whatever the compute dtype): the mean over the batch (images), or for BERT's masked LM the
+    mean over the predicted tokens (the mlm_weights passed as sample weights)."""
+    if family == "bert":
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True,
+                                                          reduction="mean_with_sample_weight")
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def jit_compile(request: str) -> Union[bool, str]:
+    """``framework.compile`` as compile()'s argument: auto is Keras' own "auto"."""
+    return "auto" if request == "auto" else request == "true"
+
+
+COMPILED_MODES = {"jax": "jit", "torch": "torch.compile", "tensorflow": "xla"}
+UNCOMPILED_MODES = {"jax": "eager", "torch": "eager", "tensorflow": "tf.function"}
+
+
+def compile_mode(backend: str, compiled: bool) -> str:
+    """The ``fxtrack.compile_mode`` tag, e.g. ``keras-jax:jit``: on TensorFlow an uncompiled
+    step is still a tf.function graph, on JAX and torch it runs op by op."""
+    return f"keras-{backend}:{(COMPILED_MODES if compiled else UNCOMPILED_MODES)[backend]}"
+
+
+def compile_model(model: keras.Model, opt: keras.optimizers.Optimizer, family: str,
+                  request: str) -> bool:
+    """``model.compile`` with fxtrack's optimiser and loss, no metrics; returns whether the step
+    is compiled, as Keras resolved it (``model.jit_compile``)."""
+    model.compile(optimizer=opt, loss=loss(family), jit_compile=jit_compile(request))
+    return bool(model.jit_compile)
