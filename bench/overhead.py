@@ -155,6 +155,8 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
     register()
     overrides = [f"framework={framework}", "model=vit", *(f"model.{k}={v}" for k, v in MODEL.items()),
                  f"batch_size={BATCH}", f"warmup_steps={WARMUP}", "hardware=cpu", f"seed={SEED}"]
+    if framework == "jax":  # the bare loop does not donate its state: like with like
+        overrides.append("framework.donate=false")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         conf, arch = validate(compose(config_name="config", overrides=overrides))
     spec = job_spec(conf, arch, workdir)

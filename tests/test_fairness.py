@@ -127,38 +127,58 @@ def test_fp32_is_strict_and_tagged_in_process(spec_factory, framework):
     # on a CPU: torch names the SDPA kernel it dispatches to; JAX has no cuDNN there
     assert tags["attention"].startswith({"torch": "sdpa:", "jax": "xla",
                                          "tensorflow": "keras.ops.dot_product_attention"}[framework])
-    if framework == "jax":  # jax train.donates: no donation on a CPU (measured slower there)
-        assert tags["jax_donation"].startswith("off on CPU")
+    if framework == "jax":  # framework.donate=auto: donated on every device
+        assert tags["jax_donation"] == "state donated on cpu"
 
 
 @needs["jax"]
-def test_jax_donates_its_state_only_off_cpu():
+def test_jax_donation_follows_framework_donate():
     from fxtrack.frameworks.jax.train import donates
 
-    assert donates("cpu") == (False, "off on CPU (measured 2-5% slower steps with donation on "
-                                     "XLA:CPU)")
-    assert donates("gpu") == (True, "state donated on gpu")
-    assert donates("tpu")[0] is True
+    assert donates("cpu") == (True, "state donated on cpu")  # auto: on every device
+    assert donates("gpu", "auto") == (True, "state donated on gpu")
+    assert donates("cpu", "true") == (True, "state donated on cpu (framework.donate=true)")
+    assert donates("gpu", "false") == (False, "off (framework.donate=false)")
+
+
+def test_framework_donate_is_a_jax_setting_that_reaches_the_job_spec(tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+    from fxtrack.orchestrator.app import ConfigError, job_spec, validate
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        def spec(*overrides):
+            conf, arch = validate(compose(config_name="config", overrides=list(overrides)))
+            return job_spec(conf, arch, tmp_path)
+
+        assert spec("framework=jax").framework_settings == {"donate": "auto"}
+        assert spec("framework=jax", "framework.donate=false").framework_settings == {
+            "donate": "false"}
+        assert spec("framework=torch").framework_settings == {}
+        with pytest.raises(ConfigError, match="framework.donate must be one of auto, true, false"):
+            spec("framework=jax", "framework.donate=sometimes")
 
 
 @needs["jax"]
-def test_jax_step_aliases_its_state_exactly_when_donating(spec_factory):
-    """The rule reaches jax.jit: the CPU step built by the backend aliases no output to an input;
-    the same step built with donation aliases the state's buffers."""
+@pytest.mark.parametrize("donate, aliased", [("auto", True), ("false", False)])
+def test_jax_step_aliases_its_state_exactly_when_donating(spec_factory, donate, aliased):
+    """The setting reaches jax.jit: the CPU step built by the backend aliases the state's
+    buffers to its outputs with donation, none without."""
     pytest.importorskip("flax")
     import jax
 
-    from fxtrack.frameworks.jax import train
     from fxtrack.frameworks.jax.backend import JaxBackend
 
-    b = JaxBackend(spec_factory("jax", "vit", compile=True, batch_size=2))
+    b = JaxBackend(spec_factory("jax", "vit", compile=True, batch_size=2,
+                                framework_settings={"donate": donate}))
     b.device_kind()
     b.build(2)
-    assert "tf.aliasing_output" not in b._step.lower(b.state, b.batch).as_text()
-    donated = train.make_step(b.graphdef, train.optimizer(b.arch), True, b.replicated, b.sharded,
-                              donate=True)
-    aliased = donated.lower(b.state, b.batch).as_text().count("tf.aliasing_output")
-    assert aliased >= len(jax.tree.leaves(b.state.params))
+    count = b._step.lower(b.state, b.batch).as_text().count("tf.aliasing_output")
+    assert (count >= len(jax.tree.leaves(b.state.params))) if aliased else count == 0
+    assert b.donation == ("state donated on cpu" if aliased else "off (framework.donate=false)")
 
 
 @pytest.mark.parametrize("framework", [pytest.param(fw, marks=needs[fw]) for fw in FRAMEWORKS])

@@ -106,6 +106,11 @@ class Framework:
         if unknown:
             raise ValueError(f"{self.name} declares unknown capabilities {sorted(unknown)}")
 
+    def setting(self, spec: Any, name: str) -> str:
+        """``framework.<name>`` for this run: the JobSpec's value, or the declared default (a
+        spec written without the orchestrator, e.g. by a bench script)."""
+        return spec.framework_settings.get(name, self.settings[name].default)
+
     def has(self, capability: str) -> bool:
         return capability in self.capabilities
 

@@ -70,7 +70,8 @@ class JaxBackend(Backend):
         self.state = parallel.replicate(state, self.mesh)
         self.batch = data.mesh_batch(self.arch, batch_size, self.spec.seed, self.mesh)
         self.jit = self._jit()
-        donate, self.donation = train.donates(self.device_kind())
+        donate, self.donation = train.donates(self.device_kind(),
+                                              self.framework.setting(self.spec, "donate"))
         self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded,
                                      donate)
         if self.spec.parallel == "fsdp":  # state sharded over the mesh, the step jitted for it

@@ -124,18 +124,16 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, state: 
                       state.loss_scale.update(finite)), loss
 
 
-# Why not on a CPU: docs/measurements.md ("JAX state donation on XLA:CPU"), with the figures and
-# the commands; why XLA:CPU is slower with it is not established.
-CPU_DONATION_NOTE = "measured 2-5% slower steps with donation on XLA:CPU"
-
-
-def donates(device_kind: str) -> tuple[bool, str]:
+def donates(device_kind: str, request: str = "auto") -> tuple[bool, str]:
     """Whether the jitted training step donates its state (``donate_argnums``: the new
     parameters and optimiser state are written into the old buffers), and why (the
-    ``fxtrack.jax_donation`` tag). On GPU / TPU it does: the state is not held twice, XLA's
-    documented fast path. On CPU it does not: measured slower there (CPU_DONATION_NOTE)."""
-    if device_kind == "cpu":
-        return False, f"off on CPU ({CPU_DONATION_NOTE})"
+    ``fxtrack.jax_donation`` tag), for ``framework.donate=request``. ``auto`` donates on every
+    device: the state is not held twice, JAX's documented idiom for a training step (on XLA:CPU
+    it measured 2-5% slower, docs/measurements.md: ``false`` turns it off)."""
+    if request == "false":
+        return False, "off (framework.donate=false)"
+    if request == "true":
+        return True, f"state donated on {device_kind} (framework.donate=true)"
     return True, f"state donated on {device_kind}"
 
 
