@@ -39,7 +39,7 @@ BATCH = {"resnet50": 4}
 
 # Runs in the subprocess: one JSON line per job.
 JOBS = textwrap.dedent("""
-    import dataclasses, json, os, sys
+    import json, os, sys
     sys.path.insert(0, "tests")
     from conftest import job_spec
     from fxtrack.frameworks.keras import FRAMEWORK
@@ -48,10 +48,8 @@ JOBS = textwrap.dedent("""
     keras_backend, jobs = sys.argv[1], json.loads(sys.argv[2])
 
     def spec(model, request="auto", **kw):
-        base = job_spec("jax", model, steps=7, warmup_steps=1, compile_request=request, **kw)
-        return dataclasses.replace(base, framework="keras", extra="keras",
-                                   backend="fxtrack.frameworks.keras.backend.KerasBackend",
-                                   framework_settings={"keras_backend": keras_backend})
+        return job_spec("keras", model, steps=7, warmup_steps=1, compile_request=request,
+                        framework_settings={"keras_backend": keras_backend}, **kw)
 
     first = spec(jobs[0]["model"])
     worker.prepare_environment(first)
@@ -181,9 +179,9 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
 
 
 class Spec:  # the fields prepare_environment reads
-    def __init__(self, keras_backend=None, hardware="cpu", devices=1):
+    def __init__(self, keras_backend=None, hardware="cpu", devices=1, cpu_threads=None):
         self.framework_settings = {} if keras_backend is None else {"keras_backend": keras_backend}
-        self.hardware, self.devices = hardware, devices
+        self.hardware, self.devices, self.cpu_threads = hardware, devices, cpu_threads
 
 
 def test_prepare_environment_sets_the_backend_and_what_it_reads_at_import():
@@ -192,6 +190,9 @@ def test_prepare_environment_sets_the_backend_and_what_it_reads_at_import():
     assert env["KERAS_BACKEND"] == "jax" and env["JAX_PLATFORMS"] == "cpu"
     assert "--xla_force_host_platform_device_count=2" in env["XLA_FLAGS"]
     assert env["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    env = {}
+    prepare_environment(Spec(cpu_threads=1), env)  # XLA:CPU at one thread, as framework=jax
+    assert "--xla_cpu_multi_thread_eigen=false" in env["XLA_FLAGS"]
     env = {}
     prepare_environment(Spec("torch"), env)
     assert env["KERAS_BACKEND"] == "torch" and env["KERAS_TORCH_DEVICE"] == "cpu"
