@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 # How long a sync waits for a server that answered earlier in this sync and then stopped
 # (seconds): a restart takes about a minute on a busy machine and must not end the sync.
 WAIT_S = float(os.environ.get("FXTRACK_SYNC_WAIT_S", "300"))
+RETRY_ROUNDS, RETRY_PAUSE_S = 10, 3.0  # for entries another process was writing (TryAgain)
 
 
 def main(argv: list[str]) -> int:
@@ -42,8 +44,29 @@ def main(argv: list[str]) -> int:
         return 1 if bad or scan.problems else 0
     counts: Counter[str] = Counter()
     given_up: dict[str, str] = {}  # target URI -> why: its server did not come back in time
+    again = []
     for entry in scan.entries:
-        counts[_sync_one(entry, args.uri, given_up)] += 1
+        outcome = _sync_one(entry, args.uri, given_up)
+        if outcome == "again":
+            again.append(entry)
+        else:
+            counts[outcome] += 1
+    # Entries whose run or parent another sync was writing: that takes seconds, so they are
+    # retried here rather than left for the next sync.
+    for _ in range(RETRY_ROUNDS):
+        if not again:
+            break
+        time.sleep(RETRY_PAUSE_S)
+        retry, again = again, []
+        for entry in retry:
+            outcome = _sync_one(entry, args.uri, given_up)
+            if outcome == "again":
+                again.append(entry)
+            else:
+                counts[outcome] += 1
+    for entry in again:
+        print(f"kept {entry.name}: another process was still writing its run", file=sys.stderr)
+    counts["kept"] += len(again)
     bad = spool.quarantined()
     unreadable = len(scan.problems) + counts["stuck"]
     earlier = len(bad) - counts["set aside"]  # set aside before this sync, or by its scan
@@ -60,7 +83,8 @@ def main(argv: list[str]) -> int:
 
 
 def _sync_one(entry: Path, uri: str | None, given_up: dict[str, str]) -> str:
-    """Deliver one entry; its outcome: uploaded, busy, kept, refused, set aside, stuck, gone."""
+    """Deliver one entry; its outcome: uploaded, busy, again, kept, refused, set aside, stuck,
+    gone."""
     from fxtrack.tracking import spool, writer
 
     try:
@@ -83,6 +107,8 @@ def _sync_one(entry: Path, uri: str | None, given_up: dict[str, str]) -> str:
             where = f"set aside in {e.set_aside}" if e.set_aside else "kept"
             print(f"{where}: {name} ({entry.name}) cannot be logged: {e}", file=sys.stderr)
             return "set aside" if e.set_aside else "stuck"
+        except writer.TryAgain:
+            return "again"
         except writer.EntryStuck as e:
             print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
             return "stuck"

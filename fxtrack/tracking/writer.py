@@ -18,8 +18,9 @@ never by the text of a message:
 - ``EntryInvalid`` (a TrackingRejected): the entry itself cannot be logged (a value that is no
   number, an unreadable artifact, a missing field); it is set aside in the spool's ``bad/``
   before anything reaches the server, so it never holds up the others;
-- ``EntryBusy``: another process has claimed it; ``EntryStuck``: the spool did not let us
-  claim it (read-only, no permission).
+- ``EntryBusy``: another process has claimed it; ``TryAgain``: another process is writing its
+  run or its parent's, retry in seconds; ``EntryStuck``: the spool did not let us claim it
+  (read-only, no permission).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from fxtrack.tracking import spool
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+# MLflow's "View run at" lines cost a get_run per closed run, on every result; fxtrack prints
+# the run id itself.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 import mlflow  # noqa: E402
 from filelock import FileLock  # noqa: E402
@@ -88,6 +92,11 @@ class EntryInvalid(TrackingRejected):
 
 class EntryBusy(TrackingUnavailable):
     """Another process has claimed this spool entry and is uploading it."""
+
+
+class TryAgain(TrackingUnavailable):
+    """Another live process is writing this result's run or its parent's right now: retry in
+    a few seconds (the entry is back in the spool)."""
 
 
 class EntryStuck(TrackingUnavailable):
@@ -442,8 +451,8 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
             # a half-logged attempt nobody writes now
             _discard(client, uri, existing.info.run_id, existing.info.artifact_uri)
         elif existing.info.run_id != adopt:
-            raise TrackingUnavailable(f"run {existing.info.run_id} for this result is being "
-                                      "written by another process; try again later")
+            raise TryAgain(f"run {existing.info.run_id} for this result is being written by "
+                           "another process; try again later")
     run_id, artifact_uri = _create(client, exp_id, record, payload, uri, adopt)
     try:
         if adopt:
@@ -561,8 +570,8 @@ def _create(client: MlflowClient, exp_id: str, record: dict[str, Any], payload: 
     keep = same[0].info.run_id if same else mine
     if keep != mine:
         client.delete_run(mine)  # another writer got there first: its run is the one
-        raise TrackingUnavailable(f"run {keep} for this result was created concurrently by "
-                                  "another process")
+        raise TryAgain(f"run {keep} for this result was created concurrently by another "
+                       "process")
     return mine, run.info.artifact_uri
 
 
@@ -585,8 +594,8 @@ def _parent_run(client: MlflowClient, exp_id: str, parent_id: str, uri: str) -> 
     except spool.SpoolError as e:
         raise EntryStuck(f"the sweep's parent entry cannot be claimed: {e}") from None
     if claimed is None:
-        raise TrackingUnavailable(f"the sweep's parent run ({parent_id}) is being logged by "
-                                  "another process; try again later")
+        raise TryAgain(f"the sweep's parent run ({parent_id}) is being logged by another "
+                       "process; try again later")
     try:
         record, files = load_entry(claimed)
         run_id = _log(record, prepare(record, files), uri)
