@@ -309,17 +309,19 @@ def test_a_sync_waits_for_a_restarting_server(home, server, capsys, monkeypatch)
     real = writer.deliver
     delivered = []
 
-    def restart_after_the_first(entry, uri=None):
+    def restart_after_the_first(entry, uri=None, **kw):
         if len(delivered) == 1:
             server.stop()  # down for a few seconds while the sync is on its second entry
             threading.Timer(3.0, server.start).start()
         delivered.append(entry)
-        return real(entry, uri)
+        return real(entry, uri, **kw)
     monkeypatch.setattr(writer, "deliver", restart_after_the_first)
     code, out, err = run_sync(capsys)
     assert code == 0 and "4 uploaded, 0 still spooled" in out, out + err
     assert "cannot reach the tracking server" in err and "HTTP 500" not in err
     assert "answers again" in err
+    # the entry that met the outage was retried under the same claim, by the same process
+    assert delivered[2].name == delivered[1].name + spool._claim_suffix()
     runs = experiment_runs(server.url, exp)
     assert len(runs) == 4 and all(r.info.status == "FINISHED" for r in runs)
     assert len({r.data.tags["fxtrack.result_id"] for r in runs}) == 4

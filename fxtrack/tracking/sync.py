@@ -95,48 +95,58 @@ def _sync_one(entry: Path, uri: str | None, given_up: dict[str, str]) -> str:
         record = {}  # deliver() sets it aside with the reason
     name = record.get("run_name") or entry.name
     target = uri or _with_credentials(record.get("uri", "")) or record.get("uri")
-    for attempt in (1, 2):
-        if target in given_up:
-            print(f"kept {name} ({entry.name}): {given_up[target]}", file=sys.stderr)
-            return "kept"
-        try:
-            run_id = writer.deliver(entry, target)
-        except writer.EntryBusy:
-            return "busy"  # another sync claimed it: that one reports it
-        except writer.EntryInvalid as e:
-            where = f"set aside in {e.set_aside}" if e.set_aside else "kept"
-            print(f"{where}: {name} ({entry.name}) cannot be logged: {e}", file=sys.stderr)
-            return "set aside" if e.set_aside else "stuck"
-        except writer.TryAgain:
-            return "again"
-        except writer.EntryStuck as e:
-            print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
-            return "stuck"
-        except writer.TrackingRejected as e:
-            print(f"kept {name} ({entry.name}): refused, fix this first: {e}", file=sys.stderr)
-            return "refused"
-        except writer.ServerUnreachable as e:
-            if attempt == 1 and target and writer.was_up(target):
-                print(f"fxtrack sync: {e}; waiting up to {WAIT_S:g} s for it", file=sys.stderr)
-                if writer.wait_for(target, WAIT_S):
-                    print("fxtrack sync: the tracking server answers again", file=sys.stderr)
-                    continue
-                given_up[target] = f"{e} (waited {WAIT_S:g} s)"
-            elif attempt == 1:
-                given_up[target or ""] = str(e)  # down from the start: nothing to wait for
-            # a second failure right after the server came back: this entry only, the next
-            # entries still try
-            print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
-            return "kept"
-        except writer.TrackingUnavailable as e:
-            print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
-            return "kept"
-        except Exception as e:  # noqa: BLE001 - one entry's surprise must not end the sync
-            print(f"kept {name} ({entry.name}): {type(e).__name__}: {e}", file=sys.stderr)
-            return "kept"
-        print(f"uploaded {name} -> run {run_id}")
-        return "uploaded"
-    return "kept"  # not reached: the second attempt returns
+    held: Path | None = None  # our claim, kept while waiting for the server: we retry it
+    try:
+        for attempt in (1, 2):
+            if target in given_up:
+                print(f"kept {name} ({entry.name}): {given_up[target]}", file=sys.stderr)
+                return "kept"
+            current, held = held or entry, None
+            try:
+                run_id = writer.deliver(current, target, hold=attempt == 1)
+            except writer.EntryBusy:
+                return "busy"  # another sync claimed it: that one reports it
+            except writer.TryAgain:
+                return "again"
+            except writer.EntryInvalid as e:
+                where = f"set aside in {e.set_aside}" if e.set_aside else "kept"
+                print(f"{where}: {name} ({entry.name}) cannot be logged: {e}", file=sys.stderr)
+                return "set aside" if e.set_aside else "stuck"
+            except writer.EntryStuck as e:
+                print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
+                return "stuck"
+            except writer.TrackingRejected as e:
+                print(f"kept {name} ({entry.name}): refused, fix this first: {e}",
+                      file=sys.stderr)
+                return "refused"
+            except writer.ServerUnreachable as e:
+                held = getattr(e, "claimed", None)
+                if attempt == 1 and target and writer.was_up(target):
+                    print(f"fxtrack sync: {e}; waiting up to {WAIT_S:g} s for it",
+                          file=sys.stderr)
+                    if writer.wait_for(target, WAIT_S):
+                        print("fxtrack sync: the tracking server answers again",
+                              file=sys.stderr)
+                        continue
+                    given_up[target] = f"{e} (waited {WAIT_S:g} s)"
+                elif attempt == 1:
+                    given_up[target or ""] = str(e)  # down from the start: nothing to wait for
+                # a second failure right after the server came back: this entry only, the
+                # next entries still try
+                print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
+                return "kept"
+            except writer.TrackingUnavailable as e:
+                print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
+                return "kept"
+            except Exception as e:  # noqa: BLE001 - one entry's surprise must not end the sync
+                print(f"kept {name} ({entry.name}): {type(e).__name__}: {e}", file=sys.stderr)
+                return "kept"
+            print(f"uploaded {name} -> run {run_id}")
+            return "uploaded"
+        return "kept"  # not reached: the second attempt returns
+    finally:
+        if held is not None:
+            spool.release(held)
 
 
 def _with_credentials(uri: str) -> str | None:

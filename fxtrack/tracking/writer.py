@@ -620,10 +620,14 @@ def _without_param_clashes(client: MlflowClient, run_id: str, payload: Payload) 
     return payload._replace(params=params)
 
 
-def deliver(entry: Path, uri: Optional[str] = None) -> str:
+def deliver(entry: Path, uri: Optional[str] = None, hold: bool = False) -> str:
     """Claim a spool entry, log it, then clear it; on TrackingUnavailable it goes back to the
     spool, on EntryInvalid it is set aside in ``bad/``. An entry another process holds raises
-    EntryBusy; one the spool does not let us claim, EntryStuck."""
+    EntryBusy; one the spool does not let us claim, EntryStuck.
+
+    ``hold``: on ServerUnreachable keep the claim (``error.claimed``), so that this process,
+    which may have left a RUNNING run of it, retries it after waiting (``deliver(claimed)``,
+    then ``spool.release(claimed)`` if it gives up)."""
     try:
         claimed = spool.claim(entry)
     except spool.SpoolError as e:
@@ -634,6 +638,12 @@ def deliver(entry: Path, uri: Optional[str] = None) -> str:
         run_id = log_entry(claimed, uri)
     except EntryInvalid as e:
         raise _set_aside(claimed, e) from None
+    except ServerUnreachable as e:
+        if hold:
+            e.claimed = claimed  # type: ignore[attr-defined]
+        else:
+            spool.release(claimed)
+        raise
     except BaseException:
         spool.release(claimed)
         raise
