@@ -21,14 +21,32 @@ SECRET_NAME = re.compile(r"PASSWORD|PASSWD|PASSPHRASE|TOKEN(?!IZERS)|SECRET|KEY|
                          r"|COOKIE|SESSION|PRIVATE|DSN", re.IGNORECASE)
 # Variables worth recording in environment.json: what changes how a framework computes or where
 # it runs. An allowlist, because a denylist of secret names misses the next one (issue 14).
+# TensorFlow's own variables by their families, not all of TF_*: Terraform puts its inputs and
+# tokens in TF_VAR_*, TF_TOKEN_*, TF_CLI_* (issue 25, item 11).
 _RECORDED = re.compile(
-    r"^(CUDA_|NVIDIA_|CUDNN_|CUBLAS_|NCCL_|XLA_|JAX_|TF_|TORCH|PYTORCH_|OMP_|MKL_|KMP_|OPENBLAS_"
+    r"^(CUDA_|NVIDIA_|CUDNN_|CUBLAS_|NCCL_|XLA_|JAX_|TORCH|PYTORCH_|OMP_|MKL_|KMP_|OPENBLAS_"
+    r"|TF_(CPP|XLA|ENABLE|DISABLE|GPU|FORCE|NUM|CUDNN|USE|MKL|ONEDNN|DETERMINISTIC|AUTOTUNE"
+    r"|DUMP|INTER_OP|INTRA_OP|ALLOW|SYNC|PER_DEVICE|KERAS)_|TF_CONFIG$|TF2_BEHAVIOR$"
     r"|ONEDNN_|DNNL_|HIP_|ROCR_|TPU_|FXTRACK_|HYDRA_FULL_ERROR$|PYTHONHASHSEED$|LD_PRELOAD$"
     r"|SLURM_(JOB_ID|JOB_NAME|NNODES|NTASKS|NTASKS_PER_NODE|NODEID|PROCID|LOCALID|CPUS_PER_TASK"
     r"|GPUS|GPUS_PER_NODE|JOB_NUM_NODES)$|MLFLOW_(TRACKING_URI|REGISTRY_URI|EXPERIMENT_NAME"
     r"|EXPERIMENT_ID|RUN_ID|S3_ENDPOINT_URL|HTTP_REQUEST_\w+)$)")
 # scheme://user[:password]@ inside any text; the scheme may carry a driver (postgresql+psycopg2).
 _URI_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s'\"]+@")
+# Values that look like a credential whatever their variable is called: well-known token
+# formats (GitHub, GitLab, Slack, AWS, OpenAI/Anthropic-style keys, JWTs, PEM keys), a
+# secret-named option inside a value (--password=x, token: x), and long random-looking strings.
+_TOKEN_VALUE = re.compile(
+    r"(gh[pousr]_[A-Za-z0-9]{20,}|github_pat_\w{20,}|glpat-[\w-]{20,}|xox[abposr]-[\w-]{10,}"
+    r"|A[KS]IA[A-Z0-9]{16}|sk-[\w-]{20,}|eyJ[\w-]{10,}\.[\w-]{10,}\.[\w-]*"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?(-----END [A-Z ]*PRIVATE KEY-----|$))")
+_SECRET_OPTION = re.compile(
+    r"((?:PASSWORD|PASSWD|PASS|PWD|TOKEN|SECRET|API_?KEY|ACCESS_?KEY|CREDENTIALS?|AUTH)"
+    r"[\w.-]*\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s,;&]+)", re.IGNORECASE)
+# (a word of 24+ letters and digits mixing cases and digits; not a path part; a hyphenated
+# id such as a GPU UUID has shorter words)
+_RANDOM_LOOKING = re.compile(r"(?<![\w/.+=])(?=[\w+=]*[a-z])(?=[\w+=]*[A-Z])(?=[\w+=]*\d)"
+                             r"[\w+=]{24,}(?![\w/.+=])")
 
 
 def redact_uri(uri: str) -> str:
@@ -47,6 +65,14 @@ def redact_uri(uri: str) -> str:
 def redact_uri_text(text: str) -> str:
     """``text`` with any ``scheme://user:password@`` credentials removed."""
     return _URI_CREDENTIALS.sub(r"\1", text)
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` without URI credentials and without anything that looks like a token, a key
+    or a secret-named option's value (each replaced by ``***``)."""
+    text = _TOKEN_VALUE.sub("***", redact_uri_text(text))
+    text = _SECRET_OPTION.sub(lambda m: m.group(1) + "***", text)
+    return _RANDOM_LOOKING.sub("***", text)
 
 
 def secret_values(environ: Mapping[str, str] | None = None) -> list[str]:
@@ -152,7 +178,8 @@ def host_tags() -> dict[str, str]:
 
 def environment_snapshot() -> dict[str, object]:
     """What goes into environment.json: host facts and the allowlisted variables, every value
-    with URI credentials removed, no secret-named variable at all."""
-    env = {k: redact_uri_text(v) for k, v in sorted(os.environ.items())
+    with URI credentials and credential-looking values removed, no secret-named variable at
+    all."""
+    env = {k: redact_credentials(v) for k, v in sorted(os.environ.items())
            if _RECORDED.match(k) and not SECRET_NAME.search(k)}
     return {"host": host_tags(), "platform": platform.platform(), "environment": env}

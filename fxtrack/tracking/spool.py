@@ -4,7 +4,11 @@ tracking server acknowledged the whole run, so a failure never loses a measureme
 Layout under ``spool_dir()``: ``<result_id>/`` (``record.json`` + ``artifacts/``) is waiting;
 ``<result_id>.claim-<host>-<pid>/`` is being uploaded by that process (claimed by an atomic
 ``rename``, so two ``fxtrack sync`` processes never upload the same entry); ``bad/<name>/``
-holds entries that cannot be read, with ``reason.txt``, set aside so the rest still upload.
+holds entries that cannot be read or delivered, with ``reason.txt``, set aside so the rest
+still upload.
+
+Every filesystem error is raised as SpoolError (or reported by ``scan``), never swallowed: a
+read-only or full spool must not look like an empty one.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, NamedTuple, Optional
+
+import psutil
 
 RECORD = "record.json"
 BAD = "bad"
@@ -26,7 +32,12 @@ CLAIM_LEASE_S = float(os.environ.get("FXTRACK_CLAIM_LEASE_S", "3600"))
 
 
 class SpoolError(OSError):
-    """The spool cannot be written; raised before a worker starts, so no result is lost."""
+    """The spool cannot be written or read (read-only, full, no permission); the message says
+    which path and why."""
+
+
+def _why(e: OSError) -> str:
+    return f"{type(e).__name__}: {e.strerror or e}"
 
 
 def spool_dir() -> Path:
@@ -42,30 +53,46 @@ def check_writable() -> Path:
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe.write_text("ok")
-        probe.unlink()
     except OSError as e:
         raise SpoolError(f"the result spool {root} is not writable ({e.strerror or e}): set "
                          "FXTRACK_HOME to a writable directory") from None
+    finally:
+        try:
+            probe.unlink(missing_ok=True)  # also the empty file a full disk leaves behind
+        except OSError:
+            pass
     return root
 
 
 def write(record: dict[str, Any], artifacts: dict[str, Path | str]) -> Path:
-    """Spool one run: ``record`` (JSON-able) plus artifact files (paths copied, strings written)."""
+    """Spool one run: ``record`` (JSON-able) plus artifact files (paths copied, strings written).
+    Raises SpoolError (and leaves no partial entry behind) when it cannot be written whole."""
     entry = spool_dir() / record["result_id"]
     tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "artifacts").mkdir(parents=True)
-    for name, content in artifacts.items():
-        target = tmp / "artifacts" / name
-        if isinstance(content, Path):
-            if content.exists():
-                shutil.copyfile(content, target)
-        else:
-            target.write_text(content)
-    (tmp / RECORD).write_text(json.dumps(record, indent=1))
-    shutil.rmtree(entry, ignore_errors=True)
-    tmp.rename(entry)  # atomic: a half-written entry is never seen as spooled
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "artifacts").mkdir(parents=True)
+        for name, content in artifacts.items():
+            target = tmp / "artifacts" / name
+            if isinstance(content, Path):
+                if content.exists():
+                    shutil.copyfile(content, target)
+            else:
+                target.write_text(content)
+        (tmp / RECORD).write_text(json.dumps(record, indent=1))
+        shutil.rmtree(entry, ignore_errors=True)
+        tmp.rename(entry)  # atomic: a half-written entry is never seen as spooled
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)  # a full disk must not keep half an entry
+        raise SpoolError(f"could not spool result {record['result_id']} in {entry.parent} "
+                         f"({_why(e)})") from None
     return entry
+
+
+def artifacts(entry: Path) -> list[tuple[str, Path]]:
+    """The artifact files of an entry, by name (raises OSError when they cannot be listed)."""
+    folder = entry / "artifacts"
+    return [(p.name, p) for p in sorted(folder.iterdir())] if folder.is_dir() else []
 
 
 def _is_entry(p: Path) -> bool:
@@ -73,43 +100,85 @@ def _is_entry(p: Path) -> bool:
         and not p.name.startswith(".")
 
 
-def pending() -> Iterator[Path]:
+class Scan(NamedTuple):
+    entries: list[Path]  # waiting, parents first
+    problems: list[tuple[Path, str]]  # what could be neither read nor set aside, and why
+
+
+def scan() -> Scan:
     """Unclaimed entries, parents (sweeps) before their children, oldest first. Claims of dead
     processes are taken back first; unreadable entries are moved to ``bad/`` (see
-    ``quarantined``) instead of stopping the rest."""
+    ``quarantined``) instead of stopping the rest, and what cannot even be moved is reported in
+    ``problems``, so that it is never mistaken for an empty spool."""
     root = spool_dir()
     if not root.is_dir():
-        return iter(())
-    reclaim_stale()
+        return Scan([], [])
+    problems: list[tuple[Path, str]] = []
+    try:
+        reclaim_stale()
+        children = list(root.iterdir())
+    except OSError as e:
+        return Scan([], [(root, f"cannot list the spool ({_why(e)})")])
     keyed = []
-    for p in root.iterdir():
-        if not _is_entry(p):
-            continue
+    for p in children:
         try:
+            if not _is_entry(p):
+                continue
             record = load(p)
             keyed.append(((record.get("parent_result_id") is not None,
                            (p / RECORD).stat().st_mtime), p))
         except FileNotFoundError:
             continue  # claimed by another process meanwhile
         except (OSError, ValueError, AttributeError) as e:
-            quarantine(p, f"unreadable record: {type(e).__name__}: {e}")
-    return iter(p for _, p in sorted(keyed))
+            reason = f"unreadable record: {type(e).__name__}: {e}"
+            try:
+                quarantine(p, reason)
+            except SpoolError as err:
+                problems.append((p, f"{reason}; not set aside either: {err}"))
+    return Scan([p for _, p in sorted(keyed)], problems)
+
+
+def pending() -> Iterator[Path]:
+    """The waiting entries of ``scan()``."""
+    return iter(scan().entries)
 
 
 def quarantined() -> list[Path]:
     bad = spool_dir() / BAD
-    return sorted(bad.iterdir()) if bad.is_dir() else []
+    try:
+        return sorted(bad.iterdir()) if bad.is_dir() else []
+    except OSError:
+        return []  # an unlistable bad/ is reported by scan() with the spool itself
+
+
+def reason_of(entry: Path) -> str:
+    """Why a set-aside entry is in ``bad/``."""
+    try:
+        return (entry / "reason.txt").read_text().strip() or "?"
+    except OSError as e:
+        return f"? (reason.txt unreadable: {_why(e)})"
 
 
 def quarantine(entry: Path, reason: str) -> Optional[Path]:
-    """Set an unreadable entry aside in ``bad/`` with ``reason.txt`` (kept for a human)."""
-    target = spool_dir() / BAD / f"{entry.name}-{uuid.uuid4().hex[:6]}"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Set an entry that cannot be read or delivered aside in ``bad/`` with ``reason.txt``
+    (kept for a human). The reason is written before the move, so nothing lands in ``bad/``
+    without one. None if the entry was taken meanwhile; SpoolError if it cannot be set aside
+    (it then stays where it was, for the caller to report)."""
+    note = entry / "reason.txt"
+    target = spool_dir() / BAD / f"{entry.name.split(_CLAIM)[0]}-{uuid.uuid4().hex[:6]}"
     try:
+        note.write_text(reason + "\n")
+        target.parent.mkdir(parents=True, exist_ok=True)
         entry.rename(target)
-    except OSError:
+    except FileNotFoundError:
         return None  # claimed or moved meanwhile
-    (target / "reason.txt").write_text(reason + "\n")
+    except OSError as e:
+        try:
+            note.unlink(missing_ok=True)  # no half-written reason left in the entry
+        except OSError:
+            pass
+        raise SpoolError(f"could not set {entry.name} aside in {target.parent} ({_why(e)})") \
+            from None
     return target
 
 
@@ -123,15 +192,21 @@ def find(result_id: str) -> Optional[Path]:
 
 
 def claim(entry: Path) -> Optional[Path]:
-    """Take ``entry`` for this process by an atomic rename; None if another process has it."""
+    """Take ``entry`` for this process by an atomic rename; None if another process has it.
+    SpoolError if the spool does not allow it (read-only, no permission)."""
     if _CLAIM in entry.name:
         return entry if entry.name.endswith(_claim_suffix()) else None
     claimed = entry.with_name(entry.name + _claim_suffix())
     try:
         entry.rename(claimed)
+    except FileNotFoundError:
+        return None  # another process renamed it first
+    except OSError as e:
+        raise SpoolError(f"cannot claim {entry} ({_why(e)})") from None
+    try:
+        os.utime(claimed)  # the claim's age counts from now
     except OSError:
-        return None
-    os.utime(claimed)  # the claim's age counts from now
+        pass  # the lease then counts from the spooling: only ever earlier, never lost
     return claimed
 
 
@@ -153,13 +228,7 @@ def _claim_suffix() -> str:
 
 
 def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return psutil.pid_exists(pid)
 
 
 def reclaim_stale() -> None:
@@ -184,5 +253,8 @@ def load(entry: Path) -> dict[str, Any]:
     return record
 
 
-def remove(entry: Path) -> None:
+def remove(entry: Path) -> bool:
+    """Delete a delivered entry; False if it could not be (the next sync then finds its run
+    already logged and clears it)."""
     shutil.rmtree(entry, ignore_errors=True)
+    return not entry.exists()

@@ -5,22 +5,35 @@ a multirun, created when the sweep starts and closed when it ends). Runs are fou
 their ``fxtrack.result_id`` tag, which makes logging idempotent: ``fxtrack sync`` may replay a
 spool entry that was half-logged when the server went away.
 
-Every delivery error ends as one of two exceptions, classified by HTTP status
-(``MlflowException.get_http_status_code()``), never by the text of a message:
-``TrackingUnavailable`` (the server or store is down, busy or slow: retry later, the entry stays
-spooled) and its subclass ``TrackingRejected`` (4xx: bad credentials, no permission, a deleted
-experiment, a malformed URI: retrying cannot help, the message says what to fix).
+Every delivery error ends as one of these exceptions, all TrackingUnavailable (the entry is not
+in MLflow yet), classified by type and HTTP status (``MlflowException.get_http_status_code()``),
+never by the text of a message:
+
+- ``TrackingUnavailable``: the server or store is busy or failing (5xx, a locked database):
+  retry later, the entry stays spooled;
+- ``ServerUnreachable``: no connection at all (refused, reset, timed out): it may be restarting,
+  a caller may wait for it (``wait_for``);
+- ``TrackingRejected`` (4xx: bad credentials, no permission, a deleted experiment, a malformed
+  URI): retrying cannot help, the message says what to fix;
+- ``EntryInvalid`` (a TrackingRejected): the entry itself cannot be logged (a value that is no
+  number, an unreadable artifact, a missing field); it is set aside in the spool's ``bad/``
+  before anything reaches the server, so it never holds up the others;
+- ``EntryBusy``: another process has claimed it; ``TryAgain``: another process is writing its
+  run or its parent's, retry in seconds; ``EntryStuck``: the spool did not let us claim it
+  (read-only, no permission).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 from urllib.parse import urlsplit
 
 from fxtrack.environment import redact_uri, redact_uri_text
@@ -30,21 +43,37 @@ from fxtrack.tracking import spool
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+# MLflow's "View run at" lines cost a get_run per closed run, on every result; fxtrack prints
+# the run id itself.
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 import mlflow  # noqa: E402
 from filelock import FileLock  # noqa: E402
-from mlflow.entities import Metric, Param, RunTag  # noqa: E402
+from mlflow.entities import Metric, Param, RunStatus, RunTag  # noqa: E402
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 # A server that accepts connections but never answers is found out by one /health request with
 # this timeout (seconds), instead of MLflow's 3 x 15 s per request.
 PROBE_TIMEOUT_S = float(os.environ.get("FXTRACK_PROBE_TIMEOUT_S", "5"))
+# A server found unreachable is spooled for without trying for this long (s), then probed again:
+# a sweep's later jobs see it come back after a restart instead of giving up for good.
+DOWN_RECHECK_S = float(os.environ.get("FXTRACK_DOWN_RECHECK_S", "60"))
+# A /health answer is trusted for this long (s): one probe per sync, not one per entry.
+UP_FRESH_S = 30.0
 SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
-_DOWN: dict[str, str] = {}  # uri -> why: once down, the rest of this process spools at once
+_DOWN: dict[str, tuple[str, float]] = {}  # uri -> (why, when): spool at once until rechecked
+_UP: dict[str, float] = {}  # uri -> when it last answered
+_CLIENTS: dict[str, MlflowClient] = {}  # one client (one HTTP session) per URI per process
+_EXPERIMENTS: dict[tuple[str, str], str] = {}  # (uri, name) -> experiment id
+_PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment id, result id) -> run id
 
 
 class TrackingUnavailable(RuntimeError):
     """The tracking server could not take the run now; the record stays in the spool."""
+
+
+class ServerUnreachable(TrackingUnavailable):
+    """No connection to the tracking server (refused, reset, timed out): down or restarting."""
 
 
 class TrackingRejected(TrackingUnavailable):
@@ -52,8 +81,26 @@ class TrackingRejected(TrackingUnavailable):
     URI or experiment); the message says what to fix."""
 
 
+class EntryInvalid(TrackingRejected):
+    """The entry itself cannot be logged; ``set_aside`` is where it went (None: it could not be
+    moved and stays in the spool)."""
+
+    def __init__(self, message: str, set_aside: Optional[Path] = None) -> None:
+        super().__init__(message)
+        self.set_aside = set_aside
+
+
 class EntryBusy(TrackingUnavailable):
     """Another process has claimed this spool entry and is uploading it."""
+
+
+class TryAgain(TrackingUnavailable):
+    """Another live process is writing this result's run or its parent's right now: retry in
+    a few seconds (the entry is back in the spool)."""
+
+
+class EntryStuck(TrackingUnavailable):
+    """The spool does not let this process claim the entry (read-only, no permission)."""
 
 
 def tracking_uri(configured: Optional[str], launch_dir: str) -> str:
@@ -63,14 +110,18 @@ def tracking_uri(configured: Optional[str], launch_dir: str) -> str:
 
 
 def client_for(uri: str) -> MlflowClient:
-    """A client for ``uri``. A sqlite store is created and migrated once, under a file lock:
-    several first runs at once otherwise race in alembic's migration and all but one crash."""
-    if uri.startswith("sqlite:///"):
-        db = Path(uri[len("sqlite:///"):])
-        db.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(f"{db}.lock", timeout=600):
-            _sqlite_store(uri)
-    return MlflowClient(uri)
+    """The client for ``uri``, one per process (one HTTP session: MLflow reads credentials from
+    the environment at each request). A sqlite store is created and migrated once, under a file
+    lock: several first runs at once otherwise race in alembic's migration and all but one crash."""
+    client = _CLIENTS.get(uri)
+    if client is None:
+        if uri.startswith("sqlite:///"):
+            db = Path(uri[len("sqlite:///"):])
+            db.parent.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{db}.lock", timeout=600):
+                _sqlite_store(uri)
+        client = _CLIENTS[uri] = MlflowClient(uri)
+    return client
 
 
 def _sqlite_store(uri: str):
@@ -115,32 +166,72 @@ def check_target(uri: str, experiment: str) -> None:
 
 
 def probe(uri: str) -> None:
-    """For an HTTP server: one ``/health`` request with a short timeout, remembered for the rest
-    of the process. Raises TrackingUnavailable when it does not answer."""
-    if uri in _DOWN:
-        raise TrackingUnavailable(_DOWN[uri])
+    """For an HTTP server: one ``/health`` request with a short timeout, trusted for
+    UP_FRESH_S; a server found down is not tried again for DOWN_RECHECK_S. Raises
+    ServerUnreachable when it does not answer."""
+    down = _DOWN.get(uri)
+    if down and time.monotonic() - down[1] < DOWN_RECHECK_S:
+        raise ServerUnreachable(down[0])
     if not uri.startswith(("http://", "https://")):
         return
+    if time.monotonic() - _UP.get(uri, -UP_FRESH_S) < UP_FRESH_S:
+        return
+    _health(uri)
+
+
+def _health(uri: str) -> None:
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S) as r:
             r.read(64)
     except urllib.error.HTTPError:
-        return  # it answers; the API calls will say what is wrong
+        pass  # it answers; the API calls will say what is wrong
     except Exception as e:  # noqa: BLE001 - refused, reset, timed out: all mean "not now"
         mark_down(uri, f"no answer from {redact_uri(uri)}/health within {PROBE_TIMEOUT_S:g} s "
                        f"({type(e).__name__})")
-        raise TrackingUnavailable(_DOWN[uri]) from None
+        raise ServerUnreachable(_DOWN[uri][0]) from None
+    _DOWN.pop(uri, None)
+    _UP[uri] = time.monotonic()
+    _ANSWERED.add(uri)
+
+
+_ANSWERED: set[str] = set()  # URIs that answered at least once in this process
 
 
 def mark_down(uri: str, why: str) -> None:
-    _DOWN[uri] = why
+    _DOWN[uri] = (why, time.monotonic())
+    _UP.pop(uri, None)
+
+
+def was_up(uri: str) -> bool:
+    """Whether ``uri`` answered at least once in this process (so it is worth waiting for)."""
+    return uri in _ANSWERED
+
+
+def wait_for(uri: str, seconds: float, every_s: float = 2.0) -> bool:
+    """Probe ``uri`` every ``every_s`` until it answers (True) or ``seconds`` pass (False)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        _DOWN.pop(uri, None)
+        _UP.pop(uri, None)
+        try:
+            _health(uri)
+            return True
+        except ServerUnreachable:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(every_s, left))
 
 
 def classify(e: BaseException, record: dict[str, Any]) -> TrackingUnavailable:
-    """Any delivery error as TrackingRejected (HTTP 4xx: say what to fix) or
-    TrackingUnavailable (anything else: retry later)."""
+    """Any delivery error as ServerUnreachable (no connection), TrackingRejected (HTTP 4xx:
+    say what to fix) or TrackingUnavailable (anything else: retry later)."""
     if isinstance(e, TrackingUnavailable):
         return e
+    if _unreachable(e):  # before the status: MLflow reports a refused connection as a 500
+        return ServerUnreachable(f"cannot reach the tracking server at {record.get('uri')} "
+                                 f"({_root_cause(e)}); it may be down or restarting")
     if isinstance(e, mlflow.exceptions.MlflowException):
         status = e.get_http_status_code()
         if status == 401:
@@ -155,10 +246,36 @@ def classify(e: BaseException, record: dict[str, Any]) -> TrackingUnavailable:
             return TrackingRejected(f"the tracking server refused the run (HTTP {status}): "
                                     f"{_first_line(e)}")
         return TrackingUnavailable(f"HTTP {status}: {_first_line(e)}")
-    if isinstance(e, (OSError, ConnectionError)):
-        return TrackingUnavailable(f"{type(e).__name__}: {_first_line(e)}")
     # e.g. sqlalchemy's OperationalError ("database is locked"): keep the entry, retry later.
     return TrackingUnavailable(f"{type(e).__name__}: {_first_line(e)}")
+
+
+def _chain(e: Optional[BaseException]):
+    seen: list[BaseException] = []
+    while e is not None and not any(e is s for s in seen):
+        seen.append(e)
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _unreachable(e: BaseException) -> bool:
+    """No connection could be made or kept (refused, reset, DNS, timed out), by the exception
+    types in its chain: MLflow wraps requests' errors in an MlflowException."""
+    import requests
+
+    for link in _chain(e):
+        if isinstance(link, requests.exceptions.SSLError):
+            return False  # a certificate problem: waiting cannot fix it
+        if isinstance(link, (requests.exceptions.ConnectionError, requests.exceptions.Timeout,
+                             ConnectionError, TimeoutError, socket.gaierror)):
+            return True
+    return False
+
+
+def _root_cause(e: BaseException) -> str:
+    last = list(_chain(e))[-1]
+    text = getattr(last, "strerror", None) or _first_line(last)
+    return f"{type(last).__name__}: {text}"
 
 
 def _first_line(e: BaseException) -> str:
@@ -167,21 +284,28 @@ def _first_line(e: BaseException) -> str:
 
 
 def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
+    known = _EXPERIMENTS.get((uri, name))
+    if known is not None:
+        return known  # one lookup per sync, not one per entry
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             raise TrackingRejected(f"experiment {name!r} is deleted: restore it or choose "
                                    "another tracking.experiment")
-        return exp.experiment_id
-    try:
-        if uri.startswith("sqlite:///"):
-            return _sqlite_store(uri).create_experiment(name)
-        return client.create_experiment(name)
-    except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent process
-        exp = client.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return exp.experiment_id
+        exp_id = exp.experiment_id
+    else:
+        try:
+            if uri.startswith("sqlite:///"):
+                exp_id = _sqlite_store(uri).create_experiment(name)
+            else:
+                exp_id = client.create_experiment(name)
+        except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent process
+            exp = client.get_experiment_by_name(name)
+            if exp is None:
+                raise
+            exp_id = exp.experiment_id
+    _EXPERIMENTS[(uri, name)] = exp_id
+    return exp_id
 
 
 def find_runs(client: MlflowClient, experiment_id: str, result_id: str) -> list:
@@ -196,24 +320,115 @@ def find_run(client: MlflowClient, experiment_id: str, result_id: str):
     return runs[0] if runs else None
 
 
+class Payload(NamedTuple):
+    """What a record sends, checked and converted before anything reaches the server."""
+    params: list[Param]
+    tags: list[RunTag]
+    metrics: list[Metric]
+    files: list[tuple[str, Path | str]]  # artifact name -> file to upload, or its text
+
+
+_REQUIRED = ("kind", "result_id", "run_name", "status")
+
+
+def prepare(record: dict[str, Any], files: list[tuple[str, Path | str]]) -> Payload:
+    """The record's params, tags, metrics and artifacts as MLflow takes them. Raises
+    EntryInvalid (the entry's own fault: no retry can help) for a missing field, a value that
+    is no number, a name MLflow refuses, an artifact that cannot be read."""
+    missing = [key for key in _REQUIRED if not record.get(key)]
+    if not (record.get("experiment") or record.get("experiment_id") or record.get("adopt_run_id")):
+        missing.append("experiment")
+    if missing:
+        raise EntryInvalid(f"the record has no {', '.join(missing)}")
+    if record["kind"] not in ("job", "sweep"):
+        raise EntryInvalid(f"the record's kind {record['kind']!r} is neither 'job' nor 'sweep'")
+    try:
+        RunStatus.from_string(record["status"])
+    except Exception:  # noqa: BLE001 - MLflow raises a bare Exception for an unknown status
+        raise EntryInvalid(f"the record's status {record['status']!r} is not an MLflow run "
+                           "status") from None
+    end = record.get("end_time_ms") or int(time.time() * 1000)
+    try:
+        params = [Param(str(k), str(v)[:6000]) for k, v in (record.get("params") or {}).items()]
+        tags = [RunTag(str(k), str(v)[:5000]) for k, v in (record.get("tags") or {}).items()]
+        metrics = [Metric(str(k), _number(k, v), int(end), 0)
+                   for k, v in (record.get("metrics") or {}).items()]
+        times = record.get("series_times_ms") or {}
+        for key, values in (record.get("series") or {}).items():
+            stamps = times.get(key) or [end] * len(values)
+            metrics += [Metric(str(key), _number(key, v), int(t), i)
+                        for i, (v, t) in enumerate(zip(values, stamps))]
+    except (AttributeError, TypeError, ValueError) as e:
+        raise EntryInvalid(f"the record is malformed ({type(e).__name__}: {e})") from None
+    _check_names(params, tags, metrics)
+    readable: list[tuple[str, Path | str]] = []
+    for name, content in files:
+        try:
+            if isinstance(content, Path) and content.is_file():
+                with open(content, "rb") as f:
+                    f.read(1)
+            elif isinstance(content, Path) and not content.is_dir():
+                continue  # a file the run never wrote (spool.write skips it too)
+        except OSError as e:
+            raise EntryInvalid(f"artifact {name} cannot be read ({type(e).__name__}: "
+                               f"{e.strerror or e})") from None
+        readable.append((name, content))
+    return Payload(params, tags, metrics, readable)
+
+
+def _number(key: str, value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise EntryInvalid(f"metric {key!r} is not a number: {value!r:.80}") from None
+
+
+def _check_names(params: list[Param], tags: list[RunTag], metrics: list[Metric]) -> None:
+    """MLflow's own name rules, applied here so that a bad name sets the entry aside instead of
+    failing half-way through a run on the server."""
+    from mlflow.utils import validation
+
+    try:
+        for p in params:
+            validation._validate_param_name(p.key)
+        for t in tags:
+            validation._validate_tag_name(t.key)
+        for m in {m.key for m in metrics}:
+            validation._validate_metric_name(m)
+    except mlflow.exceptions.MlflowException as e:
+        raise EntryInvalid(f"MLflow refuses a name in the record: {_first_line(e)}") from None
+
+
+def load_entry(entry: Path) -> tuple[dict[str, Any], list[tuple[str, Path | str]]]:
+    """A claimed entry's record and artifact files; EntryInvalid if they cannot be read."""
+    try:
+        return spool.load(entry), list(spool.artifacts(entry))
+    except (OSError, ValueError, AttributeError) as e:
+        raise EntryInvalid(f"unreadable entry: {type(e).__name__}: {e}") from None
+
+
 def log_entry(entry: Path, uri: Optional[str] = None) -> str:
     """Log one spool entry (to ``uri``, else the record's own); returns the run id.
-    Raises TrackingUnavailable (or TrackingRejected) when the target cannot take it."""
-    record = spool.load(entry)
-    target = uri or record["uri"]
+    Raises TrackingUnavailable (or one of its kinds) when it cannot be logged now."""
+    record, files = load_entry(entry)
+    return _deliver_record(record, files, uri or record["uri"])
+
+
+def _deliver_record(record: dict[str, Any], files: list[tuple[str, Path | str]],
+                    target: str) -> str:
+    payload = prepare(record, files)  # the entry's own faults, before any request
     try:
         probe(target)
-        return _log(entry, record, target)
+        return _log(record, payload, target)
     except Exception as e:  # noqa: BLE001 - every delivery error is classified, none crashes
         error = classify(e, record)
-        server_error = not isinstance(e, TrackingUnavailable)  # not our own "busy, later"
-        if server_error and not isinstance(error, TrackingRejected) and \
+        if isinstance(error, ServerUnreachable) and not isinstance(e, TrackingUnavailable) and \
                 target.startswith(("http://", "https://")):
-            mark_down(target, str(error))  # the rest of this process spools without trying
+            mark_down(target, str(error))  # the next entries spool at once until rechecked
         raise error from None
 
 
-def _log(entry: Path, record: dict[str, Any], uri: str) -> str:
+def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
     client = client_for(uri)
     adopt = record.get("adopt_run_id")  # the run `mlflow run` created for this entry point
     if adopt:
@@ -222,28 +437,82 @@ def _log(entry: Path, record: dict[str, Any], uri: str) -> str:
         exp_id = record.get("experiment_id") or _experiment_id(client, record["experiment"], uri)
     existing = find_run(client, exp_id, record["result_id"])
     if record["kind"] == "sweep":
-        run_id = existing.info.run_id if existing else _create(client, exp_id, record, uri, adopt)
+        run_id = existing.info.run_id if existing else \
+            _create(client, exp_id, record, payload, uri, adopt)[0]
         if record["status"] != "RUNNING":
-            _log_values(client, run_id, record)
+            client.log_batch(run_id, metrics=payload.metrics, params=payload.params,
+                             tags=payload.tags)
             client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
         return run_id
     if existing is not None:
         if existing.info.status != "RUNNING":
             return existing.info.run_id  # logged completely before: nothing to do
         if existing.info.run_id != adopt and (_stale(existing) or _mine(existing)):
-            client.delete_run(existing.info.run_id)  # a half-logged attempt nobody writes now
+            # a half-logged attempt nobody writes now
+            _discard(client, uri, existing.info.run_id, existing.info.artifact_uri)
         elif existing.info.run_id != adopt:
-            raise TrackingUnavailable(f"run {existing.info.run_id} for this result is being "
-                                      "written by another process; try again later")
-    run_id = _create(client, exp_id, record, uri, adopt)
-    if adopt:
-        record = _without_param_clashes(client, adopt, record)
-    _log_values(client, run_id, record)
-    artifacts = entry / "artifacts"
-    for path in sorted(artifacts.iterdir()) if artifacts.is_dir() else []:
-        client.log_artifact(run_id, str(path))
-    client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
+            raise TryAgain(f"run {existing.info.run_id} for this result is being written by "
+                           "another process; try again later")
+    run_id, artifact_uri = _create(client, exp_id, record, payload, uri, adopt)
+    try:
+        if adopt:
+            payload = _without_param_clashes(client, adopt, payload)
+        # params and metrics in as few requests as MLflow's batch limits allow (its client
+        # splits them); the tags went with create_run
+        client.log_batch(run_id, metrics=payload.metrics, params=payload.params)
+        _upload(client, run_id, uri, artifact_uri, payload.files)
+        client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
+    except Exception as e:
+        if run_id != adopt and not _unreachable(e):
+            try:  # no RUNNING leftover: the retry creates the run afresh
+                _discard(client, uri, run_id, artifact_uri)
+            except Exception:  # noqa: BLE001, S110 - the re-check replaces it (_mine, _stale)
+                pass
+        raise
     return run_id
+
+
+def _upload(client: MlflowClient, run_id: str, uri: str, artifact_uri: Optional[str],
+            files: list[tuple[str, Path | str]]) -> None:
+    """Each artifact once, straight to the run's artifact location (no get_run per file);
+    texts and renamed files go through a temporary directory."""
+    if not files:
+        return
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    repo = get_artifact_repository(artifact_uri, tracking_uri=uri) if artifact_uri else None
+    tmp: Optional[Path] = None
+    try:
+        for name, content in files:
+            if not (isinstance(content, Path) and content.name == name):
+                tmp = tmp or Path(tempfile.mkdtemp(prefix="fxtrack-upload-"))
+                path = tmp / name
+                if isinstance(content, Path):
+                    shutil.copyfile(content, path)
+                else:
+                    path.write_text(content)
+                content = path
+            if repo is None:
+                client.log_artifact(run_id, str(content))
+            elif content.is_dir():
+                repo.log_artifacts(str(content), name)
+            else:
+                repo.log_artifact(str(content))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _discard(client: MlflowClient, uri: str, run_id: str, artifact_uri: Optional[str]) -> None:
+    """Delete a run and its artifacts (MLflow's delete_run keeps them until `mlflow gc`)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    try:
+        if artifact_uri:
+            get_artifact_repository(artifact_uri, tracking_uri=uri).delete_artifacts()
+    except Exception:  # noqa: BLE001, S110 - a leftover folder costs disk space, never a result
+        pass
+    client.delete_run(run_id)
 
 
 # A RUNNING run of this result whose writer is gone is a half-logged leftover, safe to replace.
@@ -275,24 +544,25 @@ def _mine(run) -> bool:
     return host == socket.gethostname() and rest.partition(":")[0] == str(os.getpid())
 
 
-def _create(client: MlflowClient, exp_id: str, record: dict[str, Any], uri: str,
-            adopt: Optional[str] = None) -> str:
-    """A new run for ``record`` (or the adopted one), tagged with its result id and parent.
-    After create_run, runs with the same result id are looked up again: when a concurrent
-    writer made one too, the oldest is kept and the others deleted (exactly one per result)."""
-    tags = dict(record["tags"], **{"fxtrack.result_id": record["result_id"],
-                                   WRITER_TAG: _writer_tag()})
+def _create(client: MlflowClient, exp_id: str, record: dict[str, Any], payload: Payload,
+            uri: str, adopt: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """A new run for ``record`` (or the adopted one), tagged with its result id and parent, and
+    its artifact location (None for an adopted run). After create_run, runs with the same
+    result id are looked up again: when a concurrent writer made one too, the oldest is kept
+    and the others deleted (exactly one per result)."""
+    tags = {t.key: t.value for t in payload.tags}
+    tags.update({"fxtrack.result_id": record["result_id"], WRITER_TAG: _writer_tag()})
     parent_id = record.get("parent_result_id")
     if parent_id:
         parent = _parent_run(client, exp_id, parent_id, uri)
         if parent is not None:
-            tags["mlflow.parentRunId"] = parent.info.run_id
+            tags["mlflow.parentRunId"] = parent
     if adopt:  # `mlflow run` set its own user and source tags (type PROJECT): keep them
         tags = {k: v for k, v in tags.items()
                 if not k.startswith(("mlflow.source.", "mlflow.user", "mlflow.git"))}
         tags["mlflow.runName"] = record["run_name"]
         client.log_batch(adopt, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-        return adopt
+        return adopt, None
     run = client.create_run(exp_id, run_name=record["run_name"], tags=tags,
                             start_time=record.get("start_time_ms"))
     mine = run.info.run_id
@@ -300,70 +570,133 @@ def _create(client: MlflowClient, exp_id: str, record: dict[str, Any], uri: str,
     keep = same[0].info.run_id if same else mine
     if keep != mine:
         client.delete_run(mine)  # another writer got there first: its run is the one
-        raise TrackingUnavailable(f"run {keep} for this result was created concurrently by "
-                                  "another process")
-    return mine
+        raise TryAgain(f"run {keep} for this result was created concurrently by another "
+                       "process")
+    return mine, run.info.artifact_uri
 
 
-def _parent_run(client: MlflowClient, exp_id: str, parent_id: str, uri: str):
-    """The parent's run; if only its spool entry exists, it is delivered first, so the child
-    keeps its link. A parent being delivered by another process: wait for it (retry later)."""
+def _parent_run(client: MlflowClient, exp_id: str, parent_id: str, uri: str) -> Optional[str]:
+    """The parent's run id (looked up once per process); if only its spool entry exists, it is
+    delivered first, so the child keeps its link. A parent being delivered by another process:
+    wait for it (retry later)."""
+    key = (uri, exp_id, parent_id)
+    if key in _PARENTS:
+        return _PARENTS[key]
     parent = find_run(client, exp_id, parent_id)
     if parent is not None:
-        return parent
+        _PARENTS[key] = parent.info.run_id
+        return parent.info.run_id
     waiting = spool.find(parent_id)
     if waiting is None:
         return None  # the parent went elsewhere (or never existed): log the child unlinked
-    claimed = spool.claim(waiting)
-    if claimed is None:
-        raise TrackingUnavailable(f"the sweep's parent run ({parent_id}) is being logged by "
-                                  "another process; try again later")
     try:
-        _log(claimed, spool.load(claimed), uri)
+        claimed = spool.claim(waiting)
+    except spool.SpoolError as e:
+        raise EntryStuck(f"the sweep's parent entry cannot be claimed: {e}") from None
+    if claimed is None:
+        raise TryAgain(f"the sweep's parent run ({parent_id}) is being logged by another "
+                       "process; try again later")
+    try:
+        record, files = load_entry(claimed)
+        run_id = _log(record, prepare(record, files), uri)
+    except EntryInvalid as e:
+        _set_aside(claimed, e)  # the parent cannot be logged: the child goes unlinked
+        return None
     except BaseException:
         spool.release(claimed)
         raise
     spool.remove(claimed)
-    return find_run(client, exp_id, parent_id)
+    _PARENTS[key] = run_id
+    return run_id
 
 
-def _without_param_clashes(client: MlflowClient, run_id: str,
-                           record: dict[str, Any]) -> dict[str, Any]:
+def _without_param_clashes(client: MlflowClient, run_id: str, payload: Payload) -> Payload:
     """An adopted run may already hold a param with another value (``mlflow run`` logs
     ``batch_size=null``; fxtrack resolved it to 256). MLflow params are immutable, so the
     resolved value goes under ``fxtrack.resolved.<key>``."""
     logged = client.get_run(run_id).data.params
-    params = {}
-    for key, value in record.get("params", {}).items():
-        clash = key in logged and logged[key] != str(value)
-        params[f"fxtrack.resolved.{key}" if clash else key] = value
-    return dict(record, params=params)
+    params = [Param(f"fxtrack.resolved.{p.key}" if p.key in logged and logged[p.key] != p.value
+                    else p.key, p.value) for p in payload.params]
+    return payload._replace(params=params)
 
 
-def _log_values(client: MlflowClient, run_id: str, record: dict[str, Any]) -> None:
-    """Params, tags and metrics in one ``log_batch`` (MLflow splits it within its limits).
-    Metrics carry the record's end time; per-step points carry their own spooled times."""
-    end = record.get("end_time_ms") or int(time.time() * 1000)
-    params = [Param(k, str(v)[:6000]) for k, v in record.get("params", {}).items()]
-    tags = [RunTag(k, str(v)[:5000]) for k, v in record.get("tags", {}).items()]
-    metrics = [Metric(k, float(v), end, 0) for k, v in record.get("metrics", {}).items()]
-    times = record.get("series_times_ms") or {}
-    for key, values in record.get("series", {}).items():
-        stamps = times.get(key) or [end] * len(values)
-        metrics += [Metric(key, float(v), int(t), i) for i, (v, t) in enumerate(zip(values, stamps))]
-    client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
-
-
-def deliver(entry: Path, uri: Optional[str] = None) -> str:
+def deliver(entry: Path, uri: Optional[str] = None, hold: bool = False) -> str:
     """Claim a spool entry, log it, then clear it; on TrackingUnavailable it goes back to the
-    spool. An entry another process holds raises TrackingUnavailable."""
-    claimed = spool.claim(entry)
+    spool, on EntryInvalid it is set aside in ``bad/``. An entry another process holds raises
+    EntryBusy; one the spool does not let us claim, EntryStuck.
+
+    ``hold``: on ServerUnreachable keep the claim (``error.claimed``), so that this process,
+    which may have left a RUNNING run of it, retries it after waiting (``deliver(claimed)``,
+    then ``spool.release(claimed)`` if it gives up)."""
+    try:
+        claimed = spool.claim(entry)
+    except spool.SpoolError as e:
+        raise EntryStuck(str(e)) from None
     if claimed is None:
         raise EntryBusy(f"{entry.name} is being uploaded by another process")
     try:
         run_id = log_entry(claimed, uri)
+    except EntryInvalid as e:
+        raise _set_aside(claimed, e) from None
+    except ServerUnreachable as e:
+        if hold:
+            e.claimed = claimed  # type: ignore[attr-defined]
+        else:
+            spool.release(claimed)
+        raise
     except BaseException:
         spool.release(claimed)
         raise
     spool.remove(claimed)
     return run_id
+
+
+def _set_aside(claimed: Path, error: EntryInvalid) -> EntryInvalid:
+    """Move a claimed entry that cannot be logged to ``bad/`` with its reason; if even that
+    fails (a read-only or full spool), give it back and say both."""
+    try:
+        where = spool.quarantine(claimed, str(error))
+    except spool.SpoolError as e:
+        spool.release(claimed)
+        return EntryInvalid(f"{error}; and it could not be set aside ({e}), so it stays in the "
+                            "spool")
+    return EntryInvalid(str(error), where)
+
+
+def log_record(record: dict[str, Any], artifacts: dict[str, Path | str],
+               uri: str) -> tuple[Optional[str], str, Optional[str]]:
+    """Spool ``record`` with ``artifacts`` (name -> file or text), then deliver it to ``uri``:
+    the orchestrator's one call. Returns (run id or None, where it went, a message for the
+    terminal or None). A result that cannot be spooled (a full or read-only disk) is still
+    delivered directly; if that fails too, the message says it is lost and what survives."""
+    name = record.get("run_name") or record.get("result_id")
+    shown = record.get("uri") or redact_uri(uri)
+    try:
+        entry = spool.write(record, artifacts)
+    except spool.SpoolError as spool_error:
+        try:
+            run_id = _deliver_record(record, list(artifacts.items()), uri)
+        except TrackingUnavailable as e:
+            left = [str(p) for p in artifacts.values() if isinstance(p, Path) and p.is_file()]
+            return None, "LOST", (
+                f"fxtrack: the result of {name} is LOST: it could not be spooled ({spool_error}) "
+                f"nor logged to {shown} ({e})"
+                + (f"; still on disk: {', '.join(left)}" if left else ""))
+        return run_id, f"mlflow run {run_id}, not spooled", (
+            f"fxtrack: could not spool the result of {name} ({spool_error}); it was logged "
+            f"directly to {shown} as run {run_id}")
+    try:
+        run_id = deliver(entry, uri)
+    except EntryInvalid as e:
+        return None, "set aside", (
+            f"fxtrack: the result of {name} cannot be logged: {e}\n"
+            f"fxtrack: it is kept in {e.set_aside or entry}")
+    except TrackingRejected as e:
+        return None, "spooled", (
+            f"fxtrack: {shown} refused the run: {e}\n"
+            f"fxtrack: the result is kept in {entry}; fix that, then run `fxtrack sync`")
+    except TrackingUnavailable as e:
+        return None, "spooled", (
+            f"fxtrack: could not log to {shown}: {e}\n"
+            f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server is back")
+    return run_id, f"mlflow run {run_id}", None
