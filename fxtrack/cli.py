@@ -24,7 +24,7 @@ SUBCOMMANDS = {
                "installed frameworks, their versions, the devices each sees, the peak FLOP/s"),
     "report": ("fxtrack.report.cli:main",
                "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)"),
-    "sync": ("fxtrack.orchestrator.sync:sync",
+    "sync": ("fxtrack.tracking.sync:main",
              "upload results that an unreachable tracking server missed"),
 }
 # A first word that is neither a Hydra override (key=value, +key=value, ~key) nor an option.

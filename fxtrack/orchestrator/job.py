@@ -118,23 +118,14 @@ class Job:
         return name, result, run_id
 
     def log(self, record: dict, artifacts: dict) -> tuple[str | None, str]:
-        """Spool ``record``, deliver it; (run id or None, where it went)."""
-        from fxtrack.tracking import spool, writer
+        """Spool ``record``, deliver it (directly if it cannot be spooled); (run id or None,
+        where it went)."""
+        from fxtrack.tracking import writer
 
-        entry = spool.write(record, artifacts)
-        try:
-            run_id = writer.deliver(entry, self.uri)
-        except writer.TrackingRejected as e:
-            print(f"fxtrack: {record['uri']} refused the run: {e}\n"
-                  f"fxtrack: the result is kept in {entry}; fix that, then run `fxtrack sync`",
-                  file=sys.stderr)
-            return None, "spooled"
-        except writer.TrackingUnavailable as e:
-            print(f"fxtrack: could not log to {record['uri']}: {e}\n"
-                  f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server "
-                  "is back", file=sys.stderr)
-            return None, "spooled"
-        return run_id, f"mlflow run {run_id}"
+        run_id, where, message = writer.log_record(record, artifacts, self.uri)
+        if message:
+            print(message, file=sys.stderr)
+        return run_id, where
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:

@@ -107,7 +107,7 @@ class SweepRun(Callback):
                   "kept in the local spool", file=sys.stderr)
 
     def _deliver(self, config: DictConfig, status: str) -> None:
-        from fxtrack.tracking import records, spool, writer
+        from fxtrack.tracking import records, writer
 
         uri = writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
         name = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.localtime(self.started))}"
@@ -115,14 +115,11 @@ class SweepRun(Callback):
         record = records.parent_record(self.sweep_id, uri, config.tracking.experiment, name,
                                        {"fxtrack.sweep": " ".join(overrides)}, status,
                                        start_time_ms=int(self.started * 1000))
-        entry = spool.write(record, {})
-        try:
-            writer.deliver(entry, uri)
-            self.spooled = False
-        except writer.TrackingUnavailable as e:
-            self.spooled = True
-            print(f"fxtrack: could not log the sweep's parent run: {e}; kept in the local "
-                  "spool, run `fxtrack sync` later", file=sys.stderr)
+        run_id, _, message = writer.log_record(record, {}, uri)
+        self.spooled = run_id is None
+        if message:
+            print(f"fxtrack: the sweep's parent run: {message.removeprefix('fxtrack: ')}",
+                  file=sys.stderr)
 
 
 def close_interrupted(status: str = "KILLED") -> None:

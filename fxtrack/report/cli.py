@@ -106,18 +106,16 @@ def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> No
     The run has ``fxtrack.kind=report`` and no ``fxtrack.framework`` tag, so that the next report
     does not read it as a benchmark.
     """
-    from fxtrack.tracking import records, spool, writer
+    from fxtrack.tracking import records, writer
 
     params = {"format": ",".join(args.formats), "runs_read": selection.read,
               "runs_kept": len(selection.runs)}
     if args.filter:
         params["filter"] = args.filter
     record = records.report_record(uri, args.experiment, params)
-    entry = spool.write(record, {path.name: path for path in files})
-    try:
-        run_id = writer.deliver(entry, uri)
-    except writer.TrackingUnavailable as e:
-        print(f"{PROG}: could not log the report run: {e}; it is kept in {entry}, run "
-              "`fxtrack sync` later", file=sys.stderr)
+    run_id, _, message = writer.log_record(record, {path.name: path for path in files}, uri)
+    if run_id is None:
+        print(f"{PROG}: the report run: {(message or '').removeprefix('fxtrack: ')}",
+              file=sys.stderr)
         return
     print(f"{PROG}: logged the files as MLflow run {run_id} (run name 'report')", file=sys.stderr)

@@ -272,7 +272,7 @@ def _write(args: argparse.Namespace, result: Comparison, found: list[Table], uri
 def _log(uri: str, args: argparse.Namespace, result: Comparison, files: list[Path]) -> None:
     """The comparison as a run of its own experiment, through the one MLflow writer: params say
     what was compared, metrics how it came out, the files are its artifacts."""
-    from fxtrack.tracking import records, spool, writer
+    from fxtrack.tracking import records, writer
 
     params = {"experiment": args.experiment, "baseline": args.baseline,
               "candidate": args.candidate, "metric": args.metric, "threshold_pct": args.threshold,
@@ -286,11 +286,9 @@ def _log(uri: str, args: argparse.Namespace, result: Comparison, files: list[Pat
                          "improvements": sum(p.verdict.startswith("improvement") for p in result.pairs)}
     if changes:
         record["metrics"].update(change_pct_min=min(changes), change_pct_max=max(changes))
-    entry = spool.write(record, {p.name: p for p in files})
-    try:
-        run_id = writer.deliver(entry, uri)
-    except writer.TrackingUnavailable as e:
-        print(f"{PROG}: could not log the comparison: {e}; it is kept in {entry}, run "
-              "`fxtrack sync` later", file=sys.stderr)
+    run_id, _, message = writer.log_record(record, {p.name: p for p in files}, uri)
+    if run_id is None:
+        print(f"{PROG}: the comparison run: {(message or '').removeprefix('fxtrack: ')}",
+              file=sys.stderr)
         return
     print(f"{PROG}: logged as MLflow run {run_id} in experiment {COMPARISONS!r}", file=sys.stderr)
