@@ -164,7 +164,7 @@ _READERS: dict[str, Callable[[], str]] = {
 
 @functools.lru_cache(maxsize=1)
 def host_tags() -> dict[str, str]:
-    """Hardware/software tags of this host (DESIGN.md section 5); unreadable facts are dropped."""
+    """Hardware/software tags of this host (docs/contract.md#tags); unreadable facts are dropped."""
     tags = {}
     for key, read in _READERS.items():
         try:

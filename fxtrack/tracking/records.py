@@ -81,7 +81,7 @@ def display_name(spec: JobSpec) -> str:
     """The run name plus what sets this config apart where the run name cannot: lever values
     other than their defaults and a forced ``framework.compile``, e.g. ``torch-bert-inference-
     fp32-x1 [onnxruntime, dynamic_int8]``. For console lines and closing tables; the MLflow run
-    name stays DESIGN.md's (the levers are params there)."""
+    name keeps the form of docs/contract.md#run-layout (the levers are params there)."""
     extras = [value for value, default in ((spec.runtime, "native"), (spec.quantize, "none"),
                                            (spec.parallel, "ddp"), (spec.memory, "none"))
               if value != default]
