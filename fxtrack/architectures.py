@@ -1,7 +1,7 @@
 """The one architecture table: every framework reads its model sizes from here.
 
 Canonical sizes follow the papers and the public reference implementations whose trainable
-parameter counts DESIGN.md fixes:
+parameter counts docs/contract.md#groups fixes:
 
 - ResNet-50 v1.5 (He et al. 2015, stride 2 on the 3x3 conv of each down-sampling bottleneck as in
   torchvision): 25,557,032 parameters with 1000 classes.
@@ -54,7 +54,7 @@ _TABLE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     ),
 }
 
-# Trainable parameters of the canonical models (DESIGN.md section 2); the correctness guard and
+# Trainable parameters of the canonical models (docs/contract.md#groups); the correctness guard and
 # the parity tests compare every framework against these.
 PARAM_COUNTS = {
     "resnet50": 25_557_032,
@@ -67,7 +67,7 @@ PARAM_COUNTS = {
 MODELS = tuple(_TABLE)
 SIZES = ("full", "tiny")
 
-# The keys a user may override per family (DESIGN.md section 2).
+# The keys a user may override per family (docs/contract.md#keys).
 USER_KEYS = {
     "resnet": ("image_size", "num_classes"),
     "vit": ("image_size", "num_classes", "patch", "layers", "hidden", "heads", "mlp_dim"),

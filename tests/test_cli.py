@@ -180,7 +180,8 @@ def test_every_scenario_lands_through_the_cli(tmp_path):
 
 def test_display_name_tells_lever_variants_apart():
     """Console lines and closing tables name a config's levers (a deployment sweep's 24 rows
-    otherwise all read the same); the MLflow run name stays DESIGN.md's."""
+    otherwise all read the same); the MLflow run name keeps the contract's form
+    (docs/contract.md#run-layout)."""
     from conftest import job_spec
     from fxtrack.tracking.records import display_name, run_name
 

@@ -193,7 +193,7 @@ def worker_results(tmp_path_factory):
     for scenario in ("train", "inference"):
         spec = job_spec("torch", "vit", tmp_path_factory.mktemp(scenario), steps=2,
                         warmup_steps=1, scenario=scenario,
-                        runner=f"fxtrack.scenarios.{scenario}.run")
+                        runner=f"fxtrack.scenarios.{scenario}:run")
         result = run(spec)
         assert result.status == "FINISHED", result.error
         out[scenario] = (spec, result)
@@ -321,11 +321,12 @@ def test_every_config_key_is_in_the_contract():
 
 
 def _help(command: str) -> str:
-    from fxtrack import commands
+    from fxtrack.cli import SUBCOMMANDS
+    from fxtrack.frameworks.declaration import import_path
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        getattr(commands, command)(["--help"])
+        import_path(SUBCOMMANDS[command][0])(["--help"])
     return out.getvalue()
 
 

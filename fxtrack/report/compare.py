@@ -175,7 +175,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Did the candidate runs get slower than the baseline runs? Pairs "
         "each config of the runs two MLflow filters select and states candidate/baseline with "
-        "a 95%% interval and a verdict. Exit status 1 when a regression exceeds --fail-above.")
+        "a 95% interval and a verdict. Exit status 1 when a regression exceeds --fail-above.")
     parser.add_argument("--experiment", default="fxtrack", help="MLflow experiment (default: %(default)s)")
     parser.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else "
                         "sqlite:///<current directory>/mlflow.db)")

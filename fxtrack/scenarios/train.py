@@ -11,7 +11,7 @@ from fxtrack.scenarios.timed import run_timed
 
 
 def run(backend: Backend, result: Result) -> None:
-    """Fill ``result`` with the training measurements of DESIGN.md section 4."""
+    """Fill ``result`` with the training measurements (docs/contract.md, scenario=train)."""
     handles = run_timed(backend, result, lambda: backend.train_step,
                         flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
