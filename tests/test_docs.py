@@ -177,7 +177,11 @@ def test_the_scan_finds_the_metrics_it_must():
 
 
 def test_every_metric_the_code_writes_is_in_the_contract():
-    missing = undocumented(scanned_metric_keys(), first_column_names(section("Metrics")))
+    from fxtrack.measure import cost
+
+    # cost metrics are named in a table (rate -> cost key), which the scan does not read
+    keys = scanned_metric_keys() | set(cost.RATES.values())
+    missing = undocumented(keys, first_column_names(section("Metrics")))
     assert not missing, f"metric keys missing from docs/contract.md's Metrics tables: {missing}"
 
 
