@@ -26,7 +26,12 @@ class ConfigError(ValueError):
 
 class Refused(ConfigError):
     """A valid config that has no path (``framework=tensorflow parallel=fsdp``): a single run
-    stops, a sweep skips the cell as not supported."""
+    stops, a sweep skips the cell as not supported. Carries the checked config and its
+    architecture, so that the cell can be named like the runs."""
+
+    def __init__(self, why: str, conf: FxtrackConfig, arch: architectures.Arch) -> None:
+        super().__init__(why)
+        self.conf, self.arch = conf, arch
 
 
 def valid_keys(frameworks: Iterable[str]) -> set[str]:
@@ -114,5 +119,5 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
     why = refusal(conf)
     if why is not None:
-        raise Refused(why)
+        raise Refused(why, conf, arch)
     return conf, arch

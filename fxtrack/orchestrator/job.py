@@ -18,6 +18,7 @@ from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
+from fxtrack.orchestrator.sweep import sync_advice
 from fxtrack.tracking.records import NOISY_CV
 
 
@@ -131,8 +132,8 @@ class Job:
             return None, "spooled"
         except writer.TrackingUnavailable as e:
             print(f"fxtrack: could not log to {record['uri']}: {e}\n"
-                  f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server "
-                  "is back", file=sys.stderr)
+                  f"fxtrack: the result is kept in {entry}: {sync_advice(self.uri)}",
+                  file=sys.stderr)
             return None, "spooled"
         return run_id, f"mlflow run {run_id}"
 
