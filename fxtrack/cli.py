@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from fxtrack.paths import CONF_DIR, CONFIG_DIR_ENV, user_config_dirs
 
@@ -136,7 +137,13 @@ def run_app() -> None:
     exit_on_sigterm()
     sys.argv[1:] = with_user_searchpath(sys.argv[1:], user_config_dirs())
     check_overrides(sys.argv[1:])
-    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)
+    started: list[bool] = []
+
+    def job(cfg: Any) -> None:
+        started.append(True)  # from here on an error is the job's, not the config's
+        task(cfg)
+
+    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(job)
     if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's own full traces
         app()
         return
@@ -146,15 +153,16 @@ def run_app() -> None:
     try:
         app()
     except Exception as e:  # noqa: BLE001 - anything but a config error goes on as it was
-        line = config_error_line(e)
+        line = None if started else config_error_line(e)
         if line is None:
             raise
         config_error(line)
 
 
-def config_groups() -> set[str]:
-    """The config groups (``conf/<group>/`` here and in the user's config directories)."""
-    return {d.name for root in [CONF_DIR, *user_config_dirs()] if root.is_dir()
+def config_groups(extra: list[Path]) -> set[str]:
+    """The config groups: ``<group>/`` in fxtrack's conf/, the user's config directories and
+    ``extra`` (``--config-dir``, ``hydra.searchpath``)."""
+    return {d.name for root in [CONF_DIR, *user_config_dirs(), *extra] if root.is_dir()
             for d in root.iterdir() if d.is_dir()}
 
 
@@ -169,12 +177,18 @@ def check_overrides(args: list[str]) -> None:
     from fxtrack.config.frameworks import declared
     from fxtrack.config.validate import unknown_key, valid_keys
 
-    overrides = get_args_parser().parse_args(args).overrides
+    options = get_args_parser().parse_args(args)
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
+        parsed = OverridesParser.create().parse_overrides(options.overrides)
     except OverrideParseException as e:
         config_error(f"cannot parse the overrides: {_first_line(e)}")
-    valid = valid_keys(declared()) | config_groups()
+    dirs = [Path(options.config_dir)] if options.config_dir else []
+    for override in (o for o in parsed if o.key_or_group == "hydra.searchpath"):
+        for entry in re.findall(r"[\w+]+://[^,\]\s]+", override.input_line or ""):
+            if not entry.startswith("file://"):
+                return  # groups we cannot list (pkg://): Hydra checks every key itself
+            dirs.append(Path(entry[len("file://"):]))
+    valid = valid_keys(declared()) | config_groups(dirs)
     for override in parsed:
         key = override.key_or_group
         if (override.is_hydra_override() or override.is_add() or override.is_force_add()

@@ -52,7 +52,9 @@ class SweepRun(Callback):
             try:
                 validate(cfg)
             except Refused as e:  # the task skips it again when its turn comes (app.skip)
-                self.not_supported.append(f"[{' '.join(overrides)}]: {e}")
+                from fxtrack.tracking.records import redact_overrides
+
+                self.not_supported.append(f"[{' '.join(redact_overrides(list(overrides)))}]: {e}")
             except ConfigError as e:
                 print(f"fxtrack: invalid config in job [{' '.join(overrides)}]: {e}", file=sys.stderr)
                 sys.exit(2)
