@@ -14,7 +14,13 @@ from omegaconf import DictConfig
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.config.validate import ConfigError, Refused, validate
 from fxtrack.orchestrator.job import Job, job_spec
-from fxtrack.orchestrator.sweep import JOBS_DIR, SWEEP_ID_ENV, SWEEP_TOTAL_ENV, skipped_job, sync_advice
+from fxtrack.orchestrator.sweep import (
+    JOBS_DIR,
+    SWEEP_ID_ENV,
+    SWEEP_TOTAL_ENV,
+    skipped_job,
+    sync_advice,
+)
 from fxtrack.tracking.records import display_name
 
 

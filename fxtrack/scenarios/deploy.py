@@ -40,6 +40,8 @@ from fxtrack.scenarios.timed import run_timed
 FP32_REL_ERR = 1e-3
 INT8_REL_ERR = 0.1
 INT8_TOP1 = 0.9
+
+
 def export_artefact(backend: Backend, exporter: Any, work: Path) -> Path:
     """Write what ``spec.runtime`` serves into ``work``; returns its path."""
     spec = backend.spec
