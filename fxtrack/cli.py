@@ -8,6 +8,7 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from fxtrack.paths import CONF_DIR, CONFIG_DIR_ENV, user_config_dirs
 
@@ -135,7 +136,93 @@ def run_app() -> None:
     register()
     exit_on_sigterm()
     sys.argv[1:] = with_user_searchpath(sys.argv[1:], user_config_dirs())
-    hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)()
+    check_overrides(sys.argv[1:])
+    started: list[bool] = []
+
+    def job(cfg: Any) -> None:
+        started.append(True)  # from here on an error is the job's, not the config's
+        task(cfg)
+
+    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(job)
+    if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's own full traces
+        app()
+        return
+    # Hydra prints its composition errors over several lines and exits 1; raised instead, each
+    # is reported as one line with the config errors' exit status, 2.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        app()
+    except Exception as e:  # noqa: BLE001 - anything but a config error goes on as it was
+        line = None if started else config_error_line(e)
+        if line is None:
+            raise
+        config_error(line)
+
+
+def config_groups(extra: list[Path]) -> set[str]:
+    """The config groups: ``<group>/`` in fxtrack's conf/, the user's config directories and
+    ``extra`` (``--config-dir``, ``hydra.searchpath``)."""
+    return {d.name for root in [CONF_DIR, *user_config_dirs(), *extra] if root.is_dir()
+            for d in root.iterdir() if d.is_dir()}
+
+
+def check_overrides(args: list[str]) -> None:
+    """Stop (exit 2, one line) on an override Hydra cannot parse, or on a key without ``+`` that
+    no schema defines: the same did-you-mean as ``+key=value`` gets (Hydra would only advise
+    ``+``). Keys of every declared framework pass here; Hydra then checks them per framework."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    from fxtrack.config.frameworks import declared
+    from fxtrack.config.validate import unknown_key, valid_keys
+
+    options = get_args_parser().parse_args(args)
+    try:
+        parsed = OverridesParser.create().parse_overrides(options.overrides)
+    except OverrideParseException as e:
+        config_error(f"cannot parse the overrides: {_first_line(e)}")
+    dirs = [Path(options.config_dir)] if options.config_dir else []
+    for override in (o for o in parsed if o.key_or_group == "hydra.searchpath"):
+        for entry in re.findall(r"[\w+]+://[^,\]\s]+", override.input_line or ""):
+            if not entry.startswith("file://"):
+                return  # groups we cannot list (pkg://): Hydra checks every key itself
+            dirs.append(Path(entry[len("file://"):]))
+    valid = valid_keys(declared()) | config_groups(dirs)
+    for override in parsed:
+        key = override.key_or_group
+        if (override.is_hydra_override() or override.is_add() or override.is_force_add()
+                or override.package is not None or "/" in key):
+            continue  # Hydra's own, a deliberate addition (validate checks it), a package path
+        if key not in valid:
+            config_error(str(unknown_key(key, valid)))
+
+
+def config_error_line(e: BaseException) -> str | None:
+    """One line for an error Hydra or OmegaConf raised while composing the config (an unknown
+    option lists the options); None for any other exception."""
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(e, (HydraException, OmegaConfBaseException)):
+        return None
+    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        return (f"{group}={option}: no such option; {group} is one of "
+                f"{', '.join(sorted(e.options))}")
+    line = _first_line(e)
+    cause = _first_line(e.__cause__) if e.__cause__ is not None else ""
+    return f"{line}: {cause}" if cause and cause not in line else line
+
+
+def config_error(line: str) -> None:
+    """Stop before any work as the task does for an invalid config: one line, exit status 2."""
+    print(f"fxtrack: invalid config: {line}", file=sys.stderr)
+    sys.exit(2)
+
+
+def _first_line(e: BaseException) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
 
 
 def exit_on_sigterm() -> None:

@@ -193,3 +193,32 @@ def test_display_name_tells_lever_variants_apart():
     assert run_name(int8) == "torch-bert-inference-fp32-x1"
     forced = job_spec("jax", "vit", parallel="fsdp", memory="checkpoint", compile=False)
     assert display_name(forced) == "jax-vit-train-fp32-x1 [fsdp, checkpoint, compile=false]"
+
+
+def test_fxtrack_with_an_unknown_word_lists_the_sub_commands(tmp_path):
+    from fxtrack.cli import SUBCOMMANDS
+
+    for word in ("nonsense", "help"):
+        proc = subprocess.run([sys.executable, "-m", "fxtrack", word], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert f"invalid choice: '{word}'" in proc.stderr
+        assert all(name in proc.stderr for name in SUBCOMMANDS), proc.stderr
+
+
+def test_a_server_that_refuses_connections_names_the_sync_command(tmp_path, capsys, monkeypatch):
+    """Preflight: the result will be spooled, and `fxtrack sync --uri URI` (credentials removed)
+    delivers it, since a plain `fxtrack sync` retries the URI each result was spooled with."""
+    from types import SimpleNamespace
+
+    from fxtrack.orchestrator.app import preflight
+
+    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
+    uri = "http://alice:s3cret@127.0.0.1:9"  # port 9 (discard): nothing listens, refused at once
+    conf = SimpleNamespace(tracking=SimpleNamespace(uri=uri, experiment="fxtrack"))
+    preflight(conf, str(tmp_path))
+    err = capsys.readouterr().err
+    assert "the result will be kept in the local spool" in err
+    assert "`fxtrack sync --uri http://127.0.0.1:9`" in err and "a plain `fxtrack sync`" in err
+    assert "s3cret" not in err and "alice" not in err
+    assert err.count("\n") == 1

@@ -1,43 +1,106 @@
-"""A composed config checked before any work starts: unknown keys, values, the architecture and
-whether the scenario and framework exist, each reported as one ConfigError naming the key."""
+"""A composed config checked before any work starts: unknown keys, values, the architecture,
+whether the scenario and framework exist, each reported as one ConfigError naming the key; and
+whether the combination has a path (``fxtrack.scenarios.rules``): a ``Refused`` config."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib.util
+import os
+from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
 from fxtrack import architectures
 from fxtrack.config import schema
+from fxtrack.config.frameworks import declared
 from fxtrack.config.schema import FxtrackConfig
+from fxtrack.scenarios import rules
 
 
 class ConfigError(ValueError):
     """A config that cannot run; reported in one line before any work starts."""
 
 
-def unknown_keys(cfg: DictConfig) -> None:
-    """Raise ConfigError for a key no schema defines (``+batchsize=8``: Hydra's ``+`` adds any
-    key), naming the closest valid one."""
-    groups = {f.name: f.type for f in dataclasses.fields(FxtrackConfig)}
+class Refused(ConfigError):
+    """A valid config that has no path (``framework=tensorflow parallel=fsdp``): a single run
+    stops, a sweep skips the cell as not supported. Carries the checked config and its
+    architecture, so that the cell can be named like the runs."""
+
+    def __init__(self, why: str, conf: FxtrackConfig, arch: architectures.Arch) -> None:
+        super().__init__(why)
+        self.conf, self.arch = conf, arch
+
+
+def valid_keys(frameworks: Iterable[str]) -> set[str]:
+    """Every key the schema defines, ``group.key`` included, with the own keys of
+    ``frameworks`` (``framework.<setting>``)."""
+    groups = {f.name for f in dataclasses.fields(FxtrackConfig)}
     nested = {g: {f.name for f in dataclasses.fields(c)} for g, c in schema._GROUP_SCHEMAS.items()}
-    nested["framework"] = {f.name for f in dataclasses.fields(  # with the framework's own keys
-        schema.framework_schema(str(cfg.framework.get("name", ""))))}
+    nested["framework"] = {f.name for name in frameworks
+                           for f in dataclasses.fields(schema.framework_schema(name))}
     nested["tracking"] = {f.name for f in dataclasses.fields(schema.TrackingConfig)}
     nested["model"] = {f.name for c in schema._MODEL_SCHEMAS.values()
                        for f in dataclasses.fields(c)}
-    valid = set(groups) | {f"{g}.{k}" for g, keys in nested.items() for k in keys}
+    return groups | {f"{g}.{k}" for g, keys in nested.items() for k in keys}
+
+
+def unknown_key(name: str, valid: set[str]) -> ConfigError:
+    """The error for a key no schema defines, naming the closest valid one."""
+    close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else ""
+    return ConfigError(f"unknown config key {name!r}{hint} (python -m fxtrack --help lists the "
+                       "keys)")
+
+
+def unknown_keys(cfg: DictConfig) -> None:
+    """Raise ConfigError for a key no schema defines (``+batchsize=8``: Hydra's ``+`` adds any
+    key), naming the closest valid one."""
+    valid = valid_keys([str(cfg.framework.get("name", ""))])
+    nested = {key.partition(".")[0] for key in valid if "." in key}
     for key in cfg:
         names = [key] if key not in nested or not isinstance(cfg[key], DictConfig) else \
             [f"{key}.{k}" for k in cfg[key]]
         for name in names:
             if name not in valid:
-                close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)
-                hint = f"; did you mean {close[0]}?" if close else ""
-                raise ConfigError(f"unknown config key {name!r}{hint} (python -m fxtrack --help "
-                                  "lists the keys)")
+                raise unknown_key(name, valid)
+
+
+@functools.lru_cache(maxsize=None)
+def expected_device_kind(hardware: str) -> Optional[str]:
+    """The device kind a run will use, as far as it can be known without starting a framework:
+    ``hardware=cpu|gpu`` as given; ``auto`` is ``cpu`` where no NVIDIA GPU is visible (no NVML
+    device, or CUDA_VISIBLE_DEVICES empty), else None (the framework may still not see it: the
+    rules about the device kind are then the worker's)."""
+    if hardware in ("cpu", "gpu"):
+        return hardware
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return "cpu"
+    try:
+        import pynvml  # nvidia-ml-py: a thin ctypes binding, no framework
+    except ImportError:
+        return None if os.path.exists("/proc/driver/nvidia") else "cpu"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no driver: no NVIDIA GPU any framework could use
+        return "cpu"
+    try:
+        return None if pynvml.nvmlDeviceGetCount() > 0 else "cpu"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def refusal(conf: FxtrackConfig) -> Optional[str]:
+    """Why ``conf`` has no path, from the frameworks' declarations and the neutral rules."""
+    c = rules.Combination(
+        framework=conf.framework.name, scenario=conf.scenario.name,
+        precision=conf.precision.name, parallel=conf.parallel.value, memory=conf.memory.value,
+        runtime=conf.runtime.value, quantize=conf.quantize.value, devices=conf.devices,
+        nodes=conf.hardware.nodes, device_kind=expected_device_kind(conf.hardware.name))
+    framework = declared().get(conf.framework.name)
+    return None if framework is None else rules.refusal(c, framework)
 
 
 def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
@@ -54,4 +117,7 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
                           "(implemented: scenario=train)")
     if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
+    why = refusal(conf)
+    if why is not None:
+        raise Refused(why, conf, arch)
     return conf, arch

@@ -45,7 +45,8 @@ CAPABILITIES: dict[str, str] = {
 }
 
 
-# Run levers (a JobSpec field and value) that need a capability: refused before the build.
+# Run levers (a JobSpec field and value) that need a capability: refused before any work
+# (fxtrack.scenarios.rules).
 LEVERS: dict[tuple[str, str], str] = {
     ("parallel", "fsdp"): "sharded_state",
     ("memory", "checkpoint"): "remat",
@@ -74,6 +75,18 @@ class CompileRule:
 
 
 @dataclasses.dataclass(frozen=True)
+class Limit:
+    """A combination this framework has no path for although it has the capability (e.g. its
+    int8 kernels are CPU-only): ``when(combination)`` (a ``fxtrack.scenarios.rules.Combination``,
+    whose ``device_kind`` may be None: not known yet) -> refused as ``"<what> is not supported
+    by <name>: <why>"`` before any work; the framework's own code still raises NotSupported."""
+
+    what: str
+    when: Callable[[Any], bool]
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
 class Setting:
     """A config key only this framework has: ``framework.<name>``, one of ``choices``."""
 
@@ -97,6 +110,7 @@ class Framework:
     # capability name -> why it is absent (the "not supported" message says this)
     absent: Mapping[str, str] = dataclasses.field(default_factory=dict)
     settings: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
+    limits: tuple[Limit, ...] = ()  # checked with the framework-neutral rules, before any work
     # prepare_environment(spec, env): sets in ``env`` (os.environ) what the framework reads when
     # it is imported (platform, XLA flags, allocator), before the worker imports it
     prepare_environment: Optional[Callable[[Any, MutableMapping[str, str]], None]] = None
@@ -130,13 +144,6 @@ class Framework:
         if name not in self.capabilities:
             raise self.unsupported(name)
         return importlib.import_module(self.capabilities[name])
-
-    def check_levers(self, spec: Any, version: Optional[str] = None) -> None:
-        """NotSupported for a lever of ``spec`` (``parallel=fsdp``, ``memory=checkpoint``) whose
-        capability this framework lacks: before anything is built."""
-        for (field, value), capability in LEVERS.items():
-            if getattr(spec, field) == value and not self.has(capability):
-                raise self.unsupported(capability, f"{field}={value}", version)
 
     def resolve_compile(self, device_kind: str, family: str, request: str = "auto"
                         ) -> tuple[bool, str]:

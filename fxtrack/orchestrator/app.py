@@ -12,9 +12,16 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from fxtrack.config.schema import FxtrackConfig
-from fxtrack.config.validate import ConfigError, validate
-from fxtrack.orchestrator.job import Job
-from fxtrack.orchestrator.sweep import JOBS_DIR, SWEEP_ID_ENV, SWEEP_TOTAL_ENV
+from fxtrack.config.validate import ConfigError, Refused, validate
+from fxtrack.orchestrator.job import Job, job_spec
+from fxtrack.orchestrator.sweep import (
+    JOBS_DIR,
+    SWEEP_ID_ENV,
+    SWEEP_TOTAL_ENV,
+    skipped_job,
+)
+from fxtrack.tracking.records import sync_advice
+from fxtrack.tracking.records import display_name
 
 
 def task(cfg: DictConfig) -> None:
@@ -24,6 +31,12 @@ def task(cfg: DictConfig) -> None:
     multirun = hc.mode == RunMode.MULTIRUN
     try:
         conf, arch = validate(cfg)
+    except Refused as e:
+        if multirun:  # the sweep listed it up front: a NOT SUPPORTED cell, no worker, no run
+            skip(hc, e)
+            return
+        print(f"fxtrack: not supported, nothing was run: {e}", file=sys.stderr)
+        sys.exit(2)
     except ConfigError as e:
         print(f"fxtrack: invalid config: {e}", file=sys.stderr)
         sys.exit(2)
@@ -71,6 +84,16 @@ def task(cfg: DictConfig) -> None:
         sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
 
 
+def skip(hc: HydraConfig, refused: Refused) -> None:
+    """A sweep's cell without a path: its job file says NOT SUPPORTED (not run, not logged)."""
+    name = display_name(job_spec(refused.conf, refused.arch, Path(hc.runtime.output_dir)))
+    print(f"[fxtrack] job {hc.job.num + 1}/{os.environ.get(SWEEP_TOTAL_ENV, '?')}: {name}: "
+          "not supported, skipped", file=sys.stderr, flush=True)
+    jobs = Path(hc.sweep.dir) / JOBS_DIR
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(skipped_job(name, str(refused))))
+
+
 def preflight(conf: FxtrackConfig, launch_dir: str, check_server: bool = True) -> None:
     """Before any work: the spool must be writable, the tracking target valid (exit 2 saying
     what to fix); a server that is down only means the result will be spooled."""
@@ -85,5 +108,6 @@ def preflight(conf: FxtrackConfig, launch_dir: str, check_server: bool = True) -
         print(f"fxtrack: {e}", file=sys.stderr)
         sys.exit(2)
     except writer.TrackingUnavailable as e:
+        uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
         print(f"fxtrack: the tracking server is not answering ({e}); the result will be kept "
-              "in the local spool", file=sys.stderr)
+              f"in the local spool: {sync_advice(uri)}", file=sys.stderr)

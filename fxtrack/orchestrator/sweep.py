@@ -17,13 +17,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
-from fxtrack.config.validate import ConfigError, validate
+from fxtrack.config.validate import ConfigError, Refused, validate
+from fxtrack.tracking.records import sync_advice
 
 # Set for the sweep's jobs (they run in this process, or under submitit in processes of their own).
 SWEEP_ID_ENV, SWEEP_TOTAL_ENV = "FXTRACK_SWEEP_ID", "FXTRACK_SWEEP_TOTAL"
 SWEEP_CONFIGS_ENV = "FXTRACK_SWEEP_CONFIGS"  # distinct configs in the sweep (jobs / repeats)
 JOBS_DIR = "fxtrack_jobs"  # in the sweep directory: one status file per job, for the closing table
 AGGREGATES_DIR = "aggregates"  # beside the job status files: one file per config's aggregate
+MAX_TAG_CHARS = 5000  # an MLflow tag value's limit in the older stores
 _ACTIVE: "SweepRun | None" = None  # the sweep in progress in this process, for close_interrupted
 
 
@@ -43,15 +45,24 @@ class SweepRun(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         jobs = sweep_jobs(config)
         loader = GlobalHydra.instance().config_loader()
+        self.not_supported: list[str] = []  # "[overrides]: why" of the cells that will be skipped
         for overrides in jobs:  # fail before any work starts, naming the job
             cfg = loader.load_sweep_config(config, list(overrides))
             with read_write(cfg), open_dict(cfg):
                 del cfg["hydra"]
             try:
                 validate(cfg)
+            except Refused as e:  # the task skips it again when its turn comes (app.skip)
+                from fxtrack.tracking.records import redact_overrides
+
+                self.not_supported.append(f"[{' '.join(redact_overrides(list(overrides)))}]: {e}")
             except ConfigError as e:
                 print(f"fxtrack: invalid config in job [{' '.join(overrides)}]: {e}", file=sys.stderr)
                 sys.exit(2)
+        if self.not_supported:
+            print(f"fxtrack: {len(self.not_supported)} of {len(jobs)} jobs are not supported and "
+                  "will be skipped (not run, not logged in MLflow):\n  "
+                  + "\n  ".join(self.not_supported), file=sys.stderr, flush=True)
         self._check_target(config)
         # repeats=N: the hidden sweep dimension launches the job list N times over (round-robin)
         os.environ[SWEEP_TOTAL_ENV] = str(len(jobs) * max(1, int(config.get("repeats", 1) or 1)))
@@ -67,7 +78,8 @@ class SweepRun(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         jobs_dir = Path(config.hydra.sweep.dir) / JOBS_DIR
         jobs = [json.loads(p.read_text()) for p in sorted(jobs_dir.glob("*.json"))]
-        unsupported = [j for j in jobs if _unsupported(j)]
+        skipped = [j for j in jobs if j.get("skipped")]
+        unsupported = [j for j in jobs if _unsupported(j) and not j.get("skipped")]
         failed = [j for j in jobs if j["status"] != "FINISHED" and not _unsupported(j)]
         print(closing_table(jobs), file=sys.stderr)
         aggregates = [json.loads(p.read_text())
@@ -77,12 +89,16 @@ class SweepRun(Callback):
         self._deliver(config, "FAILED" if failed else "FINISHED")
         global _ACTIVE
         _ACTIVE = None
-        spooled = [j for j in jobs if j.get("run_id") is None]
+        spooled = [j for j in jobs if j.get("run_id") is None and not j.get("skipped")]
         if spooled or self.spooled:
-            print(f"fxtrack: {len(spooled) + self.spooled} of {len(jobs) + 1} runs (the sweep's "
-                  "parent included) are only in the local spool: run `fxtrack sync` when the "
-                  "server is back", file=sys.stderr)
-        if unsupported:  # a matrix may hold combinations a framework has no path for
+            print(f"fxtrack: {len(spooled) + self.spooled} of {len(jobs) - len(skipped) + 1} runs "
+                  "(the sweep's parent included) are only in the local spool: "
+                  f"{sync_advice(self._uri(config))}", file=sys.stderr)
+        if skipped:  # a matrix may hold combinations a framework has no path for
+            print(f"fxtrack: {len(skipped)} of {len(jobs)} jobs were not supported and skipped "
+                  "before any work: not run, not logged as runs (the sweep's parent run lists "
+                  "them in its fxtrack.not_supported tag)", file=sys.stderr)
+        if unsupported:  # found by the worker (e.g. an exporter without a path for one model)
             print(f"fxtrack: {len(unsupported)} of {len(jobs)} jobs are not supported by their "
                   "framework (logged as such; see the report's deployment and memory tables)",
                   file=sys.stderr)
@@ -96,7 +112,7 @@ class SweepRun(Callback):
         experiment) stops the sweep before any work; a server that is down does not."""
         from fxtrack.tracking import writer
 
-        uri = writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
+        uri = self._uri(config)
         try:
             writer.check_target(uri, config.tracking.experiment)
         except writer.TrackingRejected as e:
@@ -104,22 +120,37 @@ class SweepRun(Callback):
             sys.exit(2)
         except writer.TrackingUnavailable as e:
             print(f"fxtrack: the tracking server is not answering ({e}); results will be "
-                  "kept in the local spool", file=sys.stderr)
+                  f"kept in the local spool: {sync_advice(uri)}", file=sys.stderr)
+
+    @staticmethod
+    def _uri(config: DictConfig) -> str:
+        from fxtrack.tracking import writer
+
+        return writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
 
     def _deliver(self, config: DictConfig, status: str) -> None:
         from fxtrack.tracking import records, writer
 
-        uri = writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
+        uri = self._uri(config)
         name = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.localtime(self.started))}"
         overrides = records.redact_overrides(list(config.hydra.overrides.task))
+        tags = {"fxtrack.sweep": " ".join(overrides)}
+        if self.not_supported:  # skipped cells are no runs: the parent says which and why
+            tags["fxtrack.not_supported"] = "\n".join(self.not_supported)[:MAX_TAG_CHARS]
         record = records.parent_record(self.sweep_id, uri, config.tracking.experiment, name,
-                                       {"fxtrack.sweep": " ".join(overrides)}, status,
-                                       start_time_ms=int(self.started * 1000))
+                                       tags, status, start_time_ms=int(self.started * 1000))
         run_id, _, message = writer.log_record(record, {}, uri)
         self.spooled = run_id is None
         if message:
             print(f"fxtrack: the sweep's parent run: {message.removeprefix('fxtrack: ')}",
                   file=sys.stderr)
+
+
+def skipped_job(name: str, why: str) -> dict[str, Any]:
+    """The job file of a cell refused before any work (no worker, no MLflow run)."""
+    return {"name": name, "status": "NOT SUPPORTED", "guard": "ok", "error": why, "metrics": {},
+            "run_id": None, "tags": {"fxtrack.unsupported": "true"}, "params": {},
+            "aggregate": None, "skipped": True}
 
 
 def close_interrupted(status: str = "KILLED") -> None:
@@ -138,6 +169,8 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
         peak = m.get("peak_mem_device_mib", m.get("peak_rss_mib"))
         note = j["error"] or ("" if j["guard"] == "ok" else f"guard: {j['guard']}")
         status = "NOT SUPPORTED" if _unsupported(j) else j["status"]
+        if j.get("skipped"):  # refused before any work: no MLflow run to look for
+            status = "NOT SUPPORTED (not run)"
         rows.append([j["name"], status, _fmt(m.get("throughput_samples_per_s")),
                      _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0), (note or "")[:60]])
     return _text("Jobs:", ["run", "status", "samples/s", "step p50 ms", "peak MiB", "note"], rows)

@@ -13,9 +13,10 @@ its correctness guard outside the bound:
   class (argmax of the last axis: per image, per BERT token) agrees on >= INT8_TOP1 of them.
 
 A combination that has no path (e.g. PyTorch to TFLite, TensorFlow's native int8: a capability
-the framework declares absent, with its reason) raises ``NotSupported("... not supported by
-...")`` and is tagged ``fxtrack.unsupported=true``: the report shows it as a not-supported cell,
-not as a crash.
+the framework declares absent, with its reason; TensorRT on a CPU) is refused before any work by
+``fxtrack.scenarios.rules`` (in the orchestrator, and again in the worker before the scenario
+starts: ``NotSupported``, tagged ``fxtrack.unsupported=true``). An exporter without a path for
+one model still raises ``NotSupported`` here.
 """
 
 from __future__ import annotations
@@ -31,47 +32,14 @@ import numpy as np
 
 from fxtrack import flops
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.job import Result
 from fxtrack.measure.timer import eprint
+from fxtrack.scenarios import rules
 from fxtrack.scenarios.timed import run_timed
 
 FP32_REL_ERR = 1e-3
 INT8_REL_ERR = 0.1
 INT8_TOP1 = 0.9
-ONNX_RUNTIMES = ("onnxruntime", "openvino", "tensorrt")  # they serve an ONNX file
-
-
-def capability_for(spec: Any) -> str:
-    """The deployment-export capability ``spec``'s runtime and quantisation need."""
-    if spec.runtime == "native":  # quantize=dynamic_int8 in the framework itself
-        return "native_int8"
-    if spec.runtime == "tflite":
-        return "tflite_export"
-    if spec.runtime in ONNX_RUNTIMES:
-        return "onnx_export"
-    raise ValueError(f"runtime={spec.runtime}: no deployment export serves it")
-
-
-def check_supported(backend: Backend) -> None:
-    """Fail before any work for a combination there is no path to: the framework's declaration
-    (a capability it lacks, and why), or a runtime's own limit."""
-    spec = backend.spec
-    framework = backend.framework
-    int8 = spec.quantize == "dynamic_int8"
-    by = f"{backend.name} {backend.version()}"
-    if spec.precision not in ("fp32", "tf32") and spec.runtime != "native":
-        raise NotSupported(f"runtime={spec.runtime} with precision={spec.precision} is not "
-                           f"supported by {by}: exported artefacts are fp32; use precision=fp32 "
-                           "(or quantize=dynamic_int8)")
-    needed = capability_for(spec)
-    if not framework.has(needed):
-        what = ("quantize=dynamic_int8 with runtime=native" if spec.runtime == "native"
-                else f"runtime={spec.runtime}")
-        raise framework.unsupported(needed, what, version=backend.version())
-    if spec.runtime == "tensorrt" and int8:
-        raise NotSupported(f"runtime=tensorrt with quantize=dynamic_int8 is not supported by "
-                           f"{by}: TensorRT's int8 is static (calibrated); use quantize=none")
 
 
 def export_artefact(backend: Backend, exporter: Any, work: Path) -> Path:
@@ -116,10 +84,8 @@ def compare(ref: np.ndarray, out: np.ndarray, int8: bool) -> tuple[dict[str, flo
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
-    # Resolved first, so that a not-supported run is filed under the hardware it would have used
     result.resolved["device_kind"] = backend.device_kind()
-    check_supported(backend)  # NotSupported: the worker tags the run fxtrack.unsupported
-    ex = backend.capability(capability_for(spec))
+    ex = backend.capability(rules.export_capability(spec))  # the worker checked the rules
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}
 

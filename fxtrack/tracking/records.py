@@ -160,3 +160,12 @@ def report_record(uri: str, experiment: str, params: dict[str, Any]) -> dict[str
 
 def environment_json() -> str:
     return json.dumps(environment_snapshot(), indent=1)
+
+
+def sync_advice(uri: str) -> str:
+    """How to deliver what ``uri`` missed: a plain `fxtrack sync` retries the URI each result was
+    spooled with, so a mistyped URI needs the right one given to --uri (credentials never shown:
+    they live in MLFLOW_TRACKING_USERNAME/PASSWORD)."""
+    return (f"deliver later with `fxtrack sync --uri {redact_uri(uri)}` once that server "
+            "answers (a mistyped URI: give the right one to --uri; a plain `fxtrack sync` "
+            "retries the URI each result was spooled with)")

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Optional
 from urllib.parse import urlsplit
 
 from fxtrack.environment import redact_uri, redact_uri_text
-from fxtrack.tracking import spool
+from fxtrack.tracking import records, spool
 
 # An unreachable server should cost seconds, not the minutes of MLflow's default back-off.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -698,5 +698,5 @@ def log_record(record: dict[str, Any], artifacts: dict[str, Path | str],
     except TrackingUnavailable as e:
         return None, "spooled", (
             f"fxtrack: could not log to {shown}: {e}\n"
-            f"fxtrack: the result is kept in {entry}; run `fxtrack sync` when the server is back")
+            f"fxtrack: the result is kept in {entry}: {records.sync_advice(uri)}")
     return run_id, f"mlflow run {run_id}", None

@@ -18,6 +18,7 @@ from fxtrack.frameworks.declaration import (
 )
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.memory import peak_rss_mib
+from fxtrack.scenarios import rules
 
 
 def prepare_environment(spec: JobSpec) -> None:
@@ -70,8 +71,14 @@ def run(spec: JobSpec) -> Result:
     try:
         backend = backend_cls(spec)
         result.tags["framework_version"] = backend.version()
-        # parallel=fsdp, memory=checkpoint without their capability: before any build
-        framework.check_levers(spec, version=result.tags["framework_version"])
+        # The orchestrator refused these before starting this worker; checked again (same rules,
+        # same message) for a spec written by other means, before anything is built.
+        kind = backend.device_kind()
+        why = rules.refusal(rules.Combination.of(spec, kind), framework,
+                            result.tags["framework_version"])
+        if why is not None:
+            result.resolved["device_kind"] = kind  # filed with the runs of its hardware
+            raise NotSupported(why)
         import_path(spec.runner)(backend, result)
         result.tags.update(backend.device_tags())
         result.status = "FINISHED"

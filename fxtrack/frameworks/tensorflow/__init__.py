@@ -3,7 +3,11 @@ fxtrack.frameworks.declaration)."""
 
 from typing import Any, MutableMapping
 
-from fxtrack.frameworks.declaration import CompileRule, Framework
+from fxtrack.frameworks.declaration import CompileRule, Framework, Limit
+
+# Refused before any work (the Limit below) and by parallel.strategy as a backstop.
+ONE_REPLICA_PER_CPU_WORKER = ("its MultiWorkerMirroredStrategy runs one replica per CPU worker; "
+                              "use devices=1 per node")
 
 
 def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
@@ -35,6 +39,11 @@ FRAMEWORK = Framework(
         "tflite_export": "fxtrack.frameworks.tensorflow.deployment",
         "calibration": "fxtrack.frameworks.tensorflow.devices",
     },
+    limits=(
+        Limit("hardware.nodes > 1 with devices > 1 on a CPU",
+              lambda c: c.nodes > 1 and c.devices > 1 and c.device_kind == "cpu",
+              ONE_REPLICA_PER_CPU_WORKER),
+    ),
     absent={
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
                        "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",

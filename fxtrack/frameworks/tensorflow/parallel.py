@@ -11,6 +11,7 @@ from typing import ContextManager
 import tensorflow as tf
 
 from fxtrack.frameworks.declaration import NotSupported
+from fxtrack.frameworks.tensorflow import ONE_REPLICA_PER_CPU_WORKER
 from fxtrack.job import JobSpec
 
 
@@ -44,9 +45,8 @@ def _multi_worker(spec: JobSpec, gpu: bool) -> tf.distribute.Strategy:
     port + i; collectives (all-reduce of the gradients) run over gRPC between the workers."""
     if not gpu and spec.devices > 1:
         # MultiWorkerMirroredStrategy places exactly one replica on a worker without GPUs.
-        raise NotSupported("nodes > 1 with devices > 1 on CPU is not supported by tensorflow: "
-                           "its MultiWorkerMirroredStrategy runs one replica per CPU worker; "
-                           "use devices=1 per node")
+        raise NotSupported("hardware.nodes > 1 with devices > 1 on a CPU is not supported by "
+                           f"tensorflow {tf.__version__}: {ONE_REPLICA_PER_CPU_WORKER}")
     host, _, port = spec.coordinator.rpartition(":")
     workers = [f"{host}:{int(port) + i}" for i in range(spec.nodes)]
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": workers},

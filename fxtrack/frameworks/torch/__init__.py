@@ -1,9 +1,11 @@
 """PyTorch: what it declares (no torch import here; fxtrack.frameworks.declaration)."""
 
-from fxtrack.frameworks.declaration import CompileRule, Framework
+from fxtrack.frameworks.declaration import CompileRule, Framework, Limit
 
 # Why eager on a CPU: docs/measurements.md ("torch.compile on CPU"), with the figures and command.
 CPU_COMPILE_NOTE = "no consistent CPU step-time gain measured, 0.5-4 min compile"
+# Refused before any work (the Limit below) and by deployment.quantize_native as a backstop.
+INT8_CPU_ONLY = "its dynamic int8 kernels are CPU-only; use hardware=cpu or runtime=onnxruntime"
 
 FRAMEWORK = Framework(
     name="torch",
@@ -27,6 +29,11 @@ FRAMEWORK = Framework(
         "remat": "fxtrack.frameworks.torch.models",
         "calibration": "fxtrack.frameworks.torch.devices",
     },
+    limits=(
+        Limit("quantize=dynamic_int8 with runtime=native on a GPU",
+              lambda c: (c.quantize, c.runtime, c.device_kind) == ("dynamic_int8", "native", "gpu"),
+              INT8_CPU_ONLY),
+    ),
     absent={
         "tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert through "
                          "TensorFlow); use runtime=onnxruntime",

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fxtrack.frameworks.declaration import NotSupported
+from fxtrack.frameworks.torch import INT8_CPU_ONLY
 from fxtrack.frameworks.torch.train import model_input
 
 
@@ -49,9 +50,8 @@ def quantize_native(backend) -> Callable[[np.ndarray], np.ndarray]:
     (fbgemm / qnnpack CPU kernels only: a GPU run fails clearly). The model is copied, so the
     fp32 one stays the reference."""
     if backend.device.type != "cpu":
-        raise NotSupported("quantize=dynamic_int8 with runtime=native is not supported by "
-                           f"torch {torch.__version__} on {backend.device.type}: its dynamic "
-                           "int8 kernels are CPU-only; use hardware=cpu or runtime=onnxruntime")
+        raise NotSupported("quantize=dynamic_int8 with runtime=native on a GPU is not supported "
+                           f"by torch {torch.__version__}: {INT8_CPU_ONLY}")
     import copy
 
     from torch.ao.quantization import quantize_dynamic

@@ -1,0 +1,119 @@
+"""Which combinations of run levers have a path: the one table both sides read.
+
+The orchestrator checks a config against it before any worker starts (``fxtrack.config.validate``:
+a single run stops with exit 2, a sweep skips the cell); the worker checks the same rules again
+(``scenarios.deploy.check_supported``) as a backstop, with the same message and the framework's
+version. The rules are the framework-neutral ones (``RULES``: what a scenario, a runtime or a
+lever needs) and each framework's declaration (a capability it lacks, a ``Limit`` it declares).
+
+Imports no framework: a declaration never does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from fxtrack.frameworks.declaration import LEVERS, Framework
+
+ONNX_RUNTIMES = ("onnxruntime", "openvino", "tensorrt")  # they serve an ONNX file
+EXPORT_PRECISIONS = ("fp32", "tf32")  # what an exported artefact holds
+
+
+@dataclasses.dataclass(frozen=True)
+class Combination:
+    """The keys the rules read. ``device_kind`` is ``cpu`` or ``gpu``, or None where it is not
+    known before the framework starts (``hardware=auto`` on a machine with an NVIDIA GPU: the
+    framework may still not see it); a rule about the device kind is then left to the worker."""
+
+    framework: str
+    scenario: str
+    precision: str
+    parallel: str = "ddp"
+    memory: str = "none"
+    runtime: str = "native"
+    quantize: str = "none"
+    devices: int = 1
+    nodes: int = 1
+    device_kind: Optional[str] = None
+
+    @classmethod
+    def of(cls, spec: Any, device_kind: Optional[str]) -> "Combination":
+        """From anything with the JobSpec's field names (a JobSpec)."""
+        return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(cls)
+                      if f.name != "device_kind"}, device_kind=device_kind)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """A combination no framework has a path for: ``when`` it holds, the run is refused with
+    ``"<what> is not supported by <framework>: <why and the fix>"``."""
+
+    what: Callable[[Combination], str]
+    when: Callable[[Combination], bool]
+    why: str
+
+
+def _deploy_levers(c: Combination) -> str:
+    levers = [f"runtime={c.runtime}"] if c.runtime != "native" else []
+    return " ".join(levers + ([f"quantize={c.quantize}"] if c.quantize != "none" else []))
+
+
+def _is_deploy(c: Combination) -> bool:
+    return c.runtime != "native" or c.quantize != "none"
+
+
+# The framework-neutral rules, in the order they are checked (the first that holds is reported).
+RULES: tuple[Rule, ...] = (
+    Rule(lambda c: f"{_deploy_levers(c)} with scenario={c.scenario}",
+         lambda c: _is_deploy(c) and c.scenario != "inference",
+         "a deployment runtime or quantisation serves a model for inference only; add "
+         "scenario=inference, or drop the runtime/quantize override"),
+    Rule(lambda c: f"parallel=fsdp with devices={c.devices}",
+         # a scaling run's x1 child is its baseline: the same sharded step on one device
+         lambda c: c.parallel == "fsdp" and c.devices * c.nodes < 2 and c.scenario != "scaling",
+         "sharding needs more than one device; set devices=2 or more, or parallel=ddp"),
+    Rule(lambda c: f"runtime={c.runtime} with precision={c.precision}",
+         lambda c: c.runtime != "native" and c.precision not in EXPORT_PRECISIONS,
+         "exported artefacts are fp32; use precision=fp32 (or quantize=dynamic_int8)"),
+    Rule(lambda c: "runtime=tensorrt with quantize=dynamic_int8",
+         lambda c: c.runtime == "tensorrt" and c.quantize == "dynamic_int8",
+         "TensorRT's int8 is static (calibrated); use quantize=none"),
+    Rule(lambda c: "runtime=tensorrt on a CPU",
+         lambda c: c.runtime == "tensorrt" and c.device_kind == "cpu",
+         "TensorRT needs an NVIDIA GPU (it has no CPU path); on a CPU use runtime=onnxruntime "
+         "or runtime=openvino"),
+)
+
+
+def export_capability(c: Any) -> str:
+    """The deployment-export capability a deployment run (runtime, quantize) needs."""
+    if c.runtime == "native":  # quantize=dynamic_int8 in the framework itself
+        return "native_int8"
+    if c.runtime == "tflite":
+        return "tflite_export"
+    if c.runtime in ONNX_RUNTIMES:
+        return "onnx_export"
+    raise ValueError(f"runtime={c.runtime}: no deployment export serves it")
+
+
+def refusal(c: Combination, framework: Framework, version: Optional[str] = None
+            ) -> Optional[str]:
+    """Why ``c`` has no path (one line naming the fix), or None when it may run."""
+    by = f"{framework.name} {version}" if version else framework.name
+    for rule in RULES:
+        if rule.when(c):
+            return f"{rule.what(c)} is not supported by {by}: {rule.why}"
+    for (field, value), capability in LEVERS.items():
+        if getattr(c, field) == value and not framework.has(capability):
+            return str(framework.unsupported(capability, f"{field}={value}", version))
+    if c.scenario == "inference" and _is_deploy(c):
+        needed = export_capability(c)
+        if not framework.has(needed):
+            what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
+                    else f"runtime={c.runtime}")
+            return str(framework.unsupported(needed, what, version))
+    for limit in framework.limits:
+        if limit.when(c):
+            return f"{limit.what} is not supported by {by}: {limit.why}"
+    return None
