@@ -154,7 +154,8 @@ def test_int8_runs_get_no_mfu_against_the_float_peak(spec_factory, monkeypatch):
     from fxtrack.orchestrator.job import enrich
 
     monkeypatch.setattr(calibration, "mfu_metrics", lambda *a, **k: ({"mfu": 0.5}, {}))
-    conf = SimpleNamespace(framework=SimpleNamespace(python=None))
+    conf = SimpleNamespace(framework=SimpleNamespace(python=None),
+                           hardware=SimpleNamespace(price_per_hour=None))
     for quantize, has_mfu in (("none", True), ("dynamic_int8", False)):
         spec = spec_factory("torch", "bert", scenario="inference", runtime="onnxruntime",
                             quantize=quantize)
