@@ -52,6 +52,14 @@ _TABLE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
              num_classes=1000),
         dict(layers=2, image_size=32),
     ),
+    # A user's own model (model=custom): no sizes, the builder decides. The dims carry what the
+    # worker needs to call it: one "package.module:function" per builder key (torch, keras,
+    # jax; a framework's declaration names its key), the builder's kwargs, the optimiser, its lr.
+    "custom": (
+        "custom",
+        dict(torch=None, keras=None, jax=None, kwargs={}, optimizer="adamw", lr=1e-3),
+        {},
+    ),
 }
 
 # Trainable parameters of the canonical models (DESIGN.md section 2); the correctness guard and
@@ -83,7 +91,7 @@ class Arch:
     """One resolved architecture: a model name, its family, and every size it needs."""
 
     name: str
-    family: str  # "resnet" | "vit" | "bert"
+    family: str  # "resnet" | "vit" | "bert" | "custom"
     dims: dict[str, Any]
 
     def __getattr__(self, key: str) -> Any:
@@ -95,7 +103,7 @@ class Arch:
     @property
     def canonical(self) -> bool:
         """True when every size equals the canonical one (the parameter table applies)."""
-        return dict(self.dims) == dict(_TABLE[self.name][1])
+        return self.name in PARAM_COUNTS and dict(self.dims) == dict(_TABLE[self.name][1])
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "family": self.family,
@@ -137,7 +145,7 @@ def resolve(name: str, size: str = "full", **overrides: Any) -> Arch:
 
 def _check(name: str, fam: str, d: dict[str, Any]) -> None:
     for key, value in d.items():
-        if isinstance(value, int) and value <= 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ValueError(f"model.{key} must be positive, got {value}")
     if fam in ("vit", "bert") and d["hidden"] % d["heads"]:
         raise ValueError(f"model.hidden ({d['hidden']}) must be divisible by model.heads ({d['heads']})")

@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 from fxtrack import policy
+from fxtrack.frameworks import user_builder
 from fxtrack.frameworks.declaration import (
     Framework,
     NotSupported,
@@ -72,6 +73,11 @@ def run(spec: JobSpec) -> Result:
         result.tags["framework_version"] = backend.version()
         # parallel=fsdp, memory=checkpoint without their capability: before any build
         framework.check_levers(spec, version=result.tags["framework_version"])
+        if spec.arch["family"] == "custom":  # the levers a user's model cannot take (backstop)
+            why = user_builder.refusal(spec.scenario, spec.memory, spec.parallel, spec.runtime,
+                                       spec.quantize)
+            if why:
+                raise NotSupported(why)
         import_path(spec.runner)(backend, result)
         result.tags.update(backend.device_tags())
         result.status = "FINISHED"

@@ -24,6 +24,7 @@ FRAMEWORK = Framework(
     ),
     compiled_tag="xla",
     uncompiled_tag="tf.function",
+    model_key="keras",  # model=custom: a keras.Model, as framework=keras will read
     prepare_environment=prepare_environment,
     uncompiled_builds_graph=True,  # a plain tf.function still traces a graph on the first step
     capabilities={
@@ -34,6 +35,7 @@ FRAMEWORK = Framework(
         "onnx_export": "fxtrack.frameworks.tensorflow.deployment",
         "tflite_export": "fxtrack.frameworks.tensorflow.deployment",
         "calibration": "fxtrack.frameworks.tensorflow.devices",
+        "user_model": "fxtrack.frameworks.tensorflow.user_model",
     },
     absent={
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "

@@ -10,7 +10,7 @@ import tensorflow as tf
 from keras import ops
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
+from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 
 # Keras dtype policies: compute dtype / variable dtype. The mixed ones keep fp32 variables.
 # tf32 is float32 compute (TF32 matmuls are a device setting: devices.configure).
@@ -47,10 +47,11 @@ class CoupledSGD(keras.optimizers.SGD):
 def optimizer(arch: Arch, precision: str, global_batch: int = 256) -> keras.optimizers.Optimizer:
     """SGD+momentum (coupled L2) for ResNet-50, AdamW for transformers; with dynamic loss
     scaling in fp16 (as torch's GradScaler)."""
-    if arch.family == "resnet":
-        opt = CoupledSGD(SGD["weight_decay"], learning_rate=sgd_lr(global_batch), momentum=SGD["momentum"])
+    kind, lr = optimizer_choice(arch, global_batch)
+    if kind == "sgd":
+        opt = CoupledSGD(SGD["weight_decay"], learning_rate=lr, momentum=SGD["momentum"])
     else:
-        opt = keras.optimizers.AdamW(learning_rate=ADAMW["lr"], beta_1=ADAMW["b1"],
+        opt = keras.optimizers.AdamW(learning_rate=lr, beta_1=ADAMW["b1"],
                                      beta_2=ADAMW["b2"], epsilon=ADAMW["eps"],
                                      weight_decay=ADAMW["weight_decay"])
     if precision == "fp16":
@@ -83,8 +84,8 @@ def apply_gradients(opt: keras.optimizers.Optimizer, grads: list, variables: lis
 
 
 def make_step(model: keras.Model, opt: keras.optimizers.Optimizer,
-              strategy: tf.distribute.Strategy,
-              jit_compile: bool) -> Callable[[dict[str, tf.Tensor]], tf.Tensor]:
+              strategy: tf.distribute.Strategy, jit_compile: bool,
+              loss: Callable[..., tf.Tensor] = loss_fn) -> Callable[[dict[str, tf.Tensor]], tf.Tensor]:
     """One training step as a ``tf.function`` taking a batch (per-replica under a distribution
     strategy): forward, (scaled) backward, optimiser update on every replica; returns the loss
     averaged over the replicas (a tensor, not yet fetched). Build it under
@@ -107,11 +108,11 @@ def make_step(model: keras.Model, opt: keras.optimizers.Optimizer,
 
     def gradients(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list]:
         with tf.GradientTape() as tape:
-            loss = loss_fn(model, batch, training=True)  # mean over this replica's batch
+            value = loss(model, batch, training=True)  # mean over this replica's batch
             # Keras' optimiser all-reduces the replicas' gradients by SUM: 1/N makes the mean.
             # (x / 1.0 is exact: one device computes bit for bit what it did without this.)
-            scaled = opt.scale_loss(loss / replicas)  # * loss scale under LossScaleOptimizer
-        return loss, tape.gradient(scaled, variables)
+            scaled = opt.scale_loss(value / replicas)  # * loss scale under LossScaleOptimizer
+        return value, tape.gradient(scaled, variables)
 
     if replicas > 1:
         gradients = tf.function(gradients, jit_compile=jit_compile)

@@ -26,6 +26,7 @@ FRAMEWORK = Framework(
         "sharded_state": "fxtrack.frameworks.torch.parallel",
         "remat": "fxtrack.frameworks.torch.models",
         "calibration": "fxtrack.frameworks.torch.devices",
+        "user_model": "fxtrack.frameworks.torch.user_model",
     },
     absent={
         "tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert through "
