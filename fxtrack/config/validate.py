@@ -18,6 +18,16 @@ class ConfigError(ValueError):
     """A config that cannot run; reported in one line before any work starts."""
 
 
+class NotSupportedConfig(ConfigError):
+    """A valid config its framework has no path for (model=custom): a single run exits 2 with
+    the reason; a sweep logs the cell as "not supported" and runs the rest. Carries the typed
+    config and architecture for that log."""
+
+    def __init__(self, message: str, conf: FxtrackConfig, arch: architectures.Arch) -> None:
+        super().__init__(message)
+        self.conf, self.arch = conf, arch
+
+
 def unknown_keys(cfg: DictConfig) -> None:
     """Raise ConfigError for a key no schema defines (``+batchsize=8``: Hydra's ``+`` adds any
     key), naming the closest valid one."""
@@ -54,4 +64,15 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
                           "(implemented: scenario=train)")
     if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
+    check_user_model(conf, arch)
     return conf, arch
+
+
+def check_user_model(conf: FxtrackConfig, arch: architectures.Arch) -> None:
+    """model=custom: levers, builder and its module (fxtrack.config.user_model)."""
+    from fxtrack.config import user_model
+
+    try:
+        user_model.check(conf, arch)
+    except user_model.CellNotSupported as e:
+        raise NotSupportedConfig(str(e), conf, arch) from None

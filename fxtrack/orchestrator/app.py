@@ -12,7 +12,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from fxtrack.config.schema import FxtrackConfig
-from fxtrack.config.validate import ConfigError, validate
+from fxtrack.config.validate import ConfigError, NotSupportedConfig, validate
 from fxtrack.orchestrator.job import Job
 from fxtrack.orchestrator.sweep import JOBS_DIR, SWEEP_ID_ENV, SWEEP_TOTAL_ENV
 
@@ -22,8 +22,14 @@ def task(cfg: DictConfig) -> None:
     spooled and logged; exits non-zero on failure when not part of a sweep."""
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
+    refused = None  # a sweep's cell its framework has no path for: logged as not supported
     try:
         conf, arch = validate(cfg)
+    except NotSupportedConfig as e:
+        if not multirun:
+            print(f"fxtrack: not supported: {e}", file=sys.stderr)
+            sys.exit(2)
+        conf, arch, refused = e.conf, e.arch, str(e)
     except ConfigError as e:
         print(f"fxtrack: invalid config: {e}", file=sys.stderr)
         sys.exit(2)
@@ -39,8 +45,10 @@ def task(cfg: DictConfig) -> None:
     # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py).
     # Not for scenario=scaling yet: a single scaling run is not repeated, and in a sweep each of
     # its N jobs is a scaling run of its own (logged, not aggregated; the report shows the latest).
-    repeating = conf.repeats > 1 and conf.scenario.name != "scaling"
-    if conf.scenario.name == "scaling":
+    repeating = conf.repeats > 1 and conf.scenario.name != "scaling" and refused is None
+    if refused is not None:
+        name, result, run_id = job.run(job_dir, parent, conf.devices, refused=refused)
+    elif conf.scenario.name == "scaling":
         from fxtrack.orchestrator.scaling import run_scaling
 
         name, result, run_id = run_scaling(job, job_dir, parent)

@@ -83,9 +83,12 @@ class Job:
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
 
     def run(self, job_dir: Path, parent: str | None, devices: int,
-            scenario: str | None = None, repeat: int | None = None) -> tuple[str, Result, str | None]:
+            scenario: str | None = None, repeat: int | None = None,
+            refused: str | None = None) -> tuple[str, Result, str | None]:
         """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id).
-        ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate)."""
+        ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate).
+        ``refused``: why validation found no path for this cell; logged as the worker logs a
+        NotSupported, without starting one."""
         from fxtrack.tracking import records
 
         spec = job_spec(self.conf, self.arch, job_dir)
@@ -95,7 +98,11 @@ class Job:
             spec.repeat = repeat
         name = records.display_name(spec)
         start_ms = int(time.time() * 1000)
-        result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
+        if refused is not None:
+            result = Result(spec.result_id, error=f"NotSupported: {refused}",
+                            tags={"unsupported": "true"})
+        else:
+            result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
         if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
             print(f"{name}: node {spec.node_rank} {result.status.lower()}"
                   + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
@@ -144,7 +151,10 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    m.update(complexity.code_metrics(spec.framework))
+    # a user's model (model=custom): its builder's module stands where fxtrack's models.py does
+    builder = (spec.arch["dims"][declaration(spec.package).builder_key]
+               if spec.arch["family"] == "custom" else None)
+    m.update(complexity.code_metrics(spec.framework, builder))
     m.update(cost.cost_metrics(conf.hardware.price_per_hour, spec.devices, spec.nodes, m))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
         return

@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
-from fxtrack.config.validate import ConfigError, validate
+from fxtrack.config.validate import ConfigError, NotSupportedConfig, validate
 
 # Set for the sweep's jobs (they run in this process, or under submitit in processes of their own).
 SWEEP_ID_ENV, SWEEP_TOTAL_ENV = "FXTRACK_SWEEP_ID", "FXTRACK_SWEEP_TOTAL"
@@ -49,6 +49,9 @@ class SweepRun(Callback):
                 del cfg["hydra"]
             try:
                 validate(cfg)
+            except NotSupportedConfig as e:  # that cell is logged as such; the others run
+                print(f"fxtrack: not supported, job [{' '.join(overrides)}]: {e}",
+                      file=sys.stderr)
             except ConfigError as e:
                 print(f"fxtrack: invalid config in job [{' '.join(overrides)}]: {e}", file=sys.stderr)
                 sys.exit(2)
