@@ -79,8 +79,13 @@ def train_flops_per_sample(backend: Any) -> tuple[float, str]:
     with tf.device(backend.device):
         concrete = tf.function(grads).get_concrete_function(backend.one_batch)
         frozen = convert_variables_to_constants_v2(concrete)
-    profiler = tf.compat.v1.profiler
+    profiler, logger = tf.compat.v1.profiler, tf.get_logger()
     options = (profiler.ProfileOptionBuilder(profiler.ProfileOptionBuilder.float_operation())
                .with_empty_output().build())
-    flops = profiler.profile(graph=frozen.graph, options=options).total_float_ops
+    level = logger.level
+    logger.setLevel("ERROR")  # the v1 profiler's deprecation warnings, one per op kind
+    try:
+        flops = profiler.profile(graph=frozen.graph, options=options).total_float_ops
+    finally:
+        logger.setLevel(level)
     return flops / backend.batch_size, "tf.compat.v1.profiler"
