@@ -72,7 +72,8 @@ PARAM_COUNTS = {
     "bert_large": 335_174_458,
 }
 
-MODELS = tuple(_TABLE)
+CUSTOM = "custom"  # model=custom: a user's model (docs/your-own-model.md)
+MODELS = tuple(name for name in _TABLE if name != CUSTOM)  # fxtrack's own architectures
 SIZES = ("full", "tiny")
 
 # The keys a user may override per family (DESIGN.md section 2).
@@ -122,7 +123,7 @@ def family(name: str) -> str:
 def size_default(name: str, size: str, key: str) -> Any:
     """The table's value of ``key`` for model ``name`` at ``size`` (``full`` or ``tiny``)."""
     if name not in _TABLE:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join((*MODELS, CUSTOM))}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     _, full, tiny = _TABLE[name]
