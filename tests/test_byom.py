@@ -198,3 +198,23 @@ def test_custom_arch_has_no_sizes_and_carries_the_builders():
     assert arch.family == "custom" and not arch.canonical
     again = architectures.Arch.from_json(json.loads(json.dumps(arch.to_json())))
     assert again.torch == "a.b:c" and again.kwargs == {"width": 3} and again.jax is None
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
+def test_inference_of_a_users_model_counts_forward_flops_by_hand(tmp_path, monkeypatch,
+                                                                 framework):
+    """scenario=inference on the example MLP, in-process: forward FLOPs 2W per sample."""
+    from fxtrack.worker.__main__ import prepare_environment, run
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))
+    builders = {"torch": "byom.models:build_torch", "keras": "byom.models:build_keras",
+                "jax": "byom.models:build_jax"}
+    spec = job_spec(framework, "custom", tmp_path, arch=builders, scenario="inference",
+                    runner="fxtrack.scenarios.inference:run")
+    prepare_environment(spec)
+    result = run(spec)
+    assert result.status == "FINISHED", result.error
+    weights = byom.param_count() - (2 * 256 + 16)  # less the biases
+    assert result.metrics["flops_per_sample"] == pytest.approx(2 * weights, rel=0.15)
+    assert result.metrics["param_count"] == byom.param_count()
+    assert result.metrics["latency_ms_p50"] > 0 and result.tags["flops_source"]

@@ -45,8 +45,9 @@ CAPABILITIES: dict[str, str] = {
     "user_model": "build(backend, batch_size): model=custom, the user's builder "
                   "(model.<Framework.model_key>) called and checked, its model, optimiser, "
                   "batch and step set on the backend as its own build sets them; "
-                  "train_flops_per_sample(backend) -> (flops, source) from the framework's own "
-                  "counter (used inside Backend.build and by the train scenario)",
+                  "prepare_inference(backend) -> step (scenario=inference); "
+                  "train_flops_per_sample(backend), forward_flops_per_sample(backend) -> "
+                  "(flops, source) from the framework's own counter",
 }
 
 # What model=custom supports, per lever or scenario the user's model cannot take generically:
@@ -56,8 +57,6 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
     "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
     "scenario=pipeline": "the loader writes fxtrack's synthetic images or tokens, not your "
                          "model's inputs",
-    "scenario=inference": "the inference step of a user's model is not generic yet; use "
-                          "scenario=train",
     "scenario=checkpoint": "saving and reloading an arbitrary model for serving is not generic "
                            "yet",
     "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",

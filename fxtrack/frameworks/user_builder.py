@@ -26,7 +26,6 @@ def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: s
     """Why model=custom cannot run with these levers (CUSTOM_UNSUPPORTED), or None."""
     asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
              "scenario=pipeline": scenario == "pipeline",
-             "scenario=inference": scenario == "inference",
              "scenario=checkpoint": scenario == "checkpoint",
              "runtime": runtime != "native", "quantize=dynamic_int8": quantize != "none"}
     for what, hit in asked.items():

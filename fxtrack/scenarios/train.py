@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from fxtrack import architectures, flops
 from fxtrack.frameworks.base import Backend
@@ -14,7 +15,7 @@ def run(backend: Backend, result: Result) -> None:
     """Fill ``result`` with the training measurements of DESIGN.md section 4."""
     user_model = backend.arch.family == "custom"
     handles = run_timed(backend, result, lambda: backend.train_step,
-                        user_flops(backend, result) if user_model
+                        user_flops(backend, result, "train") if user_model
                         else flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
     result.metrics.update(loss_first=losses[0], loss_last=losses[-1])
@@ -30,11 +31,13 @@ def run(backend: Backend, result: Result) -> None:
         result.guard = "ok"
 
 
-def user_flops(backend: Backend, result: Result):
-    """model=custom: the framework's own FLOP counter over one training step, asked once the
-    model is built and the timed window is over (``flops_source`` says which counter)."""
+def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], float]:
+    """model=custom: the framework's own FLOP counter over one ``step`` (``train``: forward +
+    backward; ``forward``), asked once the model is built and the timed window is over (the
+    ``flops_source`` tag says which counter)."""
     def count() -> float:
-        value, result.tags["flops_source"] = backend.capability("user_model").train_flops_per_sample(backend)
+        counter = getattr(backend.capability("user_model"), f"{step}_flops_per_sample")
+        value, result.tags["flops_source"] = counter(backend)
         return value
 
     return count

@@ -52,14 +52,11 @@ def build(backend: Any, batch_size: int) -> None:
 
 
 def loss_of(user_loss: Callable[[Any, Any], Any], dtype: Any) -> Callable[[nnx.Module, tuple], jax.Array]:
-    """``train.train_step``'s loss for a user's model: floating inputs in the compute dtype
-    (parameters stay float32, as for fxtrack's models), the user's loss in float32."""
-    def cast(x: jax.Array) -> jax.Array:
-        return x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x
-
+    """``train.train_step``'s loss for a user's model: inputs in the compute dtype
+    (``in_dtype``), the user's loss in float32."""
     def fn(model: nnx.Module, batch: tuple) -> jax.Array:
         inputs, targets = batch
-        return jnp.asarray(user_loss(ub.apply(model, ub.tree_map(cast, inputs)), targets),
+        return jnp.asarray(user_loss(ub.apply(model, in_dtype(inputs, dtype)), targets),
                            jnp.float32)
 
     return fn
@@ -82,5 +79,43 @@ def train_flops_per_sample(backend: Any) -> tuple[float, str]:
 
     cost: Any = jax.jit(grads).lower(backend.state, backend.batch).compile().cost_analysis()
     if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+        cost = cost[0]
+    return float(cost["flops"]) / backend.user_batch, "jax.cost_analysis"
+
+
+def prepare_inference(backend: Any) -> Callable[[], None]:
+    """scenario=inference: the forward in inference mode (BatchNorm running statistics),
+    jitted as the training step was, on the resident inputs; reads the live state."""
+    forward = jax.jit(eval_forward(backend)) if backend.jit else eval_forward(backend)
+    inputs = backend.batch[0]
+
+    def step() -> None:
+        jax.block_until_ready(forward(backend.state.params, backend.state.batch_stats, inputs))
+
+    return step
+
+
+def eval_forward(backend: Any) -> Callable[..., Any]:
+    graphdef = train.eval_graphdef(backend.graphdef, backend.state)
+    dtype = train.COMPUTE_DTYPES[backend.spec.precision]
+
+    def forward(params: Any, batch_stats: Any, inputs: Any) -> Any:
+        return ub.apply(nnx.merge(graphdef, params, batch_stats), in_dtype(inputs, dtype))
+
+    return forward
+
+
+def in_dtype(inputs: Any, dtype: Any) -> Any:
+    """Floating inputs in the compute dtype (parameters stay float32, as for fxtrack's models)."""
+    return ub.tree_map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, inputs)
+
+
+def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """XLA's count of one compiled inference-mode forward, per sample."""
+    lowered = jax.jit(eval_forward(backend)).lower(backend.state.params,
+                                                    backend.state.batch_stats, backend.batch[0])
+    cost: Any = lowered.compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):
         cost = cost[0]
     return float(cost["flops"]) / backend.user_batch, "jax.cost_analysis"

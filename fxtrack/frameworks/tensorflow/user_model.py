@@ -43,12 +43,15 @@ def build(backend: Any, batch_size: int) -> None:
 
 
 def loss_of(user_loss: Callable[[Any, Any], Any]) -> Callable[..., tf.Tensor]:
-    """``train.make_step``'s loss for a user's model: the forward on the inputs (Keras takes a
-    tuple or dict as one argument), the user's loss in float32."""
+    """``train.make_step``'s loss for a user's model: the forward on the inputs, its floating
+    outputs upcast to float32 and the loss computed there, as for fxtrack's own models."""
+    def upcast(x: Any) -> Any:
+        return tf.cast(x, tf.float32) if x.dtype.is_floating else x
+
     def fn(model: keras.Model, batch: tuple, training: bool = True) -> tf.Tensor:
         inputs, targets = batch
-        inputs = list(inputs) if isinstance(inputs, tuple) else inputs
-        return tf.cast(user_loss(model(inputs, training=training), targets), tf.float32)
+        outputs = tf.nest.map_structure(upcast, model(keras_inputs(inputs), training=training))
+        return tf.cast(user_loss(outputs, targets), tf.float32)
 
     return fn
 
@@ -63,12 +66,8 @@ def check_scalar(backend: Any, batch: tuple) -> None:
 
 
 def train_flops_per_sample(backend: Any) -> tuple[float, str]:
-    """The profiler's float-op count of the frozen graph of one forward + backward (the
-    optimiser update left out, as torch's and JAX's counts leave it out), per sample."""
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2,
-    )
-
+    """The profiler's float-op count of one forward + backward (the optimiser update left out,
+    as torch's and JAX's counts leave it out), per sample."""
     model, variables = backend.model, backend.model.trainable_variables
 
     def grads(batch: tuple) -> tuple:
@@ -76,8 +75,41 @@ def train_flops_per_sample(backend: Any) -> tuple[float, str]:
             value = backend.loss_of(model, batch, training=True)
         return value, tape.gradient(value, variables)
 
+    return graph_flops(backend, grads) / backend.batch_size, "tf.compat.v1.profiler"
+
+
+def prepare_inference(backend: Any) -> Callable[[], None]:
+    """scenario=inference: the Keras model in inference mode as one tf.function (XLA when
+    compiled) on the first replica's inputs."""
+    inputs = keras_inputs(backend.one_batch[0])
     with tf.device(backend.device):
-        concrete = tf.function(grads).get_concrete_function(backend.one_batch)
+        forward = tf.function(lambda: backend.model(inputs, training=False),
+                              jit_compile=backend.spec.compile)
+    return backend._synced(forward)
+
+
+def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """The profiler's float-op count of one inference-mode forward, per sample."""
+    def forward(batch: tuple) -> Any:
+        return backend.model(keras_inputs(batch[0]), training=False)
+
+    return graph_flops(backend, forward) / backend.batch_size, "tf.compat.v1.profiler"
+
+
+def keras_inputs(inputs: Any) -> Any:
+    """Keras takes several inputs as one list (or dict) argument."""
+    return list(inputs) if isinstance(inputs, tuple) else inputs
+
+
+def graph_flops(backend: Any, fn: Callable[[tuple], Any]) -> int:
+    """``tf.compat.v1.profiler``'s float-op count of ``fn``'s graph on the resident batch, its
+    variables frozen to constants (TF 2.x offers XLA's cost analysis to no Python caller)."""
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    with tf.device(backend.device):
+        concrete = tf.function(fn).get_concrete_function(backend.one_batch)
         frozen = convert_variables_to_constants_v2(concrete)
     profiler, logger = tf.compat.v1.profiler, tf.get_logger()
     options = (profiler.ProfileOptionBuilder(profiler.ProfileOptionBuilder.float_operation())
@@ -85,7 +117,6 @@ def train_flops_per_sample(backend: Any) -> tuple[float, str]:
     level = logger.level
     logger.setLevel("ERROR")  # the v1 profiler's deprecation warnings, one per op kind
     try:
-        flops = profiler.profile(graph=frozen.graph, options=options).total_float_ops
+        return profiler.profile(graph=frozen.graph, options=options).total_float_ops
     finally:
         logger.setLevel(level)
-    return flops / backend.batch_size, "tf.compat.v1.profiler"

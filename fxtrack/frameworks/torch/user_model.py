@@ -75,3 +75,33 @@ def train_flops_per_sample(backend: Any) -> tuple[float, str]:
         backend.eager_loss(backend.batch).backward()
     backend.opt.zero_grad(set_to_none=True)
     return counter.get_total_flops() / backend.batch_size, "torch.utils.flop_counter"
+
+
+def prepare_inference(backend: Any) -> Callable[[], None]:
+    """scenario=inference: the user's model in eval mode, compiled as its training step was,
+    forward only on the resident inputs (``train.make_inference_step``'s rules)."""
+    spec, device = backend.spec, backend.device
+    backend.model.eval()
+    runnable = backend.model
+    if spec.compile:
+        mode = spec.compile_mode
+        runnable = torch.compile(backend.model, mode=None if mode == "default" else mode)
+    amp, inputs = train.AMP_DTYPES[spec.precision], backend.batch[0]
+
+    def step() -> None:
+        with torch.inference_mode(), torch.autocast(device.type, dtype=amp or torch.float32,
+                                                    enabled=amp is not None):
+            ub.apply(runnable, inputs)
+        devices.sync(device)
+
+    return step
+
+
+def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """FlopCounterMode over one eval-mode forward, per sample."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        ub.apply(backend.model, backend.batch[0])
+    return counter.get_total_flops() / backend.batch_size, "torch.utils.flop_counter"
