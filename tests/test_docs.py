@@ -193,7 +193,7 @@ def worker_results(tmp_path_factory):
     for scenario in ("train", "inference"):
         spec = job_spec("torch", "vit", tmp_path_factory.mktemp(scenario), steps=2,
                         warmup_steps=1, scenario=scenario,
-                        runner=f"fxtrack.scenarios.{scenario}.run")
+                        runner=f"fxtrack.scenarios.{scenario}:run")
         result = run(spec)
         assert result.status == "FINISHED", result.error
         out[scenario] = (spec, result)
