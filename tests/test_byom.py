@@ -131,6 +131,9 @@ def test_an_unset_builder_and_an_unsupported_lever_are_refused(tmp_path):
     line = refused(tmp_path, env, "framework=torch", "model=custom", *BUILDERS[:1],
                    "memory=checkpoint")
     assert "memory=checkpoint is not supported for model=custom" in line
+    line = refused(tmp_path, env, "framework=torch", "model=custom", *BUILDERS[:1],
+                   "model.optimizer=adam")
+    assert "model.optimizer must be one of adamw, sgd" in line
 
 
 def test_a_sweep_logs_a_refused_cell_as_not_supported_and_runs_no_worker(tmp_path):
