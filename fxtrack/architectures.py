@@ -52,6 +52,14 @@ _TABLE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
              num_classes=1000),
         dict(layers=2, image_size=32),
     ),
+    # A user's own model (model=custom): no sizes, the builder decides. The dims carry what the
+    # worker needs to call it: one "package.module:function" per builder key (torch, keras,
+    # jax; a framework's declaration names its key), the builder's kwargs, the optimiser, its lr.
+    "custom": (
+        "custom",
+        dict(torch=None, keras=None, jax=None, kwargs={}, optimizer="adamw", lr=1e-3),
+        {},
+    ),
 }
 
 # Trainable parameters of the canonical models (docs/contract.md#groups); the correctness guard and
@@ -64,7 +72,8 @@ PARAM_COUNTS = {
     "bert_large": 335_174_458,
 }
 
-MODELS = tuple(_TABLE)
+CUSTOM = "custom"  # model=custom: a user's model (docs/your-own-model.md)
+MODELS = tuple(name for name in _TABLE if name != CUSTOM)  # fxtrack's own architectures
 SIZES = ("full", "tiny")
 
 # The keys a user may override per family (docs/contract.md#keys).
@@ -83,7 +92,7 @@ class Arch:
     """One resolved architecture: a model name, its family, and every size it needs."""
 
     name: str
-    family: str  # "resnet" | "vit" | "bert"
+    family: str  # "resnet" | "vit" | "bert" | "custom"
     dims: dict[str, Any]
 
     def __getattr__(self, key: str) -> Any:
@@ -95,7 +104,7 @@ class Arch:
     @property
     def canonical(self) -> bool:
         """True when every size equals the canonical one (the parameter table applies)."""
-        return dict(self.dims) == dict(_TABLE[self.name][1])
+        return self.name in PARAM_COUNTS and dict(self.dims) == dict(_TABLE[self.name][1])
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "family": self.family,
@@ -114,7 +123,7 @@ def family(name: str) -> str:
 def size_default(name: str, size: str, key: str) -> Any:
     """The table's value of ``key`` for model ``name`` at ``size`` (``full`` or ``tiny``)."""
     if name not in _TABLE:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join((*MODELS, CUSTOM))}")
     if size not in SIZES:
         raise ValueError(f"unknown size {size!r}; choose one of {', '.join(SIZES)}")
     _, full, tiny = _TABLE[name]
@@ -137,7 +146,7 @@ def resolve(name: str, size: str = "full", **overrides: Any) -> Arch:
 
 def _check(name: str, fam: str, d: dict[str, Any]) -> None:
     for key, value in d.items():
-        if isinstance(value, int) and value <= 0:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ValueError(f"model.{key} must be positive, got {value}")
     if fam in ("vit", "bert") and d["hidden"] % d["heads"]:
         raise ValueError(f"model.hidden ({d['hidden']}) must be divisible by model.heads ({d['heads']})")

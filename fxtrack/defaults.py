@@ -12,9 +12,11 @@ from typing import Optional
 # device kind -> model -> (per-device batch, timed steps, warm-up steps)
 _DEFAULTS = {
     "gpu": {"resnet50": (256, 50, 10), "bert": (64, 50, 10), "vit": (128, 50, 10),
-            "vit_large": (64, 50, 10), "bert_large": (32, 50, 10)},
+            "vit_large": (64, 50, 10), "bert_large": (32, 50, 10),
+            "custom": (32, 50, 10)},
     "cpu": {"resnet50": (8, 10, 2), "bert": (4, 10, 2), "vit": (4, 10, 2),
-            "vit_large": (2, 5, 2), "bert_large": (2, 5, 2)},
+            "vit_large": (2, 5, 2), "bert_large": (2, 5, 2),
+            "custom": (8, 10, 2)},
 }
 
 

@@ -143,6 +143,29 @@ class BertConfig:
 
 
 @dataclasses.dataclass
+class CustomConfig:
+    """model=custom: a user's own model (docs/your-own-model.md). One builder per framework
+    family, ``"package.module:function"``, called as ``FUNC(batch_size=B, seed=S, **kwargs)``;
+    ``keras`` serves framework=tensorflow (and keras)."""
+
+    name: str = MISSING
+    torch: Optional[str] = None
+    keras: Optional[str] = None
+    jax: Optional[str] = None
+    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    optimizer: str = "adamw"  # adamw | sgd, built as for fxtrack's own models
+    lr: float = 1e-3
+
+    def __post_init__(self) -> None:
+        from fxtrack.frameworks.user_builder import OPTIMIZERS
+
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}, "
+                             f"got {self.optimizer!r}")
+        _positive("model.", lr=self.lr)
+
+
+@dataclasses.dataclass
 class PrecisionConfig:
     name: str = MISSING  # fp32 (strict IEEE) | tf32 | bf16 | fp16
 
@@ -261,7 +284,18 @@ _GROUP_SCHEMAS = {
     "hardware": HardwareConfig,
     "size": SizeConfig,
 }
-_MODEL_SCHEMAS = {"resnet": ResNetConfig, "vit": ViTConfig, "bert": BertConfig}
+_MODEL_SCHEMAS = {"resnet": ResNetConfig, "vit": ViTConfig, "bert": BertConfig,
+                  "custom": CustomConfig}
+
+
+def _open_kwargs(schema: type) -> Any:
+    """``schema`` as a node whose ``kwargs`` (model=custom: the builder's keyword arguments)
+    takes any key on the command line, ``model.kwargs.width=256`` without Hydra's ``+``."""
+    if not any(f.name == "kwargs" for f in dataclasses.fields(schema)):
+        return schema
+    node = OmegaConf.structured(schema)
+    OmegaConf.set_struct(node.kwargs, False)
+    return node
 
 
 def register() -> None:
@@ -275,7 +309,7 @@ def register() -> None:
     for group, schema in _GROUP_SCHEMAS.items():
         cs.store(group=f"schema/{group}", name="base", node=schema)
     for fam, schema in _MODEL_SCHEMAS.items():
-        cs.store(group="schema/model", name=fam, node=schema)
+        cs.store(group="schema/model", name=fam, node=_open_kwargs(schema))
     from fxtrack.config.frameworks import declared
 
     for name in declared():  # framework/<name>.yaml names /schema/framework/<name>@_here_

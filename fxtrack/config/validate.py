@@ -117,7 +117,19 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
                           "(implemented: scenario=train)")
     if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
-    why = refusal(conf)
+    why = refusal(conf) or user_model_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
     return conf, arch
+
+
+def user_model_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
+    """model=custom: why this cell cannot run (levers, builder unset, module not importable),
+    or None (fxtrack.config.user_model)."""
+    from fxtrack.config import user_model
+
+    try:
+        user_model.check(conf, arch)
+    except user_model.CellNotSupported as e:
+        return str(e)
+    return None

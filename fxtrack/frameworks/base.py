@@ -8,6 +8,7 @@ import abc
 from typing import Any, ClassVar, Optional
 
 from fxtrack.architectures import Arch
+from fxtrack.frameworks import user_builder
 from fxtrack.frameworks.declaration import Framework, declaration
 from fxtrack.job import JobSpec
 
@@ -23,6 +24,17 @@ def sgd_lr(global_batch: int) -> float:
     """The linear scaling rule (Goyal et al. 2017): 0.1 per 256 images. Without it a small
     CPU batch at lr 0.1 makes BatchNorm'd ResNet-50 diverge within a few steps."""
     return SGD["lr"] * global_batch / 256
+
+
+def optimizer_choice(arch: Arch, global_batch: int) -> tuple[str, float]:
+    """(``sgd`` | ``adamw``, learning rate), the same in every framework: SGD at the scaled rate
+    for ResNet-50, AdamW for the transformers, and a user's model (model=custom) its own
+    ``model.optimizer`` and ``model.lr`` (the hyper-parameters above otherwise)."""
+    if arch.family == "custom":
+        return user_builder.optimizer_choice(arch)
+    if arch.family == "resnet":
+        return "sgd", sgd_lr(global_batch)
+    return "adamw", ADAMW["lr"]
 
 
 def attention_tokens(arch: Arch) -> int:

@@ -42,6 +42,25 @@ CAPABILITIES: dict[str, str] = {
     "remat": "memory=checkpoint: activations recomputed per block (used inside Backend.build)",
     "calibration": "matmul_tflops(backend) -> float: a large square matmul's TFLOP/s at the "
                    "spec's precision (the peak FLOP/s yardstick for MFU)",
+    "user_model": "build(backend, batch_size): model=custom, the user's builder "
+                  "(model.<Framework.model_key>) called and checked, its model, optimiser, "
+                  "batch and step set on the backend as its own build sets them; "
+                  "prepare_inference(backend) -> step (scenario=inference); "
+                  "train_flops_per_sample(backend), forward_flops_per_sample(backend) -> "
+                  "(flops, source) from the framework's own counter",
+}
+
+# What model=custom supports, per lever or scenario the user's model cannot take generically:
+# refused at validation (fxtrack.config.user_model) and by the worker (NotSupported).
+CUSTOM_UNSUPPORTED: dict[str, str] = {
+    "memory=checkpoint": "fxtrack cannot split an arbitrary model into blocks to recompute",
+    "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
+    "scenario=pipeline": "the loader writes fxtrack's synthetic images or tokens, not your "
+                         "model's inputs",
+    "scenario=checkpoint": "saving and reloading an arbitrary model for serving is not generic "
+                           "yet",
+    "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",
+    "quantize=dynamic_int8": "int8 quantisation of an arbitrary model is not generic yet",
 }
 
 
@@ -105,6 +124,9 @@ class Framework:
     compiled_tag: str  # fxtrack.compile_mode when compiled; "{compile_mode}" is filled in
     uncompiled_tag: str  # ... when not (e.g. "eager", "tf.function")
     uncompiled_builds_graph: bool = False  # a plain tf.function still traces: compile_time_s
+    # model=custom: the model.<key> holding this framework's builder ("package.module:function");
+    # None: the framework's own name (TensorFlow reads model.keras, as Keras on any backend will)
+    model_key: Optional[str] = None
     # capability name (a key of CAPABILITIES) -> "module" implementing it
     capabilities: Mapping[str, str] = dataclasses.field(default_factory=dict)
     # capability name -> why it is absent (the "not supported" message says this)
@@ -124,6 +146,10 @@ class Framework:
         """``framework.<name>`` for this run: the JobSpec's value, or the declared default (a
         spec written without the orchestrator, e.g. by a bench script)."""
         return spec.framework_settings.get(name, self.settings[name].default)
+    @property
+    def builder_key(self) -> str:
+        """The ``model.<key>`` with this framework's builder for ``model=custom``."""
+        return self.model_key or self.name
 
     def has(self, capability: str) -> bool:
         return capability in self.capabilities

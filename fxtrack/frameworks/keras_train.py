@@ -10,7 +10,7 @@ import keras
 from keras import ops
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
+from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 
 # Keras dtype policies: compute dtype / variable dtype. The mixed ones keep fp32 variables.
 # tf32 is float32 compute (TF32 matmuls are a device setting: each framework's devices.configure).
@@ -47,10 +47,11 @@ class CoupledSGD(keras.optimizers.SGD):
 def optimizer(arch: Arch, precision: str, global_batch: int = 256) -> keras.optimizers.Optimizer:
     """SGD+momentum (coupled L2) for ResNet-50, AdamW for transformers; with dynamic loss
     scaling in fp16 (as torch's GradScaler)."""
-    if arch.family == "resnet":
-        opt = CoupledSGD(SGD["weight_decay"], learning_rate=sgd_lr(global_batch), momentum=SGD["momentum"])
+    kind, lr = optimizer_choice(arch, global_batch)
+    if kind == "sgd":
+        opt = CoupledSGD(SGD["weight_decay"], learning_rate=lr, momentum=SGD["momentum"])
     else:
-        opt = keras.optimizers.AdamW(learning_rate=ADAMW["lr"], beta_1=ADAMW["b1"],
+        opt = keras.optimizers.AdamW(learning_rate=lr, beta_1=ADAMW["b1"],
                                      beta_2=ADAMW["b2"], epsilon=ADAMW["eps"],
                                      weight_decay=ADAMW["weight_decay"])
     if precision == "fp16":

@@ -9,8 +9,10 @@ their place: ``SHARED``), so counting per file gives a like-for-like comparison.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
 from pathlib import Path
+from typing import Optional
 
 import fxtrack
 
@@ -24,33 +26,50 @@ DIMENSIONS = {"models.py": "model", "train.py": "train", "data.py": "data", "dev
 # package imports them.
 SHARED = {"keras_models.py": "model", "keras_train.py": "train"}
 
+# model=custom: the framework's glue to a user's model (totals only), used instead of models.py
+USER_MODEL = "user_model.py"
 
-def _sources(root: Path) -> list[Path]:
-    """The framework package's own files, then the shared modules it imports."""
+
+def _sources(root: Path) -> list[tuple[Path, Optional[str]]]:
+    """The framework package's own files, then the shared modules it imports, with dimensions."""
     own = sorted(root.glob("*.py"))
     text = "\n".join(path.read_text() for path in own)
     shared = [root.parent / name for name in SHARED
               if re.search(rf"\bfxtrack\.frameworks(\.| import ){Path(name).stem}\b", text)]
-    return own + shared
+    return [(p, DIMENSIONS.get(p.name)) for p in own] + [(p, SHARED[p.name]) for p in shared]
 
 
 @functools.lru_cache(maxsize=None)
-def code_metrics(framework: str) -> dict[str, float]:
-    """``code_sloc``, ``code_lloc``, ``code_cc`` and the same per dimension (``code_sloc_model``)."""
+def code_metrics(framework: str, builder: Optional[str] = None) -> dict[str, float]:
+    """``code_sloc``, ``code_lloc``, ``code_cc`` and the same per dimension (``code_sloc_model``).
+    ``builder``: a user's model (``"package.module:function"``): its module is the ``model``
+    dimension instead of fxtrack's own models, and ``user_model.py`` counts in the totals;
+    without one, ``user_model.py`` is left out (fxtrack's own models never use it)."""
     from radon.raw import analyze
     from radon.visitors import ComplexityVisitor
 
     root = Path(fxtrack.__file__).resolve().parent / "frameworks" / framework
+    files = [(p, dim) for p, dim in _sources(root)
+             if (p.name != USER_MODEL if builder is None else dim != "model")]
+    if builder is not None:
+        files.append((builder_file(builder), "model"))
     totals: dict[str, float] = {}
-    for path in _sources(root):
+    for path, dimension in files:
         source = path.read_text()
         raw = analyze(source)
         counts = {"sloc": raw.sloc, "lloc": raw.lloc,
                   "cc": ComplexityVisitor.from_code(source).total_complexity}
-        dimension = DIMENSIONS.get(path.name) or SHARED.get(path.name)
         for name, value in counts.items():
             totals[f"code_{name}"] = totals.get(f"code_{name}", 0) + value
             if dimension:
                 key = f"code_{name}_{dimension}"
                 totals[key] = totals.get(key, 0) + value
     return totals
+
+
+def builder_file(builder: str) -> Path:
+    """The source file of a builder's module, found without importing it (nor its framework)."""
+    found = importlib.util.find_spec(builder.partition(":")[0])
+    if found is None or not found.origin or not found.origin.endswith(".py"):
+        raise ValueError(f"no Python source for the builder {builder!r}")
+    return Path(found.origin)

@@ -83,7 +83,8 @@ class Job:
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
 
     def run(self, job_dir: Path, parent: str | None, devices: int,
-            scenario: str | None = None, repeat: int | None = None) -> tuple[str, Result, str | None]:
+            scenario: str | None = None, repeat: int | None = None
+            ) -> tuple[str, Result, str | None]:
         """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id).
         ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate)."""
         from fxtrack.tracking import records
@@ -135,7 +136,10 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    m.update(complexity.code_metrics(spec.framework))
+    # a user's model (model=custom): its builder's module stands where fxtrack's models.py does
+    builder = (spec.arch["dims"][declaration(spec.package).builder_key]
+               if spec.arch["family"] == "custom" else None)
+    m.update(complexity.code_metrics(spec.framework, builder))
     m.update(cost.cost_metrics(conf.hardware.price_per_hour, spec.devices, spec.nodes, m))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
         return

@@ -16,6 +16,7 @@ from fxtrack.report.select import frameworks, metric
 
 FLAG = "!"  # marks a run that failed the correctness guard
 CONTENDED = "c"  # marks a run (or any repeat of it) measured while other processes took the cores
+DIFFERENT = "#"  # marks a model whose parameter count differs between frameworks (a user's model)
 GROUP = ["scenario", "precision", "devices", "hardware"]
 _SCALING = re.compile(r"^metrics\.scaling_efficiency_x(\d+)$")
 _SLOC = re.compile(r"^metrics\.code_sloc_(.+)$")
@@ -64,17 +65,35 @@ def _grid(runs: pd.DataFrame, title: str, cell: Callable[[pd.Series, pd.DataFram
     for key, group in groups(runs):
         fws = frameworks(group)
         rows = []
+        differ = []
         for model, by_model in group.groupby("model", sort=True):
             cells = {r["framework"]: cell(r, by_model) for _, r in by_model.iterrows()}
-            rows.append([model] + [cells.get(fw) or "-" for fw in fws])
+            note = param_difference(model, by_model)
+            differ += [note] if note else []
+            rows.append([f"{model} {DIFFERENT}" if note else model]
+                        + [cells.get(fw) or "-" for fw in fws])
         if any(c != "-" for row in rows for c in row[1:]):
             flagged = group[group["check"] != "ok"]
             extra = [f"{FLAG} {r['framework']} {r['model']}: failed the correctness guard"
                      + (f" ({r['guard']})" if r.get("guard") else "")
-                     for _, r in flagged.iterrows()]
+                     for _, r in flagged.iterrows()] + differ
             tables.append(Table(f"{title}: {group_title(key)}", ["model", *fws], rows,
                                 notes + extra))
     return tables
+
+
+def param_difference(model: str, by_model: pd.DataFrame) -> Optional[str]:
+    """A note when the frameworks' ``param_count`` for ``model`` differ (then it is not the same
+    model in each: a user's builders that disagree), saying by how much; None when they agree."""
+    counts = {r["framework"]: int(v) for _, r in by_model.iterrows()
+              if (v := metric(r, "param_count")) is not None}
+    if len(set(counts.values())) < 2:
+        return None
+    low = min(counts.values())
+    spread = (max(counts.values()) - low) / low if low else float("inf")
+    listed = ", ".join(f"{fw} {n:,}" for fw, n in counts.items())
+    return (f"{DIFFERENT} {model}: parameter counts differ between frameworks ({listed}; "
+            f"{spread:+.1%} largest vs smallest): not the same model")
 
 
 def _flag(row: pd.Series) -> str:

@@ -10,7 +10,7 @@ from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.scenarios import deploy
 from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import param_guard
+from fxtrack.scenarios.train import param_guard, user_flops
 
 
 def run(backend: Backend, result: Result) -> None:
@@ -18,9 +18,14 @@ def run(backend: Backend, result: Result) -> None:
         deploy.run(backend, result)
     else:
         result.tags.update(runtime="native", quantize="none")
-        inference = backend.capability("inference")
-        run_timed(backend, result, lambda: inference.prepare(backend),
-                  flops.forward_flops_per_sample(backend.arch))
+        if backend.arch.family == "custom":  # a user's model: its framework's own forward
+            user = backend.capability("user_model")
+            run_timed(backend, result, lambda: user.prepare_inference(backend),
+                      user_flops(backend, result, "forward"))
+        else:
+            inference = backend.capability("inference")
+            run_timed(backend, result, lambda: inference.prepare(backend),
+                      flops.forward_flops_per_sample(backend.arch))
     result.metrics.update(deploy.latency_metrics(result.metrics))
     if result.guard == "ok":
         result.guard = param_guard(backend.arch, int(result.metrics["param_count"]))

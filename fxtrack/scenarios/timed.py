@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from fxtrack import defaults
 from fxtrack.frameworks.base import Backend
@@ -35,12 +35,16 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
 
 
 def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[], Any]],
-              flops_per_sample: int) -> list[Any]:
+              flops_per_sample: Union[int, Callable[[], float]]) -> list[Any]:
     """Build the model, time ``prepare()``'s step, and fill ``result`` with the figures common to
-    every scenario. Returns the step handles (warm-up included) for scenario-specific use."""
+    every scenario. Returns the step handles (warm-up included) for scenario-specific use.
+    ``flops_per_sample``: a number, or a function counting them on the built model (a user's
+    model: its framework's counter), called after the timed window."""
     spec = backend.spec
     kind, batch, steps, warmup = build(backend, result)
     times, nvml, before, during = timed_window(spec, kind, prepare(), warmup, steps)
+    if callable(flops_per_sample):
+        flops_per_sample = flops_per_sample()
 
     global_batch = batch * spec.devices * spec.nodes  # every device of every node
     m = result.metrics

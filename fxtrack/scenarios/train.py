@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from fxtrack import architectures, flops
 from fxtrack.frameworks.base import Backend
@@ -12,8 +13,10 @@ from fxtrack.scenarios.timed import run_timed
 
 def run(backend: Backend, result: Result) -> None:
     """Fill ``result`` with the training measurements (docs/contract.md, scenario=train)."""
+    user_model = backend.arch.family == "custom"
     handles = run_timed(backend, result, lambda: backend.train_step,
-                        flops.train_flops_per_sample(backend.arch))
+                        user_flops(backend, result, "train") if user_model
+                        else flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
     result.metrics.update(loss_first=losses[0], loss_last=losses[-1])
     state = backend.state_bytes_per_device()
@@ -21,6 +24,23 @@ def run(backend: Backend, result: Result) -> None:
         result.metrics["state_mib_per_device"] = backend.reduce_max(state / 2**20)
     result.series["loss"] = losses
     result.guard = guard(backend, int(result.metrics["param_count"]), losses)
+    if user_model and result.guard.startswith("loss did not fall"):
+        # A user's data may be random (nothing to learn in a few steps): a warning tag, while
+        # a loss that is not finite still fails the guard.
+        result.tags["loss_not_falling"] = result.guard
+        result.guard = "ok"
+
+
+def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], float]:
+    """model=custom: the framework's own FLOP counter over one ``step`` (``train``: forward +
+    backward; ``forward``), asked once the model is built and the timed window is over (the
+    ``flops_source`` tag says which counter)."""
+    def count() -> float:
+        counter = getattr(backend.capability("user_model"), f"{step}_flops_per_sample")
+        value, result.tags["flops_source"] = counter(backend)
+        return value
+
+    return count
 
 
 def guard(backend: Backend, params: int, losses: list[float]) -> str:
@@ -34,7 +54,9 @@ def guard(backend: Backend, params: int, losses: list[float]) -> str:
 
 
 def param_guard(arch: architectures.Arch, params: int) -> str:
+    if not arch.canonical:  # resized, or a user's model: no table to compare with
+        return "ok"
     expected = architectures.PARAM_COUNTS[arch.name]
-    if arch.canonical and params != expected:
+    if params != expected:
         return f"param_count {params:,} differs from the canonical {expected:,}"
     return "ok"

@@ -51,6 +51,7 @@ FRAMEWORK = Framework(
         "sharded_state": "fxtrack.frameworks.jax.parallel",
         "remat": "fxtrack.frameworks.jax.models",
         "calibration": "fxtrack.frameworks.jax.devices",
+        "user_model": "fxtrack.frameworks.jax.user_model",
     },
     absent={
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "

@@ -35,7 +35,7 @@ class JaxBackend(Backend):
         if hasattr(self, "jit"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.jit)
             tags["jax_donation"] = self.donation
-            if self.arch.family != "resnet":
+            if self.arch.family in ("vit", "bert"):
                 dtype = train.COMPUTE_DTYPES[self.spec.precision]
                 if dtype == jnp.float16 and self.device.platform == "cpu":
                     dtype = jnp.float32  # models.SelfAttention's XLA:CPU fp16 workaround
@@ -52,6 +52,8 @@ class JaxBackend(Backend):
 
     def build(self, batch_size: int) -> None:
         self.batch_size = batch_size
+        if self.arch.family == "custom":  # the user's model, through the same step
+            return self.capability("user_model").build(self, batch_size)
         # One mesh for every case: 1 device, ``devices`` on this host, or every node's.
         self.mesh = parallel.make_mesh(self.device, self.spec.devices)
         self.replicated = parallel.replicated(self.mesh)

@@ -18,7 +18,7 @@ import optax
 from flax import nnx
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
+from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 from fxtrack.frameworks.jax import models
 
 # tf32 computes in float32 like fp32 (TF32 matmuls are a config setting: devices.configure).
@@ -55,10 +55,11 @@ class TrainState(NamedTuple):
 def optimizer(arch: Arch, global_batch: int = 256) -> optax.GradientTransformation:
     """SGD+momentum with coupled L2 weight decay (as torch.optim.SGD) for ResNet-50, AdamW
     (decoupled, as torch.optim.AdamW) for transformers; both on every parameter, like torch."""
-    if arch.family == "resnet":
+    kind, lr = optimizer_choice(arch, global_batch)
+    if kind == "sgd":
         return optax.chain(optax.add_decayed_weights(SGD["weight_decay"]),
-                           optax.sgd(sgd_lr(global_batch), momentum=SGD["momentum"]))
-    return optax.adamw(ADAMW["lr"], b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"],
+                           optax.sgd(lr, momentum=SGD["momentum"]))
+    return optax.adamw(lr, b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"],
                        weight_decay=ADAMW["weight_decay"])
 
 
@@ -87,7 +88,13 @@ def init_state(model: nnx.Module, tx: optax.GradientTransformation,
     return graphdef, TrainState(params, batch_stats, tx.init(params), scale)
 
 
-def grads_and_loss(graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, jax.Array]):
+def model_loss(model: nnx.Module, batch: dict[str, jax.Array]) -> jax.Array:
+    """fxtrack's own models: logits of the batch's inputs, and their cross-entropy."""
+    return loss_fn(model(model_inputs(batch)), batch)
+
+
+def grads_and_loss(graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, jax.Array],
+                   loss_of: Callable[[nnx.Module, Any], jax.Array] = model_loss):
     """(grads, loss, new batch_stats) of one training-mode forward + backward; with fp16 the
     loss is scaled before and the gradients unscaled after differentiation."""
     scale = state.loss_scale.scale if state.loss_scale is not None else None
@@ -95,7 +102,7 @@ def grads_and_loss(graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, j
     def scaled_loss(params: nnx.State):
         # copy=True: fresh Variables at this trace level, so BatchNorm may update its statistics
         model = nnx.merge(graphdef, params, state.batch_stats, copy=True)
-        loss = loss_fn(model(model_inputs(batch)), batch)
+        loss = loss_of(model, batch)
         stats = nnx.state(model, nnx.BatchStat)  # running statistics after this forward
         return (loss if scale is None else loss * scale), (loss, stats)
 
@@ -106,9 +113,11 @@ def grads_and_loss(graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, j
 
 
 def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, state: TrainState,
-               batch: dict[str, jax.Array]) -> tuple[TrainState, jax.Array]:
+               batch: dict[str, jax.Array],
+               loss_of: Callable[[nnx.Module, Any], jax.Array] = model_loss
+               ) -> tuple[TrainState, jax.Array]:
     """One optimiser step, a pure function: returns the next state and the (unscaled) loss."""
-    grads, loss, stats = grads_and_loss(graphdef, state, batch)
+    grads, loss, stats = grads_and_loss(graphdef, state, batch, loss_of)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     if state.loss_scale is None:
@@ -139,7 +148,8 @@ def donates(device_kind: str, request: str = "auto") -> tuple[bool, str]:
 
 def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, jit: bool = True,
               replicated: Optional[Any] = None, sharded: Optional[Any] = None,
-              donate: bool = True) -> Callable[[TrainState, dict], tuple[TrainState, jax.Array]]:
+              donate: bool = True, loss_of: Callable[[nnx.Module, Any], jax.Array] = model_loss
+              ) -> Callable[[TrainState, dict], tuple[TrainState, jax.Array]]:
     """``train_step`` bound to a model and optimiser: jitted, with ``state`` donated (its
     buffers are reused in place) if ``donate`` (``donates``), or run op by op
     under ``jax.disable_jit`` if ``jit`` is False.
@@ -147,7 +157,7 @@ def make_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, jit: boo
     ``replicated`` / ``sharded`` (``jax.sharding`` objects, see ``parallel``) place the state and
     the batch: with the batch split over devices, XLA partitions the step and all-reduces the
     gradients itself."""
-    step = functools.partial(train_step, graphdef, tx)
+    step = functools.partial(train_step, graphdef, tx, loss_of=loss_of)
     if jit:
         donated = 0 if donate else ()
         if replicated is None:

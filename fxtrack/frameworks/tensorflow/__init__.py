@@ -28,6 +28,7 @@ FRAMEWORK = Framework(
     ),
     compiled_tag="xla",
     uncompiled_tag="tf.function",
+    model_key="keras",  # model=custom: a keras.Model, as framework=keras will read
     prepare_environment=prepare_environment,
     uncompiled_builds_graph=True,  # a plain tf.function still traces a graph on the first step
     capabilities={
@@ -38,6 +39,7 @@ FRAMEWORK = Framework(
         "onnx_export": "fxtrack.frameworks.tensorflow.deployment",
         "tflite_export": "fxtrack.frameworks.tensorflow.deployment",
         "calibration": "fxtrack.frameworks.tensorflow.devices",
+        "user_model": "fxtrack.frameworks.tensorflow.user_model",
     },
     limits=(
         Limit("hardware.nodes > 1 with devices > 1 on a CPU",

@@ -39,7 +39,7 @@ class TensorFlowBackend(Backend):
                 **getattr(self, "policy_tags", {})}
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile)
-            if self.arch.family != "resnet":
+            if self.arch.family in ("vit", "bert"):
                 tags["attention"] = train.ATTENTION
         return tags
 
@@ -53,6 +53,8 @@ class TensorFlowBackend(Backend):
         return parallel.placement(self.strategy, self.device)
 
     def build(self, batch_size: int) -> None:
+        if self.arch.family == "custom":  # the user's model, through the same step
+            return self.capability("user_model").build(self, batch_size)
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
         with self._place():  # mirrored variables on every replica, or the one device
             with train.precision_policy(self.spec.precision):

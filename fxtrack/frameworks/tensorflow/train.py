@@ -40,8 +40,8 @@ def apply_gradients(opt: keras.optimizers.Optimizer, grads: list, variables: lis
 
 
 def make_step(model: keras.Model, opt: keras.optimizers.Optimizer,
-              strategy: tf.distribute.Strategy,
-              jit_compile: bool) -> Callable[[dict[str, tf.Tensor]], tf.Tensor]:
+              strategy: tf.distribute.Strategy, jit_compile: bool,
+              loss: Callable[..., tf.Tensor] = loss_fn) -> Callable[[dict[str, tf.Tensor]], tf.Tensor]:
     """One training step as a ``tf.function`` taking a batch (per-replica under a distribution
     strategy): forward, (scaled) backward, optimiser update on every replica; returns the loss
     averaged over the replicas (a tensor, not yet fetched). Build it under
@@ -64,11 +64,11 @@ def make_step(model: keras.Model, opt: keras.optimizers.Optimizer,
 
     def gradients(batch: dict[str, tf.Tensor]) -> tuple[tf.Tensor, list]:
         with tf.GradientTape() as tape:
-            loss = loss_fn(model, batch, training=True)  # mean over this replica's batch
+            value = loss(model, batch, training=True)  # mean over this replica's batch
             # Keras' optimiser all-reduces the replicas' gradients by SUM: 1/N makes the mean.
             # (x / 1.0 is exact: one device computes bit for bit what it did without this.)
-            scaled = opt.scale_loss(loss / replicas)  # * loss scale under LossScaleOptimizer
-        return loss, tape.gradient(scaled, variables)
+            scaled = opt.scale_loss(value / replicas)  # * loss scale under LossScaleOptimizer
+        return value, tape.gradient(scaled, variables)
 
     if replicas > 1:
         gradients = tf.function(gradients, jit_compile=jit_compile)

@@ -28,6 +28,7 @@ FRAMEWORK = Framework(
         "sharded_state": "fxtrack.frameworks.torch.parallel",
         "remat": "fxtrack.frameworks.torch.models",
         "calibration": "fxtrack.frameworks.torch.devices",
+        "user_model": "fxtrack.frameworks.torch.user_model",
     },
     limits=(
         Limit("quantize=dynamic_int8 with runtime=native on a GPU",

@@ -31,7 +31,7 @@ class TorchBackend(Backend):
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile,
                                                                    self.spec.compile_mode)
-            if self.arch.family != "resnet":
+            if self.arch.family in ("vit", "bert"):
                 dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
                 tags["attention"] = devices.sdpa_backend(
                     self.arch.heads, attention_tokens(self.arch), self.arch.hidden // self.arch.heads,
@@ -45,6 +45,8 @@ class TorchBackend(Backend):
         return devices.visible()
 
     def build(self, batch_size: int) -> None:
+        if self.arch.family == "custom":  # the user's model, through the same step
+            return self.capability("user_model").build(self, batch_size)
         torch.manual_seed(self.spec.seed)
         # Channels-last lets cuDNN / oneDNN use their NHWC convolution kernels.
         self.channels_last = channels_last = self.arch.family == "resnet"

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import ADAMW, SGD, sgd_lr
+from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 
 # Autocast dtype per precision; None: no autocast (tf32 computes in float32 like fp32).
 AMP_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -19,13 +19,13 @@ def optimizer(model: nn.Module, arch: Arch, device: torch.device,
               global_batch: int = 256) -> torch.optim.Optimizer:
     """SGD+momentum for ResNet-50, AdamW for transformers; the fused kernels where they exist."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if arch.family == "resnet":
+    kind, lr = optimizer_choice(arch, global_batch)
+    if kind == "sgd":
         make = lambda **kw: torch.optim.SGD(  # noqa: E731
-            params, lr=sgd_lr(global_batch), momentum=SGD["momentum"],
-            weight_decay=SGD["weight_decay"], **kw)
+            params, lr=lr, momentum=SGD["momentum"], weight_decay=SGD["weight_decay"], **kw)
     else:
         make = lambda **kw: torch.optim.AdamW(  # noqa: E731
-            params, lr=ADAMW["lr"], betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
+            params, lr=lr, betas=(ADAMW["b1"], ADAMW["b2"]), eps=ADAMW["eps"],
             weight_decay=ADAMW["weight_decay"], **kw)
     if any(hasattr(p, "to_local") for p in params):  # FSDP shards (DTensors): no fused kernel
         return make(foreach=True)

@@ -1,0 +1,121 @@
+"""model=custom in JAX: the user's ``flax.nnx.Module`` with NumPy or JAX arrays and its loss,
+trained by fxtrack's step (the functional split, compute dtype, fp16 loss scaling, jit, the
+batch sharded over the mesh) as its own models are; FLOPs from XLA's
+``jax.jit(...).lower(...).compile().cost_analysis()`` of one forward + backward."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from fxtrack.frameworks import user_builder as ub
+from fxtrack.frameworks.declaration import NotSupported
+from fxtrack.frameworks.jax import parallel, train
+
+
+def build(backend: Any, batch_size: int) -> None:
+    spec, arch, fw = backend.spec, backend.arch, backend.framework
+    backend.mesh = parallel.make_mesh(backend.device, spec.devices)
+    backend.replicated = parallel.replicated(backend.mesh)
+    backend.sharded = parallel.batch_sharding(backend.mesh)
+    tx = train.optimizer(arch, batch_size * spec.devices * spec.nodes)
+    # One process drives every device: the builder's batch is the global one, sharded over them.
+    backend.user_batch = batch_size * spec.devices
+    with jax.default_device(backend.device):
+        model, inputs, targets, user_loss = ub.call(arch, fw, backend.user_batch, spec.seed)
+        ub.expect(isinstance(model, nnx.Module), arch, fw, "a model", "a flax.nnx.Module",
+                  model)
+        for x in ub.leaves(inputs) + ub.leaves(targets):
+            ub.expect(isinstance(x, (np.ndarray, jax.Array)), arch, fw, "an input or target",
+                      "NumPy or JAX arrays", x)
+        model.train()
+        try:  # fxtrack's step carries parameters and batch statistics, nothing else
+            backend.graphdef, state = train.init_state(model, tx, spec.precision)
+        except ValueError as e:
+            raise NotSupported(
+                f"model.{fw.builder_key}={arch.dims.get(fw.builder_key)}: a model whose state "
+                f"is not only nnx.Param and nnx.BatchStat (e.g. dropout RNGs) is not supported "
+                f"({str(e).splitlines()[0]})") from None
+    backend.loss_of = loss_of(user_loss, train.COMPUTE_DTYPES[spec.precision])
+    backend.state = parallel.replicate(state, backend.mesh)
+    batch = (inputs, targets)
+    backend.batch = jax.block_until_ready(jax.device_put(batch, backend.sharded))
+    check_scalar(backend)
+    backend.jit = backend._jit()
+    donate, backend.donation = train.donates(backend.device_kind())
+    backend._step = train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
+                                    backend.sharded, donate, loss_of=backend.loss_of)
+
+
+def loss_of(user_loss: Callable[[Any, Any], Any], dtype: Any) -> Callable[[nnx.Module, tuple], jax.Array]:
+    """``train.train_step``'s loss for a user's model: inputs in the compute dtype
+    (``in_dtype``), the user's loss in float32."""
+    def fn(model: nnx.Module, batch: tuple) -> jax.Array:
+        inputs, targets = batch
+        return jnp.asarray(user_loss(ub.apply(model, in_dtype(inputs, dtype)), targets),
+                           jnp.float32)
+
+    return fn
+
+
+def check_scalar(backend: Any) -> None:
+    """The loss's shape, traced abstractly before any timed work: it must be a scalar."""
+    shape = jax.eval_shape(lambda s, b: train.grads_and_loss(backend.graphdef, s, b,
+                                                             backend.loss_of)[1],
+                           backend.state, backend.batch).shape
+    ub.expect(shape == (), backend.arch, backend.framework, "a loss",
+              f"loss_fn(outputs, targets) -> a scalar (shape ()), got shape {shape}", shape)
+
+
+def train_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """XLA's count of one compiled forward + backward (no optimiser update, as torch's and
+    TensorFlow's counts), per sample."""
+    def grads(state: train.TrainState, batch: tuple) -> Any:
+        return train.grads_and_loss(backend.graphdef, state, batch, backend.loss_of)[:2]
+
+    cost: Any = jax.jit(grads).lower(backend.state, backend.batch).compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):  # older JAX: one dict per computation
+        cost = cost[0]
+    return float(cost["flops"]) / backend.user_batch, "jax.cost_analysis"
+
+
+def prepare_inference(backend: Any) -> Callable[[], None]:
+    """scenario=inference: the forward in inference mode (BatchNorm running statistics),
+    jitted as the training step was, on the resident inputs; reads the live state."""
+    forward = jax.jit(eval_forward(backend)) if backend.jit else eval_forward(backend)
+    inputs = backend.batch[0]
+
+    def step() -> None:
+        jax.block_until_ready(forward(backend.state.params, backend.state.batch_stats, inputs))
+
+    return step
+
+
+def eval_forward(backend: Any) -> Callable[..., Any]:
+    graphdef = train.eval_graphdef(backend.graphdef, backend.state)
+    dtype = train.COMPUTE_DTYPES[backend.spec.precision]
+
+    def forward(params: Any, batch_stats: Any, inputs: Any) -> Any:
+        return ub.apply(nnx.merge(graphdef, params, batch_stats), in_dtype(inputs, dtype))
+
+    return forward
+
+
+def in_dtype(inputs: Any, dtype: Any) -> Any:
+    """Floating inputs in the compute dtype (parameters stay float32, as for fxtrack's models)."""
+    return ub.tree_map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, inputs)
+
+
+def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """XLA's count of one compiled inference-mode forward, per sample."""
+    lowered = jax.jit(eval_forward(backend)).lower(backend.state.params,
+                                                    backend.state.batch_stats, backend.batch[0])
+    cost: Any = lowered.compile().cost_analysis()
+    if isinstance(cost, (list, tuple)):
+        cost = cost[0]
+    return float(cost["flops"]) / backend.user_batch, "jax.cost_analysis"

@@ -1,0 +1,122 @@
+"""model=custom in TensorFlow: the user's ``keras.Model`` with NumPy arrays and its loss,
+trained by fxtrack's step (dtype policy, loss scaling, tf.function / XLA, tf.distribute) as its
+own models are; FLOPs from ``tf.compat.v1.profiler`` on the frozen graph of one forward +
+backward (TF 2.x exposes no XLA cost analysis from Python)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from fxtrack.frameworks import user_builder as ub
+from fxtrack.frameworks.tensorflow import train
+
+
+def build(backend: Any, batch_size: int) -> None:
+    spec, arch, fw = backend.spec, backend.arch, backend.framework
+    keras.utils.set_random_seed(spec.seed)
+    with backend._place():
+        with train.precision_policy(spec.precision):  # layers read it when constructed
+            model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed)
+        ub.expect(isinstance(model, keras.Model), arch, fw, "a model", "a keras.Model", model)
+        for x in ub.leaves(inputs) + ub.leaves(targets):
+            ub.expect(isinstance(x, np.ndarray), arch, fw, "an input or target",
+                      "NumPy arrays", x)
+        backend.model = model
+        backend.opt = train.optimizer(arch, spec.precision,
+                                      batch_size * backend.strategy.num_replicas_in_sync)
+    with tf.device(backend.device):
+        to_tf = lambda x: tf.identity(tf.constant(x))  # noqa: E731  (onto the device)
+        batch = (ub.tree_map(to_tf, inputs), ub.tree_map(to_tf, targets))
+    backend.loss_of = loss_of(user_loss)
+    check_scalar(backend, batch)
+    backend.one_batch = batch
+    if backend.strategy.num_replicas_in_sync > 1:  # each replica trains on the same batch
+        batch = backend.strategy.experimental_distribute_values_from_function(lambda _: batch)
+    backend.batch, backend.batch_size = batch, batch_size
+    with backend._place():
+        backend._step = train.make_step(model, backend.opt, backend.strategy, spec.compile,
+                                        loss=backend.loss_of)
+
+
+def loss_of(user_loss: Callable[[Any, Any], Any]) -> Callable[..., tf.Tensor]:
+    """``train.make_step``'s loss for a user's model: the forward on the inputs, its floating
+    outputs upcast to float32 and the loss computed there, as for fxtrack's own models."""
+    def upcast(x: Any) -> Any:
+        return tf.cast(x, tf.float32) if x.dtype.is_floating else x
+
+    def fn(model: keras.Model, batch: tuple, training: bool = True) -> tf.Tensor:
+        inputs, targets = batch
+        outputs = tf.nest.map_structure(upcast, model(keras_inputs(inputs), training=training))
+        return tf.cast(user_loss(outputs, targets), tf.float32)
+
+    return fn
+
+
+def check_scalar(backend: Any, batch: tuple) -> None:
+    """One forward before any timed work: the loss must be a scalar."""
+    with tf.device(backend.device):
+        value = backend.loss_of(backend.model, batch, training=False)
+    ub.expect(value.shape.rank == 0, backend.arch, backend.framework, "a loss",
+              f"loss_fn(outputs, targets) -> a scalar (shape ()), got shape "
+              f"{tuple(value.shape)}", value)
+
+
+def train_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """The profiler's float-op count of one forward + backward (the optimiser update left out,
+    as torch's and JAX's counts leave it out), per sample."""
+    model, variables = backend.model, backend.model.trainable_variables
+
+    def grads(batch: tuple) -> tuple:
+        with tf.GradientTape() as tape:
+            value = backend.loss_of(model, batch, training=True)
+        return value, tape.gradient(value, variables)
+
+    return graph_flops(backend, grads) / backend.batch_size, "tf.compat.v1.profiler"
+
+
+def prepare_inference(backend: Any) -> Callable[[], None]:
+    """scenario=inference: the Keras model in inference mode as one tf.function (XLA when
+    compiled) on the first replica's inputs."""
+    inputs = keras_inputs(backend.one_batch[0])
+    with tf.device(backend.device):
+        forward = tf.function(lambda: backend.model(inputs, training=False),
+                              jit_compile=backend.spec.compile)
+    return backend._synced(forward)
+
+
+def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """The profiler's float-op count of one inference-mode forward, per sample."""
+    def forward(batch: tuple) -> Any:
+        return backend.model(keras_inputs(batch[0]), training=False)
+
+    return graph_flops(backend, forward) / backend.batch_size, "tf.compat.v1.profiler"
+
+
+def keras_inputs(inputs: Any) -> Any:
+    """Keras takes several inputs as one list (or dict) argument."""
+    return list(inputs) if isinstance(inputs, tuple) else inputs
+
+
+def graph_flops(backend: Any, fn: Callable[[tuple], Any]) -> int:
+    """``tf.compat.v1.profiler``'s float-op count of ``fn``'s graph on the resident batch, its
+    variables frozen to constants (TF 2.x offers XLA's cost analysis to no Python caller)."""
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    with tf.device(backend.device):
+        concrete = tf.function(fn).get_concrete_function(backend.one_batch)
+        frozen = convert_variables_to_constants_v2(concrete)
+    profiler, logger = tf.compat.v1.profiler, tf.get_logger()
+    options = (profiler.ProfileOptionBuilder(profiler.ProfileOptionBuilder.float_operation())
+               .with_empty_output().build())
+    level = logger.level
+    logger.setLevel("ERROR")  # the v1 profiler's deprecation warnings, one per op kind
+    try:
+        return profiler.profile(graph=frozen.graph, options=options).total_float_ops
+    finally:
+        logger.setLevel(level)

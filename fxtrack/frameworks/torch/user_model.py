@@ -1,0 +1,107 @@
+"""model=custom in PyTorch: the user's ``nn.Module``, its CPU tensors and loss, trained by
+fxtrack's step (device, autocast, GradScaler, torch.compile, DDP) as its own models are; FLOPs
+from ``torch.utils.flop_counter.FlopCounterMode`` over one forward + backward."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from fxtrack.frameworks import user_builder as ub
+from fxtrack.frameworks.torch import devices, parallel, train
+
+
+def build(backend: Any, batch_size: int) -> None:
+    spec, arch, fw = backend.spec, backend.arch, backend.framework
+    torch.manual_seed(spec.seed)
+    # Each data-parallel rank its own batch, as for fxtrack's models: seed offset by rank.
+    model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed + parallel.rank())
+    ub.expect(isinstance(model, nn.Module), arch, fw, "a model", "a torch.nn.Module", model)
+    for x in ub.leaves(inputs) + ub.leaves(targets):
+        ub.expect(isinstance(x, torch.Tensor), arch, fw, "an input or target", "torch.Tensor",
+                  x)
+    device = backend.device
+    model = model.to(device)
+    model.train()
+    backend.model = model
+    backend.channels_last = False
+    move = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+    backend.batch = (ub.tree_map(move, inputs), ub.tree_map(move, targets))
+    wrapped = parallel.wrap(model, device, spec.parallel)
+    backend.opt = train.optimizer(model, arch, device, batch_size * parallel.world_size())
+    backend.eager_loss = forward_loss(wrapped, user_loss, spec.precision, device)
+    check_scalar(backend, backend.eager_loss)
+    backend.loss = backend.eager_loss
+    if spec.compile:
+        backend.loss = train.compile_loss(backend.loss, spec.compile_mode)
+    backend.batch_size = batch_size
+    backend._step = train.make_step(backend.loss, backend.opt, spec.precision, device,
+                                    functools.partial(devices.sync, device))
+
+
+def forward_loss(model: nn.Module, user_loss: Callable[[Any, Any], torch.Tensor],
+                 precision: str, device: torch.device) -> Callable[[tuple], torch.Tensor]:
+    """(inputs, targets) -> the user's loss in float32, the forward under autocast as fxtrack's
+    own models run (``train.forward_loss``), so that torch.compile captures both."""
+    amp = train.AMP_DTYPES[precision]
+
+    def fn(batch: tuple) -> torch.Tensor:
+        inputs, targets = batch
+        with torch.autocast(device.type, dtype=amp or torch.float32, enabled=amp is not None):
+            return user_loss(ub.apply(model, inputs), targets).float()
+
+    return fn
+
+
+def check_scalar(backend: Any, loss: Callable[[tuple], torch.Tensor]) -> None:
+    """One forward without gradients before any timed work: the loss must be a scalar."""
+    with torch.no_grad():
+        value = loss(backend.batch)
+    ub.expect(isinstance(value, torch.Tensor) and value.ndim == 0, backend.arch,
+              backend.framework, "a loss", "loss_fn(outputs, targets) -> a scalar tensor (shape "
+              f"()), got shape {tuple(getattr(value, 'shape', ()))}", value)
+
+
+def train_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """FlopCounterMode over one forward + backward of the eager loss (no optimiser step: the
+    weights stay as they are), per sample."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        backend.eager_loss(backend.batch).backward()
+    backend.opt.zero_grad(set_to_none=True)
+    return counter.get_total_flops() / backend.batch_size, "torch.utils.flop_counter"
+
+
+def prepare_inference(backend: Any) -> Callable[[], None]:
+    """scenario=inference: the user's model in eval mode, compiled as its training step was,
+    forward only on the resident inputs (``train.make_inference_step``'s rules)."""
+    spec, device = backend.spec, backend.device
+    backend.model.eval()
+    runnable = backend.model
+    if spec.compile:
+        mode = spec.compile_mode
+        runnable = torch.compile(backend.model, mode=None if mode == "default" else mode)
+    amp, inputs = train.AMP_DTYPES[spec.precision], backend.batch[0]
+
+    def step() -> None:
+        with torch.inference_mode(), torch.autocast(device.type, dtype=amp or torch.float32,
+                                                    enabled=amp is not None):
+            ub.apply(runnable, inputs)
+        devices.sync(device)
+
+    return step
+
+
+def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
+    """FlopCounterMode over one eval-mode forward, per sample."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        ub.apply(backend.model, backend.batch[0])
+    return counter.get_total_flops() / backend.batch_size, "torch.utils.flop_counter"

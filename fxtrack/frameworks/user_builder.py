@@ -1,0 +1,140 @@
+"""model=custom without any framework imported: the user's builder found, called and its return
+value checked, the levers an arbitrary model cannot take, and the small tree helpers every
+framework's ``user_model`` capability shares (inputs may be one array, a tuple or a dict).
+
+The builder contract (docs/your-own-model.md): ``FUNC(batch_size=B, seed=S, **model.kwargs)``
+returns ``(model, (inputs, targets), loss_fn)`` in the framework's own types, and
+``loss_fn(outputs, targets)`` is a scalar. Every broken promise is a ``NotSupported`` with one
+line saying what was expected: the cell is "not supported", never a crash mid-window.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Any, Callable, Optional
+
+from fxtrack.architectures import Arch
+from fxtrack.frameworks.declaration import CUSTOM_UNSUPPORTED, Framework, NotSupported
+
+OPTIMIZERS = ("adamw", "sgd")
+
+
+def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: str
+            ) -> Optional[str]:
+    """Why model=custom cannot run with these levers (CUSTOM_UNSUPPORTED), or None."""
+    asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
+             "scenario=pipeline": scenario == "pipeline",
+             "scenario=checkpoint": scenario == "checkpoint",
+             "runtime": runtime != "native", "quantize=dynamic_int8": quantize != "none"}
+    for what, hit in asked.items():
+        if hit:
+            label = f"runtime={runtime}" if what == "runtime" else what
+            return f"{label} is not supported for model=custom: {CUSTOM_UNSUPPORTED[what]}"
+    return None
+
+
+def builder_path(arch: Arch, framework: Framework) -> str:
+    """The ``"package.module:function"`` this framework's worker calls; NotSupported if unset."""
+    key = framework.builder_key
+    path = arch.dims.get(key)
+    if not path:
+        raise NotSupported(f"model.{key} is not set: framework={framework.name} with "
+                           f"model=custom needs model.{key}=package.module:function")
+    if path.count(":") != 1 or not all(path.split(":")):
+        raise NotSupported(f"model.{key}={path} must be 'package.module:function'")
+    return path
+
+
+def missing_module(path: str) -> Optional[str]:
+    """Why the builder's module cannot be found (without importing it or any framework), or
+    None. Used by the orchestrator for a one-line refusal within seconds."""
+    module = path.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError) as e:  # a missing parent package raises, not None
+        found, why = None, str(e)
+    else:
+        why = ""
+    if found is None:
+        return f"no module named {module!r} is importable{f' ({why})' if why else ''}"
+    return None
+
+
+def load(path: str, key: str) -> Callable[..., Any]:
+    """The builder function behind ``model.<key>=path``."""
+    module, _, name = path.partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise NotSupported(f"model.{key}={path}: module {e.name!r} is not importable by "
+                           f"{sys.executable} (is it on PYTHONPATH?)") from None
+    func = getattr(mod, name, None)
+    if not callable(func):
+        raise NotSupported(f"model.{key}={path}: module {module} has no function {name!r}")
+    return func
+
+
+def call(arch: Arch, framework: Framework, batch_size: int, seed: int) -> tuple[Any, Any, Any, Any]:
+    """Call the builder; (model, inputs, targets, loss_fn) once the shape of its answer is right."""
+    key = framework.builder_key
+    path = builder_path(arch, framework)
+    out = load(path, key)(batch_size=batch_size, seed=seed, **dict(arch.kwargs or {}))
+    expected = "must return (model, (inputs, targets), loss_fn)"
+    if not isinstance(out, (tuple, list)) or len(out) != 3:
+        raise NotSupported(f"model.{key}={path} {expected}; got {describe(out)}")
+    model, data, loss_fn = out
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise NotSupported(f"model.{key}={path} {expected}; its second item is "
+                           f"{describe(data)}, not an (inputs, targets) pair")
+    if not callable(loss_fn):
+        raise NotSupported(f"model.{key}={path} {expected}; its loss_fn is {describe(loss_fn)}")
+    return model, data[0], data[1], loss_fn
+
+
+def expect(ok: bool, arch: Arch, framework: Framework, what: str, wanted: str, got: Any) -> None:
+    """NotSupported naming the builder, what it returned and what this framework needs."""
+    if not ok:
+        key = framework.builder_key
+        raise NotSupported(f"model.{key}={arch.dims.get(key)} returned {what} of type "
+                           f"{describe(got)}; framework={framework.name} needs {wanted}")
+
+
+def describe(obj: Any) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}".removeprefix("builtins.")
+
+
+def leaves(tree: Any) -> list[Any]:
+    """The arrays of one array, a tuple / list or a dict (one level: what the contract allows)."""
+    if isinstance(tree, dict):
+        return list(tree.values())
+    if isinstance(tree, (tuple, list)):
+        return list(tree)
+    return [tree]
+
+
+def tree_map(fn: Callable[[Any], Any], tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: fn(v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list)):
+        return tuple(fn(v) for v in tree)
+    return fn(tree)
+
+
+def apply(model: Any, inputs: Any, **kwargs: Any) -> Any:
+    """The model on its inputs: ``model(x)``, ``model(*inputs)`` or ``model(**inputs)``."""
+    if isinstance(inputs, dict):
+        return model(**inputs, **kwargs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs, **kwargs)
+    return model(inputs, **kwargs)
+
+
+def optimizer_choice(arch: Arch) -> tuple[str, float]:
+    """(``adamw`` | ``sgd``, learning rate) of a user's model: its ``model.optimizer``, ``model.lr``."""
+    if arch.optimizer not in OPTIMIZERS:
+        raise NotSupported(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}, "
+                           f"got {arch.optimizer!r}")
+    return arch.optimizer, float(arch.lr)

@@ -1,0 +1,41 @@
+"""The model=custom examples the docs show (docs/your-own-model.md), each run once at tiny size
+from a directory outside the checkout: a Hugging Face GPT-2 on the PyTorch path (fp32, eager)
+and a keras-hub GPT-2 backbone on the Keras path (framework=tensorflow)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_fxtrack, seed_peak_cache
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+TINY = ["batch_size=2", "steps=3", "warmup_steps=1", "hardware=cpu"]
+
+
+def run_example(tmp_path: Path, *args: str) -> dict:
+    env = {"PYTHONPATH": f"{EXAMPLES}:{EXAMPLES.parent}", **seed_peak_cache(tmp_path / "cache")}
+    proc = run_fxtrack(tmp_path, "model=custom", *args, *TINY, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.glob("outputs/*/*/result.json")
+    return json.loads(path.read_text())
+
+
+def test_hf_gpt2_eager_fp32_on_torch(tmp_path):
+    pytest.importorskip("transformers")  # the byom-examples extra
+    result = run_example(tmp_path, "framework=torch", "model.torch=hf_gpt2:build_torch",
+                         "framework.compile=false", "precision=fp32")
+    assert result["status"] == "FINISHED" and result["guard"] == "ok"
+    assert result["tags"]["compile_mode"] == "eager"
+    assert result["tags"]["flops_source"] == "torch.utils.flop_counter"
+    assert result["metrics"]["flops_per_sample"] > 0
+
+
+def test_kerashub_gpt2_backbone_on_the_keras_path(tmp_path):
+    pytest.importorskip("keras_hub")  # the byom-examples extra
+    result = run_example(tmp_path, "framework=tensorflow",
+                         "model.keras=kerashub_model:build_keras")
+    assert result["status"] == "FINISHED" and result["guard"] == "ok"
+    assert result["tags"]["flops_source"] == "tf.compat.v1.profiler"
+    assert result["metrics"]["param_count"] > 0 and result["metrics"]["flops_per_sample"] > 0
