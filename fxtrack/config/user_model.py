@@ -3,8 +3,8 @@ a user's model cannot take, this framework's builder set, and its module importa
 worker's interpreter, found with ``importlib.util.find_spec`` (no framework imported), so that a
 typo is refused in one line within seconds.
 
-Each refusal is a ``CellNotSupported``: a single run exits 2 with its line; a sweep logs that
-cell as "not supported" with the reason and runs the others."""
+Each refusal is a ``CellNotSupported``: a single run exits 2 with its line; a sweep skips that
+cell as not supported, with the reason, and runs the others."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ _FIND = ("import importlib.util, sys\n"
 
 class CellNotSupported(ValueError):
     """A config whose framework has no path for a user's model: one line, no work started
-    (``fxtrack.config.validate`` raises it as a NotSupportedConfig)."""
+    (``fxtrack.config.validate`` raises it as a Refused: a sweep skips the cell)."""
 
 
 def check(conf: Any, arch: Arch) -> None:
