@@ -175,7 +175,7 @@ def check_overrides(args: list[str]) -> None:
     from hydra.errors import OverrideParseException
 
     from fxtrack.config.frameworks import declared
-    from fxtrack.config.validate import unknown_key, valid_keys
+    from fxtrack.config.validate import open_prefixes, unknown_key, valid_keys
 
     options = get_args_parser().parse_args(args)
     try:
@@ -189,12 +189,13 @@ def check_overrides(args: list[str]) -> None:
                 return  # groups we cannot list (pkg://): Hydra checks every key itself
             dirs.append(Path(entry[len("file://"):]))
     valid = valid_keys(declared()) | config_groups(dirs)
+    open_keys = tuple(open_prefixes())
     for override in parsed:
         key = override.key_or_group
         if (override.is_hydra_override() or override.is_add() or override.is_force_add()
                 or override.package is not None or "/" in key):
             continue  # Hydra's own, a deliberate addition (validate checks it), a package path
-        if key not in valid:
+        if key not in valid and not key.startswith(open_keys):
             config_error(str(unknown_key(key, valid)))
 
 

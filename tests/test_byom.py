@@ -136,15 +136,16 @@ def test_an_unset_builder_and_an_unsupported_lever_are_refused(tmp_path):
     assert "model.optimizer must be one of adamw, sgd" in line
 
 
-def test_a_sweep_logs_a_refused_cell_as_not_supported_and_runs_no_worker(tmp_path):
+def test_a_sweep_skips_a_refused_cell_as_not_supported_and_runs_no_worker(tmp_path):
     env = user_package(tmp_path)
     proc = run_fxtrack(tmp_path, "-m", "framework=torch,jax", "model=custom",
                        "model.torch=nosuchpkg.models:build_torch", *TINY, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]  # not supported is not a failure
-    jobs = {j["tags"]["fxtrack.framework"]: j for j in sweep_jobs(tmp_path)}
-    assert all(j["tags"]["fxtrack.unsupported"] == "true" for j in jobs.values())
+    jobs = {j["name"].split("-")[0]: j for j in sweep_jobs(tmp_path)}
+    assert set(jobs) == {"torch", "jax"}
+    assert all(j["skipped"] and j["tags"]["fxtrack.unsupported"] == "true" for j in jobs.values())
     assert "nosuchpkg" in jobs["torch"]["error"] and "model.jax is not set" in jobs["jax"]["error"]
-    assert "NOT SUPPORTED" in proc.stderr
+    assert "NOT SUPPORTED" in proc.stderr and "[fxtrack] building" not in proc.stderr
 
 
 BROKEN = '''

@@ -109,8 +109,8 @@ def test_value_errors_name_the_key(overrides, message):
     ("batchsize=8", "unknown config key 'batchsize'; did you mean batch_size?"),
     ("+batchsize=8", "unknown config key 'batchsize'; did you mean batch_size?"),
     ("model.layerz=2", "unknown config key 'model.layerz'; did you mean model.layers?"),
-    ("framework=mxnet", "framework=mxnet: no such option; framework is one of jax, tensorflow, torch"),
-    ("model=nonsense", "model=nonsense: no such option; model is one of bert, bert_large, resnet50,"),
+    ("framework=mxnet", "framework=mxnet: no such option; framework is one of jax, keras, tensorflow, torch"),
+    ("model=nonsense", "model=nonsense: no such option; model is one of bert, bert_large, custom, resnet50,"),
     ("precision=fp64", "precision=fp64: no such option; precision is one of bf16, fp16, fp32, tf32"),
     ("parallel=zero3", "Invalid value 'zero3', expected one of [ddp, fsdp]"),
     ("runtime=tvm", "expected one of [native, onnxruntime, tflite, openvino, tensorrt]"),
@@ -146,7 +146,7 @@ def test_importing_fxtrack_and_help_import_no_framework():
             "assert not heavy, heavy\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "framework: jax, tensorflow, torch" in proc.stdout
+    assert "framework: jax, keras, tensorflow, torch" in proc.stdout
 
 
 def test_defaults_fill_only_what_is_left_open():

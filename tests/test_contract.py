@@ -202,7 +202,7 @@ def test_the_fake_trains_in_the_worker_and_reports_after_the_declared_order(fake
     assert result.tags["unsupported"] == "true"
     assert result.error == ("NotSupported: inference is not supported by fake: the fake has "
                             "no forward pass")
-    assert list(declared()) == ["fake", "torch", "tensorflow", "jax"]  # report_order 5 first
+    assert list(declared()) == ["fake", "torch", "tensorflow", "jax", "keras"]  # report_order 5 first
 
     import pandas as pd
 

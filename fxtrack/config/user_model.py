@@ -37,6 +37,8 @@ def check(conf: Any, arch: Arch) -> None:
     if why:
         raise CellNotSupported(why)
     framework = declaration(conf.framework.package)
+    if not framework.has("user_model"):
+        raise CellNotSupported(str(framework.unsupported("user_model", "model=custom")))
     try:
         path = user_builder.builder_path(arch, framework)
     except NotSupported as e:

@@ -47,6 +47,12 @@ def valid_keys(frameworks: Iterable[str]) -> set[str]:
     return groups | {f"{g}.{k}" for g, keys in nested.items() for k in keys}
 
 
+def open_prefixes() -> set[str]:
+    """Keys that take any sub-key (a dict field, e.g. model=custom's ``model.kwargs.width``)."""
+    return {f"model.{f.name}." for c in schema._MODEL_SCHEMAS.values()
+            for f in dataclasses.fields(c) if "dict" in str(f.type).lower()}
+
+
 def unknown_key(name: str, valid: set[str]) -> ConfigError:
     """The error for a key no schema defines, naming the closest valid one."""
     close = difflib.get_close_matches(name, sorted(valid), n=1, cutoff=0.6)

@@ -75,6 +75,8 @@ FRAMEWORK = Framework(
                          "JAX could shard it); use framework=torch or framework=jax",
         "remat": "not implemented for keras yet (keras.RematScope fails inside tf.function on "
                  "the TensorFlow backend); use framework=torch or framework=jax",
+        "user_model": "not implemented for keras yet; a Keras model (model.keras) runs with "
+                      "framework=tensorflow",
     },
     settings={
         "keras_backend": Setting("jax", KERAS_BACKENDS,
