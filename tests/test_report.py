@@ -316,3 +316,24 @@ def test_pages_escape_cells_and_set_inline_code_as_code():
     text = render.text_table(table).splitlines()
     assert text[0] == "Throughput <x1>" and text[-1] == "  see ``--min-repeats N``"
     assert text[3].endswith("1,234.5") and text[4].endswith("      -")  # right-aligned, uncut
+
+
+def test_each_keras_backend_is_a_column_of_its_own_after_the_native_frameworks():
+    """framework=keras on jax and on torch are different measurements: neither supersedes the
+    other, and both stand after the native frameworks, in the declared order."""
+    from fxtrack.report import select
+
+    base = {"status": "FINISHED", "tags.fxtrack.model": "vit", "tags.fxtrack.scenario": "train",
+            "tags.fxtrack.precision": "fp32", "tags.fxtrack.devices": "1",
+            "tags.fxtrack.hardware": "cpu", "tags.fxtrack.status": "ok"}
+    rows = [dict(base, run_id=run_id, **{"tags.fxtrack.framework": fw,
+                                         "metrics.throughput_samples_per_s": 1.0 + i},
+                 **({"tags.fxtrack.keras_backend": kb} if kb else {}),
+                 start_time=pd.Timestamp(T0 + 2 * i, unit="ms", tz="UTC"),
+                 end_time=pd.Timestamp(T0 + 2 * i + 1, unit="ms", tz="UTC"))
+            for i, (run_id, fw, kb) in enumerate([("k-torch", "keras", "torch"),
+                                                  ("k-jax", "keras", "jax"),
+                                                  ("jax", "jax", None), ("torch", "torch", None)])]
+    runs = select.latest_runs(pd.DataFrame(rows)).runs
+    assert select.frameworks(runs) == ["torch", "jax", "keras-jax", "keras-torch"]
+    assert len(runs) == 4

@@ -54,6 +54,10 @@ class Selection:
 def latest_runs(frame: pd.DataFrame) -> Selection:
     """The latest FINISHED run per benchmark from a ``search_runs``-layout frame."""
     runs = pd.DataFrame({name: _tag(frame, tag) for name, tag in TAGS.items()})
+    # framework=keras runs on one of three backends: each is a column of its own (keras-jax)
+    backend = _tag(frame, "fxtrack.keras_backend")
+    on = backend.notna() & runs["framework"].notna()
+    runs.loc[on, "framework"] = runs.loc[on, "framework"].astype(str) + "-" + backend[on].astype(str)
     runs["run_id"] = frame["run_id"].to_numpy()
     runs["status"] = frame["status"].to_numpy()
     runs["start_time"] = frame["start_time"].to_numpy()
@@ -105,7 +109,11 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
 
 
 def _rank(value: str, order: tuple[str, ...]) -> str:
-    """A sort key putting ``order``'s values first, in that order, then the rest alphabetically."""
+    """A sort key putting ``order``'s values first, in that order, then the rest alphabetically;
+    ``keras-jax`` ranks where ``keras`` does, then by its backend."""
+    base, _, variant = str(value).partition("-")
+    if value not in order and base in order:
+        return f"{order.index(base):03d}{variant}"
     return f"{order.index(value):03d}" if value in order else f"999{value}"
 
 
