@@ -337,3 +337,26 @@ def test_each_keras_backend_is_a_column_of_its_own_after_the_native_frameworks()
     runs = select.latest_runs(pd.DataFrame(rows)).runs
     assert select.frameworks(runs) == ["torch", "jax", "keras-jax", "keras-torch"]
     assert len(runs) == 4
+
+
+def test_the_memory_table_marks_a_jax_run_that_held_its_state_twice():
+    """framework.donate=false keeps JAX's old parameters and optimiser state beside the new ones
+    (issue 25 item 12): its peak is not comparable unmarked."""
+    from fxtrack.report import select, tables
+
+    base = {"status": "FINISHED", "tags.fxtrack.model": "vit", "tags.fxtrack.scenario": "train",
+            "tags.fxtrack.precision": "fp32", "tags.fxtrack.devices": "1",
+            "tags.fxtrack.hardware": "cpu", "tags.fxtrack.status": "ok"}
+    rows = [dict(base, run_id=fw, **{"tags.fxtrack.framework": fw, "metrics.peak_rss_mib": rss},
+                 **({"tags.fxtrack.jax_donation": donation} if donation else {}),
+                 start_time=pd.Timestamp(T0 + i, unit="ms", tz="UTC"),
+                 end_time=pd.Timestamp(T0 + i + 1, unit="ms", tz="UTC"))
+            for i, (fw, rss, donation) in enumerate([("torch", 900.0, None),
+                                                     ("jax", 2079.0, "off (framework.donate=false)")])]
+    (table,) = tables.memory(select.latest_runs(pd.DataFrame(rows)).runs)
+    cells = dict(zip(table.header, table.rows[0]))
+    assert cells["jax"].startswith("2,079 RSS 2x") and "2x" not in cells["torch"]
+    assert any("held twice" in note for note in table.notes)
+    rows[1]["tags.fxtrack.jax_donation"] = "state donated on cpu"
+    (table,) = tables.memory(select.latest_runs(pd.DataFrame(rows)).runs)
+    assert "2x" not in dict(zip(table.header, table.rows[0]))["jax"]

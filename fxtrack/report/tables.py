@@ -137,16 +137,26 @@ def step_time(runs: pd.DataFrame) -> list[Table]:
     return _grid(runs, "Step time p50 / p90 (ms)", cell, ["lower is better"])
 
 
+def _held_twice(row: pd.Series) -> bool:
+    """JAX's step without donation (framework.donate=false) keeps the old training state alive
+    beside the new one: its peak holds the state twice, which no other framework's does."""
+    return str(row.get("jax_donation") or "").startswith("off")
+
+
 def memory(runs: pd.DataFrame) -> list[Table]:
     def cell(row: pd.Series, _) -> Optional[str]:
         device, rss = metric(row, "peak_mem_device_mib"), metric(row, "peak_rss_mib")
+        twice = " 2x" if _held_twice(row) else ""
         if device is not None:
-            return f"{fmt(device, 0)} device{_flag(row)}"
-        return None if rss is None else f"{fmt(rss, 0)} RSS{_flag(row)}"
+            return f"{fmt(device, 0)} device{twice}{_flag(row)}"
+        return None if rss is None else f"{fmt(rss, 0)} RSS{twice}{_flag(row)}"
 
-    return _grid(runs, "Peak memory (MiB)", cell, [
-        "device: the framework's own peak on the device (peak_mem_device_mib); RSS: the "
-        "worker's peak resident memory (peak_rss_mib), shown where no device figure exists"])
+    notes = ["device: the framework's own peak on the device (peak_mem_device_mib); RSS: the "
+             "worker's peak resident memory (peak_rss_mib), shown where no device figure exists"]
+    if "jax_donation" in runs and runs.apply(_held_twice, axis=1).any():
+        notes.append("2x = the training state was held twice: JAX without donation "
+                     "(framework.donate=false); with the default (auto) it is donated")
+    return _grid(runs, "Peak memory (MiB)", cell, notes)
 
 
 def mfu(runs: pd.DataFrame) -> list[Table]:
