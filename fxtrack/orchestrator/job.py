@@ -93,7 +93,7 @@ class Job:
         spec.scenario = scenario or spec.scenario
         if repeat is not None:
             spec.repeat = repeat
-        name = records.display_name(spec)
+        name = records.run_name(spec, self.conf.size.name, repeat)
         start_ms = int(time.time() * 1000)
         result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
         if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
@@ -106,14 +106,16 @@ class Job:
             result.tags.update(repeat=str(repeat), repeat_of=parent or "")
         result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
         config = dict(self.config, devices=devices)
+        summary = summary_line(name, result)
         self.last_record = record = records.job_record(
-            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms)
+            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
+            name, summary)
         run_id, where = self.log(record, {
                 "config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
                 "result.json": Path(spec.result_path),
                 "environment.json": records.environment_json(),
                 "worker.log": log_tail(job_dir / "worker.log")})
-        print(f"{summary_line(name, result)}  [{where}]", file=sys.stderr, flush=True)
+        print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
         stop_if_interrupted()
         return name, result, run_id
 
@@ -129,13 +131,13 @@ class Job:
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
-    """Figures the orchestrator adds: MFU against the one peak per device and precision, the
-    code complexity of this framework's implementation, and the cost per 1M samples (tokens)."""
-    from fxtrack.measure import complexity, cost
+    """Figures the orchestrator adds: MFU against the one peak per device and precision, and the
+    cost per 1M samples (tokens). (Code size is the same on every run of a framework: the sweep's
+    parent and the report carry it, fxtrack.measure.complexity.)"""
+    from fxtrack.measure import cost
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    m.update(complexity.code_metrics(spec.framework))
     m.update(cost.cost_metrics(conf.hardware.price_per_hour, spec.devices, spec.nodes, m))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
         return

@@ -135,8 +135,9 @@ def mfu(runs: pd.DataFrame) -> list[Table]:
         value = metric(row, "mfu")
         return None if value is None else f"{value:.1%}{_flag(row)}"
 
-    return _grid(runs, "MFU (model FLOP utilisation)", cell,
-                 ["achieved model FLOP/s / (devices x peak FLOP/s of one device)"])
+    return _grid(runs, "MFU % (model FLOP utilisation)", cell,
+                 ["achieved model FLOP/s / (devices x peak FLOP/s of one device); the logged "
+                  "metric mfu is the same as a fraction (0.25 = 25%)"])
 
 
 def scaling_points(runs: pd.DataFrame) -> dict[tuple, dict[int, tuple[float, bool]]]:
@@ -184,21 +185,23 @@ def scaling(runs: pd.DataFrame) -> list[Table]:
 
 
 def code_size(runs: pd.DataFrame) -> list[Table]:
-    """SLOC per API dimension per framework, from each framework's latest run that has them."""
-    dims = sorted(m.group(1) for c in runs.columns if (m := _SLOC.match(c)))
-    if not dims:
+    """SLOC per API dimension of each framework in the report, counted in this fxtrack's source
+    (the runs no longer carry it: it is the same on every run of a version; a sweep's parent
+    logs it too, as code_sloc.<framework> params and code_size.csv)."""
+    import fxtrack
+    from fxtrack.measure.complexity import code_metrics
+
+    fws = frameworks(runs)
+    if not fws:
         return []
-    fws, latest = [], {}
-    for fw in frameworks(runs):
-        having = runs[(runs["framework"] == fw)
-                      & runs[[f"metrics.code_sloc_{d}" for d in dims]].notna().any(axis=1)]
-        if len(having):
-            fws.append(fw)
-            latest[fw] = having.sort_values("start_time").iloc[-1]
-    rows = [[dim] + [fmt(metric(latest[fw], f"code_sloc_{dim}"), 0) for fw in fws] for dim in dims]
-    rows.append(["total"] + [fmt(metric(latest[fw], "code_sloc"), 0) for fw in fws])
+    figures = {fw: code_metrics(fw) for fw in fws}
+    dims = sorted({m.group(1) for f in figures.values() for k in f
+                   if (m := _SLOC.match(f"metrics.{k}"))})
+    rows = [[dim] + [fmt(figures[fw].get(f"code_sloc_{dim}"), 0) for fw in fws] for dim in dims]
+    rows.append(["total"] + [fmt(figures[fw].get("code_sloc"), 0) for fw in fws])
     return [Table("Code size (SLOC) per API dimension", ["dimension", *fws], rows,
-                  ["source lines of each framework's implementation; fewer is less to maintain"])]
+                  ["source lines of each framework's implementation in fxtrack "
+                   f"{fxtrack.__version__}; fewer is less to maintain"])]
 
 
 def _long(runs: pd.DataFrame, title: str, columns: dict[str, tuple[str, Formatter]],

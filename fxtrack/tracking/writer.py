@@ -66,6 +66,9 @@ _UP: dict[str, float] = {}  # uri -> when it last answered
 _CLIENTS: dict[str, MlflowClient] = {}  # one client (one HTTP session) per URI per process
 _EXPERIMENTS: dict[tuple[str, str], str] = {}  # (uri, name) -> experiment id
 _PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment id, result id) -> run id
+# MLflow's UI opens an experiment without this tag in GenAI mode (traces, token usage); fxtrack's
+# runs are model-training runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 class TrackingUnavailable(RuntimeError):
@@ -293,12 +296,18 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
             raise TrackingRejected(f"experiment {name!r} is deleted: restore it or choose "
                                    "another tracking.experiment")
         exp_id = exp.experiment_id
+        for key, value in EXPERIMENT_KIND.items():  # made before fxtrack set it, or by hand
+            if key not in exp.tags:
+                client.set_experiment_tag(exp_id, key, value)
     else:
         try:
             if uri.startswith("sqlite:///"):
-                exp_id = _sqlite_store(uri).create_experiment(name)
+                from mlflow.entities import ExperimentTag
+
+                exp_id = _sqlite_store(uri).create_experiment(
+                    name, tags=[ExperimentTag(k, v) for k, v in EXPERIMENT_KIND.items()])
             else:
-                exp_id = client.create_experiment(name)
+                exp_id = client.create_experiment(name, tags=EXPERIMENT_KIND)
         except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent process
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -326,6 +335,7 @@ class Payload(NamedTuple):
     tags: list[RunTag]
     metrics: list[Metric]
     files: list[tuple[str, Path | str]]  # artifact name -> file to upload, or its text
+    inputs: tuple = ()  # mlflow.entities.DatasetInput: what the run read
 
 
 _REQUIRED = ("kind", "result_id", "run_name", "status")
@@ -361,6 +371,7 @@ def prepare(record: dict[str, Any], files: list[tuple[str, Path | str]]) -> Payl
     except (AttributeError, TypeError, ValueError) as e:
         raise EntryInvalid(f"the record is malformed ({type(e).__name__}: {e})") from None
     _check_names(params, tags, metrics)
+    inputs = _datasets(record.get("inputs") or [])
     readable: list[tuple[str, Path | str]] = []
     for name, content in files:
         try:
@@ -373,7 +384,22 @@ def prepare(record: dict[str, Any], files: list[tuple[str, Path | str]]) -> Payl
             raise EntryInvalid(f"artifact {name} cannot be read ({type(e).__name__}: "
                                f"{e.strerror or e})") from None
         readable.append((name, content))
-    return Payload(params, tags, metrics, readable)
+    return Payload(params, tags, metrics, readable, tuple(inputs))
+
+
+def _datasets(inputs: list[dict[str, Any]]) -> list:
+    """The record's ``inputs`` (records.dataset_input) as MLflow's dataset inputs, the context
+    (training | inference) as MLflow's own input tag."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    try:
+        return [DatasetInput(Dataset(d["name"], d["digest"], d["source_type"], d["source"],
+                                     d.get("schema"), d.get("profile")),
+                             [InputTag(MLFLOW_DATASET_CONTEXT, d["context"])] if d.get("context")
+                             else []) for d in inputs]
+    except (KeyError, TypeError) as e:
+        raise EntryInvalid(f"the record's inputs are malformed ({type(e).__name__}: {e})") from None
 
 
 def _number(key: str, value: Any) -> float:
@@ -437,11 +463,12 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         exp_id = record.get("experiment_id") or _experiment_id(client, record["experiment"], uri)
     existing = find_run(client, exp_id, record["result_id"])
     if record["kind"] == "sweep":
-        run_id = existing.info.run_id if existing else \
-            _create(client, exp_id, record, payload, uri, adopt)[0]
+        run_id, artifact_uri = (existing.info.run_id, existing.info.artifact_uri) if existing \
+            else _create(client, exp_id, record, payload, uri, adopt)
         if record["status"] != "RUNNING":
             client.log_batch(run_id, metrics=payload.metrics, params=payload.params,
                              tags=payload.tags)
+            _upload(client, run_id, uri, artifact_uri if run_id != adopt else None, payload.files)
             client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
         return run_id
     if existing is not None:
@@ -460,6 +487,8 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         # params and metrics in as few requests as MLflow's batch limits allow (its client
         # splits them); the tags went with create_run
         client.log_batch(run_id, metrics=payload.metrics, params=payload.params)
+        if payload.inputs:
+            client.log_inputs(run_id, datasets=payload.inputs)
         _upload(client, run_id, uri, artifact_uri, payload.files)
         client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
     except Exception as e:
@@ -492,7 +521,9 @@ def _upload(client: MlflowClient, run_id: str, uri: str, artifact_uri: Optional[
                 else:
                     path.write_text(content)
                 content = path
-            if repo is None:
+            if repo is None and content.is_dir():
+                client.log_artifacts(run_id, str(content), name)
+            elif repo is None:
                 client.log_artifact(run_id, str(content))
             elif content.is_dir():
                 repo.log_artifacts(str(content), name)
