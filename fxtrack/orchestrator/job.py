@@ -110,11 +110,13 @@ class Job:
         self.last_record = record = records.job_record(
             spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
             name, summary)
-        run_id, where = self.log(record, {
-                "config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
-                "result.json": Path(spec.result_path),
-                "environment.json": records.environment_json(),
-                "worker.log": log_tail(job_dir / "worker.log")})
+        artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
+                     "result.json": Path(spec.result_path),
+                     "environment.json": records.environment_json(),
+                     "worker.log": log_tail(job_dir / "worker.log")}
+        if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
+            artifacts["model"] = Path(result.artifacts["model"]).parent
+        run_id, where = self.log(record, artifacts)
         print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
         stop_if_interrupted()
         return name, result, run_id

@@ -184,7 +184,23 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         "metrics": result.metrics, "series": result.series,
         "series_times_ms": series_times(result.series, end_ms),
         "inputs": [dataset] if dataset else [],
+        "logged_model": logged_model(result),
     }
+
+
+# Exported artefact suffix -> the MLflow flavour that logs it as a model (TFLite has none: its
+# file stays a plain artifact under model/).
+MODEL_FLAVORS = {".onnx": "onnx"}
+
+
+def logged_model(result: Result) -> Optional[dict[str, str]]:
+    """A deployment run's exported artefact as the writer logs it: the artifact folder
+    (``model``, which Job.run passes), the file in it and the flavour (None: a plain artifact)."""
+    path = result.artifacts.get("model")
+    if not path:
+        return None
+    return {"artifact": "model", "file": os.path.basename(path),
+            "flavor": MODEL_FLAVORS.get(os.path.splitext(path)[1])}
 
 
 def _target(uri: str, experiment: str, parent_result_id: Optional[str]) -> dict[str, Any]:

@@ -489,7 +489,15 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         client.log_batch(run_id, metrics=payload.metrics, params=payload.params)
         if payload.inputs:
             client.log_inputs(run_id, datasets=payload.inputs)
-        _upload(client, run_id, uri, artifact_uri, payload.files)
+        files, model = _model_files(record, payload.files)
+        _upload(client, run_id, uri, artifact_uri, files)
+        if model is not None:
+            try:
+                _log_model(uri, run_id, model, record["logged_model"])
+            except Exception as e:  # noqa: BLE001 - a file MLflow's flavour refuses
+                if _unreachable(e) or isinstance(e, mlflow.exceptions.MlflowException):
+                    raise  # the server's trouble: retry the whole run later
+                _upload(client, run_id, uri, artifact_uri, [(model.parent.name, model.parent)])
         client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
     except Exception as e:
         if run_id != adopt and not _unreachable(e):
@@ -499,6 +507,37 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
                 pass
         raise
     return run_id
+
+
+def _model_files(record: dict[str, Any], files: list[tuple[str, Path | str]]):
+    """The artifacts less the logged model's folder, and the model file in it (None: no model,
+    or its flavour is not in MLflow: the folder goes up as a plain artifact)."""
+    spec = record.get("logged_model")
+    if not spec or not spec.get("flavor"):
+        return files, None
+    folder = dict(files).get(spec["artifact"])
+    if not isinstance(folder, Path) or not (folder / spec["file"]).is_file():
+        return files, None
+    return [f for f in files if f[0] != spec["artifact"]], folder / spec["file"]
+
+
+def _log_model(uri: str, run_id: str, path: Path, spec: dict[str, str]) -> None:
+    """Log a deployment run's artefact as an MLflow logged model of its flavour (records.
+    MODEL_FLAVORS: ``mlflow.onnx``) under the run, so the run's Models tab lists it with the
+    run's metrics (latency included). MLflow's model API logs through the global tracking URI:
+    pointed at ``uri`` for this call only."""
+    import mlflow.onnx
+    import onnx
+    from mlflow.models import Model
+
+    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    mlflow.set_tracking_uri(uri)
+    try:
+        Model.log(artifact_path=None, name="model", flavor=mlflow.onnx, run_id=run_id,
+                  onnx_model=onnx.load(str(path)))  # its external data, beside it, too
+    finally:
+        if previous:
+            mlflow.set_tracking_uri(previous)
 
 
 def _upload(client: MlflowClient, run_id: str, uri: str, artifact_uri: Optional[str],
