@@ -88,6 +88,7 @@ def run(backend: Backend, result: Result) -> None:
     ex = backend.capability(rules.export_capability(spec))  # the worker checked the rules
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}
+    exported: list[Path] = []  # the artefact served, kept for the record (Result.artifacts)
 
     def prepare() -> Callable[[], None]:
         x, ref = ex.reference(backend)  # the native model's answer on the resident batch
@@ -97,7 +98,7 @@ def run(backend: Backend, result: Result) -> None:
         else:
             path = export_artefact(backend, ex, work)
             checked["artefact_mib"] = artefact_bytes(path) / 2**20
-            checked["artefact"] = path
+            exported.append(path)
             runtime = importlib.import_module(f"fxtrack.runtimes.{spec.runtime}")
             served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads)
             # A runtime module's own version, where it has one (tensorrt runs through onnxruntime)
@@ -116,9 +117,8 @@ def run(backend: Backend, result: Result) -> None:
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
-    artefact = checked.pop("artefact", None)
-    if artefact is not None:
-        result.artifacts["model"] = str(_keep(artefact, work))
+    if exported:
+        result.artifacts["model"] = str(_keep(exported[0], work))
     shutil.rmtree(work, ignore_errors=True)
     result.guard = checked.pop("guard")
     result.metrics.update(checked)

@@ -153,9 +153,11 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
 
 
 def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
-               parent_result_id: Optional[str], start_time_ms: int, name: str,
-               summary: str) -> dict[str, Any]:
-    """One benchmark run: ``name`` (run_name) and ``summary`` (its console line, the run's note)."""
+               parent_result_id: Optional[str], start_time_ms: int, name: Optional[str] = None,
+               summary: Optional[str] = None) -> dict[str, Any]:
+    """One benchmark run: ``name`` (default: run_name at the default size) and ``summary`` (its
+    console line: the run's note)."""
+    name = name or run_name(spec)
     tags = run_tags()
     tags.update({_DEVICE_TAGS.get(k, f"fxtrack.{k}"): v for k, v in result.tags.items()})
     tags.update({
@@ -173,7 +175,8 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         tags["fxtrack.guard"] = result.guard
     if result.metrics.get("step_time_cv", 0.0) > NOISY_CV:
         tags["fxtrack.noisy"] = "true"
-    tags.update(note(summary))
+    if summary:
+        tags.update(note(summary))
     end_ms = int(time.time() * 1000)
     dataset = dataset_input(spec, result.resolved)
     return {
