@@ -128,7 +128,7 @@ def test_report_adds_no_run_to_the_benchmark_experiment(sweep, server, tmp_path)
 @pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("onnx", "onnxruntime",
                                                                  "onnxscript")),
                     reason="needs onnx, onnxruntime, onnxscript")
-def test_deployment_run_logs_its_onnx_model_with_latency(server, tmp_path):
+def test_deployment_run_logs_its_onnx_model_with_latency(server, tmp_path, monkeypatch):
     env = seed_peak_cache(tmp_path / "cache")
     proc = run_fxtrack(tmp_path, *TINY, "batch_size=2", "scenario=inference",
                        "runtime=onnxruntime", "tracking.experiment=fxtrack-deploy",
@@ -140,5 +140,6 @@ def test_deployment_run_logs_its_onnx_model_with_latency(server, tmp_path):
     assert run.info.run_name == "torch-vit-inference-fp32-x1-tiny-b2-s2-onnxruntime"
     (model,) = client.search_logged_models([exp.experiment_id])
     assert model.source_run_id == run.info.run_id and model.name == "model"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.url)  # where models:/ URIs resolve
     assert "onnx" in mlflow.models.get_model_info(model.model_uri).flavors
     assert any(m.key == "latency_ms_p50" for m in model.metrics or [])

@@ -488,12 +488,12 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         # splits them); the tags went with create_run
         client.log_batch(run_id, metrics=payload.metrics, params=payload.params)
         if payload.inputs:
-            client.log_inputs(run_id, datasets=payload.inputs)
+            client.log_inputs(run_id, datasets=list(payload.inputs))
         files, model = _model_files(record, payload.files)
         _upload(client, run_id, uri, artifact_uri, files)
         if model is not None:
             try:
-                _log_model(uri, run_id, model, record["logged_model"])
+                _log_model(uri, exp_id, run_id, model)
             except Exception as e:  # noqa: BLE001 - a file MLflow's flavour refuses
                 if _unreachable(e) or isinstance(e, mlflow.exceptions.MlflowException):
                     raise  # the server's trouble: retry the whole run later
@@ -521,23 +521,29 @@ def _model_files(record: dict[str, Any], files: list[tuple[str, Path | str]]):
     return [f for f in files if f[0] != spec["artifact"]], folder / spec["file"]
 
 
-def _log_model(uri: str, run_id: str, path: Path, spec: dict[str, str]) -> None:
-    """Log a deployment run's artefact as an MLflow logged model of its flavour (records.
-    MODEL_FLAVORS: ``mlflow.onnx``) under the run, so the run's Models tab lists it with the
-    run's metrics (latency included). MLflow's model API logs through the global tracking URI:
-    pointed at ``uri`` for this call only."""
+def _log_model(uri: str, exp_id: str, run_id: str, path: Path) -> None:
+    """Log a deployment run's ONNX artefact as an MLflow logged model (``mlflow.onnx``; records.
+    MODEL_FLAVORS) of the run, so the run's Models tab lists it with the run's metrics (latency
+    included). MLflow's model API logs through the global tracking URI and puts the model in the
+    active experiment: both pointed at this run's for this call only."""
     import mlflow.onnx
     import onnx
     from mlflow.models import Model
 
     previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    previous_exp = os.environ.get("MLFLOW_EXPERIMENT_ID")
     mlflow.set_tracking_uri(uri)
+    os.environ["MLFLOW_EXPERIMENT_ID"] = exp_id
     try:
         Model.log(artifact_path=None, name="model", flavor=mlflow.onnx, run_id=run_id,
                   onnx_model=onnx.load(str(path)))  # its external data, beside it, too
     finally:
         if previous:
             mlflow.set_tracking_uri(previous)
+        if previous_exp is None:
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        else:
+            os.environ["MLFLOW_EXPERIMENT_ID"] = previous_exp
 
 
 def _upload(client: MlflowClient, run_id: str, uri: str, artifact_uri: Optional[str],
