@@ -99,6 +99,9 @@ def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) ->
     ``torch-vit-train-fp32-x1-tiny-b2``, ``torch-bert-inference-fp32-x1-onnxruntime-dynamic_int8``,
     ``jax-vit-train-fp32-x1-fsdp-checkpoint-compile_false-r1`` (repeat 1 of a repeats run)."""
     extras = [] if size == "full" else [size]
+    extras += [f"{key}{value}" for key, value in _dims_set(spec, size).items()]
+    if spec.seed != 0:
+        extras.append(f"seed{spec.seed}")
     if spec.batch_size is not None:
         extras.append(f"b{spec.batch_size}")
     if spec.steps is not None:
@@ -112,6 +115,19 @@ def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) ->
         extras.append(f"r{repeat}")
     base = f"{spec.framework}-{spec.arch['name']}-{spec.scenario}-{spec.precision}-x{spec.devices}"
     return "-".join([base, *extras])
+
+
+def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
+    """Model sizes set apart from ``size``'s (``model.layers=2``): they make another model."""
+    from fxtrack import architectures
+
+    try:
+        default = architectures.resolve(spec.arch["name"], size).dims
+    except (KeyError, ValueError):  # e.g. model=custom: no table entry to differ from
+        return {}
+    plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
+    return {k: plain(v) for k, v in spec.arch["dims"].items()
+            if k in default and plain(default[k]) != plain(v)}
 
 
 def note(summary: str) -> dict[str, str]:
