@@ -317,6 +317,20 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
     return exp_id
 
 
+_KIND_CHECKED: set[tuple[str, str]] = set()  # (uri, experiment id) known to carry the kind
+
+
+def _ensure_kind(client: MlflowClient, exp_id: str, uri: str) -> None:
+    """EXPERIMENT_KIND on an experiment given by id, checked once per process."""
+    if (uri, exp_id) in _KIND_CHECKED:
+        return
+    tags = client.get_experiment(exp_id).tags
+    for key, value in EXPERIMENT_KIND.items():
+        if key not in tags:
+            client.set_experiment_tag(exp_id, key, value)
+    _KIND_CHECKED.add((uri, exp_id))
+
+
 def find_runs(client: MlflowClient, experiment_id: str, result_id: str) -> list:
     """Every run carrying ``result_id``, oldest first."""
     runs = client.search_runs([experiment_id], f"tags.`fxtrack.result_id` = '{result_id}'",
@@ -461,6 +475,8 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         exp_id = client.get_run(adopt).info.experiment_id
     else:
         exp_id = record.get("experiment_id") or _experiment_id(client, record["experiment"], uri)
+    if adopt or record.get("experiment_id"):  # made by `mlflow run`, not by fxtrack
+        _ensure_kind(client, exp_id, uri)
     existing = find_run(client, exp_id, record["result_id"])
     if record["kind"] == "sweep":
         run_id, artifact_uri = (existing.info.run_id, existing.info.artifact_uri) if existing \
