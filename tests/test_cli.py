@@ -90,10 +90,12 @@ def test_timeout_and_missing_interpreter_fail_while_the_sweep_goes_on(tmp_path):
     assert proc.returncode == 1, proc.stderr
     children = [r for r in runs(tmp_path) if "mlflow.parentRunId" in r.data.tags]
     assert len(children) == 4
+    # framework.python=null is logged as the interpreter that ran the worker
     by = {(c.data.params["timeout_s"], c.data.params["framework.python"]): c for c in children}
-    ok = by[("600.0", "None")]
+    assert ("600.0", sys.executable) in by
+    ok = by[("600.0", sys.executable)]
     assert ok.info.status == "FINISHED" and ok.data.tags["fxtrack.status"] == "ok"
-    timed_out = by[("0.5", "None")]
+    timed_out = by[("0.5", sys.executable)]
     assert timed_out.info.status == "FAILED"
     assert "timed out after timeout_s=0.5" in timed_out.data.tags["fxtrack.error"]
     assert timed_out.data.tags["fxtrack.status"] == "failed"

@@ -79,6 +79,8 @@ class Job:
         self.uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
+        # the interpreter the worker runs under (runner.run_worker: this one unless set)
+        config["framework"]["python"] = conf.framework.python or sys.executable
         self.config = config  # what is logged: resolved, without credentials
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
 
