@@ -63,6 +63,9 @@ class Result:
     series: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per-step values
     tags: dict[str, str] = dataclasses.field(default_factory=dict)
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # defaults the worker chose
+    # files the run leaves for the record, by role: "model" -> the exported deployment artefact
+    # (ONNX or TFLite, its external data beside it), logged as an MLflow model
+    artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))

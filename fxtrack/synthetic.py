@@ -41,3 +41,16 @@ def make_batch(arch: Arch, batch_size: int, seed: int) -> dict[str, Any]:
     prototypes = rng.standard_normal((c, 1, 1, 3)).astype(np.float32)
     noise = rng.standard_normal((batch_size, s, s, 3)).astype(np.float32)
     return {"images": prototypes[labels] + noise, "labels": labels.astype(np.int32)}
+
+
+def describe(arch: Arch, batch_size: int) -> dict[str, dict[str, Any]]:
+    """What ``make_batch`` returns, without making it: each array's shape and dtype (for the
+    run's dataset input in MLflow)."""
+    if arch.family == "bert":
+        t = [batch_size, arch.seq_len]
+        return {"input_ids": {"shape": t, "dtype": "int32"},
+                "mlm_labels": {"shape": t, "dtype": "int32"},
+                "mlm_weights": {"shape": t, "dtype": "float32"}}
+    s = arch.image_size
+    return {"images": {"shape": [batch_size, s, s, 3], "dtype": "float32"},
+            "labels": {"shape": [batch_size], "dtype": "int32"}}

@@ -41,10 +41,12 @@ def runs(cwd: Path) -> list:
 def test_single_run_lands_in_the_embedded_default_store(tmp_path):
     proc = fxtrack(tmp_path, *TINY_VIT)
     assert proc.returncode == 0, proc.stderr
-    # the forced framework.compile=false is named on the console, not in the MLflow run name
-    assert "torch-vit-train-fp32-x1 [compile=false]:" in proc.stderr and "samples/s" in proc.stderr
+    # what differs from the defaults (size, batch, steps, the forced compile) is in the name,
+    # on the console and in MLflow alike
+    name = "torch-vit-train-fp32-x1-image_size32-layers2-b2-s3-compile_false"
+    assert f"{name}:" in proc.stderr and "samples/s" in proc.stderr
     (run,) = runs(tmp_path)
-    assert run.info.run_name == "torch-vit-train-fp32-x1"
+    assert run.info.run_name == name
     assert run.info.status == "FINISHED"
     for key in METRICS:
         assert key in run.data.metrics, key
@@ -79,6 +81,7 @@ def test_multirun_is_one_parent_with_linked_children(tmp_path):
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     assert sorted(c.data.params["seed"] for c in children) == ["0", "1"]
     assert "job 2/2" in proc.stderr and "torch-vit-train-fp32-x1" in proc.stderr
+    assert len({c.info.run_name for c in children}) == 2  # seed=0,1: -seed1 tells them apart
 
 
 def test_timeout_and_missing_interpreter_fail_while_the_sweep_goes_on(tmp_path):
@@ -87,10 +90,12 @@ def test_timeout_and_missing_interpreter_fail_while_the_sweep_goes_on(tmp_path):
     assert proc.returncode == 1, proc.stderr
     children = [r for r in runs(tmp_path) if "mlflow.parentRunId" in r.data.tags]
     assert len(children) == 4
+    # framework.python=null is logged as the interpreter that ran the worker
     by = {(c.data.params["timeout_s"], c.data.params["framework.python"]): c for c in children}
-    ok = by[("600.0", "None")]
+    assert ("600.0", sys.executable) in by
+    ok = by[("600.0", sys.executable)]
     assert ok.info.status == "FINISHED" and ok.data.tags["fxtrack.status"] == "ok"
-    timed_out = by[("0.5", "None")]
+    timed_out = by[("0.5", sys.executable)]
     assert timed_out.info.status == "FAILED"
     assert "timed out after timeout_s=0.5" in timed_out.data.tags["fxtrack.error"]
     assert timed_out.data.tags["fxtrack.status"] == "failed"
@@ -121,7 +126,8 @@ def test_mlflow_run_entry_point_logs_into_the_run_mlflow_created(tmp_path, frame
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'm.db'}")
     all_runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
     (run,) = all_runs  # no second run, no second experiment: fxtrack adopted mlflow run's run
-    assert run.info.run_name == f"{framework}-vit-train-fp32-x1" and run.info.status == "FINISHED"
+    assert run.info.run_name == f"{framework}-vit-train-fp32-x1-tiny-b2-s2-compile_false"
+    assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow.project.entryPoint"] == "main"
     assert "throughput_samples_per_s" in run.data.metrics
     assert run.data.params["model.layers"] == "2"
@@ -173,26 +179,32 @@ def test_every_scenario_lands_through_the_cli(tmp_path):
     assert all(r.info.status == "FINISHED" for r in children.values())
     assert "input_bound_fraction" in children["pipeline"].data.metrics
     assert children["checkpoint"].data.metrics["checkpoint_restore_exact"] == 1.0
-    assert children["checkpoint"].info.run_name == "torch-vit-checkpoint-fp32-x1"
+    assert children["checkpoint"].info.run_name.startswith("torch-vit-checkpoint-fp32-x1-image")
     assert "mfu" not in children["checkpoint"].data.metrics  # nothing timed, so no MFU
-    assert children["checkpoint"].data.metrics["code_sloc_checkpoint"] > 0
+    assert not [k for k in children["checkpoint"].data.metrics if k.startswith("code_")]
 
 
-def test_display_name_tells_lever_variants_apart():
-    """Console lines and closing tables name a config's levers (a deployment sweep's 24 rows
-    otherwise all read the same); the MLflow run name keeps the contract's form
+def test_run_name_tells_config_variants_apart():
+    """The run name (console lines, closing tables and MLflow alike) adds what differs from the
+    defaults, so a deployment sweep's 24 rows, or a batch sweep's, never read the same
     (docs/contract.md#run-layout)."""
     from conftest import job_spec
-    from fxtrack.tracking.records import display_name, run_name
+    from fxtrack.tracking.records import run_name
 
-    plain = job_spec("torch", "bert", compile_request="auto")
-    assert display_name(plain) == run_name(plain) == "torch-bert-train-fp32-x1"
+    defaults = dict(size="full", compile_request="auto", batch_size=None, steps=None)
+    plain = job_spec("torch", "bert", **defaults)
+    assert run_name(plain) == "torch-bert-train-fp32-x1"
+    tiny = job_spec("torch", "bert", **dict(defaults, size="tiny"))
+    assert run_name(tiny, "tiny", repeat=1) == "torch-bert-train-fp32-x1-tiny-r1"
     int8 = job_spec("torch", "bert", scenario="inference", runtime="onnxruntime",
-                    quantize="dynamic_int8", compile_request="auto")
-    assert display_name(int8) == "torch-bert-inference-fp32-x1 [onnxruntime, dynamic_int8]"
-    assert run_name(int8) == "torch-bert-inference-fp32-x1"
+                    quantize="dynamic_int8", **defaults)
+    assert run_name(int8) == "torch-bert-inference-fp32-x1-onnxruntime-dynamic_int8"
     forced = job_spec("jax", "vit", parallel="fsdp", memory="checkpoint", compile=False)
-    assert display_name(forced) == "jax-vit-train-fp32-x1 [fsdp, checkpoint, compile=false]"
+    assert run_name(forced, "tiny") == \
+        "jax-vit-train-fp32-x1-tiny-b2-s3-fsdp-checkpoint-compile_false"
+    assert len({run_name(job_spec("torch", "vit", batch_size=b), "tiny") for b in (2, 4)}) == 2
+    layers = job_spec("torch", "vit", arch={"layers": 2}, **defaults)
+    assert run_name(layers) == "torch-vit-train-fp32-x1-layers2"
 
 
 def test_fxtrack_with_an_unknown_word_lists_the_sub_commands(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 
 mlflow = pytest.importorskip("mlflow")
 
+from fxtrack.measure.complexity import code_metrics
 from fxtrack.report.cli import main  # noqa: E402
 
 T0 = int(time.time() * 1000) - 3_600_000  # an hour ago; runs are spaced a second apart after it
@@ -42,6 +43,7 @@ def _perf(throughput, rss=900.0, **extra):
                 step_time_ms_p90=1100 / throughput, peak_rss_mib=rss, **extra)
 
 
+# Old runs carried code size; the report now counts it in the source (these must not show).
 SLOC = {"torch": dict(code_sloc=300, code_sloc_model=120, code_sloc_train=80),
         "jax": dict(code_sloc=260, code_sloc_model=110, code_sloc_train=60)}
 
@@ -109,20 +111,31 @@ def test_report_keeps_the_latest_finished_runs_and_writes_every_file(store, tmp_
     assert "| resnet50 | 123.4 (0.82x) | 150.0 (1.00x) |" in md
     assert "900 RSS" in md and "2,048 device" in md  # which memory figure each cell is
     assert "41.0%" in md and "90.0%" in md  # MFU, scaling efficiency at x4
-    assert "| model | 120 | 110 |" in md and "| total | 300 | 260 |" in md  # SLOC per dimension
+    sloc = {fw: code_metrics(fw) for fw in ("torch", "jax")}  # counted in this source tree
+    assert (f"| model | {sloc['torch']['code_sloc_model']:,.0f} | "
+            f"{sloc['jax']['code_sloc_model']:,.0f} |") in md  # SLOC per dimension
+    assert f"| total | {sloc['torch']['code_sloc']:,.0f} | {sloc['jax']['code_sloc']:,.0f} |" in md
     assert "2.5.1" in md and "0.4.35" in md and "Test CPU 9000" in md and "bench-1" in md
     assert "![Throughput: train, fp32, x1, cpu](throughput-train-fp32.png)" in md
     page = (out_dir / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == 3 and "<table>" in page
 
 
-def test_report_run_is_logged_and_never_read_back(store, tmp_path, capsys):
-    code, first, _ = report(capsys, "--uri", store, "--out", str(tmp_path / "a"))
-    assert code == 0
+def test_report_run_is_logged_apart_only_when_asked(store, tmp_path, capsys):
     client = mlflow.MlflowClient(store)
     exp = client.get_experiment_by_name("fxtrack")
-    (logged,) = client.search_runs([exp.experiment_id], "attributes.run_name = 'report'",
+    before = len(client.search_runs([exp.experiment_id], max_results=100))
+    code, first, err = report(capsys, "--uri", store, "--out", str(tmp_path / "0"))
+    assert code == 0 and "MLflow run" not in err  # by default nothing is logged anywhere
+    code, first, err = report(capsys, "--uri", store, "--out", str(tmp_path / "a"), "--log")
+    assert code == 0 and "in experiment 'fxtrack-reports'" in err, err
+    # the benchmark experiment gains no run: the report run has an experiment of its own
+    assert len(client.search_runs([exp.experiment_id], max_results=100)) == before
+    reports = client.get_experiment_by_name("fxtrack-reports")
+    assert reports.tags["mlflow.experimentKind"] == "custom_model_development"
+    (logged,) = client.search_runs([reports.experiment_id], "attributes.run_name = 'report'",
                                    order_by=["attributes.start_time DESC"], max_results=1)
+    assert logged.data.params["experiment"] == "fxtrack"
     assert logged.data.tags["fxtrack.kind"] == "report"
     assert "fxtrack.framework" not in logged.data.tags
     artifacts = {a.path for a in client.list_artifacts(logged.info.run_id)}

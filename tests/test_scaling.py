@@ -63,10 +63,11 @@ def test_scaling_scenario_gives_a_parent_with_x1_and_x2(tmp_path, framework):
     all_runs = runs(tmp_path)
     (parent,) = [r for r in all_runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in all_runs if "mlflow.parentRunId" in r.data.tags]
-    assert parent.info.run_name == f"{framework}-vit-scaling-fp32-x2"
+    suffix = "tiny-b2-s3-compile_false"  # what TINY changes from the defaults
+    assert parent.info.run_name == f"{framework}-vit-scaling-fp32-x2-{suffix}"
     assert parent.info.status == "FINISHED"
     assert sorted(c.info.run_name for c in children) == [
-        f"{framework}-vit-scaling-fp32-x1", f"{framework}-vit-scaling-fp32-x2"]
+        f"{framework}-vit-scaling-fp32-x1-{suffix}", f"{framework}-vit-scaling-fp32-x2-{suffix}"]
     assert all(c.info.status == "FINISHED" for c in children)
     assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
     by_devices = {c.data.params["devices"]: c.data.metrics["throughput_samples_per_s"] for c in children}

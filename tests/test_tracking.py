@@ -70,7 +70,8 @@ def test_team_server_with_basic_auth_and_no_secret_reaches_the_store(tmp_path, a
                    env=env)
     assert proc.returncode == 0, proc.stderr
     (run,) = [r for r in runs_in(admin_client(auth_server)) if r.data.tags.get("fxtrack.framework")]
-    assert run.info.status == "FINISHED" and run.info.run_name == "torch-vit-train-fp32-x1"
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "torch-vit-train-fp32-x1-tiny-b2-s2-compile_false"
     assert run.data.params["tracking.uri"] == f"http://127.0.0.1:{auth_server.port}"
     store = auth_server.store_bytes()
     assert b"environment.json" in store or (auth_server.root / "artifacts").exists()

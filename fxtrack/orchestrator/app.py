@@ -21,7 +21,7 @@ from fxtrack.orchestrator.sweep import (
     skipped_job,
 )
 from fxtrack.tracking.records import sync_advice
-from fxtrack.tracking.records import display_name
+from fxtrack.tracking.records import run_name
 
 
 def task(cfg: DictConfig) -> None:
@@ -86,7 +86,8 @@ def task(cfg: DictConfig) -> None:
 
 def skip(hc: HydraConfig, refused: Refused) -> None:
     """A sweep's cell without a path: its job file says NOT SUPPORTED (not run, not logged)."""
-    name = display_name(job_spec(refused.conf, refused.arch, Path(hc.runtime.output_dir)))
+    name = run_name(job_spec(refused.conf, refused.arch, Path(hc.runtime.output_dir)),
+                    refused.conf.size.name)
     print(f"[fxtrack] job {hc.job.num + 1}/{os.environ.get(SWEEP_TOTAL_ENV, '?')}: {name}: "
           "not supported, skipped", file=sys.stderr, flush=True)
     jobs = Path(hc.sweep.dir) / JOBS_DIR

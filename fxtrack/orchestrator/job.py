@@ -79,6 +79,8 @@ class Job:
         self.uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
+        # the interpreter the worker runs under (runner.run_worker: this one unless set)
+        config["framework"]["python"] = conf.framework.python or sys.executable
         self.config = config  # what is logged: resolved, without credentials
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
 
@@ -94,7 +96,7 @@ class Job:
         spec.scenario = scenario or spec.scenario
         if repeat is not None:
             spec.repeat = repeat
-        name = records.display_name(spec)
+        name = records.run_name(spec, self.conf.size.name, repeat)
         start_ms = int(time.time() * 1000)
         result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
         if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
@@ -107,14 +109,18 @@ class Job:
             result.tags.update(repeat=str(repeat), repeat_of=parent or "")
         result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
         config = dict(self.config, devices=devices)
+        summary = summary_line(name, result)
         self.last_record = record = records.job_record(
-            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms)
-        run_id, where = self.log(record, {
-                "config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
-                "result.json": Path(spec.result_path),
-                "environment.json": records.environment_json(),
-                "worker.log": log_tail(job_dir / "worker.log")})
-        print(f"{summary_line(name, result)}  [{where}]", file=sys.stderr, flush=True)
+            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
+            name, summary)
+        artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
+                     "result.json": Path(spec.result_path),
+                     "environment.json": records.environment_json(),
+                     "worker.log": log_tail(job_dir / "worker.log")}
+        if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
+            artifacts["model"] = Path(result.artifacts["model"]).parent
+        run_id, where = self.log(record, artifacts)
+        print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
         stop_if_interrupted()
         return name, result, run_id
 
@@ -130,16 +136,18 @@ class Job:
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
-    """Figures the orchestrator adds: MFU against the one peak per device and precision, the
-    code complexity of this framework's implementation, and the cost per 1M samples (tokens)."""
-    from fxtrack.measure import complexity, cost
+    """Figures the orchestrator adds: MFU against the one peak per device and precision, and the
+    cost per 1M samples (tokens). (Code size is the same on every run of a framework: the sweep's
+    parent and the report carry it, fxtrack.measure.complexity.)"""
+    from fxtrack.measure import cost
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    # a user's model (model=custom): its builder's module stands where fxtrack's models.py does
-    builder = (spec.arch["dims"][declaration(spec.package).builder_key]
-               if spec.arch["family"] == "custom" else None)
-    m.update(complexity.code_metrics(spec.framework, builder))
+    if spec.arch["family"] == "custom":  # a user's model: its builder's module is its model code,
+        from fxtrack.measure import complexity  # which differs run to run (fxtrack's own does not)
+
+        builder = spec.arch["dims"][declaration(spec.package).builder_key]
+        m.update(complexity.code_metrics(spec.framework, builder))
     m.update(cost.cost_metrics(conf.hardware.price_per_hour, spec.devices, spec.nodes, m))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
         return

@@ -127,7 +127,7 @@ def _name_and_tags(job, job_dir) -> tuple[str, dict[str, str]]:
             "fxtrack.scenario": spec.scenario, "fxtrack.precision": spec.precision,
             "fxtrack.devices": str(spec.devices), "fxtrack.hardware": spec.hardware,
             "fxtrack.kind": "aggregate", "fxtrack.repeats_requested": str(job.conf.repeats)}
-    return records.run_name(spec), tags
+    return records.run_name(spec, job.conf.size.name), tags
 
 
 def _open(job, job_dir, aggregate: str, parent: Optional[str]) -> None:
@@ -173,14 +173,14 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
 
     done = [e for e in entries if e["status"] == "FINISHED"]
     metrics = aggregate_metrics([e["metrics"] for e in done])
-    name = (entries[0]["name"] if entries else aggregate)  # the display name, levers included
+    name = _name_and_tags(job, Path("."))[0]  # the repeats' name without their -r<i>
     tags = aggregate_tags(entries, job.conf.repeats)
-    record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment,
-                                   _name_and_tags(job, Path("."))[0], tags,
+    line = summary(name, metrics, tags)
+    tags.update(records.note(line))
+    record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
                                    "FINISHED" if done else "FAILED", parent, metrics)
     record["params"] = (done or entries)[0].get("params", {}) if entries else {}
     run_id, where = job.log(record, {})
-    line = summary(name, metrics, tags)
     print(f"{line}  [{where}]", file=sys.stderr, flush=True)
     entry = {"name": name, "status": record["status"], "metrics": metrics, "tags": tags,
              "run_id": run_id}

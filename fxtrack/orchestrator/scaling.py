@@ -34,10 +34,13 @@ def scaling_metrics(throughput: dict[int, float]) -> dict[str, float]:
 
 def run_scaling(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optional[str]]:
     """Run every device count as a child of one scaling parent; returns the parent's outcome."""
+    from fxtrack.orchestrator.job import job_spec
     from fxtrack.tracking import records
 
     conf, devices = job.conf, job.conf.devices
-    name = f"{conf.framework.name}-{job.arch.name}-scaling-{conf.precision.name}-x{devices}"
+    spec = job_spec(conf, job.arch, job_dir)
+    spec.scenario, spec.devices = "scaling", devices
+    name = records.run_name(spec, conf.size.name)
     scaling_id = uuid.uuid4().hex
     tags = {"fxtrack.framework": conf.framework.name, "fxtrack.model": job.arch.name,
             "fxtrack.scenario": "scaling", "fxtrack.precision": conf.precision.name,
@@ -70,8 +73,10 @@ def run_scaling(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result,
         tags["fxtrack.status"] = "failed"
         if outcome.error:
             tags["fxtrack.error"] = outcome.error
-    run_id = log_parent(outcome.status, outcome.metrics)
     efficiency = outcome.metrics.get("scaling_efficiency")
-    print(f"{name}: scaling efficiency at x{devices}: "
-          f"{'-' if efficiency is None else f'{efficiency:.0%}'}", flush=True)
+    line = (f"{name}: scaling efficiency at x{devices}: "
+            f"{'-' if efficiency is None else f'{efficiency:.0%}'}")
+    tags.update(records.note(line))
+    run_id = log_parent(outcome.status, outcome.metrics)
+    print(line, flush=True)
     return name, outcome, run_id

@@ -81,12 +81,19 @@ class SweepRun(Callback):
         skipped = [j for j in jobs if j.get("skipped")]
         unsupported = [j for j in jobs if _unsupported(j) and not j.get("skipped")]
         failed = [j for j in jobs if j["status"] != "FINISHED" and not _unsupported(j)]
-        print(closing_table(jobs), file=sys.stderr)
+        verdict = closing_table(jobs)
         aggregates = [json.loads(p.read_text())
                       for p in sorted((jobs_dir / AGGREGATES_DIR).glob("*.json"))]
         if aggregates:
-            print(aggregate_table(aggregates), file=sys.stderr)
-        self._deliver(config, "FAILED" if failed else "FINISHED")
+            verdict += aggregate_table(aggregates)
+        print(verdict, file=sys.stderr)
+        frameworks = sorted({j["tags"]["fxtrack.framework"] for j in jobs
+                             if j.get("tags", {}).get("fxtrack.framework")})
+        code_params, code_csv = code_size(frameworks)
+        artifacts: dict[str, Any] = {"code_size.csv": code_csv} if frameworks else {}
+        artifacts.update(self._report(config, Path(config.hydra.sweep.dir) / "report"))
+        self._deliver(config, "FAILED" if failed else "FINISHED", note=verdict.strip("\n"),
+                      params=code_params, artifacts=artifacts)
         global _ACTIVE
         _ACTIVE = None
         spooled = [j for j in jobs if j.get("run_id") is None and not j.get("skipped")]
@@ -128,7 +135,36 @@ class SweepRun(Callback):
 
         return writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
 
-    def _deliver(self, config: DictConfig, status: str) -> None:
+    def _report(self, config: DictConfig, out: Path) -> dict[str, Any]:
+        """The report of this sweep's runs (fxtrack.report, in this process, on the runs whose
+        parent is this sweep's run), its files as the parent's artifacts: the comparison one
+        click from the runs list. Nothing when the parent is only spooled or the report fails
+        (it is a convenience: the runs are logged either way)."""
+        run_id = getattr(self, "run_id", None)
+        if run_id is None:
+            return {}
+        import contextlib
+        import io
+
+        from fxtrack.report import cli as report_cli
+
+        argv = ["--experiment", config.tracking.experiment, "--uri", self._uri(config),
+                "--filter", f"tags.`mlflow.parentRunId` = '{run_id}'", "--out", str(out),
+                "--no-log"]
+        try:
+            with contextlib.redirect_stdout(io.StringIO()), \
+                    contextlib.redirect_stderr(io.StringIO()):
+                if report_cli.main(argv) != 0:
+                    return {}
+        except Exception as e:  # noqa: BLE001 - a report bug must not fail the benchmark sweep
+            print(f"fxtrack: the sweep's report could not be made ({type(e).__name__}: {e})",
+                  file=sys.stderr)
+            return {}
+        return {"report": out}
+
+    def _deliver(self, config: DictConfig, status: str, note: str | None = None,
+                 params: dict[str, Any] | None = None,
+                 artifacts: dict[str, Any] | None = None) -> None:
         from fxtrack.tracking import records, writer
 
         uri = self._uri(config)
@@ -137,13 +173,35 @@ class SweepRun(Callback):
         tags = {"fxtrack.sweep": " ".join(overrides)}
         if self.not_supported:  # skipped cells are no runs: the parent says which and why
             tags["fxtrack.not_supported"] = "\n".join(self.not_supported)[:MAX_TAG_CHARS]
+        if note:
+            tags.update(records.note(note))
         record = records.parent_record(self.sweep_id, uri, config.tracking.experiment, name,
                                        tags, status, start_time_ms=int(self.started * 1000))
-        run_id, _, message = writer.log_record(record, {}, uri)
+        record["params"] = params or {}
+        run_id, _, message = writer.log_record(record, artifacts or {}, uri)
         self.spooled = run_id is None
+        if status == "RUNNING":
+            self.run_id = run_id
         if message:
             print(f"fxtrack: the sweep's parent run: {message.removeprefix('fxtrack: ')}",
                   file=sys.stderr)
+
+
+def code_size(frameworks: list[str]) -> tuple[dict[str, Any], str]:
+    """Code size of each framework's implementation (the same on every run of this fxtrack
+    version, so logged once, on the sweep's parent): params ``code_sloc.<framework>`` (and lloc,
+    cc) and the whole table (every dimension) as CSV."""
+    import fxtrack
+    from fxtrack.measure.complexity import code_metrics
+
+    figures = {fw: code_metrics(fw) for fw in frameworks}
+    params: dict[str, Any] = {"fxtrack.version": fxtrack.__version__} if frameworks else {}
+    for fw, m in figures.items():
+        params.update({f"{key}.{fw}": int(m[key]) for key in ("code_sloc", "code_lloc", "code_cc")})
+    keys = sorted({k for m in figures.values() for k in m})
+    rows = [",".join(["metric", *frameworks])]
+    rows += [",".join([k, *(f"{figures[fw].get(k, 0):g}" for fw in frameworks)]) for k in keys]
+    return params, "\n".join(rows) + "\n"
 
 
 def skipped_job(name: str, why: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
 """``fxtrack report``: read the runs from MLflow, print the throughput table, write the report
-files and log them as the artifacts of a run named ``report``."""
+files and, with ``--log``, log them as the artifacts of a run named ``report`` in an experiment
+of their own (``fxtrack-reports`` by default), never among the benchmark runs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 FORMATS = ("md", "html", "csv")
 PROG = "fxtrack report"
+REPORTS_EXPERIMENT = "fxtrack-reports"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -32,8 +34,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--min-repeats", type=int, default=1, metavar="N",
                         help="refuse to rank (verdict) a row where any framework's figure "
                         "stands on fewer than N repeats (default: %(default)s)")
+    parser.add_argument("--log", nargs="?", const=REPORTS_EXPERIMENT, metavar="EXPERIMENT",
+                        help="also log the report files as an MLflow run named 'report' in "
+                        "EXPERIMENT (default: %(const)s; the benchmark experiment keeps only "
+                        "benchmark runs)")
     parser.add_argument("--no-log", action="store_true",
-                        help="do not log the report files as an MLflow run named 'report'")
+                        help="do not log the report (the default; kept for old scripts)")
     args = parser.parse_args(argv)
     args.formats = [f.strip() for f in args.format.split(",") if f.strip()]
     unknown = [f for f in args.formats if f not in FORMATS]
@@ -95,27 +101,32 @@ def main(argv: list[str]) -> int:
     files = render.write(report, runs, out, args.formats)
     names = [p.name for p in files] + [c.path.name for c in drawn]
     print(f"\n{PROG}: wrote {', '.join(names)} to {out}", file=sys.stderr)
-    if not args.no_log:
+    if args.log and not args.no_log:
         _log(uri, args, selection, files + [c.path for c in drawn])
     return 0
 
 
 def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> None:
-    """Log the report files as a run named ``report`` through the one MLflow writer.
-
-    The run has ``fxtrack.kind=report`` and no ``fxtrack.framework`` tag, so that the next report
-    does not read it as a benchmark.
-    """
+    """Log the report files as a run named ``report`` in ``--log``'s experiment through the one
+    MLflow writer. The run has ``fxtrack.kind=report`` and no ``fxtrack.framework`` tag, so that
+    a report of that experiment does not read it as a benchmark either."""
     from fxtrack.tracking import records, writer
 
     params = {"format": ",".join(args.formats), "runs_read": selection.read,
-              "runs_kept": len(selection.runs)}
+              "runs_kept": len(selection.runs), "experiment": args.experiment}
     if args.filter:
         params["filter"] = args.filter
-    record = records.report_record(uri, args.experiment, params)
+    if args.log == args.experiment:
+        print(f"{PROG}: --log {args.log!r} is the benchmark experiment itself: the report run "
+              f"goes to {REPORTS_EXPERIMENT!r} instead", file=sys.stderr)
+        args.log = REPORTS_EXPERIMENT if args.experiment != REPORTS_EXPERIMENT else None
+        if args.log is None:
+            return
+    record = records.report_record(uri, args.log, params)
     run_id, _, message = writer.log_record(record, {path.name: path for path in files}, uri)
     if run_id is None:
         print(f"{PROG}: the report run: {(message or '').removeprefix('fxtrack: ')}",
               file=sys.stderr)
         return
-    print(f"{PROG}: logged the files as MLflow run {run_id} (run name 'report')", file=sys.stderr)
+    print(f"{PROG}: logged the files as MLflow run {run_id} (run name 'report') in experiment "
+          f"{args.log!r}", file=sys.stderr)

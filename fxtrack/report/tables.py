@@ -164,8 +164,9 @@ def mfu(runs: pd.DataFrame) -> list[Table]:
         value = metric(row, "mfu")
         return None if value is None else f"{value:.1%}{_flag(row)}"
 
-    return _grid(runs, "MFU (model FLOP utilisation)", cell,
-                 ["achieved model FLOP/s / (devices x peak FLOP/s of one device)"])
+    return _grid(runs, "MFU % (model FLOP utilisation)", cell,
+                 ["achieved model FLOP/s / (devices x peak FLOP/s of one device); the logged "
+                  "metric mfu is the same as a fraction (0.25 = 25%)"])
 
 
 def scaling_points(runs: pd.DataFrame) -> dict[tuple, dict[int, tuple[float, bool]]]:
@@ -213,21 +214,40 @@ def scaling(runs: pd.DataFrame) -> list[Table]:
 
 
 def code_size(runs: pd.DataFrame) -> list[Table]:
-    """SLOC per API dimension per framework, from each framework's latest run that has them."""
-    dims = sorted(m.group(1) for c in runs.columns if (m := _SLOC.match(c)))
-    if not dims:
-        return []
-    fws, latest = [], {}
-    for fw in frameworks(runs):
-        having = runs[(runs["framework"] == fw)
-                      & runs[[f"metrics.code_sloc_{d}" for d in dims]].notna().any(axis=1)]
-        if len(having):
-            fws.append(fw)
-            latest[fw] = having.sort_values("start_time").iloc[-1]
-    rows = [[dim] + [fmt(metric(latest[fw], f"code_sloc_{dim}"), 0) for fw in fws] for dim in dims]
-    rows.append(["total"] + [fmt(metric(latest[fw], "code_sloc"), 0) for fw in fws])
-    return [Table("Code size (SLOC) per API dimension", ["dimension", *fws], rows,
-                  ["source lines of each framework's implementation; fewer is less to maintain"])]
+    """SLOC per API dimension of each framework in the report, counted in this fxtrack's source
+    (the runs no longer carry it: it is the same on every run of a version; a sweep's parent
+    logs it too, as code_sloc.<framework> params and code_size.csv)."""
+    import fxtrack
+    from fxtrack.measure.complexity import code_metrics
+
+    tables = []
+    own = runs[runs["model"] != "custom"]
+    # keras-jax, keras-torch: one implementation, counted once
+    fws = list(dict.fromkeys(fw.partition("-")[0] for fw in frameworks(own))) if len(own) else []
+    if fws:
+        tables.append(_code_table("Code size (SLOC) per API dimension",
+                                  {fw: code_metrics(fw) for fw in fws},
+                                  f"source lines of each framework's implementation in fxtrack "
+                                  f"{fxtrack.__version__}; fewer is less to maintain"))
+    custom = runs[runs["model"] == "custom"]
+    if len(custom):  # a user's model: its runs carry their builder module's figures
+        figures = {row["framework"]: {k[len("metrics."):]: v for k, v in row.items()
+                                      if str(k).startswith("metrics.code_") and pd.notna(v)}
+                   for _, row in custom.iterrows()}
+        if any(figures.values()):
+            tables.append(_code_table("Code size (SLOC) per API dimension: model=custom", figures,
+                                      "the model dimension is your builder's module; the rest "
+                                      "is fxtrack's glue to it in each framework"))
+    return tables
+
+
+def _code_table(title: str, figures: dict[str, dict[str, float]], note: str) -> Table:
+    fws = list(figures)
+    dims = sorted({m.group(1) for f in figures.values() for k in f
+                   if (m := _SLOC.match(f"metrics.{k}"))})
+    rows = [[dim] + [fmt(figures[fw].get(f"code_sloc_{dim}"), 0) for fw in fws] for dim in dims]
+    rows.append(["total"] + [fmt(figures[fw].get("code_sloc"), 0) for fw in fws])
+    return Table(title, ["dimension", *fws], rows, [note])
 
 
 def _long(runs: pd.DataFrame, title: str, columns: dict[str, tuple[str, Formatter]],

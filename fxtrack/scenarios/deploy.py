@@ -88,6 +88,7 @@ def run(backend: Backend, result: Result) -> None:
     ex = backend.capability(rules.export_capability(spec))  # the worker checked the rules
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}
+    exported: list[Path] = []  # the artefact served, kept for the record (Result.artifacts)
 
     def prepare() -> Callable[[], None]:
         x, ref = ex.reference(backend)  # the native model's answer on the resident batch
@@ -97,6 +98,7 @@ def run(backend: Backend, result: Result) -> None:
         else:
             path = export_artefact(backend, ex, work)
             checked["artefact_mib"] = artefact_bytes(path) / 2**20
+            exported.append(path)
             runtime = importlib.import_module(f"fxtrack.runtimes.{spec.runtime}")
             served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads)
             # A runtime module's own version, where it has one (tensorrt runs through onnxruntime)
@@ -112,10 +114,29 @@ def run(backend: Backend, result: Result) -> None:
 
     try:  # an exporter without a path for this model raises NotSupported too
         run_timed(backend, result, prepare, flops.forward_flops_per_sample(backend.arch))
-    finally:
+    except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        raise
+    if exported:
+        result.artifacts["model"] = str(_keep(exported[0], work))
+    shutil.rmtree(work, ignore_errors=True)
     result.guard = checked.pop("guard")
     result.metrics.update(checked)
+
+
+def _keep(artefact: Path, work: Path) -> Path:
+    """Move the served artefact (and the ONNX external data it names) out of ``work`` into
+    ``model/`` beside the result, for the orchestrator to log as an MLflow model; the int8
+    quantiser's intermediates stay behind and go with ``work``."""
+    from fxtrack.runtimes import onnx_external_files
+
+    keep = work.parent / "model"
+    shutil.rmtree(keep, ignore_errors=True)
+    keep.mkdir()
+    extra = onnx_external_files(artefact) if artefact.suffix == ".onnx" else []
+    for path in [artefact, *extra]:
+        shutil.move(str(path), keep / path.name)
+    return keep / artefact.name
 
 
 def latency_metrics(metrics: dict[str, float]) -> dict[str, float]:

@@ -59,12 +59,28 @@ def series_times(series: dict[str, list[float]], end_ms: int) -> dict[str, list[
     return {k: ends if len(v) == len(ends) else [end_ms] * len(v) for k, v in series.items()}
 
 
-def params_from(config: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
-    """Flattened config params, with the defaults the worker chose filled in and secrets removed."""
-    params = flatten(config)
+# Config keys that name fxtrack's own modules (how it runs, not what ran): not params.
+INTERNAL_KEYS = ("framework.package", "scenario.runner")
+
+
+def params_from(config: dict[str, Any], resolved: dict[str, Any],
+                tags: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """Flattened config params with what the worker resolved in place of what was asked
+    (``hardware.name=auto`` -> the device kind, ``framework.compile=auto`` -> true|false, the
+    threads it read back, the default batch/steps), unset (None) keys and fxtrack's module
+    paths left out, and secrets removed."""
+    tags = tags or {}
+    params = {k: v for k, v in flatten(config).items()
+              if k not in INTERNAL_KEYS and not _unset(v)}
     for key in ("batch_size", "steps", "warmup_steps"):
-        if params.get(key) is None and key in resolved:
+        if key in resolved:
             params[key] = resolved[key]
+    if "device_kind" in resolved:
+        params["hardware.name"] = resolved["device_kind"]
+    if "compile" in resolved:
+        params["framework.compile"] = str(bool(resolved["compile"])).lower()
+    if tags.get("cpu_threads"):
+        params["hardware.cpu_threads"] = tags["cpu_threads"]
     for key, value in list(params.items()):
         if isinstance(value, str) and "://" in value:
             params[key] = redact_uri_text(redact_uri(value))
@@ -73,25 +89,91 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any]) -> dict[str, A
     return params
 
 
-def run_name(spec: JobSpec) -> str:
-    return f"{spec.framework}-{spec.arch['name']}-{spec.scenario}-{spec.precision}-x{spec.devices}"
+def _unset(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and value != value)
 
 
-def display_name(spec: JobSpec) -> str:
-    """The run name plus what sets this config apart where the run name cannot: lever values
-    other than their defaults and a forced ``framework.compile``, e.g. ``torch-bert-inference-
-    fp32-x1 [onnxruntime, dynamic_int8]``. For console lines and closing tables; the MLflow run
-    name keeps the form of docs/contract.md#run-layout (the levers are params there)."""
-    extras = [value for value, default in ((spec.runtime, "native"), (spec.quantize, "none"),
-                                           (spec.parallel, "ddp"), (spec.memory, "none"))
-              if value != default]
+def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) -> str:
+    """The run's name: ``<framework>-<model>-<scenario>-<precision>-x<devices>``, then what sets
+    this config apart from the defaults, so distinct configs never share a name, e.g.
+    ``torch-vit-train-fp32-x1-tiny-b2``, ``torch-bert-inference-fp32-x1-onnxruntime-dynamic_int8``,
+    ``jax-vit-train-fp32-x1-fsdp-checkpoint-compile_false-r1`` (repeat 1 of a repeats run)."""
+    extras = [] if size == "full" else [size]
+    extras += [f"{key}{value}" for key, value in _dims_set(spec, size).items()]
+    if spec.seed != 0:
+        extras.append(f"seed{spec.seed}")
+    if spec.batch_size is not None:
+        extras.append(f"b{spec.batch_size}")
+    if spec.steps is not None:
+        extras.append(f"s{spec.steps}")
+    extras += [value for value, default in ((spec.runtime, "native"), (spec.quantize, "none"),
+                                            (spec.parallel, "ddp"), (spec.memory, "none"))
+               if value != default]
     if spec.compile_request != "auto":
-        extras.append(f"compile={spec.compile_request}")
-    return run_name(spec) + (f" [{', '.join(extras)}]" if extras else "")
+        extras.append(f"compile_{spec.compile_request}")
+    if repeat is not None:
+        extras.append(f"r{repeat}")
+    base = f"{spec.framework}-{spec.arch['name']}-{spec.scenario}-{spec.precision}-x{spec.devices}"
+    return "-".join([base, *extras])
+
+
+def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
+    """Model sizes set apart from ``size``'s (``model.layers=2``): they make another model."""
+    from fxtrack import architectures
+
+    try:
+        default = architectures.resolve(spec.arch["name"], size).dims
+    except (KeyError, ValueError):  # e.g. model=custom: no table entry to differ from
+        return {}
+    plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
+    return {k: plain(v) for k, v in spec.arch["dims"].items()
+            if k in default and plain(default[k]) != plain(v)}
+
+
+def note(summary: str) -> dict[str, str]:
+    """The run's description in the MLflow UI (its Overview and the runs list's tooltip)."""
+    return {"mlflow.note.content": summary[:MAX_NOTE_CHARS]}
+
+
+MAX_NOTE_CHARS = 5000  # a tag value's limit in the older stores
+
+
+def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """What the run read, for MLflow's dataset input (``log_inputs``): fxtrack's synthetic data
+    (or, for scenario=pipeline, the files written from it that the loader read), named by model,
+    with the seed and shapes as the digest so runs on the same data show the same dataset."""
+    batch = resolved.get("batch_size")
+    if batch is None:
+        return None
+    from fxtrack import synthetic
+    from fxtrack.architectures import Arch
+
+    shapes = synthetic.describe(Arch.from_json(spec.arch), int(batch))
+    on_disk = spec.scenario == "pipeline"
+    name = f"{'files' if on_disk else 'synthetic'}-{spec.arch['name']}"
+    digest = f"seed{spec.seed}-" + "-".join(f"{'x'.join(map(str, s['shape']))}"
+                                             for s in shapes.values())
+    return {"name": name, "digest": digest[:36],
+            "source_type": "local" if on_disk else "code",
+            "source": json.dumps({"generator": "fxtrack.synthetic", "seed": spec.seed,
+                                  "samples": spec.options.get("dataset_samples")
+                                  if on_disk else None}),
+            "schema": json.dumps({"mlflow_tensorspec": {
+                "features": json.dumps([{"name": k, "type": "tensor",
+                                         "tensor-spec": {"dtype": s["dtype"],
+                                                         "shape": [-1, *s["shape"][1:]]}}
+                                        for k, s in shapes.items()]),
+                "targets": None}}),
+            "profile": json.dumps({"batch_size": int(batch)}),
+            "context": "training" if spec.scenario in ("train", "pipeline") else "inference"}
 
 
 def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
-               parent_result_id: Optional[str], start_time_ms: int) -> dict[str, Any]:
+               parent_result_id: Optional[str], start_time_ms: int, name: Optional[str] = None,
+               summary: Optional[str] = None) -> dict[str, Any]:
+    """One benchmark run: ``name`` (default: run_name at the default size) and ``summary`` (its
+    console line: the run's note)."""
+    name = name or run_name(spec)
     tags = run_tags()
     tags.update({_DEVICE_TAGS.get(k, f"fxtrack.{k}"): v for k, v in result.tags.items()})
     tags.update({
@@ -109,15 +191,35 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         tags["fxtrack.guard"] = result.guard
     if result.metrics.get("step_time_cv", 0.0) > NOISY_CV:
         tags["fxtrack.noisy"] = "true"
+    if summary:
+        tags.update(note(summary))
     end_ms = int(time.time() * 1000)
+    dataset = dataset_input(spec, result.resolved)
     return {
         "kind": "job", "result_id": spec.result_id, **_target(uri, experiment, parent_result_id),
-        "run_name": run_name(spec), "parent_result_id": parent_result_id,
+        "run_name": name, "parent_result_id": parent_result_id,
         "start_time_ms": start_time_ms, "end_time_ms": end_ms, "status": result.status,
-        "params": params_from(config, result.resolved), "tags": tags,
+        "params": params_from(config, result.resolved, result.tags), "tags": tags,
         "metrics": result.metrics, "series": result.series,
         "series_times_ms": series_times(result.series, end_ms),
+        "inputs": [dataset] if dataset else [],
+        "logged_model": logged_model(result),
     }
+
+
+# Exported artefact suffix -> the MLflow flavour that logs it as a model (TFLite has none: its
+# file stays a plain artifact under model/).
+MODEL_FLAVORS = {".onnx": "onnx"}
+
+
+def logged_model(result: Result) -> Optional[dict[str, str]]:
+    """A deployment run's exported artefact as the writer logs it: the artifact folder
+    (``model``, which Job.run passes), the file in it and the flavour (None: a plain artifact)."""
+    path = result.artifacts.get("model")
+    if not path:
+        return None
+    return {"artifact": "model", "file": os.path.basename(path),
+            "flavor": MODEL_FLAVORS.get(os.path.splitext(path)[1])}
 
 
 def _target(uri: str, experiment: str, parent_result_id: Optional[str]) -> dict[str, Any]:

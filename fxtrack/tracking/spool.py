@@ -75,7 +75,9 @@ def write(record: dict[str, Any], artifacts: dict[str, Path | str]) -> Path:
         for name, content in artifacts.items():
             target = tmp / "artifacts" / name
             if isinstance(content, Path):
-                if content.exists():
+                if content.is_dir():  # e.g. the sweep's report files
+                    shutil.copytree(content, target)
+                elif content.exists():
                     shutil.copyfile(content, target)
             else:
                 target.write_text(content)

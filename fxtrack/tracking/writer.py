@@ -66,6 +66,9 @@ _UP: dict[str, float] = {}  # uri -> when it last answered
 _CLIENTS: dict[str, MlflowClient] = {}  # one client (one HTTP session) per URI per process
 _EXPERIMENTS: dict[tuple[str, str], str] = {}  # (uri, name) -> experiment id
 _PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment id, result id) -> run id
+# MLflow's UI opens an experiment without this tag in GenAI mode (traces, token usage); fxtrack's
+# runs are model-training runs.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 class TrackingUnavailable(RuntimeError):
@@ -293,12 +296,18 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
             raise TrackingRejected(f"experiment {name!r} is deleted: restore it or choose "
                                    "another tracking.experiment")
         exp_id = exp.experiment_id
+        for key, value in EXPERIMENT_KIND.items():  # made before fxtrack set it, or by hand
+            if key not in exp.tags:
+                client.set_experiment_tag(exp_id, key, value)
     else:
         try:
             if uri.startswith("sqlite:///"):
-                exp_id = _sqlite_store(uri).create_experiment(name)
+                from mlflow.entities import ExperimentTag
+
+                exp_id = _sqlite_store(uri).create_experiment(
+                    name, tags=[ExperimentTag(k, v) for k, v in EXPERIMENT_KIND.items()])
             else:
-                exp_id = client.create_experiment(name)
+                exp_id = client.create_experiment(name, tags=EXPERIMENT_KIND)
         except mlflow.exceptions.MlflowException:  # created meanwhile by a concurrent process
             exp = client.get_experiment_by_name(name)
             if exp is None:
@@ -306,6 +315,20 @@ def _experiment_id(client: MlflowClient, name: str, uri: str) -> str:
             exp_id = exp.experiment_id
     _EXPERIMENTS[(uri, name)] = exp_id
     return exp_id
+
+
+_KIND_CHECKED: set[tuple[str, str]] = set()  # (uri, experiment id) known to carry the kind
+
+
+def _ensure_kind(client: MlflowClient, exp_id: str, uri: str) -> None:
+    """EXPERIMENT_KIND on an experiment given by id, checked once per process."""
+    if (uri, exp_id) in _KIND_CHECKED:
+        return
+    tags = client.get_experiment(exp_id).tags
+    for key, value in EXPERIMENT_KIND.items():
+        if key not in tags:
+            client.set_experiment_tag(exp_id, key, value)
+    _KIND_CHECKED.add((uri, exp_id))
 
 
 def find_runs(client: MlflowClient, experiment_id: str, result_id: str) -> list:
@@ -326,6 +349,7 @@ class Payload(NamedTuple):
     tags: list[RunTag]
     metrics: list[Metric]
     files: list[tuple[str, Path | str]]  # artifact name -> file to upload, or its text
+    inputs: tuple = ()  # mlflow.entities.DatasetInput: what the run read
 
 
 _REQUIRED = ("kind", "result_id", "run_name", "status")
@@ -361,6 +385,7 @@ def prepare(record: dict[str, Any], files: list[tuple[str, Path | str]]) -> Payl
     except (AttributeError, TypeError, ValueError) as e:
         raise EntryInvalid(f"the record is malformed ({type(e).__name__}: {e})") from None
     _check_names(params, tags, metrics)
+    inputs = _datasets(record.get("inputs") or [])
     readable: list[tuple[str, Path | str]] = []
     for name, content in files:
         try:
@@ -373,7 +398,22 @@ def prepare(record: dict[str, Any], files: list[tuple[str, Path | str]]) -> Payl
             raise EntryInvalid(f"artifact {name} cannot be read ({type(e).__name__}: "
                                f"{e.strerror or e})") from None
         readable.append((name, content))
-    return Payload(params, tags, metrics, readable)
+    return Payload(params, tags, metrics, readable, tuple(inputs))
+
+
+def _datasets(inputs: list[dict[str, Any]]) -> list:
+    """The record's ``inputs`` (records.dataset_input) as MLflow's dataset inputs, the context
+    (training | inference) as MLflow's own input tag."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+    from mlflow.utils.mlflow_tags import MLFLOW_DATASET_CONTEXT
+
+    try:
+        return [DatasetInput(Dataset(d["name"], d["digest"], d["source_type"], d["source"],
+                                     d.get("schema"), d.get("profile")),
+                             [InputTag(MLFLOW_DATASET_CONTEXT, d["context"])] if d.get("context")
+                             else []) for d in inputs]
+    except (KeyError, TypeError) as e:
+        raise EntryInvalid(f"the record's inputs are malformed ({type(e).__name__}: {e})") from None
 
 
 def _number(key: str, value: Any) -> float:
@@ -435,13 +475,16 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         exp_id = client.get_run(adopt).info.experiment_id
     else:
         exp_id = record.get("experiment_id") or _experiment_id(client, record["experiment"], uri)
+    if adopt or record.get("experiment_id"):  # made by `mlflow run`, not by fxtrack
+        _ensure_kind(client, exp_id, uri)
     existing = find_run(client, exp_id, record["result_id"])
     if record["kind"] == "sweep":
-        run_id = existing.info.run_id if existing else \
-            _create(client, exp_id, record, payload, uri, adopt)[0]
+        run_id, artifact_uri = (existing.info.run_id, existing.info.artifact_uri) if existing \
+            else _create(client, exp_id, record, payload, uri, adopt)
         if record["status"] != "RUNNING":
             client.log_batch(run_id, metrics=payload.metrics, params=payload.params,
                              tags=payload.tags)
+            _upload(client, run_id, uri, artifact_uri if run_id != adopt else None, payload.files)
             client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
         return run_id
     if existing is not None:
@@ -460,7 +503,17 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         # params and metrics in as few requests as MLflow's batch limits allow (its client
         # splits them); the tags went with create_run
         client.log_batch(run_id, metrics=payload.metrics, params=payload.params)
-        _upload(client, run_id, uri, artifact_uri, payload.files)
+        if payload.inputs:
+            client.log_inputs(run_id, datasets=list(payload.inputs))
+        files, model = _model_files(record, payload.files)
+        _upload(client, run_id, uri, artifact_uri, files)
+        if model is not None:
+            try:
+                _log_model(uri, exp_id, run_id, model)
+            except Exception as e:  # noqa: BLE001 - a file MLflow's flavour refuses
+                if _unreachable(e) or isinstance(e, mlflow.exceptions.MlflowException):
+                    raise  # the server's trouble: retry the whole run later
+                _upload(client, run_id, uri, artifact_uri, [(model.parent.name, model.parent)])
         client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
     except Exception as e:
         if run_id != adopt and not _unreachable(e):
@@ -470,6 +523,43 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
                 pass
         raise
     return run_id
+
+
+def _model_files(record: dict[str, Any], files: list[tuple[str, Path | str]]):
+    """The artifacts less the logged model's folder, and the model file in it (None: no model,
+    or its flavour is not in MLflow: the folder goes up as a plain artifact)."""
+    spec = record.get("logged_model")
+    if not spec or not spec.get("flavor"):
+        return files, None
+    folder = dict(files).get(spec["artifact"])
+    if not isinstance(folder, Path) or not (folder / spec["file"]).is_file():
+        return files, None
+    return [f for f in files if f[0] != spec["artifact"]], folder / spec["file"]
+
+
+def _log_model(uri: str, exp_id: str, run_id: str, path: Path) -> None:
+    """Log a deployment run's ONNX artefact as an MLflow logged model (``mlflow.onnx``; records.
+    MODEL_FLAVORS) of the run, so the run's Models tab lists it with the run's metrics (latency
+    included). MLflow's model API logs through the global tracking URI and puts the model in the
+    active experiment: both pointed at this run's for this call only."""
+    import mlflow.onnx
+    import onnx
+    from mlflow.models import Model
+
+    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    previous_exp = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    mlflow.set_tracking_uri(uri)
+    os.environ["MLFLOW_EXPERIMENT_ID"] = exp_id
+    try:
+        Model.log(artifact_path=None, name="model", flavor=mlflow.onnx, run_id=run_id,
+                  onnx_model=onnx.load(str(path)))  # its external data, beside it, too
+    finally:
+        if previous:
+            mlflow.set_tracking_uri(previous)
+        if previous_exp is None:
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        else:
+            os.environ["MLFLOW_EXPERIMENT_ID"] = previous_exp
 
 
 def _upload(client: MlflowClient, run_id: str, uri: str, artifact_uri: Optional[str],
@@ -492,7 +582,9 @@ def _upload(client: MlflowClient, run_id: str, uri: str, artifact_uri: Optional[
                 else:
                     path.write_text(content)
                 content = path
-            if repo is None:
+            if repo is None and content.is_dir():
+                client.log_artifacts(run_id, str(content), name)
+            elif repo is None:
                 client.log_artifact(run_id, str(content))
             elif content.is_dir():
                 repo.log_artifacts(str(content), name)
