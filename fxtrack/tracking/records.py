@@ -143,8 +143,8 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
     (or, for scenario=pipeline, the files written from it that the loader read), named by model,
     with the seed and shapes as the digest so runs on the same data show the same dataset."""
     batch = resolved.get("batch_size")
-    if batch is None:
-        return None
+    if batch is None or spec.arch["family"] == "custom":  # a user's model: its builder's data,
+        return None  # whose shapes only the worker saw
     from fxtrack import synthetic
     from fxtrack.architectures import Arch
 
