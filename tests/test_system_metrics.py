@@ -143,7 +143,8 @@ def test_the_mlflow_ui_shows_the_run_and_its_system_metrics_in_a_real_browser(st
         import mlflow_ui_shots
     finally:
         sys.path.remove(str(ROOT / "docs"))
-    shots = mlflow_ui_shots.photograph(f"sqlite:///{store / 'mlflow.db'}", tmp_path, cwd=store)
+    shots = mlflow_ui_shots.photograph(f"sqlite:///{store / 'mlflow.db'}", tmp_path, cwd=store,
+                                       pages=("run", "system-metrics"))
     run_name = shots["run_name"]
     for page in ("run", "system-metrics"):
         png, dom = shots[page]
