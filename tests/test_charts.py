@@ -107,3 +107,17 @@ def test_the_caption_is_under_the_chart_in_markdown_and_html_without_literal_mar
 def test_sampled_system_series_are_not_report_metrics():
     runs = select.latest_runs(frame(1)).runs
     assert not [c for c in runs.columns if "system/" in c]
+
+
+def test_deployment_cells_are_not_cut_mid_word():
+    from fxtrack.report import levers
+
+    long = ("NotSupported: runtime=tensorrt is not supported by torch 2.13 on a CPU-only machine "
+            "without the TensorRT libraries: install torch-tensorrt on a CUDA host")
+    row = pd.Series({"unsupported": True, "error": long, "status": "FAILED"})
+    assert levers._state(row) == ("not supported by torch 2.13 on a CPU-only machine without "
+                                  "the TensorRT libraries")
+    row = pd.Series({"unsupported": False, "status": "FAILED",
+                     "error": "RuntimeError: " + " ".join(["overflowing"] * 20)})
+    cell = levers._state(row)
+    assert cell.endswith("overflowing ...") and len(cell) <= len("FAILED: ") + 90
