@@ -10,7 +10,9 @@
 2. ``fxtrack report`` on it -> docs/report-throughput.png (medians with 95% interval error bars)
    and docs/report-verdicts.txt (the report's terminal output: throughput and verdict tables);
 3. ``mlflow ui`` on that store, photographed by headless Chromium -> docs/mlflow-ui.png (the
-   compare view of the configs' aggregate runs).
+   compare view of the configs' aggregate runs), and through docs/mlflow_ui_shots.py a run's
+   page -> docs/mlflow-ui-run.png and its System metrics tab -> docs/mlflow-ui-system-metrics.png
+   (shown in docs/mlflow-ui.md).
 """
 
 from __future__ import annotations
@@ -103,8 +105,12 @@ def main() -> None:
                 f"--screenshot={DOCS / 'mlflow-ui.png'}", url, cwd=work, env=env)
         finally:
             os.killpg(ui.pid, 15)
-    print(f"wrote {DOCS / 'report-throughput.png'}, {DOCS / 'report-verdicts.txt'} and "
-          f"{DOCS / 'mlflow-ui.png'}")
+        sys.path.insert(0, str(DOCS))
+        import mlflow_ui_shots
+
+        mlflow_ui_shots.photograph(f"sqlite:///{work / 'mlflow.db'}", DOCS, cwd=work)
+    print(f"wrote {DOCS / 'report-throughput.png'}, {DOCS / 'report-verdicts.txt'}, "
+          f"{DOCS / 'mlflow-ui.png'} and {DOCS}/mlflow-ui-{{run,system-metrics}}.png")
 
 
 if __name__ == "__main__":

@@ -61,6 +61,9 @@ class Result:
     guard: str = "ok"  # "ok" or why the correctness guard failed
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)  # keys carry their units
     series: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # per-step values
+    # epoch ms of each value of the series sampled on a clock (system/...); the others' times
+    # are derived from the step times (tracking.records.series_times)
+    series_times_ms: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     tags: dict[str, str] = dataclasses.field(default_factory=dict)
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # defaults the worker chose
     # files the run leaves for the record, by role: "model" -> the exported deployment artefact

@@ -13,6 +13,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -26,6 +27,13 @@ _DPI = 110
 class Chart:
     title: str
     path: Path
+    caption: str = ""  # what the marks mean, under the chart in the Markdown and HTML pages
+
+
+CONTENDED_NOTE = "* contended: other processes took > 10% of the cores while it ran"
+# the size presets of conf/size/: what a reader must know before comparing to published figures
+SIZE_WORDS = {"tiny": "tiny models (a few layers: a smoke test, not the published sizes)",
+              "full": "full-size models"}
 
 
 def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
@@ -35,12 +43,18 @@ def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
                        _low=[metric(r, "throughput_ci_low") for _, r in runs.iterrows()],
                        _high=[metric(r, "throughput_ci_high") for _, r in runs.iterrows()])
     runs = runs[runs["_thr"].notna()]
+    for column, default in (("repeats", 1), ("contended", "false"), ("size", None)):
+        if column not in runs.columns:
+            runs = runs.assign(**{column: default})
     for (scenario, precision), frame in runs.groupby(["scenario", "precision"], sort=False):
         settings = frame[["devices", "hardware"]].drop_duplicates()
         # Models measured at several device counts or on several kinds of hardware get one bar
         # group per setting, labelled with it, so that no two settings share a bar.
         label = (frame["model"] if len(settings) == 1 else
                  frame["model"] + " x" + frame["devices"].astype(str) + " " + frame["hardware"])
+        sizes = sorted(frame["size"].dropna().astype(str).unique())
+        if len(sizes) > 1:  # tiny and full side by side: each bar group says which
+            label = label + " (" + frame["size"].fillna("?").astype(str) + ")"
         frame = frame.assign(_label=label)
         categories = sorted(frame["_label"].unique())
         fws = frameworks(frame)
@@ -48,52 +62,91 @@ def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
         if len(settings) == 1:
             devices, hardware = settings.iloc[0]
             title += f", x{devices}, {hardware}"
-        fewest = int(frame["repeats"].min()) if "repeats" in frame.columns else 1
-        if fewest > 1:  # how many repeats each bar stands on, on the chart itself
-            title += f" (median of {fewest}+ repeats)"
+        if len(sizes) == 1:
+            title += f", {sizes[0]} models"
         path = out / f"throughput-{_slug(scenario)}-{_slug(precision)}.png"
-        _bars(frame, categories, fws, title, path)
-        charts.append(Chart(title, path))
+        intervals = _bars(frame, categories, fws, title, path)
+        charts.append(Chart(title, path, _caption(frame, sizes, intervals)))
     return charts
 
 
+def _caption(frame: pd.DataFrame, sizes: list[str], intervals: bool) -> str:
+    """The chart's key in words: what a bar is, what its whiskers are, the marks, the size."""
+    words = ["Bars: samples/s, higher is better; n = the repeats each bar stands on"]
+    words.append("whiskers: the 95% interval of the repeats' median" if intervals else
+                 "no intervals (every bar is a single run: use repeats=3 for them)")
+    if _contended(frame).any():
+        words.append(CONTENDED_NOTE)
+    if (frame["check"] != "ok").any():
+        words.append("hatched: failed the correctness guard")
+    if len(sizes) == 1:
+        words.append(SIZE_WORDS.get(sizes[0], f"{sizes[0]} models"))
+    elif sizes:
+        words.append("model sizes as labelled")
+    else:
+        words.append("model size not logged")
+    return "; ".join(words) + "."
+
+
+def _contended(frame: pd.DataFrame) -> pd.Series:
+    return frame["contended"].astype(str).str.lower() == "true"
+
+
 def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str,
-          path: Path) -> None:
+          path: Path) -> bool:
+    """Draw and save the chart; returns whether any bar has an interval."""
     width = 0.8 / len(fws)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(categories) * max(1, len(fws)) / 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(categories) * max(1, len(fws)) / 2), 4.6))
+    any_interval = False
     for i, fw in enumerate(fws):
         sub = frame[frame["framework"] == fw].set_index("_label")
         xs = [c + (i - (len(fws) - 1) / 2) * width for c in range(len(categories))]
         heights = [float(sub.loc[c, "_thr"]) if c in sub.index else 0.0 for c in categories]
         flagged = [c in sub.index and sub.loc[c, "check"] != "ok" for c in categories]
-        # Error bars: the 95% interval of an aggregate of repeats (none for a single run).
-        low = [h - _num(sub.loc[c, "_low"], h) if c in sub.index else 0.0
-               for c, h in zip(categories, heights)]
-        high = [_num(sub.loc[c, "_high"], h) - h if c in sub.index else 0.0
-                for c, h in zip(categories, heights)]
+        busy = [c in sub.index and str(sub.loc[c, "contended"]).lower() == "true"
+                for c in categories]
+        counts = [int(sub.loc[c, "repeats"]) if c in sub.index else 0 for c in categories]
+        # Whiskers: the 95% interval of an aggregate of repeats; a single run has none.
+        low = [h - _num(sub.loc[c, "_low"], h) if c in sub.index and n > 1 else 0.0
+               for c, h, n in zip(categories, heights, counts)]
+        high = [_num(sub.loc[c, "_high"], h) - h if c in sub.index and n > 1 else 0.0
+                for c, h, n in zip(categories, heights, counts)]
         errors = [[max(0.0, v) for v in low], [max(0.0, v) for v in high]]
+        any_interval = any_interval or any(low + high)
         bars = ax.bar(xs, heights, width, label=fw,
                       yerr=errors if any(low + high) else None, capsize=3)
-        for bar, height, flag, above in zip(bars, heights, flagged, errors[1]):
+        for bar, height, flag, above, n, contended in zip(bars, heights, flagged, errors[1],
+                                                          counts, busy):
             if flag:  # hatched: failed the correctness guard, not a figure to trust
                 bar.set_hatch("//")
             if height:
-                ax.annotate(f"{height:,.0f}" if height >= 100 else f"{height:.3g}", (bar.get_x() + bar.get_width() / 2, height + above),
+                value = f"{height:,.0f}" if height >= 100 else f"{height:.3g}"
+                ax.annotate(f"{value}{'*' if contended else ''}\nn={n}",
+                            (bar.get_x() + bar.get_width() / 2, height + above),
                             ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                             textcoords="offset points")
     ax.set_xticks(range(len(categories)), categories)
-    ax.set_ylabel("samples/s (higher is better; bars: 95% interval)")
+    ax.set_ylabel("samples/s (higher is better)")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the two-line labels above the bars
     ax.set_title(title)
     handles, labels = ax.get_legend_handles_labels()
+    if any_interval:
+        handles.append(Line2D([], [], color="black", marker="|", linestyle="none",
+                              markersize=10))
+        labels.append("95% interval of the median")
     if (frame["check"] != "ok").any():
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//"))
         labels.append("failed the guard")
-    ax.legend(handles, labels, title="framework")
+    if _contended(frame).any():
+        handles.append(Patch(facecolor="none", edgecolor="none"))
+        labels.append("* contended (busy cores)")
+    ax.legend(handles, labels, title="framework", fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     ax.set_axisbelow(True)
     fig.tight_layout()
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
+    return any_interval
 
 
 def scaling_chart(runs: pd.DataFrame, out: Path) -> list[Chart]:

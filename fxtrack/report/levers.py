@@ -10,6 +10,7 @@ says so, not a missing row. Each cell is the latest run of its full config, what
 
 from __future__ import annotations
 
+import textwrap
 from typing import Callable, Optional
 
 import pandas as pd
@@ -67,9 +68,10 @@ def _state(row: pd.Series) -> Optional[str]:
     if row["unsupported"]:  # "NotSupported: runtime=tflite is not supported by torch 2.13: ..."
         error = str(row["error"])
         start = error.find("not supported by")  # up to the reason: "... by jax2onnx 0.17.1"
-        return error[start:].split(": ")[0][:80] if start >= 0 else "not supported"
+        return error[start:].split(": ")[0] if start >= 0 else "not supported"
     if row["status"] != "FINISHED":
-        return "FAILED: " + str(row["error"])[:90]
+        # shortened at a word, marked so (the whole error is the run's fxtrack.error tag)
+        return "FAILED: " + textwrap.shorten(str(row["error"]), 90, placeholder=" ...")
     return None
 
 

@@ -74,7 +74,10 @@ def markdown(report: Report) -> str:
     out = [f"# {report.title}", "", *[f"- {line}" for line in report.meta], ""]
     if report.charts:
         out += ["## Charts", ""]
-        out += [f"![{c.title}]({c.path.name})\n" for c in report.charts]
+        for c in report.charts:
+            out += [f"![{c.title}]({c.path.name})", ""]
+            if c.caption:  # its own * marks are literal there, not emphasis
+                out += ["*" + _md(c.caption).replace("*", r"\*") + "*", ""]
     for section in report.sections:
         out += [f"## {section.title}", ""]
         if section.intro:
@@ -129,7 +132,8 @@ def html_page(report: Report) -> str:
             data = base64.b64encode(chart.path.read_bytes()).decode("ascii")
             parts.append(f'<figure><img alt="{esc(chart.title)}" '
                          f'src="data:image/png;base64,{data}"><figcaption>{esc(chart.title)}'
-                         "</figcaption></figure>")
+                         + (f"<br>{esc(chart.caption)}" if chart.caption else "")
+                         + "</figcaption></figure>")
     for section in report.sections:
         parts.append(f"<h2>{esc(section.title)}</h2>")
         if section.intro:

@@ -63,8 +63,12 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     runs["status"] = frame["status"].to_numpy()
     runs["start_time"] = frame["start_time"].to_numpy()
     runs["end_time"] = frame["end_time"].to_numpy()
+    # the model's size preset (tiny / full): the charts say which one their bars stand on
+    runs["size"] = (frame["params.size.name"].to_numpy() if "params.size.name" in frame
+                    else None)
     metric_cols = [c for c in frame.columns
-                   if c.startswith("metrics.") and c[len("metrics."):] not in SERIES]
+                   if c.startswith("metrics.") and c[len("metrics."):] not in SERIES
+                   and not c.startswith("metrics.system/")]  # sampled series (measure/system.py)
     runs = pd.concat([runs, frame[metric_cols].reset_index(drop=True)], axis=1)
 
     # A repeat whose config has an aggregate run counts through that aggregate, not on its own.

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from fxtrack import defaults
 from fxtrack.frameworks.base import Backend
@@ -12,6 +13,7 @@ from fxtrack.job import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
+from fxtrack.measure.system import SystemSampler
 from fxtrack.measure.timer import StepTimes, eprint, step_metrics, time_steps
 
 
@@ -42,7 +44,7 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     model: its framework's counter), called after the timed window."""
     spec = backend.spec
     kind, batch, steps, warmup = build(backend, result)
-    times, nvml, before, during = timed_window(spec, kind, prepare(), warmup, steps)
+    times, nvml, before, during, system = timed_window(spec, kind, prepare(), warmup, steps)
     if callable(flops_per_sample):
         flops_per_sample = flops_per_sample()
 
@@ -62,26 +64,40 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     if peak is not None:
         m["peak_mem_device_mib"] = backend.reduce_max(peak / 2**20)  # the fullest device
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
+    result.series.update(system.series)  # system/... keys, with the times they were read at
+    result.series_times_ms.update(system.times_ms)
     return times.loss_handles
 
 
 def timed_window(spec: Any, kind: str, step: Callable[[], Any], warmup: int, steps: int,
                  wait_for_quiet: bool = True
-                 ) -> tuple[StepTimes, NvmlWindow, Optional[load.LoadSampler], load.LoadSampler]:
+                 ) -> tuple[StepTimes, NvmlWindow, Optional[load.LoadSampler], load.LoadSampler,
+                            SystemSampler]:
     """The timed window itself, as every run takes it (and bench/overhead.py, which compares it
     step by step with a bare loop): warm-up, then ``steps`` timed steps inside the NVML window
     and the load sampler, after a probe of other processes' CPU use (waiting up to
     wait_for_idle_s for quiet; fxtrack/measure/host_load.py; ``wait_for_quiet=False``: none, the
-    caller samples the load itself). Returns (times, nvml, load before or None, load during)."""
+    caller samples the load itself), with the system metrics sampled through it
+    (measure/system.py). Returns (times, nvml, load before or None, load during, system)."""
     memory_gpus, energy_gpus = gpu_ordinals(spec)
     nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")
     before = (load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
               if wait_for_quiet else None)
     during = load.LoadSampler(spec.cpu_threads)
+    system = SystemSampler(energy_gpus if kind == "gpu" else ())  # the node's devices, once
     times = time_steps(step, warmup, steps, show=spec.progress,
                        label=f"{spec.framework}-{spec.arch['name']}",
-                       window=load.sampling(during, nvml))
-    return times, nvml, before, during
+                       window=load.sampling(during, _entered(nvml, system)))
+    return times, nvml, before, during, system
+
+
+@contextlib.contextmanager
+def _entered(*windows: Any) -> Iterator[None]:
+    """``windows`` entered in order and left in reverse, as one context for sampling()."""
+    with contextlib.ExitStack() as stack:
+        for w in windows:
+            stack.enter_context(w)
+        yield
 
 
 def compiles(spec: Any) -> bool:

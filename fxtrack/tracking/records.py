@@ -46,17 +46,23 @@ def redact_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
-def series_times(series: dict[str, list[float]], end_ms: int) -> dict[str, list[int]]:
-    """Wall-clock time (ms) of each per-step point: the timed steps ran back to back and ended
-    by ``end_ms`` (when the worker returned), so step i ended at end_ms minus the durations of
-    the steps after it (``step_time_ms``). Series of the same length share these times."""
+def series_times(series: dict[str, list[float]], end_ms: int,
+                 stamped: Optional[dict[str, list[int]]] = None) -> dict[str, list[int]]:
+    """Wall-clock time (ms) of each point. A series the worker stamped itself (``stamped``, e.g.
+    system/... metrics, Result.series_times_ms) keeps its times. The per-step ones: the timed
+    steps ran back to back and ended by ``end_ms`` (when the worker returned), so step i ended
+    at end_ms minus the durations of the steps after it (``step_time_ms``); series of the same
+    length share these times."""
+    stamped = stamped or {}
     steps = series.get("step_time_ms") or []
     ends, t = [], float(end_ms)
     for d in reversed(steps):
         ends.append(int(t))
         t -= float(d)
     ends.reverse()
-    return {k: ends if len(v) == len(ends) else [end_ms] * len(v) for k, v in series.items()}
+    return {k: (stamped[k] if len(stamped.get(k, ())) == len(v) else
+                ends if len(v) == len(ends) else [end_ms] * len(v))
+            for k, v in series.items()}
 
 
 # Config keys that name fxtrack's own modules (how it runs, not what ran): not params.
@@ -201,7 +207,7 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         "start_time_ms": start_time_ms, "end_time_ms": end_ms, "status": result.status,
         "params": params_from(config, result.resolved, result.tags), "tags": tags,
         "metrics": result.metrics, "series": result.series,
-        "series_times_ms": series_times(result.series, end_ms),
+        "series_times_ms": series_times(result.series, end_ms, result.series_times_ms),
         "inputs": [dataset] if dataset else [],
         "logged_model": logged_model(result),
     }
