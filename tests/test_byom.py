@@ -1,6 +1,6 @@
 """Bring your own model (model=custom, docs/your-own-model.md): a user's package outside the
 checkout, one MLP written in PyTorch, Keras and Flax NNX, run through the documented command
-lines in all three frameworks; equal parameter counts, FLOPs from each framework's own counter
+lines in all three frameworks and the Keras builder on framework=keras' three backends; equal parameter counts, FLOPs from each framework's own counter
 against a hand count, the report; and every error of the contract refused in one line."""
 
 from __future__ import annotations
@@ -79,6 +79,36 @@ def test_flops_come_from_each_frameworks_counter_within_15_percent_of_the_hand_c
         assert job["metrics"]["achieved_tflops"] > 0
     assert sources == {"torch": "torch.utils.flop_counter", "jax": "jax.cost_analysis",
                        "tensorflow": "tf.compat.v1.profiler"}
+
+
+@pytest.fixture(scope="module")
+def keras_sweep(tmp_path_factory):
+    """The same model.keras builder through Keras' own compile + train_on_batch on each of its
+    backends (a key only framework=keras has, so a sweep of its own): the jobs by backend."""
+    cwd = tmp_path_factory.mktemp("byom-keras")
+    proc = run_fxtrack(cwd, "-m", "framework=keras", "framework.keras_backend=jax,torch,tensorflow",
+                       "model=custom", BUILDERS[1], f"model.kwargs.width={WIDTH}", *TINY,
+                       env=user_package(cwd))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {j["tags"]["fxtrack.keras_backend"]: j for j in sweep_jobs(cwd)}
+
+
+def test_keras_runs_the_users_model_on_each_backend_with_the_same_parameters_and_flops(
+        sweep, keras_sweep):
+    native = {j["tags"]["fxtrack.framework"]: j for j in sweep[3]}
+    hand = byom.train_flops_per_sample(width=WIDTH)
+    assert set(keras_sweep) == {"jax", "torch", "tensorflow"}
+    for name, job in keras_sweep.items():
+        assert job["status"] == "FINISHED", (name, job["error"])
+        assert job["metrics"]["param_count"] == native["tensorflow"]["metrics"]["param_count"]
+        assert job["metrics"]["param_count"] == byom.param_count(width=WIDTH), name
+        assert job["guard"] == "ok", (name, job["guard"])
+        assert job["metrics"]["loss_last"] < job["metrics"]["loss_first"], name
+        assert job["metrics"]["flops_per_sample"] == pytest.approx(hand, rel=0.15), name
+        assert job["tags"]["fxtrack.compile_mode"].startswith(f"keras-{name}:")
+    assert {name: job["tags"]["fxtrack.flops_source"] for name, job in keras_sweep.items()} == {
+        "jax": "jax.cost_analysis", "torch": "torch.utils.flop_counter",
+        "tensorflow": "tf.compat.v1.profiler"}
 
 
 def test_the_report_shows_the_users_model(sweep):
