@@ -1,12 +1,14 @@
 """Bring your own model (model=custom, docs/your-own-model.md): a user's package outside the
 checkout, one MLP written in PyTorch, Keras and Flax NNX, run through the documented command
-lines in all three frameworks; equal parameter counts, FLOPs from each framework's own counter
+lines in all three frameworks and the Keras builder on framework=keras' three backends; equal parameter counts, FLOPs from each framework's own counter
 against a hand count, the report; and every error of the contract refused in one line."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -79,6 +81,36 @@ def test_flops_come_from_each_frameworks_counter_within_15_percent_of_the_hand_c
         assert job["metrics"]["achieved_tflops"] > 0
     assert sources == {"torch": "torch.utils.flop_counter", "jax": "jax.cost_analysis",
                        "tensorflow": "tf.compat.v1.profiler"}
+
+
+@pytest.fixture(scope="module")
+def keras_sweep(tmp_path_factory):
+    """The same model.keras builder through Keras' own compile + train_on_batch on each of its
+    backends (a key only framework=keras has, so a sweep of its own): the jobs by backend."""
+    cwd = tmp_path_factory.mktemp("byom-keras")
+    proc = run_fxtrack(cwd, "-m", "framework=keras", "framework.keras_backend=jax,torch,tensorflow",
+                       "model=custom", BUILDERS[1], f"model.kwargs.width={WIDTH}", *TINY,
+                       env=user_package(cwd))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {j["tags"]["fxtrack.keras_backend"]: j for j in sweep_jobs(cwd)}
+
+
+def test_keras_runs_the_users_model_on_each_backend_with_the_same_parameters_and_flops(
+        sweep, keras_sweep):
+    native = {j["tags"]["fxtrack.framework"]: j for j in sweep[3]}
+    hand = byom.train_flops_per_sample(width=WIDTH)
+    assert set(keras_sweep) == {"jax", "torch", "tensorflow"}
+    for name, job in keras_sweep.items():
+        assert job["status"] == "FINISHED", (name, job["error"])
+        assert job["metrics"]["param_count"] == native["tensorflow"]["metrics"]["param_count"]
+        assert job["metrics"]["param_count"] == byom.param_count(width=WIDTH), name
+        assert job["guard"] == "ok", (name, job["guard"])
+        assert job["metrics"]["loss_last"] < job["metrics"]["loss_first"], name
+        assert job["metrics"]["flops_per_sample"] == pytest.approx(hand, rel=0.15), name
+        assert job["tags"]["fxtrack.compile_mode"].startswith(f"keras-{name}:")
+    assert {name: job["tags"]["fxtrack.flops_source"] for name, job in keras_sweep.items()} == {
+        "jax": "jax.cost_analysis", "torch": "torch.utils.flop_counter",
+        "tensorflow": "tf.compat.v1.profiler"}
 
 
 def test_the_report_shows_the_users_model(sweep):
@@ -222,3 +254,51 @@ def test_inference_of_a_users_model_counts_forward_flops_by_hand(tmp_path, monke
     assert result.metrics["flops_per_sample"] == pytest.approx(2 * weights, rel=0.15)
     assert result.metrics["param_count"] == byom.param_count()
     assert result.metrics["latency_ms_p50"] > 0 and result.tags["flops_source"]
+
+
+KERAS_BROKEN = '''
+import keras
+import numpy as np
+
+
+def two_targets(batch_size, seed):
+    x = np.ones((batch_size, 4), np.float32)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    return model, (x, (x, x)), lambda out, target: keras.ops.mean(out)
+
+
+def vector_loss(batch_size, seed):
+    x, y = np.ones((batch_size, 4), np.float32), np.ones((batch_size, 2), np.float32)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    return model, (x, y), lambda out, target: keras.ops.mean((out - target) ** 2, axis=1)
+'''
+KERAS_RUN = '''
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[2]]
+from conftest import job_spec
+from fxtrack.worker.__main__ import prepare_environment, run
+errors = []
+for builder in ("broken_keras:two_targets", "broken_keras:vector_loss"):
+    spec = job_spec("keras", "custom", None, arch={"keras": builder},
+                    framework_settings={"keras_backend": "tensorflow"})
+    prepare_environment(spec)
+    result = run(spec)
+    errors.append([result.status, result.tags.get("unsupported"), result.error,
+                   "step_time_ms_p50" in result.metrics])
+print(json.dumps(errors))
+'''
+
+
+def test_keras_refuses_what_its_compile_cannot_take_before_any_timed_work(tmp_path):
+    """Keras' compile applies a loss per output: nested targets are refused when built, as
+    a loss that is not a scalar is (one worker process, the TensorFlow backend)."""
+    (tmp_path / "broken_keras.py").write_text(KERAS_BROKEN)
+    proc = subprocess.run([sys.executable, "-c", KERAS_RUN, str(tmp_path), str(ROOT / "tests")],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (targets, loss) = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert targets[:2] == ["FAILED", "true"] and not targets[3], targets
+    assert "returned targets of type tuple; framework=keras needs one NumPy array" in targets[2]
+    assert loss[:2] == ["FAILED", "true"] and not loss[3], loss
+    assert "a scalar (shape ()), got shape (2,)" in loss[2] and "\n" not in loss[2]

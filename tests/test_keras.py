@@ -210,6 +210,8 @@ def test_declaration_names_every_capability_and_imports_no_framework():
     assert FRAMEWORK.settings["keras_backend"].choices == KERAS_BACKENDS
     with pytest.raises(NotSupported, match="checkpoint is not supported by keras"):
         FRAMEWORK.capability("checkpoint")
+    # model=custom reads the same model.keras builder as framework=tensorflow
+    assert FRAMEWORK.has("user_model") and FRAMEWORK.builder_key == "keras"
     code = ("import sys, fxtrack.frameworks.keras; "
             "print([m for m in ('keras', 'jax', 'torch', 'tensorflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,

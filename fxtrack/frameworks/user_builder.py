@@ -132,6 +132,11 @@ def apply(model: Any, inputs: Any, **kwargs: Any) -> Any:
     return model(inputs, **kwargs)
 
 
+def keras_inputs(inputs: Any) -> Any:
+    """Keras takes several inputs as one list (or dict) argument."""
+    return list(inputs) if isinstance(inputs, tuple) else inputs
+
+
 def optimizer_choice(arch: Arch) -> tuple[str, float]:
     """(``adamw`` | ``sgd``, learning rate) of a user's model: its ``model.optimizer``, ``model.lr``."""
     if arch.optimizer not in OPTIMIZERS:

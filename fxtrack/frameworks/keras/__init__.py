@@ -60,9 +60,11 @@ FRAMEWORK = Framework(
     # Keras' first train_on_batch always builds: the optimiser's variables, a symbolic pass over
     # the model and, on TensorFlow, a tf.function trace even without XLA.
     uncompiled_builds_graph=True,
+    model_key="keras",  # model=custom: the same keras.Model builder as framework=tensorflow's
     capabilities={
         "inference": "fxtrack.frameworks.keras.inference",
         "calibration": "fxtrack.frameworks.keras.devices",
+        "user_model": "fxtrack.frameworks.keras.user_model",
     },
     absent={
         "pipeline": "not implemented for keras yet",
@@ -75,8 +77,6 @@ FRAMEWORK = Framework(
                          "JAX could shard it); use framework=torch or framework=jax",
         "remat": "not implemented for keras yet (keras.RematScope fails inside tf.function on "
                  "the TensorFlow backend); use framework=torch or framework=jax",
-        "user_model": "not implemented for keras yet; a Keras model (model.keras) runs with "
-                      "framework=tensorflow",
     },
     settings={
         "keras_backend": Setting("jax", KERAS_BACKENDS,

@@ -42,7 +42,7 @@ class KerasBackend(Backend):
                 **getattr(self, "policy_tags", {})}
         if hasattr(self, "compiled"):  # what the built model ran
             tags["compile_mode"] = train.compile_mode(devices.backend_name(), self.compiled)
-            if self.arch.family != "resnet":
+            if self.arch.family in ("vit", "bert"):
                 tags["attention"] = devices.attention(self.device)
         return tags
 
@@ -54,12 +54,14 @@ class KerasBackend(Backend):
             FRAMEWORK.capability("remat")
         if self.spec.parallel == "fsdp":
             FRAMEWORK.capability("sharded_state")
-        if (self.spec.precision == "fp16" and self.arch.family != "resnet"
+        if (self.spec.precision == "fp16" and self.arch.family in ("vit", "bert")
                 and devices.backend_name() == "jax" and "gpu" not in self.device):
             raise NotSupported(
                 "precision=fp16 with attention is not supported by keras on jax on a CPU: "
                 "keras.ops.dot_product_attention asks XLA:CPU for an fp16 x fp16 -> fp32 dot, "
                 "which it lacks (framework=jax computes those scores in fp32 there)")
+        if self.arch.family == "custom":  # the user's model, through the same compile + step
+            return self.capability("user_model").build(self, batch_size)
         # No keras.device scope: the backend's default device is already the one select()
         # named (hardware=cpu hid the GPUs before import; else each backend takes GPU 0), and
         # on torch, building and compiling inside one left train_on_batch without gradients
@@ -68,7 +70,7 @@ class KerasBackend(Backend):
         with keras_train.precision_policy(self.spec.precision):
             self.model = keras_models.build(self.arch)
         self.opt = keras_train.optimizer(self.arch, self.spec.precision, batch_size)
-        self.compiled = train.compile_model(self.model, self.opt, self.arch.family,
+        self.compiled = train.compile_model(self.model, self.opt, train.loss(self.arch.family),
                                             self.spec.compile_request)
         self.x, self.y, self.sample_weight = data.device_batch(self.arch, batch_size,
                                                                self.spec.seed)

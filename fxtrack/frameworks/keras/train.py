@@ -32,9 +32,10 @@ def compile_mode(backend: str, compiled: bool) -> str:
     return f"keras-{backend}:{(COMPILED_MODES if compiled else UNCOMPILED_MODES)[backend]}"
 
 
-def compile_model(model: keras.Model, opt: keras.optimizers.Optimizer, family: str,
-                  request: str) -> bool:
-    """``model.compile`` with fxtrack's optimiser and loss, no metrics; returns whether the step
-    is compiled, as Keras resolved it (``model.jit_compile``)."""
-    model.compile(optimizer=opt, loss=loss(family), jit_compile=jit_compile(request))
+def compile_model(model: keras.Model, opt: keras.optimizers.Optimizer,
+                  loss_fn: keras.losses.Loss, request: str) -> bool:
+    """``model.compile`` with fxtrack's optimiser and a loss (``loss(family)``, or a user's
+    model's), no metrics; returns whether the step is compiled, as Keras resolved it
+    (``model.jit_compile``)."""
+    model.compile(optimizer=opt, loss=loss_fn, jit_compile=jit_compile(request))
     return bool(model.jit_compile)

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.tensorflow import train
+from fxtrack.frameworks.tf_graph import graph_flops
 
 
 def build(backend: Any, batch_size: int) -> None:
@@ -50,7 +51,8 @@ def loss_of(user_loss: Callable[[Any, Any], Any]) -> Callable[..., tf.Tensor]:
 
     def fn(model: keras.Model, batch: tuple, training: bool = True) -> tf.Tensor:
         inputs, targets = batch
-        outputs = tf.nest.map_structure(upcast, model(keras_inputs(inputs), training=training))
+        outputs = tf.nest.map_structure(upcast,
+                                        model(ub.keras_inputs(inputs), training=training))
         return tf.cast(user_loss(outputs, targets), tf.float32)
 
     return fn
@@ -75,13 +77,14 @@ def train_flops_per_sample(backend: Any) -> tuple[float, str]:
             value = backend.loss_of(model, batch, training=True)
         return value, tape.gradient(value, variables)
 
-    return graph_flops(backend, grads) / backend.batch_size, "tf.compat.v1.profiler"
+    flops = graph_flops(grads, backend.one_batch, backend.device)
+    return flops / backend.batch_size, "tf.compat.v1.profiler"
 
 
 def prepare_inference(backend: Any) -> Callable[[], None]:
     """scenario=inference: the Keras model in inference mode as one tf.function (XLA when
     compiled) on the first replica's inputs."""
-    inputs = keras_inputs(backend.one_batch[0])
+    inputs = ub.keras_inputs(backend.one_batch[0])
     with tf.device(backend.device):
         forward = tf.function(lambda: backend.model(inputs, training=False),
                               jit_compile=backend.spec.compile)
@@ -91,32 +94,7 @@ def prepare_inference(backend: Any) -> Callable[[], None]:
 def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
     """The profiler's float-op count of one inference-mode forward, per sample."""
     def forward(batch: tuple) -> Any:
-        return backend.model(keras_inputs(batch[0]), training=False)
+        return backend.model(ub.keras_inputs(batch[0]), training=False)
 
-    return graph_flops(backend, forward) / backend.batch_size, "tf.compat.v1.profiler"
-
-
-def keras_inputs(inputs: Any) -> Any:
-    """Keras takes several inputs as one list (or dict) argument."""
-    return list(inputs) if isinstance(inputs, tuple) else inputs
-
-
-def graph_flops(backend: Any, fn: Callable[[tuple], Any]) -> int:
-    """``tf.compat.v1.profiler``'s float-op count of ``fn``'s graph on the resident batch, its
-    variables frozen to constants (TF 2.x offers XLA's cost analysis to no Python caller)."""
-    from tensorflow.python.framework.convert_to_constants import (
-        convert_variables_to_constants_v2,
-    )
-
-    with tf.device(backend.device):
-        concrete = tf.function(fn).get_concrete_function(backend.one_batch)
-        frozen = convert_variables_to_constants_v2(concrete)
-    profiler, logger = tf.compat.v1.profiler, tf.get_logger()
-    options = (profiler.ProfileOptionBuilder(profiler.ProfileOptionBuilder.float_operation())
-               .with_empty_output().build())
-    level = logger.level
-    logger.setLevel("ERROR")  # the v1 profiler's deprecation warnings, one per op kind
-    try:
-        return profiler.profile(graph=frozen.graph, options=options).total_float_ops
-    finally:
-        logger.setLevel(level)
+    flops = graph_flops(forward, backend.one_batch, backend.device)
+    return flops / backend.batch_size, "tf.compat.v1.profiler"
