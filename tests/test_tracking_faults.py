@@ -376,7 +376,7 @@ def test_log_record_reports_like_job_log(home, server):
     assert where == f"mlflow run {run_id}" and message is None
     dead = "http://127.0.0.1:9"
     run_id, where, message = writer.log_record(synthetic(dead), ARTIFACTS, dead)
-    assert (run_id, where) == (None, "spooled") and "run `fxtrack sync` when the server" in message
+    assert (run_id, where) == (None, "spooled") and "deliver later with `fxtrack sync --uri" in message
     bad = dict(synthetic(server.url), experiment=exp, metrics={"loss": None})
     run_id, where, message = writer.log_record(bad, ARTIFACTS, server.url)
     assert (run_id, where) == (None, "set aside") and "metric 'loss' is not a number" in message
