@@ -47,7 +47,7 @@ def test_store_merges_into_a_key_unless_told_to_replace_it(tmp_path, monkeypatch
 
 
 def test_frameworks_are_the_declared_configs_the_users_included(tmp_path, monkeypatch):
-    assert calibration.frameworks()[:3] == ["jax", "tensorflow", "torch"]
+    assert {"jax", "tensorflow", "torch", "keras"} <= set(calibration.frameworks())
     (tmp_path / "framework").mkdir()
     (tmp_path / "framework" / "mine.yaml").write_text("name: mine\npackage: mypkg.fw\n")
     (tmp_path / "framework" / "torch.yaml").write_text("name: torch\npackage: mypkg.torch\n")

@@ -42,7 +42,7 @@ def _seed_one_thread(path):
     from fxtrack.measure import peak
 
     cache = json.loads(path.read_text())
-    cache[peak._key("cpu", "fp32", 1)] = cache[peak._key("cpu", "fp32", peak._threads(None))]
+    cache[peak.cache_key("cpu", "fp32", 1)] = cache[peak.cache_key("cpu", "fp32", peak.thread_count(None))]
     path.write_text(json.dumps(cache))
 
 

@@ -132,7 +132,7 @@ def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
     except (KeyError, ValueError):  # e.g. model=custom: no table entry to differ from
         return {}
     plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
-    return {k: plain(v) for k, v in spec.arch["dims"].items()
+    return {k: plain(v) for k, v in spec.arch.get("dims", {}).items()
             if k in default and plain(default[k]) != plain(v)}
 
 
