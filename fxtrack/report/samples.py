@@ -97,6 +97,13 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
     runs = pd.DataFrame(index=frame.index)
     for col in IDENTITY:
         runs[col] = _column(frame, *IDENTITY[col])
+    # framework.compile as asked: the param holds what ran (true/false); the compile_rule tag
+    # says whether that was auto's choice ("auto: ...") or forced ("framework.compile=true")
+    if "tags.fxtrack.compile_rule" in frame.columns:
+        rule = frame["tags.fxtrack.compile_rule"].astype(object)
+        asked = rule.map(lambda r: None if not isinstance(r, str) else
+                         "auto" if r.startswith("auto") else r.rpartition("=")[2])
+        runs["compile"] = asked.where(asked.notna(), runs["compile"])
     for col in (c for c in frame.columns if c.startswith("params.model.") and c != "params.model.name"):
         runs[col[len("params."):]] = frame[col].astype(object)
     for lever, default in LEVERS.items():
@@ -113,6 +120,12 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
     runs["status"] = frame["status"]
     metrics = [c for c in frame.columns if c.startswith("metrics.")]
     runs = pd.concat([runs, frame[metrics]], axis=1)
+    # An aggregate carries no compile_rule tag: it was asked what its repeats were asked
+    asked = dict(zip(runs["repeat_of"], runs["compile"]))
+    aggregate = runs["kind"] == "aggregate"
+    runs.loc[aggregate, "compile"] = [asked.get(rid, c) for rid, c in
+                                      zip(runs.loc[aggregate, "result_id"],
+                                          runs.loc[aggregate, "compile"])]
     benchmark = runs["framework"] != "-"
     ok = (runs["status"] == "FINISHED") & ~runs["check"].isin(["failed", "guard_failed"])
     return runs[benchmark & ok].sort_values("start_time", kind="stable")
