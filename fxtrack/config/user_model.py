@@ -32,10 +32,6 @@ def check(conf: Any, arch: Arch) -> None:
     """Raise CellNotSupported with the one-line reason, or return when the cell can run."""
     if arch.family != "custom":
         return
-    why = user_builder.refusal(conf.scenario.name, conf.memory.value, conf.parallel.value,
-                               conf.runtime.value, conf.quantize.value)
-    if why:
-        raise CellNotSupported(why)
     framework = declaration(conf.framework.package)
     if not framework.has("user_model"):
         raise CellNotSupported(str(framework.unsupported("user_model", "model=custom")))

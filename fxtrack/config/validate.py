@@ -98,13 +98,14 @@ def expected_device_kind(hardware: str) -> Optional[str]:
         pynvml.nvmlShutdown()
 
 
-def refusal(conf: FxtrackConfig) -> Optional[str]:
+def refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
     """Why ``conf`` has no path, from the frameworks' declarations and the neutral rules."""
     c = rules.Combination(
         framework=conf.framework.name, scenario=conf.scenario.name,
         precision=conf.precision.name, parallel=conf.parallel.value, memory=conf.memory.value,
         runtime=conf.runtime.value, quantize=conf.quantize.value, devices=conf.devices,
-        nodes=conf.hardware.nodes, device_kind=expected_device_kind(conf.hardware.name))
+        nodes=conf.hardware.nodes, device_kind=expected_device_kind(conf.hardware.name),
+        family=arch.family)
     framework = declared().get(conf.framework.name)
     return None if framework is None else rules.refusal(c, framework)
 
@@ -123,7 +124,7 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
                           "(implemented: scenario=train)")
     if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
-    why = refusal(conf) or user_model_refusal(conf, arch)
+    why = refusal(conf, arch) or user_model_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
     return conf, arch

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
+from fxtrack.frameworks import user_builder
 from fxtrack.frameworks.declaration import LEVERS, Framework
 
 ONNX_RUNTIMES = ("onnxruntime", "openvino", "tensorrt")  # they serve an ONNX file
@@ -36,12 +37,14 @@ class Combination:
     devices: int = 1
     nodes: int = 1
     device_kind: Optional[str] = None
+    family: str = ""  # the model family: "custom" (a user's model) takes fewer levers
 
     @classmethod
     def of(cls, spec: Any, device_kind: Optional[str]) -> "Combination":
         """From anything with the JobSpec's field names (a JobSpec)."""
         return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(cls)
-                      if f.name != "device_kind"}, device_kind=device_kind)
+                      if f.name not in ("device_kind", "family")},
+                   device_kind=device_kind, family=spec.arch["family"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,4 +119,6 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
     for limit in framework.limits:
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"
+    if c.family == "custom":  # the levers fxtrack cannot apply to an arbitrary model
+        return user_builder.refusal(c.scenario, c.memory, c.parallel, c.runtime, c.quantize)
     return None

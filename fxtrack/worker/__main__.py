@@ -10,7 +10,6 @@ import traceback
 from pathlib import Path
 
 from fxtrack import policy
-from fxtrack.frameworks import user_builder
 from fxtrack.frameworks.declaration import (
     Framework,
     NotSupported,
@@ -77,9 +76,6 @@ def run(spec: JobSpec) -> Result:
         kind = backend.device_kind()
         why = rules.refusal(rules.Combination.of(spec, kind), framework,
                             result.tags["framework_version"])
-        if why is None and spec.arch["family"] == "custom":  # the levers a user's model lacks
-            why = user_builder.refusal(spec.scenario, spec.memory, spec.parallel, spec.runtime,
-                                       spec.quantize)
         if why is not None:
             result.resolved["device_kind"] = kind  # filed with the runs of its hardware
             raise NotSupported(why)
