@@ -1,5 +1,5 @@
-"""model=custom checked before any work (kept apart from the other validation rules): the levers
-a user's model cannot take, this framework's builder set, and its module importable by the
+"""model=custom checked before any work (the levers a user's model cannot take are a rule of
+fxtrack.scenarios.rules): this framework's builder set, and its module importable by the
 worker's interpreter, found with ``importlib.util.find_spec`` (no framework imported), so that a
 typo is refused in one line within seconds.
 
