@@ -23,16 +23,23 @@ class TensorFlowBackend(Backend):
         return tf.__version__
 
     def device_kind(self) -> str:
-        if not hasattr(self, "strategy"):  # the first call: before TF initialises its devices
+        if not hasattr(self, "device"):  # the first call: before TF initialises its devices
             self.policy_tags = devices.configure(self.spec.precision,
                                                  policy.cpu_threads(self.spec.cpu_threads))
             self.device = devices.select(self.spec.hardware)
-            self.strategy = parallel.create(self.spec, self.device)
             if self.spec.nodes > 1:
                 # The worker writes the Result only where RANK is "0" (or unset), as under
                 # torchrun: node 0's worker speaks for every node.
                 os.environ["RANK"] = str(self.spec.node_rank)
         return "gpu" if "GPU" in self.device else "cpu"
+
+    @property
+    def strategy(self) -> tf.distribute.Strategy:
+        """Made on first use, after the worker's refusal check: a refused combination (fsdp,
+        say) configures no logical devices, which a process can do only once."""
+        if "_strategy" not in self.__dict__:
+            self._strategy = parallel.create(self.spec, self.device)
+        return self._strategy
 
     def device_tags(self) -> dict[str, str]:
         tags = {**devices.tags(self.device), "keras": keras.__version__,
