@@ -35,10 +35,13 @@ def main(framework: str, model: str, mode: str, memory: str, devices: str) -> No
     backend.device_kind()
     backend.build(2)
     losses = [backend.loss_value(backend.train_step()) for _ in range(3)]
-    print(json.dumps({"rank": int(os.environ.get("RANK", "0")),
-                      "local": local_elements(framework, backend),
-                      "total": backend.param_count(), "losses": losses,
-                      "state_bytes": backend.state_bytes_per_device()}), flush=True)
+    line = json.dumps({"rank": int(os.environ.get("RANK", "0")),
+                       "local": local_elements(framework, backend),
+                       "total": backend.param_count(), "losses": losses,
+                       "state_bytes": backend.state_bytes_per_device()}) + "\n"
+    # One write of under PIPE_BUF bytes: the ranks share the pipe, and print() may split a line
+    # into two writes, between which the other rank's line lands.
+    os.write(sys.stdout.fileno(), line.encode())
     if framework == "torch":
         from fxtrack.frameworks.torch import parallel
 
