@@ -469,3 +469,42 @@ def test_environment_json_keeps_terraform_variables_and_credential_values_out(mo
     assert env["FXTRACK_NOTE"] == "see ***"
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-6f1c2d3e-aaaa-bbbb-cccc-1234567890ab"
     assert environment.redact_credentials("a " + "Zq8" * 9 + " b") == "a *** b"
+
+
+def test_a_dataset_insert_lost_to_a_concurrent_run_is_tried_again(server, monkeypatch):
+    """Two runs logging the same dataset at once: the server's get-or-create of the dataset row
+    lets both insert it, and the loser gets a unique-constraint error (seen with 8 concurrent
+    syncs on SQLite). That one is tried again and links the dataset; any other refusal is not."""
+    from mlflow.entities import Dataset, DatasetInput
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow.MlflowClient(server.url)
+    exp = client.create_experiment(f"race-{uuid.uuid4().hex[:8]}")
+    run_id = client.create_run(exp).info.run_id
+    datasets = [DatasetInput(Dataset(name="synthetic-vit", digest="seed0-2x3x32x32",
+                                     source_type="code", source="{}"))]
+    real, calls = client.log_inputs, []
+
+    def racing(rid, datasets=None, **kw):
+        calls.append(rid)
+        if len(calls) == 1:
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: "
+                                  "datasets.experiment_id, datasets.name, datasets.digest",
+                                  error_code="INVALID_PARAMETER_VALUE")
+        return real(rid, datasets=datasets, **kw)
+
+    monkeypatch.setattr(client, "log_inputs", racing)
+    writer._log_inputs(client, run_id, datasets)
+    assert len(calls) == 2
+    assert [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs] == \
+        ["synthetic-vit"]
+
+    def refused(rid, datasets=None, **kw):
+        calls.append(rid)
+        raise MlflowException("dataset name too long", error_code="INVALID_PARAMETER_VALUE")
+
+    monkeypatch.setattr(client, "log_inputs", refused)
+    calls.clear()
+    with pytest.raises(MlflowException, match="too long"):
+        writer._log_inputs(client, run_id, datasets)
+    assert len(calls) == 1

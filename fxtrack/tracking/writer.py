@@ -504,7 +504,7 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         # splits them); the tags went with create_run
         client.log_batch(run_id, metrics=payload.metrics, params=payload.params)
         if payload.inputs:
-            client.log_inputs(run_id, datasets=list(payload.inputs))
+            _log_inputs(client, run_id, list(payload.inputs))
         files, model = _model_files(record, payload.files)
         _upload(client, run_id, uri, artifact_uri, files)
         if model is not None:
@@ -523,6 +523,24 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
                 pass
         raise
     return run_id
+
+
+_CONCURRENT_INSERT = ("IntegrityError", "UniqueViolation", "UNIQUE constraint failed",
+                      "duplicate key value")
+
+
+def _log_inputs(client: MlflowClient, run_id: str, datasets: list, tries: int = 4) -> None:
+    """log_inputs, again when it lost a race: the server gets-or-creates the dataset row in two
+    steps, so two runs of one experiment logging the same dataset at once can both try to insert
+    it, and the loser's error (HTTP 400, a unique-constraint violation) is not the run's fault;
+    the next try finds the row the winner made."""
+    for attempt in range(tries):
+        try:
+            return client.log_inputs(run_id, datasets=datasets)
+        except mlflow.exceptions.MlflowException as e:
+            if attempt == tries - 1 or not any(m in str(e) for m in _CONCURRENT_INSERT):
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 def _model_files(record: dict[str, Any], files: list[tuple[str, Path | str]]):
