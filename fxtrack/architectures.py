@@ -9,6 +9,9 @@ parameter counts docs/contract.md#groups fixes:
   word embeddings and no pooler (as Hugging Face's ``BertForMaskedLM``): 109,514,298 / 335,174,458.
 - ViT-B/16 and ViT-L/16 (Dosovitskiy et al. 2020, class token, learned position embeddings,
   final LayerNorm, linear head, as timm's ``vit_*_patch16_224``): 86,567,656 / 304,326,632.
+- Llama 3.2 1B / Llama 3.1 8B dims (Meta's model cards and configs; Grattafiori et al. 2024):
+  pre-norm RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, no biases; the 1B ties its output
+  projection to the token embedding, the 8B does not: 1,235,814,400 / 8,030,261,248.
 
 Dropout is 0 everywhere: the benchmark measures the same deterministic function in every
 framework (parity tests copy weights across frameworks and compare outputs).
@@ -18,6 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 from typing import Any
+
+_LLAMA_TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, mlp_dim=128, vocab_size=256,
+                   seq_len=32)
 
 # model name -> (family, canonical sizes, tiny overrides). ``size=tiny`` keeps widths and
 # shrinks depth and input: transformers get 2 layers and 32-pixel images or 16-token
@@ -52,6 +58,20 @@ _TABLE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
              num_classes=1000),
         dict(layers=2, image_size=32),
     ),
+    # Decoder LMs. ``size=tiny`` shrinks the widths too (unlike the others): the 1B's embedding
+    # alone is 263M parameters, more than a 2-core CI machine can train in seconds.
+    "llama": (
+        "llama",
+        dict(layers=16, hidden=2048, heads=32, kv_heads=8, mlp_dim=8192, vocab_size=128256,
+             seq_len=2048, rope_theta=500000.0, norm_eps=1e-5, tied_embeddings=True),
+        _LLAMA_TINY,
+    ),
+    "llama_8b": (
+        "llama",
+        dict(layers=32, hidden=4096, heads=32, kv_heads=8, mlp_dim=14336, vocab_size=128256,
+             seq_len=2048, rope_theta=500000.0, norm_eps=1e-5, tied_embeddings=False),
+        _LLAMA_TINY,
+    ),
     # A user's own model (model=custom): no sizes, the builder decides. The dims carry what the
     # worker needs to call it: one "package.module:function" per builder key (torch, keras,
     # jax; a framework's declaration names its key), the builder's kwargs, the optimiser, its lr.
@@ -70,6 +90,8 @@ PARAM_COUNTS = {
     "vit": 86_567_656,
     "vit_large": 304_326_632,
     "bert_large": 335_174_458,
+    "llama": 1_235_814_400,
+    "llama_8b": 8_030_261_248,
 }
 
 CUSTOM = "custom"  # model=custom: a user's model (docs/your-own-model.md)
@@ -81,6 +103,7 @@ USER_KEYS = {
     "resnet": ("image_size", "num_classes"),
     "vit": ("image_size", "num_classes", "patch", "layers", "hidden", "heads", "mlp_dim"),
     "bert": ("layers", "hidden", "heads", "mlp_dim", "seq_len", "vocab_size"),
+    "llama": ("layers", "hidden", "heads", "kv_heads", "mlp_dim", "seq_len", "vocab_size"),
 }
 
 BERT_MASK_TOKEN = 103  # [MASK] in the uncased BERT vocabulary
@@ -92,7 +115,7 @@ class Arch:
     """One resolved architecture: a model name, its family, and every size it needs."""
 
     name: str
-    family: str  # "resnet" | "vit" | "bert" | "custom"
+    family: str  # "resnet" | "vit" | "bert" | "llama" | "custom"
     dims: dict[str, Any]
 
     def __getattr__(self, key: str) -> Any:
@@ -148,7 +171,7 @@ def _check(name: str, fam: str, d: dict[str, Any]) -> None:
     for key, value in d.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ValueError(f"model.{key} must be positive, got {value}")
-    if fam in ("vit", "bert") and d["hidden"] % d["heads"]:
+    if fam in ("vit", "bert", "llama") and d["hidden"] % d["heads"]:
         raise ValueError(f"model.hidden ({d['hidden']}) must be divisible by model.heads ({d['heads']})")
     if fam == "vit" and d["image_size"] % d["patch"]:
         raise ValueError(f"model.image_size ({d['image_size']}) must be divisible by model.patch ({d['patch']})")
@@ -156,3 +179,25 @@ def _check(name: str, fam: str, d: dict[str, Any]) -> None:
         raise ValueError(f"model.image_size must be at least 32 for {name} (it down-samples 32x)")
     if fam == "bert" and d["seq_len"] > d["max_position"]:
         raise ValueError(f"model.seq_len ({d['seq_len']}) exceeds the {d['max_position']} position embeddings")
+    if fam == "llama":
+        if d["heads"] % d["kv_heads"]:
+            raise ValueError(f"model.heads ({d['heads']}) must be a multiple of model.kv_heads "
+                             f"({d['kv_heads']}): each KV head serves a group of query heads")
+        if (d["hidden"] // d["heads"]) % 2:
+            raise ValueError(f"model.hidden / model.heads ({d['hidden'] // d['heads']}) must be "
+                             "even: RoPE rotates pairs of channels")
+
+
+def llama_params(a: Arch) -> dict[str, int]:
+    """A Llama's parameter count from its dims: ``total`` (what the model holds) and ``matmul``
+    (the weights of its matrix multiplies: every projection, and the output projection even when
+    it is tied to the embedding; not the embedding lookup nor the norms): FLOPs count the latter
+    (fxtrack.flops)."""
+    head_dim = a.hidden // a.heads
+    attention = 2 * a.hidden * a.hidden + 2 * a.hidden * a.kv_heads * head_dim  # q, o; k, v
+    mlp = 3 * a.hidden * a.mlp_dim  # gate, up, down (SwiGLU)
+    block = attention + mlp
+    embedding = a.vocab_size * a.hidden
+    norms = (2 * a.layers + 1) * a.hidden  # two RMSNorms per block and the final one
+    total = a.layers * block + norms + embedding * (1 if a.tied_embeddings else 2)
+    return {"total": total, "matmul": a.layers * block + embedding}

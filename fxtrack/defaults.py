@@ -13,9 +13,11 @@ from typing import Optional
 _DEFAULTS = {
     "gpu": {"resnet50": (256, 50, 10), "bert": (64, 50, 10), "vit": (128, 50, 10),
             "vit_large": (64, 50, 10), "bert_large": (32, 50, 10),
+            "llama": (8, 50, 10), "llama_8b": (2, 50, 10),
             "custom": (32, 50, 10)},
     "cpu": {"resnet50": (8, 10, 2), "bert": (4, 10, 2), "vit": (4, 10, 2),
             "vit_large": (2, 5, 2), "bert_large": (2, 5, 2),
+            "llama": (1, 5, 2), "llama_8b": (1, 5, 2),
             "custom": (8, 10, 2)},
 }
 

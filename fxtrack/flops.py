@@ -8,7 +8,7 @@ The tests cross-check these numbers against torch's FlopCounterMode and JAX's co
 
 from __future__ import annotations
 
-from fxtrack.architectures import Arch
+from fxtrack.architectures import Arch, llama_params
 
 
 def _conv(c_in: int, c_out: int, k: int, out_hw: int) -> int:
@@ -55,9 +55,31 @@ def _bert(a: Arch) -> int:
     return flops + 2 * t * a.hidden * a.hidden + 2 * t * a.hidden * a.vocab_size  # MLM head
 
 
+def _llama(a: Arch) -> int:
+    """Per sequence of seq_len tokens, PaLM's convention (as MaxText and torchtitan report MFU):
+    2 x N_matmul x T for the weights, plus 4 x layers x hidden x T^2 for QK^T and AV counted
+    over the full T x T square (causal masking is not discounted). Training: 3x, i.e.
+    6 N T + 12 L H T^2."""
+    t = a.seq_len
+    return 2 * llama_params(a)["matmul"] * t + 4 * a.layers * a.hidden * t * t
+
+
 def forward_flops_per_sample(arch: Arch) -> int:
-    return {"resnet": _resnet, "vit": _vit, "bert": _bert}[arch.family](arch)
+    return {"resnet": _resnet, "vit": _vit, "bert": _bert, "llama": _llama}[arch.family](arch)
 
 
 def train_flops_per_sample(arch: Arch) -> int:
     return 3 * forward_flops_per_sample(arch)
+
+
+def generate_flops_per_sample(arch: Arch, prompt_len: int, new_tokens: int) -> int:
+    """One generated sequence (scenario=generate): the prompt's prefill (the forward above at
+    ``prompt_len`` tokens), then ``new_tokens - 1`` single-token steps through the cache, each
+    2 x N_matmul plus QK^T and AV against the positions cached so far."""
+    a, p = arch, prompt_len
+    if a.family != "llama":
+        raise ValueError(f"scenario=generate has no FLOP count for model family {a.family!r}")
+    per_token = 2 * llama_params(a)["matmul"]
+    prefill = per_token * p + 4 * a.layers * a.hidden * p * p
+    cached = sum(range(p + 1, p + new_tokens))  # keys each decode step attends to
+    return prefill + per_token * (new_tokens - 1) + 4 * a.layers * a.hidden * cached

@@ -66,6 +66,8 @@ def test_size_tiny_shrinks_every_model_from_the_table(model):
     assert arch == architectures.resolve(model, "tiny")
     if arch.family == "resnet":
         assert arch.image_size == 32 and arch.stage_sizes == (3, 4, 6, 3)
+    elif arch.family == "llama":  # widths shrink too: the 1B's embedding alone is 263M
+        assert (arch.layers, arch.hidden, arch.vocab_size, arch.seq_len) == (2, 64, 256, 32)
     else:
         assert arch.layers == 2
         assert arch.image_size == 32 if arch.family == "vit" else arch.seq_len == 16

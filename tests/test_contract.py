@@ -26,7 +26,7 @@ PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on"),
              "checkpoint": ("save", "restore"), "serving_export": ("export",),
              "onnx_export": ("reference", "to_onnx"), "tflite_export": ("reference", "to_tflite"),
              "native_int8": ("reference", "quantize_native"), "calibration": ("matmul_tflops",),
-             "sharded_state": (), "remat": (),
+             "sharded_state": (), "remat": (), "generate": ("prepare",),
              "user_model": ("build", "prepare_inference", "train_flops_per_sample",
                             "forward_flops_per_sample")}
 

@@ -143,6 +143,11 @@ class BertConfig:
 
 
 @dataclasses.dataclass
+class LlamaConfig(BertConfig):
+    kv_heads: int = _arch("kv_heads")  # grouped-query attention: key/value heads
+
+
+@dataclasses.dataclass
 class CustomConfig:
     """model=custom: a user's own model (docs/your-own-model.md). One builder per framework
     family, ``"package.module:function"``, called as ``FUNC(batch_size=B, seed=S, **kwargs)``;
@@ -176,9 +181,12 @@ class ScenarioConfig:
     runner: Optional[str] = None  # "module:function" run in the worker; None: not implemented yet
     dataset_samples: int = 512  # pipeline: samples in the on-disk synthetic dataset
     loader_workers: int = 2  # pipeline: loader processes / parallel calls
+    prompt_len: int = 128  # generate: prompt tokens per sequence (prefill)
+    new_tokens: int = 128  # generate: tokens decoded greedily after the prompt
 
     def __post_init__(self) -> None:
-        _positive("scenario.", dataset_samples=self.dataset_samples)
+        _positive("scenario.", dataset_samples=self.dataset_samples, prompt_len=self.prompt_len,
+                  new_tokens=self.new_tokens)
         if self.loader_workers < 0:
             raise ValueError(f"scenario.loader_workers must be >= 0, got {self.loader_workers}")
 
@@ -285,7 +293,7 @@ _GROUP_SCHEMAS = {
     "size": SizeConfig,
 }
 _MODEL_SCHEMAS = {"resnet": ResNetConfig, "vit": ViTConfig, "bert": BertConfig,
-                  "custom": CustomConfig}
+                  "llama": LlamaConfig, "custom": CustomConfig}
 
 
 def _open_kwargs(schema: type) -> Any:

@@ -39,7 +39,7 @@ def optimizer_choice(arch: Arch, global_batch: int) -> tuple[str, float]:
 
 def attention_tokens(arch: Arch) -> int:
     """Sequence length T the attention layers see: BERT's tokens, or ViT's patches + class."""
-    if arch.family == "bert":
+    if arch.family in ("bert", "llama"):
         return arch.seq_len
     return (arch.image_size // arch.patch) ** 2 + 1
 

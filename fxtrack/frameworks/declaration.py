@@ -42,6 +42,8 @@ CAPABILITIES: dict[str, str] = {
     "remat": "memory=checkpoint: activations recomputed per block (used inside Backend.build)",
     "calibration": "matmul_tflops(backend) -> float: a large square matmul's TFLOP/s at the "
                    "spec's precision (the peak FLOP/s yardstick for MFU)",
+    "generate": "prepare(backend, prompt_len, new_tokens) -> Decoder: the built LM's greedy "
+                "decoding with a KV cache (scenario=generate; fxtrack.frameworks.decoding)",
     "user_model": "build(backend, batch_size): model=custom, the user's builder "
                   "(model.<Framework.model_key>) called and checked, its model, optimiser, "
                   "batch and step set on the backend as its own build sets them; "

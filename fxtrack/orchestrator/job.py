@@ -36,7 +36,8 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         wait_for_idle_s=conf.hardware.wait_for_idle_s, parallel=conf.parallel.value,
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options={"dataset_samples": conf.scenario.dataset_samples,
-                 "loader_workers": conf.scenario.loader_workers},
+                 "loader_workers": conf.scenario.loader_workers,
+                 "prompt_len": conf.scenario.prompt_len, "new_tokens": conf.scenario.new_tokens},
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
     )
 

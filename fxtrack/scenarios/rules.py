@@ -82,6 +82,12 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda c: "runtime=tensorrt with quantize=dynamic_int8",
          lambda c: c.runtime == "tensorrt" and c.quantize == "dynamic_int8",
          "TensorRT's int8 is static (calibrated); use quantize=none"),
+    Rule(lambda c: f"scenario=generate with a {c.family or 'non-LM'} model",
+         lambda c: c.scenario == "generate" and c.family not in ("llama", ""),
+         "generation needs a decoder LM; use model=llama (or llama_8b)"),
+    Rule(lambda c: f"scenario=generate with devices={c.devices * c.nodes}",
+         lambda c: c.scenario == "generate" and c.devices * c.nodes > 1,
+         "generation runs on one device; set devices=1"),
     Rule(lambda c: "runtime=tensorrt on a CPU",
          lambda c: c.runtime == "tensorrt" and c.device_kind == "cpu",
          "TensorRT needs an NVIDIA GPU (it has no CPU path); on a CPU use runtime=onnxruntime "
@@ -116,6 +122,8 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
             what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
                     else f"runtime={c.runtime}")
             return str(framework.unsupported(needed, what, version))
+    if c.scenario == "generate" and not framework.has("generate"):
+        return str(framework.unsupported("generate", "scenario=generate", version))
     for limit in framework.limits:
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"

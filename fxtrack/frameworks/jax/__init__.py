@@ -54,6 +54,7 @@ FRAMEWORK = Framework(
         "user_model": "fxtrack.frameworks.jax.user_model",
     },
     absent={
+        "generate": "not implemented yet",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "

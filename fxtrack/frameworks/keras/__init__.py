@@ -67,6 +67,7 @@ FRAMEWORK = Framework(
         "user_model": "fxtrack.frameworks.keras.user_model",
     },
     absent={
+        "generate": "not implemented yet",
         "pipeline": "not implemented for keras yet",
         "checkpoint": "not implemented for keras yet",
         "serving_export": "not implemented for keras yet",

@@ -47,6 +47,7 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
+        "generate": "not implemented yet",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
                        "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "sharded_state": "tf.distribute has no sharded-state strategy (ParameterServerStrategy "

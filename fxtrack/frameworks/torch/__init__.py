@@ -36,6 +36,7 @@ FRAMEWORK = Framework(
               INT8_CPU_ONLY),
     ),
     absent={
+        "generate": "not implemented yet",
         "tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert through "
                          "TensorFlow); use runtime=onnxruntime",
     },
