@@ -3,7 +3,7 @@
 # slurm-wlm + munge (Debian), starts munged, slurmctld and slurmd as root with a generated
 # slurm.conf whose state and logs live in $FXTRACK_SLURM_DIR. Runs in a container as root.
 # Idempotent: a second call restarts the daemons. `.ci/slurm.sh stop` stops them.
-# The essentials (the README's SLURM recipe): proctrack/linuxproc and task/none because a
+# The essentials (docs/slurm.md's recipe): proctrack/linuxproc and task/none because a
 # container has no cgroup control; cons_tres so two 1-CPU jobs share the 2-CPU node; no
 # accounting storage (sacct cannot answer, so tests judge jobs by squeue and MLflow).
 set -euo pipefail
