@@ -8,7 +8,7 @@ what the run must hold at the least, so that a refusal is never a guess.
   (AdamW: two fp32 moments, 8 B; SGD with momentum: 4 B). Every framework here keeps fp32 master
   weights under bf16 / fp16 (torch autocast, Keras mixed policies, JAX's fp32 parameters cast
   per step), plus a compute-dtype copy of the weights (2 B) while it runs. ``parallel=fsdp``
-  divides the state (not the copy nor the activations) by the devices it shards over.
+  divides the state and the copy (not the activations) by the devices it shards over.
 - Activations kept for the backward pass (decoder LMs; other families: state only): per layer
   and token, the two norms' inputs and outputs, q, k, v, the attention output, and the SwiGLU
   gate, up, activation and product, i.e. ``6 hidden + 2 kv_dim + 4 mlp_dim`` values in the
@@ -102,7 +102,8 @@ def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int 
     state = {"weights": 4.0 * n, "gradients": 4.0 * n,
              f"{'AdamW moments' if opt == 'adamw' else 'SGD momentum'}": OPTIMISER_BYTES[opt] * n}
     parts = {k: v / shards for k, v in state.items()}
-    parts.update(copy)
+    # fsdp casts and gathers one unit at a time: a floor counts the copy of the shard only
+    parts.update({k: v / shards for k, v in copy.items()})
     if llama:
         tokens = batch * arch.seq_len
         kv_dim = arch.kv_heads * (arch.hidden // arch.heads)
