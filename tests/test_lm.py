@@ -293,3 +293,27 @@ def test_the_report_shows_lm_runs_side_by_side_with_intervals_when_repeated():
     page = render.markdown(render.Report("r", [], [lm.section(frame, runs)], []))
     assert "## Language models" in page and "decode tokens/s" in page
     assert lm.section(frame, runs[runs["model"] == "vit"]) is None
+
+
+def test_fxtrack_report_writes_the_lm_tables(tmp_path, monkeypatch):
+    pytest.importorskip("mlflow")
+    from fxtrack.report.cli import main
+    from fxtrack.tracking import reader
+
+    frame = _frame([{"fw": "torch", "metrics": _train(2000.0)},
+                    {"fw": "jax", "scenario": "generate", "metrics": GEN}])
+    monkeypatch.setattr(reader, "load_runs", lambda uri, experiment, filter_string: frame)
+    assert main(["--uri", f"sqlite:///{tmp_path / 'x.db'}", "--out", str(tmp_path),
+                 "--format", "md"]) == 0
+    page = (tmp_path / "report.md").read_text()
+    assert "### Language models: train, fp32, x1, cpu" in page
+    assert "### Language models: generate, fp32, x1, cpu" in page and "1,333.0" in page
+
+
+def test_the_available_memory_can_be_replaced_or_the_check_skipped(monkeypatch):
+    monkeypatch.setenv(memory.MEMORY_ENV, "10")
+    assert memory.available("cpu", 2) == memory.Available(10 * GIB, memory.MEMORY_ENV, 2)
+    assert memory.available("gpu", 2) == memory.Available(10 * GIB, memory.MEMORY_ENV, 1)
+    monkeypatch.setenv(memory.MEMORY_ENV, "off")
+    assert memory.available("cpu", 1) is None
+    assert memory.refusal(LLAMA, "train", "fp32", None, "cpu") is None  # skipped
