@@ -81,7 +81,8 @@ def test_explicit_model_keys_override_the_table_and_size():
     assert arch.mlp_dim == 3072  # untouched keys still come from the table
 
 
-def test_canonical_models_are_recognised_as_canonical():
+def test_canonical_models_are_recognised_as_canonical(monkeypatch):
+    monkeypatch.setenv("FXTRACK_MEMORY_GIB", "off")  # canonical llama may not fit this machine
     for model in architectures.MODELS:
         assert validate(composed(f"model={model}"))[1].canonical
 

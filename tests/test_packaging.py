@@ -91,7 +91,7 @@ def test_users_add_options_from_their_own_config_dir(tmp_path, user_dir, how):
 def test_help_lists_the_users_options(tmp_path, user_dir):
     proc = cli("--help", cwd=tmp_path, env={"FXTRACK_CONFIG_DIR": str(user_dir)})
     assert "hardware: auto, cluster_gpu, cpu, gpu" in proc.stdout
-    assert "experiment: nightly, seeds_table" in proc.stdout
+    assert "experiment: lm_table, nightly, seeds_table" in proc.stdout
 
 
 def test_a_user_model_naming_an_unknown_architecture_fails_clearly(tmp_path, user_dir):
@@ -215,7 +215,7 @@ def test_the_wheel_works_from_any_directory(tmp_path):
     assert str(REPO) not in where and "site-packages" in where  # the wheel, not the tree
     version = run(str(bindir / "fxtrack"), "--version").stdout.strip()
     assert version == f"fxtrack {fxtrack.__version__}"
-    assert "experiment: seeds_table" in run(str(bindir / "fxtrack"), "--help").stdout
+    assert "experiment: lm_table, seeds_table" in run(str(bindir / "fxtrack"), "--help").stdout
     doctor = run(str(bindir / "fxtrack"), "doctor")
     assert "torch" in doctor.stdout and "not installed" in doctor.stdout
 

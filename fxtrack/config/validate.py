@@ -29,9 +29,18 @@ class Refused(ConfigError):
     stops, a sweep skips the cell as not supported. Carries the checked config and its
     architecture, so that the cell can be named like the runs."""
 
+    headline = "not supported"  # how a single run's refusal starts (orchestrator.app)
+
     def __init__(self, why: str, conf: FxtrackConfig, arch: architectures.Arch) -> None:
         super().__init__(why)
         self.conf, self.arch = conf, arch
+
+
+class WontFit(Refused):
+    """A config whose run cannot fit the device's memory (``fxtrack.config.memory``): refused
+    like a combination without a path, so that a sweep skips the cell."""
+
+    headline = "will not fit in memory"
 
 
 def valid_keys(frameworks: Iterable[str]) -> set[str]:
@@ -127,7 +136,22 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     why = refusal(conf, arch) or user_model_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
+    why = memory_refusal(conf, arch)
+    if why is not None:
+        raise WontFit(why, conf, arch)
     return conf, arch
+
+
+def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
+    """Why the run cannot fit its device's memory, from the architecture table, or None."""
+    from fxtrack.config import memory
+
+    s = conf.scenario
+    return memory.refusal(
+        arch, s.name, conf.precision.name, conf.batch_size,
+        expected_device_kind(conf.hardware.name), devices=conf.devices,
+        nodes=conf.hardware.nodes, parallel=conf.parallel.value, memory=conf.memory.value,
+        size=conf.size.name, prompt_len=s.prompt_len, new_tokens=s.new_tokens)
 
 
 def user_model_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

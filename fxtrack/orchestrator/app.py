@@ -35,7 +35,7 @@ def task(cfg: DictConfig) -> None:
         if multirun:  # the sweep listed it up front: a NOT SUPPORTED cell, no worker, no run
             skip(hc, e)
             return
-        print(f"fxtrack: not supported, nothing was run: {e}", file=sys.stderr)
+        print(f"fxtrack: {e.headline}, nothing was run: {e}", file=sys.stderr)
         sys.exit(2)
     except ConfigError as e:
         print(f"fxtrack: invalid config: {e}", file=sys.stderr)

@@ -54,7 +54,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri
-    from fxtrack.report import charts, claims, cost, levers, render, select, tables, trend, verdicts
+    from fxtrack.report import (charts, claims, cost, levers, lm, render, select, tables, trend,
+                                verdicts)
     from fxtrack.tracking import reader, writer
 
     uri = args.uri or writer.tracking_uri(None, os.getcwd())
@@ -86,7 +87,8 @@ def main(argv: list[str]) -> int:
             "each figure is the latest finished run of its framework, model, scenario, "
             "precision, device count and hardware"]
     verdict = verdicts.table(runs, args.min_repeats)
-    sections = tables.sections(runs) + levers.sections(frame)  # levers: every variant, raw frame
+    sections = tables.sections(runs) + [s for s in [lm.section(frame, runs)] if s]
+    sections += levers.sections(frame)  # levers: every variant, raw frame
     sections += cost.section(runs) + [s for s in [claims.section(frame)] if s]
     if verdict:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]

@@ -34,7 +34,7 @@ TAGS = {
 SERIES = {"step_time_ms", "loss"}
 # Report order of scenarios and precisions (frameworks: their declared report_order, frameworks()); any
 # other value follows alphabetically.
-SCENARIO_ORDER = ("train", "inference", "scaling", "pipeline", "checkpoint")
+SCENARIO_ORDER = ("train", "inference", "generate", "scaling", "pipeline", "checkpoint")
 PRECISION_ORDER = ("fp32", "bf16", "fp16")
 
 

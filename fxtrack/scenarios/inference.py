@@ -10,7 +10,7 @@ from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.scenarios import deploy
 from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import param_guard, user_flops
+from fxtrack.scenarios.train import lm_metrics, param_guard, user_flops
 
 
 def run(backend: Backend, result: Result) -> None:
@@ -27,5 +27,6 @@ def run(backend: Backend, result: Result) -> None:
             run_timed(backend, result, lambda: inference.prepare(backend),
                       flops.forward_flops_per_sample(backend.arch))
     result.metrics.update(deploy.latency_metrics(result.metrics))
+    result.metrics.update(lm_metrics(backend.arch, result.metrics))
     if result.guard == "ok":
         result.guard = param_guard(backend.arch, int(result.metrics["param_count"]))

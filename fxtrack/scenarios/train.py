@@ -19,6 +19,7 @@ def run(backend: Backend, result: Result) -> None:
                         else flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
     result.metrics.update(loss_first=losses[0], loss_last=losses[-1])
+    result.metrics.update(lm_metrics(backend.arch, result.metrics))
     state = backend.state_bytes_per_device()
     if state is not None:  # every process of the run takes this branch or none does
         result.metrics["state_mib_per_device"] = backend.reduce_max(state / 2**20)
@@ -29,6 +30,14 @@ def run(backend: Backend, result: Result) -> None:
         # a loss that is not finite still fails the guard.
         result.tags["loss_not_falling"] = result.guard
         result.guard = "ok"
+
+
+def lm_metrics(arch: architectures.Arch, metrics: dict[str, float]) -> dict[str, float]:
+    """A decoder LM's rate in what LM people read: ``tokens_per_s`` = sequences/s x seq_len
+    (every position is a predicted token); nothing for other families."""
+    if arch.family != "llama" or "throughput_samples_per_s" not in metrics:
+        return {}
+    return {"tokens_per_s": metrics["throughput_samples_per_s"] * arch.seq_len}
 
 
 def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], float]:
