@@ -89,11 +89,12 @@ def test_generate_run_reports_decode_figures(spec_factory):
     assert result.tags["attention"].startswith("sdpa")
 
 
-def _decoder(arch: architectures.Arch, prompt_len: int = 8, new_tokens: int = 8):
+def _decoder(arch: architectures.Arch, prompt_len: int = 8, new_tokens: int = 8, **spec_fields):
     """The worker's backend and its decoder, with the weights of Hugging Face's reference (std
     0.2: hf_reference says why) copied in."""
     reference = hf_reference(arch, seed=0, std=0.2)
-    spec = job_spec("torch", "llama", arch=dict(tied_embeddings=arch.tied_embeddings), **GENERATE)
+    spec = job_spec("torch", "llama", arch=dict(tied_embeddings=arch.tied_embeddings),
+                    **GENERATE, **spec_fields)
     backend = backend_class(spec)(spec)
     backend.device_kind()
     backend.build(2)
@@ -155,6 +156,7 @@ def test_fsdp_shards_llama_and_keeps_the_math():
     for rank, shard in fsdp.items():
         assert shard["total"] == ddp[rank]["total"] == ddp[rank]["local"]
         assert shard["local"] == pytest.approx(shard["total"] / 2, rel=0.01)
+        assert shard["state_bytes"] == pytest.approx(ddp[rank]["state_bytes"] / 2, rel=0.01)
         assert shard["losses"] == pytest.approx(ddp[rank]["losses"], abs=TOL)
         assert shard["losses"][-1] < shard["losses"][0]
 
@@ -167,3 +169,23 @@ def test_remat_on_two_ranks_matches_none():
     remat = ranks("torch", "llama", "ddp", "checkpoint", 29573)
     for rank, line in remat.items():
         assert line["losses"] == pytest.approx(none[rank]["losses"], abs=TOL)
+
+
+def test_compiled_decode_captures_whole_and_never_recompiles(monkeypatch):
+    """framework.compile=true (the GPU's rule) on a CPU: dynamo must capture prefill and step as
+    one graph each (fullgraph) and the static cache must keep the step from recompiling as the
+    position moves; aot_eager stands in for inductor (the capture is the same, the C++ build
+    minutes are not)."""
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    torch._dynamo.reset()
+    arch = architectures.resolve("llama", "tiny")
+    _, decoder = _decoder(arch, compile=True)
+    assert decoder._step != decoder._step_fn  # the compiled wrapper, not the eager method
+    prompt = _prompt(arch)
+    expected = decoder.uncached(prompt, 8)
+    np.testing.assert_array_equal(_greedy(decoder, prompt, 8), expected)
+    np.testing.assert_array_equal(_greedy(decoder, prompt, 8), expected)
+    torch._dynamo.reset()
