@@ -34,8 +34,11 @@ class TorchBackend(Backend):
             if self.arch.family in ("vit", "bert", "llama"):
                 dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
                 llama = self.arch.family == "llama"  # causal, grouped-query
+                tokens = attention_tokens(self.arch)
+                if self.spec.scenario == "generate":  # the prompt's prefill, not seq_len
+                    tokens = int(self.spec.options["prompt_len"])
                 tags["attention"] = devices.sdpa_backend(
-                    self.arch.heads, attention_tokens(self.arch), self.arch.hidden // self.arch.heads,
+                    self.arch.heads, tokens, self.arch.hidden // self.arch.heads,
                     dtype, self.device, self.arch.kv_heads if llama else None, causal=llama)
         return tags
 
