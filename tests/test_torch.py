@@ -20,6 +20,7 @@ from conftest import backend_class  # noqa: E402
 def test_canonical_parameter_counts(model):
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
         net = models.build(architectures.resolve(model))
+    assert all(p.is_meta for p in net.parameters())  # llama_8b's 32 GB of fp32 never allocated
     assert sum(p.numel() for p in net.parameters() if p.requires_grad) == \
         architectures.PARAM_COUNTS[model]
 

@@ -29,6 +29,7 @@ FRAMEWORK = Framework(
         "remat": "fxtrack.frameworks.torch.models",
         "calibration": "fxtrack.frameworks.torch.devices",
         "user_model": "fxtrack.frameworks.torch.user_model",
+        "generate": "fxtrack.frameworks.torch.generate",
     },
     limits=(
         Limit("quantize=dynamic_int8 with runtime=native on a GPU",
@@ -36,7 +37,6 @@ FRAMEWORK = Framework(
               INT8_CPU_ONLY),
     ),
     absent={
-        "generate": "not implemented yet",
         "tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert through "
                          "TensorFlow); use runtime=onnxruntime",
     },

@@ -31,11 +31,15 @@ class TorchBackend(Backend):
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile,
                                                                    self.spec.compile_mode)
-            if self.arch.family in ("vit", "bert"):
+            if self.arch.family in ("vit", "bert", "llama"):
                 dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
+                llama = self.arch.family == "llama"  # causal, grouped-query
+                tokens = attention_tokens(self.arch)
+                if self.spec.scenario == "generate":  # the prompt's prefill, not seq_len
+                    tokens = int(self.spec.options["prompt_len"])
                 tags["attention"] = devices.sdpa_backend(
-                    self.arch.heads, attention_tokens(self.arch), self.arch.hidden // self.arch.heads,
-                    dtype, self.device)
+                    self.arch.heads, tokens, self.arch.hidden // self.arch.heads,
+                    dtype, self.device, self.arch.kv_heads if llama else None, causal=llama)
         return tags
 
     def reduce_max(self, value: float) -> float:

@@ -92,7 +92,7 @@ def matmul_tflops(backend) -> float:
 
 
 def sdpa_backend(heads: int, tokens: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device) -> str:
+                 device: torch.device, kv_heads: Optional[int] = None, causal: bool = False) -> str:
     """The ``fxtrack.attention`` tag: the kernel ``F.scaled_dot_product_attention`` dispatches
     to for the model's (B, heads, T, head_dim) shape and dtype on ``device``, as torch's own
     dispatcher chooses it (``torch._fused_sdp_choice``: private, so an unknown answer is
@@ -100,8 +100,11 @@ def sdpa_backend(heads: int, tokens: int, head_dim: int, dtype: torch.dtype,
     from torch.nn.attention import SDPBackend
 
     q = torch.zeros(1, heads, tokens, head_dim, dtype=dtype, device=device)
-    try:
-        choice = SDPBackend(torch._fused_sdp_choice(q, q, q)).name.lower()
+    kv = q if kv_heads is None else torch.zeros(1, kv_heads, tokens, head_dim, dtype=dtype,
+                                                device=device)
+    try:  # a decoder's call: causal, grouped K/V (the kernels that take GQA differ)
+        choice = SDPBackend(torch._fused_sdp_choice(
+            q, kv, kv, is_causal=causal, enable_gqa=kv_heads is not None)).name.lower()
     except Exception:  # noqa: BLE001 -- private API: absent or changed is not an error
         return "sdpa"
     return f"sdpa:{choice}"

@@ -1,8 +1,10 @@
-"""ResNet-50 v1.5, ViT and BERT (masked-LM) as PyTorch ``nn.Module``s, sized by ``Arch``."""
+"""ResNet-50 v1.5, ViT, BERT (masked-LM) and a Llama decoder as PyTorch ``nn.Module``s, sized by
+``Arch``."""
 
 from __future__ import annotations
 
 import functools
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -171,6 +173,131 @@ class Bert(nn.Module):
         return F.linear(x, self.word_embeddings.weight, self.mlm_bias)  # tied decoder
 
 
+# ----------------------------------------------------------------------------- Llama decoder
+# Parameter names follow Hugging Face's LlamaForCausalLM up to a prefix table
+# (tests/convert_llama.py): embed_tokens, blocks.i.attn.{q,k,v,o}_proj, blocks.i.mlp.{gate,up,
+# down}_proj, blocks.i.{attn,mlp}_norm, norm, lm_head (untied only).
+class RMSNorm(nn.RMSNorm):
+    """RMSNorm computed in fp32 whatever autocast gives it (as Llama's reference does), cast back."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float) -> torch.Tensor:
+    """theta^(-2i/hd) for the hd/2 channel pairs, computed as Hugging Face does (bit-equal cos/sin)."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE pairing: channel i with channel i + hd/2."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class LlamaAttention(nn.Module):
+    """Grouped-query causal attention through SDPA (``enable_gqa``: K/V keep their kv_heads).
+
+    With a ``cache`` (this layer's preallocated (B, kv_heads, L, hd) K and V): ``pos`` None is a
+    prefill from position 0 (K/V written at [0, t), causal attention over the fresh ones); a
+    ``pos`` tensor of t positions writes K/V there and attends over the whole cache, masked to
+    the positions <= each query's (a static shape, so a compiled decode step never recompiles)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, hidden // heads
+        self.q_proj = nn.Linear(hidden, heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * self.head_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[Sequence[torch.Tensor]] = None,
+                pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # autocast's dtype: no fp32 promotion
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        if cache is not None and pos is not None:  # decode: through the whole static cache
+            k_all, v_all = cache
+            k_all.index_copy_(2, pos, k.to(k_all.dtype))
+            v_all.index_copy_(2, pos, v.to(v_all.dtype))
+            mask = torch.arange(k_all.shape[2], device=x.device) <= pos[:, None]  # (t, L)
+            y = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype),
+                                               attn_mask=mask, enable_gqa=True)
+        else:
+            if cache is not None:  # prefill: keep K/V for the decode steps
+                cache[0][:, :, :t] = k
+                cache[1][:, :, :t] = v
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
+
+
+class LlamaMlp(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), no biases."""
+
+    def __init__(self, hidden: int, mlp_dim: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, mlp_dim, bias=False)
+        self.up_proj = nn.Linear(hidden, mlp_dim, bias=False)
+        self.down_proj = nn.Linear(mlp_dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, arch: Arch) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(arch.hidden, eps=arch.norm_eps)
+        self.attn = LlamaAttention(arch.hidden, arch.heads, arch.kv_heads)
+        self.mlp_norm = RMSNorm(arch.hidden, eps=arch.norm_eps)
+        self.mlp = LlamaMlp(arch.hidden, arch.mlp_dim)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                cache: Optional[Sequence[torch.Tensor]] = None,
+                pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, pos)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nn.Module):
+    """Decoder LM: ids (B, T) -> next-token logits (B, T, vocab). ``cache`` (one (K, V) pair per
+    layer) and ``pos`` turn the same forward into a prefill or a decode step (LlamaAttention)."""
+
+    def __init__(self, arch: Arch) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(arch.vocab_size, arch.hidden)
+        self.blocks = nn.ModuleList(LlamaBlock(arch) for _ in range(arch.layers))
+        self.norm = RMSNorm(arch.hidden, eps=arch.norm_eps)
+        self.lm_head = None if arch.tied_embeddings else nn.Linear(arch.hidden, arch.vocab_size,
+                                                                    bias=False)
+        # Not a parameter nor saved: derived from the architecture.
+        self.register_buffer("inv_freq", rope_inv_freq(arch.hidden // arch.heads, arch.rope_theta),
+                             persistent=False)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, ids: torch.Tensor, cache: Optional[Sequence[Sequence[torch.Tensor]]] = None,
+                pos: Optional[torch.Tensor] = None) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device) if pos is None else pos
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hd/2), fp32
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos(), emb.sin()
+        x = self.embed_tokens(ids)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, None if cache is None else cache[i], pos)
+        x = self.norm(x)
+        if self.lm_head is None:  # tied: the output projection is the embedding matrix
+            return F.linear(x, self.embed_tokens.weight)
+        return self.lm_head(x)
+
+
 def checkpoint_blocks(model: nn.Module) -> None:
     """memory=checkpoint: each transformer block / ResNet bottleneck keeps only its input from
     the forward and recomputes its activations in backward (``torch.utils.checkpoint``,
@@ -183,4 +310,4 @@ def checkpoint_blocks(model: nn.Module) -> None:
 
 
 def build(arch: Arch) -> nn.Module:
-    return {"resnet": ResNet, "vit": ViT, "bert": Bert}[arch.family](arch)
+    return {"resnet": ResNet, "vit": ViT, "bert": Bert, "llama": Llama}[arch.family](arch)

@@ -17,7 +17,7 @@ AMP_DTYPES = {"fp32": None, "tf32": None, "bf16": torch.bfloat16, "fp16": torch.
 
 def optimizer(model: nn.Module, arch: Arch, device: torch.device,
               global_batch: int = 256) -> torch.optim.Optimizer:
-    """SGD+momentum for ResNet-50, AdamW for transformers; the fused kernels where they exist."""
+    """SGD+momentum for ResNet-50, AdamW for transformers (Llama too); the fused kernels where they exist."""
     params = [p for p in model.parameters() if p.requires_grad]
     kind, lr = optimizer_choice(arch, global_batch)
     if kind == "sgd":
@@ -39,6 +39,8 @@ def loss_fn(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     if "images" in batch:
         return F.cross_entropy(model(batch["images"]).float(), batch["labels"])
     logits = model(model_input(batch)).float()  # (B, T, vocab)
+    if "mlm_labels" not in batch:  # a decoder LM: mean next-token cross-entropy, every position
+        return F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten())
     ce = F.cross_entropy(logits.flatten(0, 1), batch["mlm_labels"].flatten(), reduction="none")
     w = batch["mlm_weights"].flatten()
     return (ce * w).sum() / w.sum()
