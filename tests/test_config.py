@@ -113,7 +113,7 @@ def test_value_errors_name_the_key(overrides, message):
     ("+batchsize=8", "unknown config key 'batchsize'; did you mean batch_size?"),
     ("model.layerz=2", "unknown config key 'model.layerz'; did you mean model.layers?"),
     ("framework=mxnet", "framework=mxnet: no such option; framework is one of jax, keras, tensorflow, torch"),
-    ("model=nonsense", "model=nonsense: no such option; model is one of bert, bert_large, custom, resnet50,"),
+    ("model=nonsense", "model=nonsense: no such option; model is one of bert, bert_large, custom, llama, llama_8b, resnet50,"),
     ("precision=fp64", "precision=fp64: no such option; precision is one of bf16, fp16, fp32, tf32"),
     ("parallel=zero3", "Invalid value 'zero3', expected one of [ddp, fsdp]"),
     ("runtime=tvm", "expected one of [native, onnxruntime, tflite, openvino, tensorrt]"),
