@@ -184,6 +184,7 @@ def test_worker_generates(tmp_path):
                           options={"prompt_len": PROMPT, "new_tokens": NEW}))
     assert result.status == "FINISHED", result.error
     assert result.guard == "ok"
+    assert result.tags["compile_mode"] == "jit"
     m = result.metrics
     for key in ("ttft_ms_p50", "ttft_ms_p90", "decode_ms_per_token_p50",
                 "decode_ms_per_token_p90", "decode_tokens_per_s", "tokens_per_s"):
@@ -214,3 +215,14 @@ def test_remat_llama_matches_none():
     none = ranks("jax", "llama", "ddp", "none", 0)[0]["losses"]
     assert ranks("jax", "llama", "ddp", "checkpoint", 0)[0]["losses"] == pytest.approx(none,
                                                                                       abs=TOL)
+
+
+@pytest.mark.slow  # ~25 s on 2 busy cores: each primitive's first dispatch compiles it
+def test_worker_generates_op_by_op(tmp_path):
+    """compile=false decodes op by op, as the training step ran (the fewest steps and tokens
+    that still decode through the cache)."""
+    result = run(job_spec("jax", "llama", tmp_path, compile=False, scenario="generate",
+                          runner="fxtrack.scenarios.generate:run", steps=1,
+                          options={"prompt_len": PROMPT, "new_tokens": 3}))
+    assert result.status == "FINISHED", result.error
+    assert result.guard == "ok" and result.tags["compile_mode"] == "op-by-op"

@@ -46,10 +46,13 @@ class JaxDecoder:
         self.cache = jax.device_put(model.init_cache(backend.batch_size, self.length, dtype),
                                     backend.replicated)
         self.pos: Any = None
-        # Cache donated (argument 2): each call rewrites it in place.
-        self._prefill = jax.jit(functools.partial(_prefill, self.graphdef), donate_argnums=2)
-        self._step = jax.jit(functools.partial(_step, self.graphdef), donate_argnums=2)
-        self._forward = jax.jit(functools.partial(train.forward, self.graphdef))
+        prefill, step = (functools.partial(f, self.graphdef) for f in (_prefill, _step))
+        if backend.jit:  # cache donated (argument 2): each call rewrites it in place
+            self._prefill = jax.jit(prefill, donate_argnums=2)
+            self._step = jax.jit(step, donate_argnums=2)
+        else:  # compile=false: op by op, as the training step ran (the compile_mode tag)
+            self._prefill, self._step = train._eager(prefill), train._eager(step)
+        self._forward = train.make_forward(self.graphdef, backend.jit)
 
     def prefill(self, prompt: np.ndarray) -> jax.Array:
         token, self.cache, self.pos = self._prefill(self.params, self.stats, self.cache, prompt)
