@@ -77,7 +77,8 @@ class JaxDecoder:
         seq = np.zeros((prompt.shape[0], p + new_tokens), np.int32)
         seq[:, :p] = prompt
         for i in range(new_tokens):
-            logits = self._forward(self.params, self.stats, seq)  # (B, p + new_tokens, vocab)
+            # a copy: on a CPU the array may alias seq, written below
+            logits = self._forward(self.params, self.stats, seq.copy())  # (B, p + N, vocab)
             seq[:, p + i] = np.asarray(jnp.argmax(logits[:, p + i - 1], -1))
         return seq[:, p:]
 
