@@ -1,5 +1,6 @@
-"""Test tooling: copy a PyTorch reference model's weights into the Flax NNX model of the same
-architecture, so that parity tests can compare outputs, losses and gradients.
+"""Test tooling: copy a PyTorch reference model's weights (fxtrack's torch models, or Hugging
+Face's LlamaForCausalLM for the Llama) into the Flax NNX model of the same architecture, so that
+parity tests can compare outputs, losses, gradients and generated tokens.
 
 Torch and Flax modules carry the same attribute names; the few structural differences are
 renamed below, and every tensor is laid out the JAX way (conv OIHW -> HWIO, Linear (out, in) ->
@@ -66,14 +67,56 @@ def torch_to_flax(torch_model: nn.Module, flax_model: nnx.Module) -> None:
         module = modules[owner] if type(modules[owner]) in _LEAVES else None
         path = _flax_path(key, module, leaf)
         value = _layout(module, leaf, tensor.detach().cpu().numpy()) if module else tensor.numpy()
-        node = flax_model
-        for part in path[:-1]:
-            node = node[part] if isinstance(part, int) else getattr(node, part)
-        var = getattr(node, path[-1])
-        if var.shape != value.shape:
-            raise ValueError(f"{key} -> {path}: shape {value.shape} != Flax {var.shape}")
-        var.set_value(jnp.asarray(value, var.dtype))
+        _write(flax_model, path, value, key)
         written.add(path)
     missing = expected - written
     if missing:
         raise ValueError(f"Flax variables not written from torch: {sorted(missing)[:5]}")
+
+
+# Hugging Face LlamaForCausalLM name -> the Flax Llama's path (fxtrack.frameworks.jax.models),
+# and whether the tensor is a Linear weight ((out, in) in torch, (in, out) in Flax).
+_HF_LLAMA = [
+    (r"model\.embed_tokens\.weight", "embed_tokens.embedding", False),
+    (r"model\.layers\.(\d+)\.(input_layernorm|post_attention_layernorm)\.weight",
+     r"blocks.\1.\2.scale", False),
+    (r"model\.layers\.(\d+)\.self_attn\.(q|k|v|o)_proj\.weight",
+     r"blocks.\1.self_attn.\2_proj.kernel", True),
+    (r"model\.layers\.(\d+)\.mlp\.(gate|up|down)_proj\.weight", r"blocks.\1.mlp.\2_proj.kernel",
+     True),
+    (r"model\.norm\.weight", "norm.scale", False),
+    (r"lm_head\.weight", "lm_head.kernel", True),
+]
+
+
+def hf_llama_to_flax(state: dict[str, np.ndarray], flax_model: nnx.Module) -> None:
+    """Overwrite every parameter of the Flax Llama with a Hugging Face LlamaForCausalLM's
+    ``state`` (name -> NumPy array). A tied model's ``lm_head.weight`` is the embedding itself
+    and is skipped; every Flax parameter must be written."""
+    expected = {path for path, _ in nnx.to_flat_state(nnx.state(flax_model, nnx.Param))}
+    written = set()
+    for key, value in state.items():
+        if key == "lm_head.weight" and flax_model.lm_head is None:
+            continue  # tied: the embedding already holds it
+        for pattern, target, linear in _HF_LLAMA:
+            if re.fullmatch(pattern, key):
+                path = tuple(int(n) if n.isdigit() else n
+                             for n in re.sub(pattern, target, key).split("."))
+                break
+        else:
+            raise ValueError(f"no Flax path for Hugging Face parameter {key}")
+        _write(flax_model, path, value.T if linear else value, key)
+        written.add(path)
+    missing = expected - written
+    if missing:
+        raise ValueError(f"Flax parameters not written from Hugging Face: {sorted(missing)[:5]}")
+
+
+def _write(flax_model: nnx.Module, path: tuple, value: np.ndarray, source: str) -> None:
+    node = flax_model
+    for part in path[:-1]:
+        node = node[part] if isinstance(part, int) else getattr(node, part)
+    var = getattr(node, path[-1])
+    if var.shape != value.shape:
+        raise ValueError(f"{source} -> {path}: shape {value.shape} != Flax {var.shape}")
+    var.set_value(jnp.asarray(value, var.dtype))

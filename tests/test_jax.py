@@ -40,8 +40,10 @@ def rel_err(a, b) -> float:
 def test_param_count_matches_canonical(name):
     arch = architectures.resolve(name)
     abstract = nnx.eval_shape(lambda: models.build(arch))  # shapes only, nothing allocated
-    count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
-    assert count == architectures.PARAM_COUNTS[name]
+    leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param))
+    # abstract all the way: llama_8b's 8B float32 parameters (32 GB) would not fit here
+    assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+    assert sum(x.size for x in leaves) == architectures.PARAM_COUNTS[name]
 
 
 def _torch_and_flax(name: str, dtype=np.float32, batch_size: int = 4):

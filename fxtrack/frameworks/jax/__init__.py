@@ -52,9 +52,9 @@ FRAMEWORK = Framework(
         "remat": "fxtrack.frameworks.jax.models",
         "calibration": "fxtrack.frameworks.jax.devices",
         "user_model": "fxtrack.frameworks.jax.user_model",
+        "generate": "fxtrack.frameworks.jax.generate",
     },
     absent={
-        "generate": "not implemented yet",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "

@@ -35,13 +35,15 @@ class JaxBackend(Backend):
         if hasattr(self, "jit"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.jit)
             tags["jax_donation"] = self.donation
-            if self.arch.family in ("vit", "bert"):
+            if self.arch.family in ("vit", "bert", "llama"):
                 dtype = train.COMPUTE_DTYPES[self.spec.precision]
                 if dtype == jnp.float16 and self.device.platform == "cpu":
-                    dtype = jnp.float32  # models.SelfAttention's XLA:CPU fp16 workaround
+                    dtype = jnp.float32  # the attention layers' XLA:CPU fp16 workaround
                 shape = (self.batch_size, attention_tokens(self.arch), self.arch.heads,
                          self.arch.hidden // self.arch.heads)  # (B, T, heads, head_dim) per device
-                tags["attention"] = devices.attention_implementation(shape, dtype)
+                llama = self.arch.family == "llama"  # causal, grouped-query
+                tags["attention"] = devices.attention_implementation(
+                    shape, dtype, self.arch.kv_heads if llama else None, causal=llama)
         return tags
 
     def visible_devices(self) -> list[str]:

@@ -31,22 +31,29 @@ def configure(precision: str) -> dict[str, str]:
                                else os.cpu_count())}
 
 
-def attention_implementation(shape: tuple[int, ...], dtype: Any) -> str:
-    """``"cudnn"`` or ``"xla"``: the ``jax.nn.dot_product_attention`` implementation for q, k, v
-    of ``shape`` (B, T, heads, head_dim) and ``dtype`` on the default backend. cuDNN's fused
-    (flash) attention on a GPU with bf16 / fp16 where it accepts the shape (JAX checks when it
-    traces, so a trial trace on abstract values decides); XLA's composite elsewhere (CPU, fp32,
-    unsupported shapes). The same answer is the ``fxtrack.attention`` tag."""
-    return _attention_implementation(tuple(shape), jnp.dtype(dtype).name, jax.default_backend())
+def attention_implementation(shape: tuple[int, ...], dtype: Any, kv_heads: Optional[int] = None,
+                             causal: bool = False) -> str:
+    """``"cudnn"`` or ``"xla"``: the ``jax.nn.dot_product_attention`` implementation for q of
+    ``shape`` (B, T, heads, head_dim) and ``dtype`` on the default backend, with K and V of
+    ``kv_heads`` heads (grouped-query attention; default: as many as q) and a causal mask if
+    ``causal``. cuDNN's fused (flash) attention on a GPU with bf16 / fp16 where it accepts the
+    shape (JAX checks when it traces, so a trial trace on abstract values decides); XLA's
+    composite elsewhere (CPU, fp32, unsupported shapes). The same answer is the
+    ``fxtrack.attention`` tag."""
+    return _attention_implementation(tuple(shape), jnp.dtype(dtype).name, jax.default_backend(),
+                                     kv_heads or shape[2], causal)
 
 
 @functools.lru_cache(maxsize=None)
-def _attention_implementation(shape: tuple[int, ...], dtype: str, backend: str) -> str:
+def _attention_implementation(shape: tuple[int, ...], dtype: str, backend: str, kv_heads: int,
+                              causal: bool) -> str:
     if backend != "gpu" or dtype not in ("bfloat16", "float16"):
         return "xla"
     q = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
+    kv = jax.ShapeDtypeStruct((*shape[:2], kv_heads, shape[3]), jnp.dtype(dtype))
     try:
-        jax.eval_shape(lambda a: jax.nn.dot_product_attention(a, a, a, implementation="cudnn"), q)
+        jax.eval_shape(lambda a, b: jax.nn.dot_product_attention(
+            a, b, b, is_causal=causal, implementation="cudnn"), q, kv)
     except Exception:  # noqa: BLE001 -- any refusal (shape, dtype, cuDNN version) means XLA
         return "xla"
     return "cudnn"

@@ -1,4 +1,4 @@
-"""ResNet-50 v1.5, ViT and BERT (masked-LM) as Flax NNX modules, sized by ``Arch``.
+"""ResNet-50 v1.5, ViT, BERT (masked-LM) and a Llama decoder as Flax NNX modules, sized by ``Arch``.
 
 Layouts are JAX's: images NHWC, conv kernels HWIO, dense kernels (in, out). ``dtype`` is the
 compute dtype (bf16 / fp16 for mixed precision); parameters are always created in float32.
@@ -268,6 +268,160 @@ class Bert(nnx.Module):
         return logits + self.mlm_bias[...].astype(logits.dtype)
 
 
+# ----------------------------------------------------------------------------- Llama decoder
+def rope(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos and sin (T, head_dim), float32, of the rotary angles at ``positions`` (T,): channel
+    i and i + head_dim/2 share the frequency theta^(-2i/head_dim) (Hugging Face's rotate-half)."""
+    inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
+    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x (B, T, heads, head_dim) rotated: x cos + rotate_half(x) sin."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    return (x * cos + rotated * sin).astype(x.dtype)
+
+
+def _linear(d_in: int, d_out: int, dtype: Dtype, rngs: nnx.Rngs) -> nnx.Linear:
+    """A Llama projection: N(0, 0.02), no bias."""
+    return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=_normal_init, dtype=dtype,
+                      rngs=rngs)
+
+
+def _rms_norm(hidden: int, eps: float, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    """RMSNorm computed (and returned) in float32 whatever the compute dtype, as Llama's
+    reference does; the next projection casts to the compute dtype."""
+    return nnx.RMSNorm(hidden, epsilon=eps, dtype=jnp.float32, rngs=rngs)
+
+
+# A layer's decoding cache: keys and values (B, positions, kv_heads, head_dim), JAX's layout.
+KV = tuple[jax.Array, jax.Array]
+
+
+class LlamaAttention(nnx.Module):
+    """Grouped-query causal self-attention with RoPE through ``jax.nn.dot_product_attention``
+    (K and V keep their ``kv_heads`` heads: it groups the query heads itself)."""
+
+    def __init__(self, arch: Arch, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
+        h, self.heads, self.kv_heads = arch.hidden, arch.heads, arch.kv_heads
+        self.head_dim = h // arch.heads
+        self.q_proj = _linear(h, self.heads * self.head_dim, dtype, rngs)
+        self.k_proj = _linear(h, self.kv_heads * self.head_dim, dtype, rngs)
+        self.v_proj = _linear(h, self.kv_heads * self.head_dim, dtype, rngs)
+        self.o_proj = _linear(self.heads * self.head_dim, h, dtype, rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                 cache: KV | None = None, pos: jax.Array | None = None
+                 ) -> tuple[jax.Array, KV | None]:
+        """(B, T, C) -> (B, T, C), and the cache with this call's keys and values written at
+        ``pos``. Without ``pos`` (training, prefill from position 0) the T positions attend
+        causally among themselves; with it (one decode step, T = 1) the query attends to the
+        cache's first pos + 1 positions, a traced bound: one compiled step for every position."""
+        b, t, _ = x.shape
+        q = apply_rope(self.q_proj(x).reshape(b, t, self.heads, self.head_dim), cos, sin)
+        k = apply_rope(self.k_proj(x).reshape(b, t, self.kv_heads, self.head_dim), cos, sin)
+        v = self.v_proj(x).reshape(b, t, self.kv_heads, self.head_dim)
+        if cache is not None:  # written in place when the caller donates the cache
+            at = (0, 0 if pos is None else pos, 0, 0)
+            cache = tuple(jax.lax.dynamic_update_slice(c, new.astype(c.dtype), at)
+                          for c, new in zip(cache, (k, v)))
+        if x.dtype == jnp.float16 and jax.default_backend() == "cpu":
+            # XLA:CPU has no fp16 x fp16 -> fp32 dot (the scores' accumulation): use fp32 there.
+            q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
+        if pos is None:
+            impl = devices.attention_implementation(q.shape, q.dtype, self.kv_heads, causal=True)
+            y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+        else:  # XLA's: a (B, 1, heads, S) score row, no flash kernel to gain from
+            ck, cv = (c.astype(q.dtype) for c in cache)
+            lengths = jnp.full((b,), pos + 1, jnp.int32)
+            y = jax.nn.dot_product_attention(q, ck, cv, key_value_seq_lengths=lengths,
+                                             implementation="xla")
+        return self.o_proj(y.astype(x.dtype).reshape(b, t, -1)), cache
+
+
+class LlamaMlp(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, mlp_dim: int, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
+        self.gate_proj = _linear(hidden, mlp_dim, dtype, rngs)
+        self.up_proj = _linear(hidden, mlp_dim, dtype, rngs)
+        self.down_proj = _linear(mlp_dim, hidden, dtype, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.down_proj(nnx.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nnx.Module):
+    """Pre-norm decoder block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, arch: Arch, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
+        self.input_layernorm = _rms_norm(arch.hidden, arch.norm_eps, rngs)
+        self.self_attn = LlamaAttention(arch, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = _rms_norm(arch.hidden, arch.norm_eps, rngs)
+        self.mlp = LlamaMlp(arch.hidden, arch.mlp_dim, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+        """Training: (B, T, C) -> (B, T, C), no cache (what memory=checkpoint rematerialises)."""
+        return self.cached(x, cos, sin)[0]
+
+    def cached(self, x: jax.Array, cos: jax.Array, sin: jax.Array, cache: KV | None = None,
+               pos: jax.Array | None = None) -> tuple[jax.Array, KV | None]:
+        y, cache = self.self_attn(self.input_layernorm(x).astype(x.dtype), cos, sin, cache, pos)
+        x = x + y
+        return x + self.mlp(self.post_attention_layernorm(x).astype(x.dtype)), cache
+
+
+class Llama(nnx.Module):
+    """Llama decoder LM: token embedding, pre-norm blocks, final RMSNorm, output projection
+    (the embedding matrix itself when ``tied_embeddings``)."""
+
+    def __init__(self, arch: Arch, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
+        self.head_dim, self.theta = arch.hidden // arch.heads, float(arch.rope_theta)
+        self.embed_tokens = nnx.Embed(arch.vocab_size, arch.hidden, embedding_init=_normal_init,
+                                      dtype=dtype, rngs=rngs)
+        self.blocks = nnx.List(LlamaBlock(arch, dtype=dtype, rngs=rngs)
+                               for _ in range(arch.layers))
+        self.norm = _rms_norm(arch.hidden, arch.norm_eps, rngs)
+        self.lm_head = None if arch.tied_embeddings else _linear(arch.hidden, arch.vocab_size,
+                                                                dtype, rngs)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:  # (B, T) int -> (B, T, vocab)
+        cos, sin = rope(jnp.arange(ids.shape[1]), self.head_dim, self.theta)
+        x = self.embed_tokens(ids)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self._logits(x)
+
+    def _logits(self, x: jax.Array) -> jax.Array:
+        x = self.norm(x).astype(x.dtype)
+        if self.lm_head is None:
+            return self.embed_tokens.attend(x)  # tied: (B, T, hidden) @ (hidden, vocab)
+        return self.lm_head(x)
+
+    def init_cache(self, batch: int, length: int, dtype: Dtype) -> list[KV]:
+        """Zeroed keys and values for ``length`` positions, per layer."""
+        attn = self.blocks[0].self_attn
+        shape = (batch, length, attn.kv_heads, attn.head_dim)
+        return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.blocks]
+
+    def decode(self, ids: jax.Array, cache: list[KV], pos: jax.Array | None = None
+               ) -> tuple[jax.Array, list[KV]]:
+        """Logits of the last position (B, vocab) and the updated cache: the prompt ids (B, T)
+        from position 0 when ``pos`` is None (prefill), else one token per row (B, 1) at the
+        traced position ``pos``."""
+        start = 0 if pos is None else pos
+        cos, sin = rope(start + jnp.arange(ids.shape[1]), self.head_dim, self.theta)
+        x, out = self.embed_tokens(ids), []
+        for block, kv in zip(self.blocks, cache):
+            x, kv = block.cached(x, cos, sin, kv, pos)
+            out.append(kv)
+        return self._logits(x[:, -1:])[:, 0], out
+
+
 _REMAT: dict[type, type] = {}  # block class -> its rematerialised subclass, made once
 
 
@@ -285,5 +439,5 @@ def checkpoint_blocks(model: nnx.Module) -> None:
 
 def build(arch: Arch, dtype: Dtype = jnp.float32, rngs: nnx.Rngs | None = None) -> nnx.Module:
     """The Flax model for ``arch`` with ``dtype`` compute and float32 parameters."""
-    cls = {"resnet": ResNet, "vit": ViT, "bert": Bert}[arch.family]
+    cls = {"resnet": ResNet, "vit": ViT, "bert": Bert, "llama": Llama}[arch.family]
     return cls(arch, dtype=dtype, rngs=rngs or nnx.Rngs(0))

@@ -64,7 +64,8 @@ def optimizer(arch: Arch, global_batch: int = 256) -> optax.GradientTransformati
 
 
 def loss_fn(logits: jax.Array, batch: dict[str, jax.Array]) -> jax.Array:
-    """Cross-entropy in float32: mean over images, or weighted over the masked BERT positions."""
+    """Cross-entropy in float32: mean over images or over every Llama position (next-token
+    labels), or weighted over the masked BERT positions."""
     logits = logits.astype(jnp.float32)  # (B, classes) or (B, T, vocab)
     if "labels" in batch:
         return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
