@@ -147,7 +147,7 @@ def _fake_trials(monkeypatch, rates, frac=0.0):
 
     calls = []
 
-    def trial(fw, python, precision, hardware, threads):
+    def trial(fw, python, precision, hardware, threads, timeout_s):
         calls.append((fw, threads))
         rate = rates(fw, len(calls))
         if rate == "fail":
@@ -166,16 +166,16 @@ def test_a_peak_below_the_achieved_rate_is_measured_again(tmp_path, monkeypatch)
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     calls = _fake_trials(monkeypatch, lambda fw, n: {"torch": 2.0, "tensorflow": None, "jax": 1.0}[fw]
-                         and {"torch": 2.0, "jax": 1.0}[fw] * (10 if n > 7 else 1))
+                         and {"torch": 2.0, "jax": 1.0}[fw] * (10 if n > 3 else 1))
     pythons = {fw: None for fw in calibration.frameworks()}  # each probed with its configured interpreter
     metrics, tags = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, pythons)
-    # 3 trials torch, 1 tensorflow (not installed: no more trials), 3 jax; below 5 TFLOP/s, again
-    assert len(calls) == 14
+    # one quiet probe each (its worker takes the best of 3 timings); below 5 TFLOP/s, again
+    assert len(calls) == 6
     assert metrics["peak_tflops"] == 20.0 and tags["peak_tflops_source"] == "measured:torch"
     assert metrics["framework_matmul_tflops"] == 10.0
     assert metrics["mfu"] == pytest.approx(0.25)
     metrics, _ = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, pythons)
-    assert len(calls) == 14  # cached now, "not installed" included
+    assert len(calls) == 6  # cached now, "not installed" included
 
 
 def test_calibration_takes_the_best_of_several_trials(tmp_path, monkeypatch):
@@ -183,9 +183,10 @@ def test_calibration_takes_the_best_of_several_trials(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     torch_rates = iter([0.5, 0.9, 0.7])  # torch's trials, whatever order frameworks are probed in
-    _fake_trials(monkeypatch, lambda fw, n: next(torch_rates) if fw == "torch" else None)
+    # a busy machine: each probe is contended, so each is tried again (within the budget)
+    _fake_trials(monkeypatch, lambda fw, n: next(torch_rates) if fw == "torch" else None, frac=0.5)
     entries = calibration.calibrate("cpu", "fp32", "cpu", {"torch": None})
-    assert entries["torch"]["tflops"] == 0.9 and not entries["torch"]["contended"]
+    assert entries["torch"]["tflops"] == 0.9 and entries["torch"]["contended"]
 
 
 def test_a_failed_trial_is_skipped_and_all_failed_is_not_cached(tmp_path, monkeypatch):
