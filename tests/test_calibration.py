@@ -72,7 +72,7 @@ def test_a_framework_without_calibration_is_neither_a_failure_nor_cached(tmp_pat
     monkeypatch.setattr(calibration, "frameworks", lambda: ["torch", "keras"])
     calls = []
 
-    def trial(fw, python, precision, hardware, threads, timeout_s):
+    def trial(fw, python, precision, hardware, threads, deadline_s, timeout_s):
         calls.append(fw)
         if fw == "keras":
             return {"installed": True, "supported": False, "reason": "no matmul probe"}, 0.0
@@ -219,6 +219,10 @@ class FakeBackend(Backend):
 def matmul_tflops(backend):
     time.sleep({sleep_s})  # a probe that would not end within any budget
     return 2.0
+
+
+def runner(backend, result):  # a scenario that measures nothing
+    result.metrics["ran"] = 1.0
 """
 
 
@@ -239,6 +243,7 @@ def fake_frameworks(tmp_path, monkeypatch):
             """))
     monkeypatch.setenv("FXTRACK_CONFIG_DIR", str(conf.parent))
     monkeypatch.setenv("PYTHONPATH", str(tmp_path / "pkg"))  # the workers'
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))  # this process's
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(calibration, "_UNCACHED", {})
     monkeypatch.setattr(calibration, "frameworks", lambda: ["slow", "fast"])  # slow first
@@ -246,7 +251,8 @@ def fake_frameworks(tmp_path, monkeypatch):
 
 
 def test_the_budget_stops_a_slow_probe_and_keeps_the_others(fake_frameworks, capsys):
-    budget_s = 12.0  # slow gets half (then stopped), fast the rest: seconds for a tiny worker
+    # slow is stopped when only fast's floor is left: seconds for a worker without a framework
+    budget_s = 6.0 + calibration.FLOOR_S
     pythons = {"slow": None, "fast": None}
     t0 = time.monotonic()
     entries = calibration.calibrate("cpu", "fp32", "cpu", pythons, budget_s=budget_s)
@@ -256,7 +262,7 @@ def test_the_budget_stops_a_slow_probe_and_keeps_the_others(fake_frameworks, cap
     assert entries["fast"]["tflops"] == 2.0
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("[fxtrack] calibrating peak FLOP/s: ")]
-    assert lines[0].startswith("[fxtrack] calibrating peak FLOP/s: slow fp32 ... stopped after")
+    assert lines[0].startswith("[fxtrack] calibrating peak FLOP/s: slow fp32 ... stopped at 6.0 s")
     assert "no MFU" in lines[0]
     assert lines[1].startswith("[fxtrack] calibrating peak FLOP/s: fast fp32 ... 2 TFLOP/s (")
     assert len(lines) == 2  # a stopped probe is not tried again within the budget
@@ -278,15 +284,37 @@ def test_a_contended_or_failed_probe_is_tried_again_only_with_budget_left(tmp_pa
     monkeypatch.setattr(calibration, "frameworks", lambda: ["torch", "jax"])
     calls = []
 
-    def trial(fw, python, precision, hardware, threads, timeout_s):
-        calls.append((fw, timeout_s))
+    def trial(fw, python, precision, hardware, threads, deadline_s, timeout_s):
+        calls.append((fw, deadline_s, timeout_s))
         return (None if fw == "jax" else {"installed": True, "tflops": 1.0}), 0.5  # busy
     monkeypatch.setattr(calibration, "_trial", trial)
     entries = calibration.calibrate("cpu", "bf16", "cpu", {}, budget_s=30.0)
-    assert [fw for fw, _ in calls] == ["torch", "jax"] * calibration.TRIALS  # round by round
-    assert calls[0][1] == pytest.approx(15.0, abs=0.5)  # an equal share of the budget each
+    assert [c[0] for c in calls] == ["torch", "jax"] * calibration.TRIALS  # round by round
+    # sized to an equal share of the budget; stopped when only jax's floor would be left
+    assert calls[0][1:] == pytest.approx((15.0, 30.0 - calibration.FLOOR_S), abs=0.5)
     assert entries["torch"]["contended"] and "jax" not in entries
     assert "torch bf16 again ... 1 TFLOP/s" in capsys.readouterr().err
+
+
+def test_a_framework_the_budget_left_no_time_for_is_not_probed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "_UNCACHED", {})
+    monkeypatch.setattr(calibration, "frameworks", lambda: ["torch", "jax"])
+    monkeypatch.setattr(calibration, "EXIT_S", 0.1)  # the least a probe is started with
+    calls = []
+
+    def trial(fw, python, precision, hardware, threads, deadline_s, timeout_s):
+        calls.append(fw)
+        time.sleep(1.0)  # the whole budget
+        return {"installed": True, "tflops": 1.0}, 0.0
+    monkeypatch.setattr(calibration, "_trial", trial)
+    pythons = {"torch": None, "jax": None}
+    entries = calibration.calibrate("cpu", "fp32", "cpu", pythons, budget_s=1.0)
+    assert calls == ["torch"] and entries["torch"]["tflops"] == 1.0
+    assert "budget was spent" in entries["jax"]["stopped"]
+    assert "jax fp32 ... not probed" in capsys.readouterr().err  # its line too
+    calibration.calibrate("cpu", "fp32", "cpu", pythons)
+    assert calls == ["torch"]  # this process's next run does not wait for it again
 
 
 # ------------------------------------------------------------------------ native precision
@@ -319,3 +347,21 @@ def test_native_precision_on_a_gpu_from_its_compute_capability(monkeypatch):
     assert peak.native_precision("tf32", "gpu", capability=(9, 0)) is True
     monkeypatch.setattr(peak, "gpu_capability", lambda: None)  # no NVML
     assert peak.native_precision("bf16", "gpu") is None
+
+
+@pytest.mark.parametrize("precision, native, tag", [
+    ("bf16", False, "false"), ("fp16", True, "true"), ("fp32", None, None)])
+def test_the_worker_tags_whether_the_runs_precision_is_native(fake_frameworks, tmp_path,
+                                                              monkeypatch, precision, native, tag):
+    from conftest import job_spec
+
+    from fxtrack.worker.__main__ import run
+
+    asked = []
+    monkeypatch.setattr(peak, "native_precision", lambda p, kind: asked.append((p, kind)) or native)
+    spec = job_spec("torch", "vit", tmp_path, package="fastfw", runner="fastfw.backend:runner",
+                    precision=precision)
+    spec.framework = "fast"
+    result = run(spec)
+    assert result.status == "FINISHED", result.error
+    assert asked == [(precision, "cpu")] and result.tags.get("native_precision") == tag

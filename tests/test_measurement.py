@@ -62,6 +62,10 @@ def test_every_cpu_metric_is_logged_and_gpu_ones_are_absent(sweep, framework, sc
     if run.data.tags.get("fxtrack.peak_contended") == "true":  # a busy machine: no MFU, said so
         assert "mfu" not in m
         expected = [k for k in expected if k != "mfu"]
+    stopped = "fxtrack.calibration_stopped" in run.data.tags  # a probe past its time budget
+    if stopped:  # (a busy machine): no MFU, no own rate; the peak only if another framework gave one
+        assert "mfu" not in m and "framework_matmul_tflops" not in m
+        expected = [k for k in expected if k not in ("mfu", "framework_matmul_tflops", "peak_tflops")]
     assert [k for k in expected if k not in m] == []
     assert [k for k in GPU_ONLY if k in m] == []
     assert [k for k in CODE_SIZE if k in m] == []
@@ -74,9 +78,10 @@ def test_every_cpu_metric_is_logged_and_gpu_ones_are_absent(sweep, framework, sc
     if "mfu" in m:
         assert 0 < m["mfu"] <= 1
         assert m["mfu"] == pytest.approx(m["achieved_tflops"] / m["peak_tflops"])
-    assert run.data.tags["fxtrack.peak_tflops_source"].startswith("measured:")
-    assert run.data.tags["fxtrack.peak_calibrated"][:4].isdigit()  # the calibration's UTC date
-    assert m["peak_tflops"] >= m["framework_matmul_tflops"] > 0
+    if not stopped:
+        assert run.data.tags["fxtrack.peak_tflops_source"].startswith("measured:")
+        assert run.data.tags["fxtrack.peak_calibrated"][:4].isdigit()  # the calibration's UTC date
+        assert m["peak_tflops"] >= m["framework_matmul_tflops"] > 0
     assert run.data.tags["fxtrack.status"] == "ok"
 
 
@@ -89,8 +94,8 @@ def test_inference_counts_forward_flops_only(sweep):
 
 
 def test_peak_is_the_same_for_every_framework(sweep):
-    peaks = {r.data.metrics["peak_tflops"] for r in sweep[1].values()}
-    assert len(peaks) == 1
+    peaks = {r.data.metrics.get("peak_tflops") for r in sweep[1].values()}
+    assert len(peaks) == 1  # (None for all where every probe ran past the calibration budget)
 
 
 def test_code_complexity_is_positive_and_differs_between_frameworks():
@@ -147,7 +152,7 @@ def _fake_trials(monkeypatch, rates, frac=0.0):
 
     calls = []
 
-    def trial(fw, python, precision, hardware, threads, timeout_s):
+    def trial(fw, python, precision, hardware, threads, deadline_s, timeout_s):
         calls.append((fw, threads))
         rate = rates(fw, len(calls))
         if rate == "fail":

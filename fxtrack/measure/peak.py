@@ -1,5 +1,7 @@
 """The one peak FLOP/s per device and precision that MFU divides by, the same for every framework:
-the datasheet table, and the calibration cache's location, key and reader.
+the datasheet table, the calibration cache's location, key and reader, and whether the device
+computes a precision natively (``native_precision``: a bf16 run on a CPU without bf16 arithmetic
+is measured as it runs, and tagged).
 
 A known GPU uses its datasheet's dense figure, found by its whole model name. Anything else (a
 CPU, an unknown GPU) uses the best large-matmul rate that any framework reaches there, measured by

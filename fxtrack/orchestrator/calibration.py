@@ -39,6 +39,9 @@ TRIALS = 3  # worker probes per framework at most; the best counts (other work o
 # per-framework rate (framework_matmul_tflops) when one is stopped.
 BUDGET_S = {"cpu": 30.0, "gpu": 120.0}
 EXIT_S = 1.0  # of each probe's share: for its worker to print and exit after the last timing
+# A probe's matmul is sized to an equal share of the time left; a slow start (a framework's
+# import on a busy machine) may run on into the rest, less this floor for each framework after it.
+FLOOR_S = 4.0
 LOCK_TIMEOUT_S = 60  # waiting longer for another process's cache write: this run's entries go uncached
 _FAILED = object()  # the measurement failed: not cached, tried again next time
 # Entries this process measured but did not cache (contended, "not installed" for an interpreter
@@ -107,13 +110,15 @@ def _ask(what: str, framework: str, python: Optional[str], precision: str, hardw
 
 
 def _trial(framework: str, python: Optional[str], precision: str, hardware: str,
-           threads: int, timeout_s: float = 600) -> tuple[Optional[dict], Optional[float]]:
-    """One matmul probe, given ``timeout_s`` seconds: (the worker's answer, ``{"stopped":
-    True}`` when it ran past them, or None when it failed; other processes' share of the
-    probe's cores meanwhile, 0..1, None where /proc cannot be read)."""
+           threads: int, deadline_s: float, timeout_s: float
+           ) -> tuple[Optional[dict], Optional[float]]:
+    """One matmul probe, its timings done within ``deadline_s`` seconds, stopped after
+    ``timeout_s``: (the worker's answer, ``{"stopped": True}`` when it was stopped, or None when
+    it failed; other processes' share of the probe's cores meanwhile, 0..1, None where /proc
+    cannot be read)."""
     with LoadSampler(threads) as load:
         answer, stopped = _ask("matmul", framework, python, precision, hardware, timeout_s,
-                               threads, deadline_s=max(0.0, timeout_s - EXIT_S))
+                               threads, deadline_s=max(0.0, deadline_s - EXIT_S))
     return ({"installed": True, "stopped": True} if stopped else answer), load.other_cpu_frac
 
 
@@ -141,7 +146,7 @@ class _Probes:
         if answer.get("stopped"):
             # Not cached: a quieter machine, or a later command with fewer frameworks, may fit.
             self.entry = dict(base, tflops=None, stopped=budget)
-            return (f"stopped after {self.seconds:.1f} s ({budget}): no rate from this "
+            return (f"{budget}: no rate from this "
                     "framework (not cached); where the peak is measured, its runs log no MFU")
         if "tflops" not in answer:  # no calibration capability: asking again would say the same
             self.entry = dict(base, tflops=None, calibrates=False,
@@ -176,9 +181,10 @@ class _Probes:
 def _measure_all(frameworks_: list[str], pythons: dict[str, Optional[str]], precision: str,
                  hardware: str, threads: int, cpu: bool, budget_s: float) -> dict[str, Any]:
     """Every framework's best probe within ``budget_s`` seconds together, as cache entries
-    (or _FAILED). First one probe each, every one given an equal share of the time left; then,
-    while time is left, another for those whose probes were all contended or failed, where
-    their last probe's time fits in what is left."""
+    (or _FAILED). First one probe each, its matmul sized to an equal share of the time left
+    (stopped past that share plus what the later frameworks' floors leave); then, while time
+    is left, another for those whose probes were all contended or failed, where their last
+    probe's time fits in what is left."""
     start = time.monotonic()
     probes = {fw: _Probes(pythons.get(fw), cpu) for fw in frameworks_}
 
@@ -189,16 +195,25 @@ def _measure_all(frameworks_: list[str], pythons: dict[str, Optional[str]], prec
         todo = frameworks_ if trial == 0 else [
             fw for fw in frameworks_ if probes[fw].again and probes[fw].seconds <= left()]
         for i, fw in enumerate(todo):
-            share = left() / (len(todo) - i)
-            if share <= EXIT_S:
+            later = len(todo) - i - 1
+            share = left() / (later + 1)
+            if share <= EXIT_S and trial:
                 break
             again = " again" if trial else ""
             print(f"[fxtrack] calibrating peak FLOP/s: {fw} {precision}{again} ... ", end="",
                   file=sys.stderr, flush=True)
+            if share <= EXIT_S:  # kept for this process, so a sweep's next run does not wait
+                probes[fw].entry = {"tflops": None, "date": _now(), "other_cpu_frac": None,
+                                    "contended": False, "python": pythons.get(fw) or sys.executable,
+                                    "stopped": f"not probed: the {budget_s:.0f} s budget was spent"}
+                print(f"not probed: the {budget_s:.0f} s calibration budget was spent (not "
+                      "cached)", file=sys.stderr, flush=True)
+                continue
             t0 = time.monotonic()
-            answer, frac = _trial(fw, pythons.get(fw), precision, hardware, threads, share)
+            stop = max(share, left() - FLOOR_S * later)
+            answer, frac = _trial(fw, pythons.get(fw), precision, hardware, threads, share, stop)
             probes[fw].seconds = time.monotonic() - t0
-            budget = f"its {share:.1f} s share of the {budget_s:.0f} s calibration budget"
+            budget = f"stopped at {stop:.1f} s of the {budget_s:.0f} s calibration budget"
             print(probes[fw].add(answer, frac, budget), file=sys.stderr, flush=True)
     return {fw: p.result() for fw, p in probes.items()}
 
