@@ -62,6 +62,10 @@ def test_every_cpu_metric_is_logged_and_gpu_ones_are_absent(sweep, framework, sc
     if run.data.tags.get("fxtrack.peak_contended") == "true":  # a busy machine: no MFU, said so
         assert "mfu" not in m
         expected = [k for k in expected if k != "mfu"]
+    stopped = "fxtrack.calibration_stopped" in run.data.tags  # a probe past its time budget
+    if stopped:  # (a busy machine): no MFU, no own rate; the peak only if another framework gave one
+        assert "mfu" not in m and "framework_matmul_tflops" not in m
+        expected = [k for k in expected if k not in ("mfu", "framework_matmul_tflops", "peak_tflops")]
     assert [k for k in expected if k not in m] == []
     assert [k for k in GPU_ONLY if k in m] == []
     assert [k for k in CODE_SIZE if k in m] == []
@@ -74,9 +78,10 @@ def test_every_cpu_metric_is_logged_and_gpu_ones_are_absent(sweep, framework, sc
     if "mfu" in m:
         assert 0 < m["mfu"] <= 1
         assert m["mfu"] == pytest.approx(m["achieved_tflops"] / m["peak_tflops"])
-    assert run.data.tags["fxtrack.peak_tflops_source"].startswith("measured:")
-    assert run.data.tags["fxtrack.peak_calibrated"][:4].isdigit()  # the calibration's UTC date
-    assert m["peak_tflops"] >= m["framework_matmul_tflops"] > 0
+    if not stopped:
+        assert run.data.tags["fxtrack.peak_tflops_source"].startswith("measured:")
+        assert run.data.tags["fxtrack.peak_calibrated"][:4].isdigit()  # the calibration's UTC date
+        assert m["peak_tflops"] >= m["framework_matmul_tflops"] > 0
     assert run.data.tags["fxtrack.status"] == "ok"
 
 
@@ -89,8 +94,8 @@ def test_inference_counts_forward_flops_only(sweep):
 
 
 def test_peak_is_the_same_for_every_framework(sweep):
-    peaks = {r.data.metrics["peak_tflops"] for r in sweep[1].values()}
-    assert len(peaks) == 1
+    peaks = {r.data.metrics.get("peak_tflops") for r in sweep[1].values()}
+    assert len(peaks) == 1  # (None for all where every probe ran past the calibration budget)
 
 
 def test_code_complexity_is_positive_and_differs_between_frameworks():
@@ -147,7 +152,7 @@ def _fake_trials(monkeypatch, rates, frac=0.0):
 
     calls = []
 
-    def trial(fw, python, precision, hardware, threads):
+    def trial(fw, python, precision, hardware, threads, deadline_s, timeout_s):
         calls.append((fw, threads))
         rate = rates(fw, len(calls))
         if rate == "fail":
@@ -166,16 +171,16 @@ def test_a_peak_below_the_achieved_rate_is_measured_again(tmp_path, monkeypatch)
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     calls = _fake_trials(monkeypatch, lambda fw, n: {"torch": 2.0, "tensorflow": None, "jax": 1.0}[fw]
-                         and {"torch": 2.0, "jax": 1.0}[fw] * (10 if n > 7 else 1))
+                         and {"torch": 2.0, "jax": 1.0}[fw] * (10 if n > 3 else 1))
     pythons = {fw: None for fw in calibration.frameworks()}  # each probed with its configured interpreter
     metrics, tags = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, pythons)
-    # 3 trials torch, 1 tensorflow (not installed: no more trials), 3 jax; below 5 TFLOP/s, again
-    assert len(calls) == 14
+    # one quiet probe each (its worker takes the best of 3 timings); below 5 TFLOP/s, again
+    assert len(calls) == 6
     assert metrics["peak_tflops"] == 20.0 and tags["peak_tflops_source"] == "measured:torch"
     assert metrics["framework_matmul_tflops"] == 10.0
     assert metrics["mfu"] == pytest.approx(0.25)
     metrics, _ = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 5.0, pythons)
-    assert len(calls) == 14  # cached now, "not installed" included
+    assert len(calls) == 6  # cached now, "not installed" included
 
 
 def test_calibration_takes_the_best_of_several_trials(tmp_path, monkeypatch):
@@ -183,9 +188,10 @@ def test_calibration_takes_the_best_of_several_trials(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     torch_rates = iter([0.5, 0.9, 0.7])  # torch's trials, whatever order frameworks are probed in
-    _fake_trials(monkeypatch, lambda fw, n: next(torch_rates) if fw == "torch" else None)
+    # a busy machine: each probe is contended, so each is tried again (within the budget)
+    _fake_trials(monkeypatch, lambda fw, n: next(torch_rates) if fw == "torch" else None, frac=0.5)
     entries = calibration.calibrate("cpu", "fp32", "cpu", {"torch": None})
-    assert entries["torch"]["tflops"] == 0.9 and not entries["torch"]["contended"]
+    assert entries["torch"]["tflops"] == 0.9 and entries["torch"]["contended"]
 
 
 def test_a_failed_trial_is_skipped_and_all_failed_is_not_cached(tmp_path, monkeypatch):

@@ -1,5 +1,7 @@
 """The one peak FLOP/s per device and precision that MFU divides by, the same for every framework:
-the datasheet table, and the calibration cache's location, key and reader.
+the datasheet table, the calibration cache's location, key and reader, and whether the device
+computes a precision natively (``native_precision``: a bf16 run on a CPU without bf16 arithmetic
+is measured as it runs, and tagged).
 
 A known GPU uses its datasheet's dense figure, found by its whole model name. Anything else (a
 CPU, an unknown GPU) uses the best large-matmul rate that any framework reaches there, measured by
@@ -73,6 +75,66 @@ def cpu_model() -> str:
     import platform
 
     return platform.processor() or platform.machine()
+
+
+# /proc/cpuinfo flags of native arithmetic in a precision: x86 AVX-512 and AMX extensions, and
+# Arm's "Features" (bf16: the ARMv8.6 BF16 instructions; asimdhp: ARMv8.2 half-precision SIMD).
+NATIVE_CPU_FLAGS = {"bf16": {"avx512_bf16", "amx_bf16", "bf16"},
+                    "fp16": {"avx512_fp16", "amx_fp16", "asimdhp"}}
+# The CUDA compute capability from which tensor cores take the precision: fp16 from Volta
+# (7.0), bf16 and tf32 from Ampere (8.0).
+NATIVE_GPU_CAPABILITY = {"fp16": (7, 0), "bf16": (8, 0), "tf32": (8, 0)}
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The first processor's flags (x86 ``flags``, Arm ``Features``) in /proc/cpuinfo text."""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
+
+
+def gpu_capability() -> Optional[tuple[int, int]]:
+    """CUDA compute capability of this process's first GPU (NVML, by PCI bus id as
+    fxtrack.measure.nvml maps it); None without NVML or a sure mapping."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 -- no nvidia-ml-py, no driver: unknown
+        return None
+    try:
+        from fxtrack.measure.nvml import handles
+
+        found = handles(pynvml, [0])
+        return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(found[0])) if found else None
+    except Exception:  # noqa: BLE001 -- an older driver without the call: unknown
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def native_precision(precision: str, kind: str, cpuinfo: Optional[str] = None,
+                     capability: Optional[tuple[int, int]] = None) -> Optional[bool]:
+    """Whether the device computes ``precision`` natively (False: emulated or widened, e.g. bf16
+    on a CPU without AVX-512-BF16 / AMX, tf32 on any CPU, which runs it as fp32); None for fp32
+    and where it cannot be told (no /proc/cpuinfo, a GPU without a known compute capability).
+    ``kind``: "cpu" or "gpu"; ``cpuinfo`` / ``capability``: read from this machine when None."""
+    if precision == "fp32":
+        return None
+    if kind == "cpu":
+        if precision == "tf32":
+            return False
+        if cpuinfo is None:
+            try:
+                cpuinfo = Path("/proc/cpuinfo").read_text()
+            except OSError:
+                return None
+        flags = cpu_flags(cpuinfo)
+        return bool(flags & NATIVE_CPU_FLAGS[precision]) if flags else None
+    capability = gpu_capability() if capability is None else capability
+    return None if capability is None else tuple(capability) >= NATIVE_GPU_CAPABILITY[precision]
 
 
 def cache_key(device: str, precision: str, threads: int) -> str:

@@ -1,11 +1,20 @@
 """Peak FLOP/s calibration: each declared framework's large-matmul rate, measured in its own worker,
 and the MFU a run gets against the best of them (or against the datasheet, fxtrack.measure.peak).
 
-Each framework is probed ``TRIALS`` times and the best probe counts. A calibration taken while
-other processes used the cores (``fxtrack.measure.host_load``) serves the run that asked for it but
-is never cached. A framework whose worker answers without ``tflops`` gives no calibration: it is
-neither a failure nor cached. Every framework's own rate is logged too
-(``framework_matmul_tflops``), so a framework that leaves the hardware unused shows it.
+Each framework's worker sizes its matmul to the device and takes the best of three timings
+(``fxtrack.measure.matmul_probe``). All frameworks of one precision share a time budget
+(``BUDGET_S``): each probe sizes its matmul to an equal share of what is left (its deadline) and
+is stopped where it runs into the time the later frameworks need at least (``FLOOR_S`` each); a
+stopped framework has no rate (not cached, so a later command tries again), and where the peak
+is a measured one its runs log no MFU. One progress line per framework goes to
+stderr. A framework is probed again (up to ``TRIALS`` probes) only where every probe so far was
+contended or failed, and only with budget left over once every framework had its first probe.
+
+A calibration taken while other processes used the cores (``fxtrack.measure.host_load``) serves
+the run that asked for it but is never cached. A framework whose worker answers without
+``tflops`` gives no calibration: it is neither a failure nor cached. Every framework's own rate
+is logged too (``framework_matmul_tflops``), so a framework that leaves the hardware unused
+shows it.
 """
 
 from __future__ import annotations
@@ -15,16 +24,26 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 from filelock import FileLock, Timeout
 
-from fxtrack.measure import peak
+from fxtrack.measure import matmul_probe, peak
 from fxtrack.measure.host_load import LoadSampler, is_contended
 from fxtrack.paths import config_dirs
 
-TRIALS = 3  # probes per framework; the best counts (a probe can only lose to other work, not gain)
+TRIALS = 3  # worker probes per framework at most; the best counts (other work only lowers a rate)
+# Seconds for every framework's probe at one precision together. A GPU's frameworks start CUDA,
+# cuBLAS and autotuning first (seconds each), and a GPU with a datasheet entry only loses the
+# per-framework rate (framework_matmul_tflops) when one is stopped. The GPU figure is a margin
+# chosen without a GPU measurement; the CPU one is issue 26's target.
+BUDGET_S = {"cpu": 30.0, "gpu": 120.0}
+EXIT_S = 1.0  # of each probe's share: for its worker to print and exit after the last timing
+# A probe's matmul is sized to an equal share of the time left; a slow start (a framework's
+# import on a busy machine) may run on into the rest, less this floor for each framework after it.
+FLOOR_S = 4.0
 LOCK_TIMEOUT_S = 60  # waiting longer for another process's cache write: this run's entries go uncached
 _FAILED = object()  # the measurement failed: not cached, tried again next time
 # Entries this process measured but did not cache (contended, "not installed" for an interpreter
@@ -56,9 +75,17 @@ def ask_worker(what: str, framework: str, python: Optional[str], precision: str 
                hardware: str = "auto", timeout_s: float = 600,
                threads: Optional[int] = None) -> Optional[dict]:
     """Ask ``framework``'s worker (``python -m fxtrack.worker --describe|--matmul``) under
-    ``python``; its JSON answer, or None when the worker failed. ``threads``: the worker may run
-    on only the first ``threads`` of this process's cores (its affinity, which the worker's
-    thread pools follow)."""
+    ``python``; its JSON answer, or None when the worker failed or ran past ``timeout_s``.
+    ``threads``: the worker may run on only the first ``threads`` of this process's cores (its
+    affinity, which the worker's thread pools follow)."""
+    return _ask(what, framework, python, precision, hardware, timeout_s, threads)[0]
+
+
+def _ask(what: str, framework: str, python: Optional[str], precision: str, hardware: str,
+         timeout_s: float, threads: Optional[int],
+         deadline_s: Optional[float] = None) -> tuple[Optional[dict], bool]:
+    """(ask_worker's answer, whether the worker was stopped at ``timeout_s``). ``deadline_s``:
+    seconds the worker's matmul probe may take from now (``matmul_probe.DEADLINE_ENV``)."""
     cmd = [python or sys.executable, "-m", "fxtrack.worker", f"--{what}", framework,
            framework_package(framework), precision, hardware]
     from fxtrack.environment import worker_environment  # a worker's: no secrets in it
@@ -66,6 +93,8 @@ def ask_worker(what: str, framework: str, python: Optional[str], precision: str 
     env = worker_environment(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         filter(None, [str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH")]))
+    if deadline_s is not None:  # wall-clock seconds: the only clock both processes share
+        env[matmul_probe.DEADLINE_ENV] = repr(time.time() + deadline_s)
     cpus = peak.cpus()
     cores = cpus[:threads] if threads and threads < len(cpus) else None
     preexec = None
@@ -74,46 +103,121 @@ def ask_worker(what: str, framework: str, python: Optional[str], precision: str 
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env,
                              preexec_fn=preexec)
-    except (OSError, subprocess.TimeoutExpired, subprocess.SubprocessError):
-        return None
+    except subprocess.TimeoutExpired:  # subprocess.run has killed the worker
+        return None, True
+    except (OSError, subprocess.SubprocessError):
+        return None, False
     lines = out.stdout.strip().splitlines()
-    return json.loads(lines[-1]) if out.returncode == 0 and lines else None
+    return (json.loads(lines[-1]) if out.returncode == 0 and lines else None), False
 
 
 def _trial(framework: str, python: Optional[str], precision: str, hardware: str,
-           threads: int) -> tuple[Optional[dict], Optional[float]]:
-    """One matmul probe: (the worker's answer or None, other processes' share of the probe's
-    cores meanwhile, 0..1, None where /proc cannot be read)."""
+           threads: int, deadline_s: float, timeout_s: float
+           ) -> tuple[Optional[dict], Optional[float]]:
+    """One matmul probe, its timings done within ``deadline_s`` seconds, stopped after
+    ``timeout_s``: (the worker's answer, ``{"stopped": True}`` when it was stopped, or None when
+    it failed; other processes' share of the probe's cores meanwhile, 0..1, None where /proc
+    cannot be read)."""
     with LoadSampler(threads) as load:
-        answer = ask_worker("matmul", framework, python, precision, hardware, threads=threads)
-    return answer, load.other_cpu_frac
+        answer, stopped = _ask("matmul", framework, python, precision, hardware, timeout_s,
+                               threads, deadline_s=max(0.0, deadline_s - EXIT_S))
+    return ({"installed": True, "stopped": True} if stopped else answer), load.other_cpu_frac
 
 
-def _measure(framework: str, python: Optional[str], precision: str, hardware: str,
-             threads: int, cpu: bool):
-    """Best of TRIALS probes as a cache entry ``{"tflops", "date", "other_cpu_frac",
-    "contended"}`` (tflops None: not installed for ``python``, or, with ``"calibrates": False``,
-    the framework gives no calibration), or _FAILED."""
-    best, fracs, quiet = None, [], False
-    for _ in range(TRIALS):
-        answer, frac = _trial(framework, python, precision, hardware, threads)
+class _Probes:
+    """One framework's probes so far, and the cache entry they make."""
+
+    def __init__(self, python: Optional[str], cpu: bool) -> None:
+        self.python, self.cpu = python, cpu
+        self.best: Optional[float] = None
+        self.fracs: list[Optional[float]] = []
+        self.quiet = False
+        self.entry: Optional[dict] = None  # final: not installed, no calibration, stopped
+        self.seconds = 0.0  # the last probe's wall time
+
+    def add(self, answer: Optional[dict], frac: Optional[float], budget: str) -> str:
+        """Record one probe's answer; what the progress line says about it."""
+        base = {"date": _now(), "other_cpu_frac": frac, "contended": False,
+                "python": self.python or sys.executable}
+        took = f"({self.seconds:.1f} s)"
         if answer is None:
-            continue
+            return f"its worker failed {took}"
         if not answer["installed"]:
-            return {"tflops": None, "date": _now(), "other_cpu_frac": frac, "contended": False,
-                    "python": python or sys.executable}
+            self.entry = dict(base, tflops=None)
+            return f"not installed for {base['python']} {took}"
+        if answer.get("stopped"):
+            # Not cached: a quieter machine, or a later command with fewer frameworks, may fit.
+            self.entry = dict(base, tflops=None, stopped=budget)
+            return (f"{budget}: no rate from this "
+                    "framework (not cached); where the peak is measured, its runs log no MFU")
         if "tflops" not in answer:  # no calibration capability: asking again would say the same
-            return {"tflops": None, "date": _now(), "other_cpu_frac": frac, "contended": False,
-                    "python": python or sys.executable, "calibrates": False,
-                    "reason": answer.get("reason", "")}
-        best = max(best or 0.0, answer["tflops"] or 0.0)
-        fracs.append(frac)
-        # Only a CPU probe competes with other processes for its arithmetic.
-        quiet = quiet or not (cpu and is_contended(frac))
-    if not best:
-        return _FAILED
-    return {"tflops": best, "date": _now(), "contended": not quiet,
-            "other_cpu_frac": max((f for f in fracs if f is not None), default=None)}
+            self.entry = dict(base, tflops=None, calibrates=False,
+                              reason=answer.get("reason", ""))
+            return f"no calibration: {answer.get('reason', '')}"
+        self.best = max(self.best or 0.0, answer["tflops"] or 0.0)
+        self.fracs.append(frac)
+        busy = self.cpu and is_contended(frac)  # only a CPU probe competes with other work
+        self.quiet = self.quiet or not busy
+        note = "" if answer.get("native_precision") is not False else (
+            "; no native support on this device: measured as it runs")
+        return f"{answer['tflops'] or 0.0:.3g} TFLOP/s {took}" + (", contended" if busy else "") \
+            + note
+
+    @property
+    def again(self) -> bool:
+        """Worth another probe: no answer was final and none quiet."""
+        return self.entry is None and not self.quiet
+
+    def result(self):
+        """The cache entry ``{"tflops", "date", "other_cpu_frac", "contended"}`` (tflops None:
+        not installed for ``python``, stopped at its budget (``"stopped"``), or, with
+        ``"calibrates": False``, the framework gives no calibration), or _FAILED."""
+        if self.entry is not None:
+            return self.entry
+        if not self.best:
+            return _FAILED
+        return {"tflops": self.best, "date": _now(), "contended": not self.quiet,
+                "other_cpu_frac": max((f for f in self.fracs if f is not None), default=None)}
+
+
+def _measure_all(frameworks_: list[str], pythons: dict[str, Optional[str]], precision: str,
+                 hardware: str, threads: int, cpu: bool, budget_s: float) -> dict[str, Any]:
+    """Every framework's best probe within ``budget_s`` seconds together, as cache entries
+    (or _FAILED). First one probe each, its matmul sized to an equal share of the time left
+    (stopped past that share plus what the later frameworks' floors leave); then, while time
+    is left, another for those whose probes were all contended or failed, where their last
+    probe's time fits in what is left."""
+    start = time.monotonic()
+    probes = {fw: _Probes(pythons.get(fw), cpu) for fw in frameworks_}
+
+    def left() -> float:
+        return budget_s - (time.monotonic() - start)
+
+    for trial in range(TRIALS):
+        todo = frameworks_ if trial == 0 else [
+            fw for fw in frameworks_ if probes[fw].again and probes[fw].seconds <= left()]
+        for i, fw in enumerate(todo):
+            later = len(todo) - i - 1
+            share = left() / (later + 1)
+            if share <= EXIT_S and trial:
+                break
+            again = " again" if trial else ""
+            print(f"[fxtrack] calibrating peak FLOP/s: {fw} {precision}{again} ... ", end="",
+                  file=sys.stderr, flush=True)
+            if share <= EXIT_S:  # kept for this process, so a sweep's next run does not wait
+                probes[fw].entry = {"tflops": None, "date": _now(), "other_cpu_frac": None,
+                                    "contended": False, "python": pythons.get(fw) or sys.executable,
+                                    "stopped": f"not probed: the {budget_s:.0f} s budget was spent"}
+                print(f"not probed: the {budget_s:.0f} s calibration budget was spent (not "
+                      "cached)", file=sys.stderr, flush=True)
+                continue
+            t0 = time.monotonic()
+            stop = max(share, left() - FLOOR_S * later)
+            answer, frac = _trial(fw, pythons.get(fw), precision, hardware, threads, share, stop)
+            probes[fw].seconds = time.monotonic() - t0
+            budget = f"stopped at {stop:.1f} s of the {budget_s:.0f} s calibration budget"
+            print(probes[fw].add(answer, frac, budget), file=sys.stderr, flush=True)
+    return {fw: p.result() for fw, p in probes.items()}
 
 
 def _now() -> str:
@@ -139,10 +243,12 @@ def store(key: str, entries: dict[str, dict[str, Any]], replace: bool = False) -
 
 
 def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Optional[str]],
-              refresh: bool = False, threads: Optional[int] = None) -> dict[str, dict[str, Any]]:
+              refresh: bool = False, threads: Optional[int] = None,
+              budget_s: Optional[float] = None) -> dict[str, dict[str, Any]]:
     """Every framework's matmul entry on ``device`` at ``precision`` (``tflops`` None: not
-    installed, or no calibration), from the cache, measuring the missing ones (all of them when
-    ``refresh``).
+    installed, no calibration, or stopped at the budget), from the cache, measuring the missing
+    ones (all of them when ``refresh``) within ``budget_s`` seconds (None: ``BUDGET_S`` of the
+    device kind).
 
     ``pythons``: each framework's configured interpreter (None: this one). A framework absent from
     it is probed with this interpreter; if that says "not installed", the answer serves this
@@ -162,15 +268,16 @@ def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Opt
     missing = [fw for fw in frameworks() if fw not in entries]
     if not missing:
         return entries
-    print(f"[fxtrack] calibrating peak FLOP/s on {device} at {precision} ({threads} threads) with "
-          f"{', '.join(missing)}, best of {TRIALS} (cached in {path})", file=sys.stderr, flush=True)
     cpu = hardware == "cpu" or device == "cpu"
-    measured = {fw: _measure(fw, pythons.get(fw), precision, hardware, threads, cpu)
-                for fw in missing}
+    budget_s = BUDGET_S["cpu" if cpu else "gpu"] if budget_s is None else budget_s
+    print(f"[fxtrack] calibrating peak FLOP/s on {device} at {precision} ({threads} threads) with "
+          f"{', '.join(missing)}, at most {budget_s:.0f} s (cached in {path})", file=sys.stderr,
+          flush=True)
+    measured = _measure_all(missing, pythons, precision, hardware, threads, cpu, budget_s)
     measured = {fw: e for fw, e in measured.items() if e is not _FAILED}
     entries.update(measured)
     keep = {fw: e for fw, e in measured.items()
-            if not e["contended"] and e.get("calibrates", True)
+            if not e["contended"] and e.get("calibrates", True) and "stopped" not in e
             and (e["tflops"] is not None or fw in pythons)}
     busy = [fw for fw, e in measured.items() if e["contended"]]
     if busy:
@@ -196,7 +303,9 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
     ``peak_tflops_source``, ``peak_calibrated`` (the measured peak's UTC date), ``mfu_over_1``
     (an MFU above 1 is impossible: the peak or the FLOP count is wrong; never logged silently),
     ``peak_contended`` (the best measured rate was probed while other processes used the cores:
-    no ``mfu`` then, as that rate is what they left over, not the machine's peak)."""
+    no ``mfu`` then, as that rate is what they left over, not the machine's peak),
+    ``calibration_stopped`` (this framework's probe ran past its share of the calibration
+    budget: no ``mfu`` against a measured peak, which may lack this framework's rate)."""
     entries = calibrate(device, precision, hardware, pythons, threads=threads)
     sheet = peak.datasheet(device, precision)
     best_rate = max((_rate(entries, fw) for fw in frameworks()), default=0.0)
@@ -209,6 +318,9 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
     tags: dict[str, str] = {}
     if _rate(entries, framework):
         metrics["framework_matmul_tflops"] = _rate(entries, framework)
+    stopped = (entries.get(framework) or {}).get("stopped")
+    if stopped:
+        tags["calibration_stopped"] = stopped
     # The highest rate; a quiet one wins a tie. A cached quiet entry already replaced this
     # process's contended one of the same framework (calibrate), but a quiet peak below some
     # contended rate is not the machine's: contention only ever lowers a rate.
@@ -222,8 +334,9 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
         entry = entries[best]
         busy = " (contended, not cached)" if entry["contended"] else ""
         tags["peak_calibrated"] = entry["date"] + busy
-        if entry["contended"]:
-            tags["peak_contended"] = "true"
+        if entry["contended"] or stopped:
+            if entry["contended"]:
+                tags["peak_contended"] = "true"
             metrics["peak_tflops"] = peak_tflops  # kept for the record; no MFU against it
             return metrics, tags
     else:

@@ -79,6 +79,12 @@ def run(spec: JobSpec) -> Result:
         if why is not None:
             result.resolved["device_kind"] = kind  # filed with the runs of its hardware
             raise NotSupported(why)
+        from fxtrack.measure.peak import native_precision
+
+        # e.g. bf16 on a CPU without AVX-512-BF16 still runs, emulated: the run says so
+        native = native_precision(spec.precision, kind)
+        if native is not None:
+            result.tags["native_precision"] = str(native).lower()
         import_path(spec.runner)(backend, result)
         result.tags.update(backend.device_tags())
         result.status = "FINISHED"
@@ -95,8 +101,12 @@ def answer_probe(what: str, framework_name: str, package: str, precision: str,
                  hardware: str) -> int:
     """Answer ``--describe`` or ``--matmul`` with one JSON line about this framework, without a
     model: version and visible devices (for ``fxtrack doctor``), or a large matmul's TFLOP/s
-    (its ``calibration`` capability, for the peak FLOP/s calibration). Not installed:
-    ``{"installed": false}``; no calibration: ``"supported": false`` and the declared reason."""
+    (its ``calibration`` capability, for the peak FLOP/s calibration, with
+    ``native_precision`` where it is known). Not installed: ``{"installed": false}``; no
+    calibration: ``"supported": false`` and the declared reason; the probe's deadline
+    (``matmul_probe.DEADLINE_ENV``) passed before it could time anything: ``"stopped": true``."""
+    from fxtrack.measure import matmul_probe, peak
+
     framework = declaration(package)
     # The command line has no room for framework.<key>: the declared defaults.
     settings = {key: setting.default for key, setting in framework.settings.items()}
@@ -116,7 +126,11 @@ def answer_probe(what: str, framework_name: str, package: str, precision: str,
     if what == "--describe":
         answer["devices"] = b.visible_devices()
     elif framework.has("calibration"):
-        answer["tflops"] = b.capability("calibration").matmul_tflops(b)
+        try:
+            answer["tflops"] = b.capability("calibration").matmul_tflops(b)
+        except matmul_probe.OutOfTime:
+            answer["stopped"] = True
+        answer["native_precision"] = peak.native_precision(precision, kind)
     else:
         answer.update(supported=False, reason=str(framework.unsupported("calibration")))
     print(json.dumps(answer))

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import os
-import time
 from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+
+from fxtrack.measure import matmul_probe
 
 # tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
 DTYPES = {"fp32": jnp.float32, "tf32": jnp.float32, "bf16": jnp.bfloat16, "fp16": jnp.float16}
@@ -101,24 +102,23 @@ def visible() -> list[str]:
 
 
 def matmul_tflops(backend) -> float:
-    """Capability ``calibration``: best-of-three rate of a jitted n x n @ n x n matmul at the
-    spec's precision on the backend's device (n = 8192 on a GPU, 2048 on a CPU), the method of
-    the PyTorch backend's ``devices.matmul_tflops``."""
-    device, precision = backend.device, backend.spec.precision
-    n, reps = (8192, 20) if device.platform != "cpu" else (2048, 4)
-    ka, kb = jax.random.split(jax.random.key(0))
-    a, b = (jax.device_put(jax.random.normal(k, (n, n), DTYPES[precision]), device)
-            for k in (ka, kb))
+    """Capability ``calibration``: the rate of a jitted n x n @ n x n matmul at the spec's
+    precision on the backend's device, n sized to the device by ``fxtrack.measure.matmul_probe``
+    (its untimed first run of each size is the compilation for that shape)."""
+    device, dtype = backend.device, DTYPES[backend.spec.precision]
     matmul = jax.jit(jnp.matmul)
-    matmul(a, b).block_until_ready()  # warm-up: compilation, cuBLAS / Eigen initialisation
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            out = matmul(a, b)  # dispatched asynchronously, in order on the device
-        out.block_until_ready()  # note: the host waits for all ``reps`` products here
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * reps / best / 1e12
+
+    def make(n: int):
+        ka, kb = jax.random.split(jax.random.key(0))
+        a, b = (jax.device_put(jax.random.normal(k, (n, n), dtype), device) for k in (ka, kb))
+
+        def run(reps: int) -> None:
+            for _ in range(reps):
+                out = matmul(a, b)  # dispatched asynchronously, in order on the device
+            out.block_until_ready()
+        return run
+
+    return matmul_probe.probe(make).tflops
 
 
 def tags(device: jax.Device) -> dict[str, str]:

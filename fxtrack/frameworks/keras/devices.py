@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import time
 from typing import Any, Optional
 
 import keras
+
+from fxtrack.measure import matmul_probe
 
 
 def backend_name() -> str:
@@ -151,20 +152,20 @@ DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "flo
 
 
 def matmul_tflops(backend: Any) -> float:
-    """The calibration capability: best-of-three rate of an n x n @ n x n ``keras.ops.matmul``
-    (n = 8192 on a GPU, 2048 on a CPU) at the spec's precision, synced by fetching one element
-    (a device-to-host copy waits for the queued matmuls under every backend)."""
-    gpu = "gpu" in backend.device
-    n, reps = (8192, 20) if gpu else (2048, 4)
+    """The calibration capability: the rate of an n x n @ n x n ``keras.ops.matmul`` at the
+    spec's precision, n sized to the device by ``fxtrack.measure.matmul_probe``, synced by
+    fetching one element (a device-to-host copy waits for the queued matmuls under every
+    backend)."""
     dtype = DTYPES[backend.spec.precision]  # on the default device, as the model (backend.py)
-    a = keras.random.normal((n, n), dtype=dtype, seed=0)
-    b = keras.random.normal((n, n), dtype=dtype, seed=1)
-    keras.ops.convert_to_numpy(keras.ops.matmul(a, b)[0, 0])  # warm-up
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            c = keras.ops.matmul(a, b)
-        keras.ops.convert_to_numpy(c[0, 0])
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * reps / best / 1e12
+
+    def make(n: int):
+        a = keras.random.normal((n, n), dtype=dtype, seed=0)
+        b = keras.random.normal((n, n), dtype=dtype, seed=1)
+
+        def run(reps: int) -> None:
+            for _ in range(reps):
+                c = keras.ops.matmul(a, b)
+            keras.ops.convert_to_numpy(c[0, 0])
+        return run
+
+    return matmul_probe.probe(make).tflops

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Optional
 
 import tensorflow as tf
+
+from fxtrack.measure import matmul_probe
 
 # tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
 DTYPES = {"fp32": tf.float32, "tf32": tf.float32, "bf16": tf.bfloat16, "fp16": tf.float16}
@@ -82,20 +83,20 @@ def tags(device: str) -> dict[str, str]:
 
 
 def matmul_tflops(backend) -> float:
-    """Capability ``calibration``: best-of-three rate of an n x n @ n x n matmul at the spec's
-    precision on the backend's device (n = 8192 on a GPU, 2048 on a CPU)."""
-    device, precision = backend.device, backend.spec.precision
-    n, reps = (8192, 20) if "GPU" in device else (2048, 4)
-    with tf.device(device):
-        a = tf.random.normal((n, n), dtype=DTYPES[precision])
-        b = tf.random.normal((n, n), dtype=DTYPES[precision])
-        tf.matmul(a, b)  # warm-up: kernel selection, oneDNN/cuBLAS initialisation
-        sync(device)
-        best = float("inf")
-        for _ in range(3):
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                tf.matmul(a, b)
+    """Capability ``calibration``: the rate of an n x n @ n x n matmul at the spec's precision on
+    the backend's device, n sized to the device by ``fxtrack.measure.matmul_probe``."""
+    device, dtype = backend.device, DTYPES[backend.spec.precision]
+
+    def make(n: int):
+        with tf.device(device):
+            a = tf.random.normal((n, n), dtype=dtype)
+            b = tf.random.normal((n, n), dtype=dtype)
+
+        def run(reps: int) -> None:
+            with tf.device(device):
+                for _ in range(reps):
+                    tf.matmul(a, b)
             sync(device)
-            best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * reps / best / 1e12
+        return run
+
+    return matmul_probe.probe(make).tflops

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
-import time
-
 import torch
 
 from fxtrack.frameworks.torch import parallel
+from fxtrack.measure import matmul_probe
 
 # tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16,
@@ -73,22 +72,21 @@ def tags(device: torch.device) -> dict[str, str]:
 
 
 def matmul_tflops(backend) -> float:
-    """Capability ``calibration``: best-of-three rate of an n x n @ n x n matmul at the spec's
-    precision on the backend's device (n = 8192 on a GPU, 2048 on a CPU)."""
-    device, precision = backend.device, backend.spec.precision
-    n, reps = (8192, 20) if device.type == "cuda" else (2048, 4)
-    a = torch.randn(n, n, device=device, dtype=DTYPES[precision])
-    b = torch.randn(n, n, device=device, dtype=DTYPES[precision])
-    a @ b  # warm-up: kernel selection, oneDNN/cuBLAS initialisation
-    sync(device)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            a @ b
-        sync(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 * reps / best / 1e12
+    """Capability ``calibration``: the rate of an n x n @ n x n matmul at the spec's precision on
+    the backend's device, n sized to the device by ``fxtrack.measure.matmul_probe``."""
+    device, dtype = backend.device, DTYPES[backend.spec.precision]
+
+    def make(n: int):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+
+        def run(reps: int) -> None:
+            for _ in range(reps):
+                a @ b
+            sync(device)  # queued CUDA kernels; a CPU product has finished when it returns
+        return run
+
+    return matmul_probe.probe(make).tflops
 
 
 def sdpa_backend(heads: int, tokens: int, head_dim: int, dtype: torch.dtype,
