@@ -41,11 +41,13 @@ def hf_config(arch: Arch):
         bos_token_id=None, eos_token_id=None, pad_token_id=None, attn_implementation="eager")
 
 
-def hf_reference(arch: Arch, seed: int = 0, std: float = 0.02):
+def hf_reference(arch: Arch, seed: int = 0, std: float = 0.02, norm_std: float = 0.0):
     """Hugging Face's ``LlamaForCausalLM`` at ``arch``'s dims, its own init from ``seed`` (normal
     with ``std``), fp32, eval mode. At the tiny size and fxtrack's std 0.02 greedy decoding just
     repeats the prompt's last token (the tied embedding dominates the logits), which would make a
-    generation parity test vacuous; std 0.2 gives tokens that depend on the whole context."""
+    generation parity test vacuous; std 0.2 gives tokens that depend on the whole context.
+    ``norm_std`` > 0 draws the RMSNorm weights from N(1, norm_std) instead of 1, so a norm weight
+    copied to the wrong place shows in the logits."""
     import torch
     from transformers import LlamaForCausalLM
 
@@ -53,6 +55,11 @@ def hf_reference(arch: Arch, seed: int = 0, std: float = 0.02):
     config.initializer_range = std
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).float().eval()
+    if norm_std:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.normal_(1.0, norm_std)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = None
     return model

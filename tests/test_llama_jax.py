@@ -19,42 +19,24 @@ from fxtrack.scenarios.generate import prompts  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
 
 from conftest import job_spec, tiny_arch  # noqa: E402
+from convert_llama import hf_state_numpy  # noqa: E402
 
 PROMPT, NEW = 8, 8  # the generation parity's prompt and new tokens, batch 2
 
 
 def hf_llama(arch: architectures.Arch, seed: int = 0, std: float = 0.02):
-    """Hugging Face's LlamaForCausalLM (torch, fp32, eager attention) with ``arch``'s dims, its
-    weights drawn from ``seed`` (matrices N(0, std)); the RMSNorm weights moved off 1 so that a
-    norm weight copied to the wrong place shows in the logits."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=arch.vocab_size, hidden_size=arch.hidden, intermediate_size=arch.mlp_dim,
-        num_hidden_layers=arch.layers, num_attention_heads=arch.heads,
-        num_key_value_heads=arch.kv_heads, max_position_embeddings=arch.seq_len,
-        rms_norm_eps=arch.norm_eps, tie_word_embeddings=arch.tied_embeddings,
-        rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
-        initializer_range=std, bos_token_id=None, eos_token_id=None, pad_token_id=0)  # no eos: generate never stops
-    config._attn_implementation = "eager"
-    torch.manual_seed(seed)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.normal_(1.0, 0.1)
-    return model
+    """The Hugging Face reference (tests/convert_llama.py), its RMSNorm weights off 1."""
+    pytest.importorskip("transformers")
+    from convert_llama import hf_reference
 
-
-def hf_state(model) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+    return hf_reference(arch, seed, std, norm_std=0.1)
 
 
 def flax_from_hf(arch: architectures.Arch, hf) -> nnx.Module:
     from convert_jax import hf_llama_to_flax
 
     model = models.build(arch)
-    hf_llama_to_flax(hf_state(hf), model)
+    hf_llama_to_flax(hf_state_numpy(hf), model)
     return model
 
 
@@ -83,7 +65,7 @@ def _backend_with(hf, name: str = "llama") -> JaxBackend:
     model = nnx.merge(backend.graphdef, backend.state.params, backend.state.batch_stats)
     from convert_jax import hf_llama_to_flax
 
-    hf_llama_to_flax(hf_state(hf), model)
+    hf_llama_to_flax(hf_state_numpy(hf), model)
     params = parallel.replicate(nnx.state(model, nnx.Param), backend.mesh)
     backend.state = backend.state._replace(params=params)
     return backend
