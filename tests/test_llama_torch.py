@@ -87,6 +87,9 @@ def test_generate_run_reports_decode_figures(spec_factory):
     hd = arch.hidden // arch.heads
     assert m["kv_cache_mib"] * 2**20 == 2 * arch.layers * 2 * arch.kv_heads * (8 + 8) * hd * 4
     assert result.tags["attention"].startswith("sdpa")
+    # fxtrack's untrained tied weights repeat the prompt's last token: the run says its guard
+    # proved little (the parity tests below carry the proof)
+    assert result.tags["generate_guard"].startswith("weak")
 
 
 def _decoder(arch: architectures.Arch, prompt_len: int = 8, new_tokens: int = 8, **spec_fields):
