@@ -17,8 +17,8 @@ so that drift in the machine's load hits every mode alike, each round timing ``-
 of every mode with the one step timer. The table gives each mode's median ms/step over the
 rounds with a 95% interval (``fxtrack.stats.log_t_interval`` of the round medians), the ratio
 compiled / uncompiled step time (the median of the paired per-round ratios, with its interval:
-below 1, compiling is faster), which mode is faster, and which mode ``compile=auto`` picks for
-that cell. JAX declares one mode (jit); ``--all-modes`` times its op-by-op dispatch too.
+below 1, compiling is faster), which mode is faster (where that interval leaves out 1), and
+which mode ``compile=auto`` picks for that cell. JAX declares one mode (jit); ``--all-modes`` times its op-by-op dispatch too.
 
 Timing figures from a shared machine are contended: the share of the cores other processes
 took over each framework's bench is printed; say "contended" when quoting them.
@@ -116,7 +116,9 @@ def measure(framework: str, family: str, args: argparse.Namespace) -> dict[str, 
         ratios = [c / u for c, u in zip(times[True], times[False])]
         ci = stats.log_t_interval(ratios)
         row["ratio"] = [ci.point, ci.low, ci.high]
-        row["faster"] = fw.compile_mode_tag(ci.point < 1)
+        # a mode is faster only where the interval leaves out 1
+        row["faster"] = (fw.compile_mode_tag(ci.high < 1) if ci.high < 1 or ci.low > 1
+                         else "no clear difference")
     auto, _ = fw.resolve_compile(kind, family, "auto")
     row["auto"] = fw.compile_mode_tag(auto)
     return row
@@ -163,40 +165,46 @@ def main() -> None:
     if args.child:
         child(args.child, args)
         return
-    rows = []
+    print(header(args), flush=True)
     for fw in args.frameworks.split(","):
         if fw not in FRAMEWORKS or importlib.util.find_spec(fw) is None:
             print(f"{fw}: not installed, skipped", flush=True)
             continue
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        out = subprocess.run([sys.executable, __file__, "--child", fw, *sys.argv[1:]], env=env,
-                             stdout=subprocess.PIPE, text=True)
-        rows += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    print(table(rows, args))
+        # each row printed as its family finishes: a long bench stopped early keeps its rows
+        with subprocess.Popen([sys.executable, __file__, "--child", fw, *sys.argv[1:]], env=env,
+                              stdout=subprocess.PIPE, text=True) as child_process:
+            for line in child_process.stdout:
+                if line.startswith("{"):
+                    print(row_lines(json.loads(line)), flush=True)
 
 
-def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """The side-by-side table, one line per framework x family x mode."""
+def header(args: argparse.Namespace) -> str:
     sets = " ".join(args.set) or "-"
-    out = [f"\nsize={args.size} {sets} batch {args.batch_size or 'default'}, {args.precision}, "
-           f"hardware={args.hardware}, {args.rounds} rotated rounds x {args.steps} steps; median "
-           "ms/step [95% interval]; ratio = compiled / uncompiled step time, paired per round",
-           f"{'framework':<11} {'family':<7} {'mode':<17} {'ms/step':<26} {'first s':>8} "
-           f"{'ratio':<22} {'faster':<16} {'auto':<16} {'other CPU':>9}"]
-    for row in rows:
-        other = row.get("other_cpu_frac")
-        other = "n/a" if other is None else f"{other:.0%}"
-        if "error" in row:
-            out.append(f"{row['framework']:<11} {row['family']:<7} not measured: {row['error']}")
-            continue
-        ratio = row.get("ratio")
-        ratio = "-" if ratio is None else f"{ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]"
-        for i, (mode, m) in enumerate(row["modes"].items()):
-            ms = f"{m['ms'][0]:.1f} [{m['ms'][1]:.1f}, {m['ms'][2]:.1f}]"
-            tail = (f"{ratio:<22} {row.get('faster', '-'):<16} {row['auto']:<16} {other:>9}"
-                    if i == 0 else "")
-            out.append(f"{row['framework'] if i == 0 else '':<11} {row['family'] if i == 0 else '':<7} "
-                       f"{mode:<17} {ms:<26} {m['first_s']:>8.1f} {tail}")
+    return (f"size={args.size} {sets} batch {args.batch_size or 'default'}, {args.precision}, "
+            f"hardware={args.hardware}, {args.rounds} rotated rounds x {args.steps} steps; "
+            "median ms/step [95% interval]; ratio = compiled / uncompiled step time, paired per "
+            "round [95% interval]\n"
+            f"{'framework':<11} {'family':<7} {'mode':<17} {'ms/step':<26} {'first s':>8} "
+            f"{'ratio':<22} {'faster':<19} {'auto':<16} {'other CPU':>9}")
+
+
+def row_lines(row: dict[str, Any]) -> str:
+    """One framework x family: a line per mode."""
+    other = row.get("other_cpu_frac")
+    other = "n/a" if other is None else f"{other:.0%}"
+    if "error" in row:
+        return f"{row['framework']:<11} {row['family']:<7} not measured: {row['error']}"
+    ratio = row.get("ratio")
+    ratio = "-" if ratio is None else f"{ratio[0]:.2f} [{ratio[1]:.2f}, {ratio[2]:.2f}]"
+    out = []
+    for i, (mode, m) in enumerate(row["modes"].items()):
+        ms = f"{m['ms'][0]:.1f} [{m['ms'][1]:.1f}, {m['ms'][2]:.1f}]"
+        line = (f"{row['framework'] if i == 0 else '':<11} {row['family'] if i == 0 else '':<7} "
+                f"{mode:<17} {ms:<26} {m['first_s']:>8.1f}")
+        if i == 0:  # the cell's figures, once
+            line += f" {ratio:<22} {row.get('faster', '-'):<19} {row['auto']:<16} {other:>9}"
+        out.append(line)
     return "\n".join(out)
 
 

@@ -178,3 +178,19 @@ def test_tune_runs_a_users_torch_model_in_the_worker(tmp_path, monkeypatch):
     ms = {mode: float(v[:-2]) for mode, v in figures.items()}
     assert tags["compile_mode"] == min(ms, key=ms.get)  # what ran is the faster one
     assert result.resolved["compile"] is (tags["compile_mode"] != "eager")
+
+
+def test_the_report_reads_tune_back_as_the_request():
+    """The params hold what ran (true/false); the report pairs runs on what was asked."""
+    import pandas as pd
+
+    from fxtrack.report.samples import configs
+
+    rules = ["tuned: fastest of xla, tf.function", "auto: XLA on CPU for ViT",
+             "framework.compile=false"]
+    frame = pd.DataFrame({
+        "run_id": ["a", "b", "c"], "start_time": [1, 2, 3], "status": ["FINISHED"] * 3,
+        "tags.fxtrack.framework": ["tensorflow"] * 3, "tags.fxtrack.kind": ["run"] * 3,
+        "params.framework.compile": ["true", "true", "false"],
+        "tags.fxtrack.compile_rule": rules, "metrics.throughput_samples_per_s": [1.0] * 3})
+    assert list(configs(frame)["compile"]) == ["tune", "auto", "false"]

@@ -31,8 +31,8 @@ FRAMEWORK = Framework(
                           "bench/compile_modes.py --families vit)", device_kind="cpu",
                     family="vit"),
         CompileRule(True, "XLA on CPU for BERT (a transformer like ViT, issue 26's figure; "
-                          "tiny BERT XLA MEASUREx tf.function's step time, contended: python "
-                          "bench/compile_modes.py --families bert)", device_kind="cpu",
+                          "tiny BERT's XLA step 0.63x [0.45, 0.85] tf.function's, contended: "
+                          "python bench/compile_modes.py --families bert)", device_kind="cpu",
                     family="bert"),
         CompileRule(True, "XLA on CPU for Llama (a transformer like ViT, issue 26's figure; "
                           "not measured yet: python bench/compile_modes.py --families llama)",
