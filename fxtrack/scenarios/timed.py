@@ -30,8 +30,8 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     # the framework's table, tune by timing its modes on this model (then built afresh below)
     tuned = spec.compile_request == "tune"
     if tuned:
-        spec.compile, why, result.tags["compile_tuned"] = tune.fastest(backend, kind, batch,
-                                                                       steps, warmup)
+        spec.compile, why, figures = tune.fastest(backend, kind, batch, steps, warmup)
+        result.tags["compile_tuned"] = figures
     else:
         spec.compile, why = declaration(spec.package).resolve_compile(
             kind, spec.arch["family"], spec.compile_request)
