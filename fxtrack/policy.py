@@ -12,7 +12,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-COMPILE_REQUESTS = ("auto", "true", "false")  # framework.compile; Framework.resolve_compile
+# framework.compile; Framework.resolve_compile. auto: the framework's declared row for the device
+# and model family; true / false: as asked; tune: the fastest of the modes the framework declares,
+# timed by the worker on this run's model (fxtrack/scenarios/tune.py).
+COMPILE_REQUESTS = ("auto", "true", "false", "tune")
 
 
 def allowed_cpus() -> list[int]:

@@ -44,8 +44,9 @@ class FrameworkConfig:
     # The framework's package (fxtrack.frameworks.<name>): its declaration names the worker-side
     # Backend, the pip extra, the compile rules and the capabilities.
     package: str = MISSING
-    # auto: the framework's best mode for this device and model (its declaration's rule);
-    # true / false force torch.compile / XLA (tf jit_compile) / jax.jit on or off.
+    # auto: the framework's best mode for this device and model family (its declaration's
+    # table); true / false force torch.compile / XLA (tf jit_compile) / jax.jit on or off;
+    # tune: the worker times each mode the framework declares on this model, keeps the fastest.
     compile: str = "auto"
     compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
     python: Optional[str] = None  # interpreter for this framework's worker; None: the current one

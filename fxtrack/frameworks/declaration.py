@@ -83,8 +83,9 @@ class NotSupported(Exception):
 @dataclasses.dataclass(frozen=True)
 class CompileRule:
     """One row of a framework's ``framework.compile=auto`` table: on ``device_kind`` (cpu | gpu
-    | ``*``) for model ``family`` (resnet | vit | bert | ... | ``*``), compile or not, and why
-    (a documented best practice, or a measured figure with the command that gave it)."""
+    | ``*``) for model ``family`` (resnet | vit | bert | llama | custom | ``*``), compile or
+    not, and why (a documented best practice, or a measured figure with the command that gave
+    it: ``bench/compile_modes.py`` re-derives every row on the machine at hand)."""
 
     compiled: bool
     why: str
@@ -126,6 +127,9 @@ class Framework:
     compiled_tag: str  # fxtrack.compile_mode when compiled; "{compile_mode}" is filled in
     uncompiled_tag: str  # ... when not (e.g. "eager", "tf.function")
     uncompiled_builds_graph: bool = False  # a plain tf.function still traces: compile_time_s
+    # framework.compile=tune: the modes (compiled?) the worker times, in this order; one mode
+    # (JAX: jit, its op-by-op dispatch is a debugging mode) is taken without timing
+    tune_modes: tuple[bool, ...] = (True, False)
     # model=custom: the model.<key> holding this framework's builder ("package.module:function");
     # None: the framework's own name (TensorFlow reads model.keras, as Keras on any backend will)
     model_key: Optional[str] = None
@@ -173,19 +177,44 @@ class Framework:
             raise self.unsupported(name)
         return importlib.import_module(self.capabilities[name])
 
-    def resolve_compile(self, device_kind: str, family: str, request: str = "auto"
-                        ) -> tuple[bool, str]:
+    def resolve_compile(self, device_kind: str, family: str, request: str = "auto",
+                        timings: Optional[Mapping[bool, float]] = None,
+                        compile_mode: str = "default") -> tuple[bool, str]:
         """(compile?, why) for ``framework.compile=request``: ``true`` / ``false`` as asked,
-        ``auto`` the first matching rule."""
+        ``auto`` the first matching row of ``compile_rules``, ``tune`` the fastest of
+        ``timings`` ({compiled?: median step seconds} for each of ``tune_modes``, timed on the
+        run's model by fxtrack.scenarios.tune; a framework with one mode needs none)."""
         if request not in COMPILE_REQUESTS:
             raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_REQUESTS)}, "
                              f"got {request!r}")
+        if request == "tune":
+            return self._fastest(timings or {}, compile_mode)
         if request != "auto":
             return request == "true", f"framework.compile={request}"
         for rule in self.compile_rules:
             if rule.matches(device_kind, family):
                 return rule.compiled, f"auto: {rule.why}"
         raise ValueError(f"{self.name} declares no compile rule for {family} on {device_kind}")
+
+    def _fastest(self, timings: Mapping[bool, float], compile_mode: str) -> tuple[bool, str]:
+        names = [self.compile_mode_tag(c, compile_mode) for c in self.tune_modes]
+        if len(self.tune_modes) == 1:
+            return self.tune_modes[0], f"tuned: {names[0]}, the only mode {self.name} declares"
+        missing = [n for c, n in zip(self.tune_modes, names) if c not in timings]
+        if missing:
+            raise ValueError(f"framework.compile=tune has no step time for {', '.join(missing)}")
+        # ties go to the first declared mode
+        best = min(self.tune_modes, key=lambda c: timings[c])
+        return best, f"tuned: fastest of {', '.join(names)}"
+
+    def tuned_figures(self, timings: Mapping[bool, float], compile_mode: str = "default") -> str:
+        """The ``fxtrack.compile_tuned`` tag: each mode's median step time as timed for
+        ``tune``, e.g. ``xla=812.3ms;tf.function=1104.9ms`` (one declared mode: not timed)."""
+        if len(self.tune_modes) == 1:
+            only = self.compile_mode_tag(self.tune_modes[0], compile_mode)
+            return f"{only}=not timed (the only mode {self.name} declares)"
+        return ";".join(f"{self.compile_mode_tag(c, compile_mode)}={timings[c] * 1e3:.1f}ms"
+                        for c in self.tune_modes)
 
     def compile_mode_tag(self, compiled: bool, compile_mode: str = "default") -> str:
         """The ``fxtrack.compile_mode`` tag: what actually ran."""

@@ -98,11 +98,13 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
     for col in IDENTITY:
         runs[col] = _column(frame, *IDENTITY[col])
     # framework.compile as asked: the param holds what ran (true/false); the compile_rule tag
-    # says whether that was auto's choice ("auto: ...") or forced ("framework.compile=true")
+    # says whether that was auto's choice ("auto: ..."), tune's ("tuned: ...") or forced
+    # ("framework.compile=true")
     if "tags.fxtrack.compile_rule" in frame.columns:
         rule = frame["tags.fxtrack.compile_rule"].astype(object)
         asked = rule.map(lambda r: None if not isinstance(r, str) else
-                         "auto" if r.startswith("auto") else r.rpartition("=")[2])
+                         "auto" if r.startswith("auto") else
+                         "tune" if r.startswith("tuned") else r.rpartition("=")[2])
         runs["compile"] = asked.where(asked.notna(), runs["compile"])
     for col in (c for c in frame.columns if c.startswith("params.model.") and c != "params.model.name"):
         runs[col[len("params."):]] = frame[col].astype(object)

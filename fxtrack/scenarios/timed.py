@@ -15,6 +15,7 @@ from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
 from fxtrack.measure.system import SystemSampler
 from fxtrack.measure.timer import StepTimes, eprint, step_metrics, time_steps
+from fxtrack.scenarios import tune
 
 
 def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
@@ -22,17 +23,24 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     (device kind, batch, steps, warm-up steps)."""
     spec = backend.spec
     kind = backend.device_kind()
-    # framework.compile=auto resolved here, once the device is known and before the build.
-    spec.compile, why = declaration(spec.package).resolve_compile(kind, spec.arch["family"],
-                                                                  spec.compile_request)
-    result.resolved["compile"] = spec.compile
-    result.tags["compile_rule"] = why
     batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
                                             spec.warmup_steps)
     result.resolved.update(batch_size=batch, steps=steps, warmup_steps=warmup, device_kind=kind)
+    # framework.compile resolved here, once the device is known and before the build: auto by
+    # the framework's table, tune by timing its modes on this model (then built afresh below)
+    tuned = spec.compile_request == "tune"
+    if tuned:
+        spec.compile, why, figures = tune.fastest(backend, kind, batch, steps, warmup)
+        result.tags["compile_tuned"] = figures
+    else:
+        spec.compile, why = declaration(spec.package).resolve_compile(
+            kind, spec.arch["family"], spec.compile_request)
+    result.resolved["compile"] = spec.compile
+    result.tags["compile_rule"] = why
     eprint(f"[fxtrack] building {spec.arch['name']} in {spec.framework} on {kind} for "
            f"{spec.scenario} (batch {batch}, {spec.precision}, compile={spec.compile})")
-    backend.build(batch)
+    with tune.requested(spec, spec.compile) if tuned else contextlib.nullcontext():
+        backend.build(batch)
     return kind, batch, steps, warmup
 
 

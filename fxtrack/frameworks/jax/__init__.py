@@ -33,6 +33,7 @@ FRAMEWORK = Framework(
     report_order=30,
     # op-by-op dispatch is JAX's debugging mode, never its fast path
     compile_rules=(CompileRule(True, "jax always jits"),),
+    tune_modes=(True,),  # framework.compile=tune: jit is the one mode, nothing to time
     compiled_tag="jit",
     uncompiled_tag="op-by-op",
     prepare_environment=prepare_environment,

@@ -20,11 +20,26 @@ FRAMEWORK = Framework(
     backend="fxtrack.frameworks.tensorflow.backend:TensorFlowBackend",
     extra="tensorflow",
     report_order=20,
+    # framework.compile=auto per device kind and model family, the first match wins; every
+    # measured row names its figure and command (docs/measurements.md, "compile=auto per family")
     compile_rules=(
-        CompileRule(True, "XLA on GPU", device_kind="gpu"),
-        # docs/measurements.md ("XLA on a CPU"): bench/tf_compile.py, ResNet-50
-        CompileRule(False, "tf.function without XLA on CPU (measured: XLA 2-7x slower, "
-                           "ResNet-50)", device_kind="cpu"),
+        CompileRule(True, "XLA on GPU (Keras' own jit_compile='auto' there)", device_kind="gpu"),
+        CompileRule(False, "tf.function on CPU for ResNet-50 (XLA measured 1.55x slower, issue "
+                           "26; python bench/tf_compile.py)", device_kind="cpu", family="resnet"),
+        CompileRule(True, "XLA on CPU for ViT (measured ~1.4x faster than tf.function: ViT-B "
+                          "widths, 4 layers, 64 px, batch 8, issue 26; python "
+                          "bench/compile_modes.py --families vit)", device_kind="cpu",
+                    family="vit"),
+        CompileRule(True, "XLA on CPU for BERT (a transformer like ViT, issue 26's figure; "
+                          "tiny BERT's XLA step 0.63x [0.45, 0.85] tf.function's, contended: "
+                          "python bench/compile_modes.py --families bert)", device_kind="cpu",
+                    family="bert"),
+        CompileRule(True, "XLA on CPU for Llama (a transformer like ViT, issue 26's figure; "
+                          "not measured yet: python bench/compile_modes.py --families llama)",
+                    device_kind="cpu", family="llama"),
+        CompileRule(False, "tf.function on CPU for a user's model, as Keras' jit_compile='auto' "
+                           "(framework.compile=tune times both)", device_kind="cpu",
+                    family="custom"),
     ),
     compiled_tag="xla",
     uncompiled_tag="tf.function",

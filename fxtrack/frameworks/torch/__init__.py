@@ -12,9 +12,27 @@ FRAMEWORK = Framework(
     backend="fxtrack.frameworks.torch.backend:TorchBackend",
     extra="torch",
     report_order=10,
+    # framework.compile=auto per device kind and model family, the first match wins; every
+    # measured row names its figure and command (docs/measurements.md, "compile=auto per family")
     compile_rules=(
         CompileRule(True, "torch.compile on GPU", device_kind="gpu"),
-        CompileRule(False, f"eager on CPU ({CPU_COMPILE_NOTE})", device_kind="cpu"),
+        CompileRule(False, "eager on CPU for ResNet-50 (measured: no consistent gain, 244 s "
+                           "compile, docs/measurements.md; python bench/compile_modes.py "
+                           "--families resnet)", device_kind="cpu", family="resnet"),
+        CompileRule(False, "eager on CPU for ViT (measured a tie: 15.4 eager vs 15.1 "
+                           "torch.compile samples/s, ViT-B widths, 4 layers, 64 px, batch 8, "
+                           "issue 26; python bench/compile_modes.py --families vit)",
+                    device_kind="cpu", family="vit"),
+        CompileRule(False, "eager on CPU for BERT (no clear gain: tiny BERT's torch.compile "
+                           "step 0.72x [0.17, 4.94] eager's after a 48 s compile, contended: "
+                           "python bench/compile_modes.py --families bert)",
+                    device_kind="cpu", family="bert"),
+        CompileRule(False, f"eager on CPU for Llama ({CPU_COMPILE_NOTE} on ViT and ResNet-50; "
+                           "not measured yet: python bench/compile_modes.py --families llama)",
+                    device_kind="cpu", family="llama"),
+        CompileRule(False, f"eager on CPU for a user's model ({CPU_COMPILE_NOTE}; "
+                           "framework.compile=tune times both)", device_kind="cpu",
+                    family="custom"),
     ),
     compiled_tag="inductor:{compile_mode}",
     uncompiled_tag="eager",
