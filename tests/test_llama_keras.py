@@ -2,8 +2,9 @@
 sizes: its logits equal Hugging Face's LlamaForCausalLM's after copying the weights (tied and
 untied output projection), its cached greedy decode gives HF's greedy ``generate`` tokens (plain
 tf.function and XLA), and worker runs of scenario=train and scenario=generate finish with a
-falling loss and the cache guard ok. (framework=keras trains it in tests/test_keras.py; the
-full-size parameter counts are in tests/test_tensorflow.py.)"""
+falling loss and the cache guard ok; bf16 keeps fp32 weights. (framework=keras trains and
+generates it in tests/test_keras.py; the full-size parameter counts are in
+tests/test_tensorflow.py.)"""
 
 from __future__ import annotations
 
@@ -133,3 +134,15 @@ def test_generate_worker_run(spec_factory):
     head_dim = arch.hidden // arch.heads
     assert m["kv_cache_mib"] * 2**20 == arch.layers * 2 * BATCH * (PROMPT + NEW) * arch.kv_heads * head_dim * 4
     assert len(result.series["decode_ms_per_token"]) == NEW - 1
+
+
+def test_bf16_computes_every_matmul_in_bf16_with_fp32_weights():
+    """Under mixed_bfloat16 the output projection too runs in bf16 (Keras' ReversibleEmbedding
+    would otherwise multiply by the fp32 embedding in fp32), the weights stay fp32."""
+    from fxtrack.frameworks.keras_train import precision_policy
+
+    for arch in (tiny_arch("llama"), tiny_arch("llama_8b")):  # tied, untied (hidden, vocab)
+        with precision_policy("bf16"):
+            km = models.build(arch)
+        assert km(_ids(arch, 2, 8)).dtype == tf.bfloat16
+        assert {v.dtype for v in km.weights} == {"float32"}

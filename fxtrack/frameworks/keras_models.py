@@ -341,9 +341,12 @@ class Llama(keras.Model):
 
     def __init__(self, arch: Arch, **kwargs) -> None:
         super().__init__(name=arch.name, **kwargs)
+        # The output projection in the compute dtype like every other matmul: left alone,
+        # Keras multiplies bf16 activations by the (unautocast) fp32 embedding in fp32.
         self.embed = layers.ReversibleEmbedding(arch.vocab_size, arch.hidden,
                                                 tie_weights=bool(arch.tied_embeddings),
                                                 embeddings_initializer=dense_init(),
+                                                reverse_dtype=self.compute_dtype,
                                                 name="embed_tokens")
         self.blocks = [LlamaBlock(arch, name=f"layer{i}") for i in range(arch.layers)]
         self.norm = RMSNorm(arch.norm_eps, name="final_norm")

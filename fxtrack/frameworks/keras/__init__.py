@@ -65,12 +65,9 @@ FRAMEWORK = Framework(
         "inference": "fxtrack.frameworks.keras.inference",
         "calibration": "fxtrack.frameworks.keras.devices",
         "user_model": "fxtrack.frameworks.keras.user_model",
+        "generate": "fxtrack.frameworks.keras.generate",
     },
     absent={
-        "generate": "not implemented for keras yet: a compiled decode step that updates a KV "
-                    "cache in place is each backend's own code (jax.jit over a cache pytree, "
-                    "tf.function over tf.Variables, torch.compile over a static cache), which "
-                    "Keras' predict path does not offer; use framework=tensorflow, jax or torch",
         "pipeline": "not implemented for keras yet",
         "checkpoint": "not implemented for keras yet",
         "serving_export": "not implemented for keras yet",
