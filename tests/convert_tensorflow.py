@@ -1,5 +1,6 @@
 """Test tooling: copy a PyTorch model's weights (fxtrack.frameworks.torch.models) into the Keras
-model of the same ``Arch`` (fxtrack.frameworks.keras_models), layer by layer by name.
+model of the same ``Arch`` (fxtrack.frameworks.keras_models), layer by layer by name; and a
+Hugging Face ``LlamaForCausalLM``'s state dict into the Keras Llama (``copy_hf_llama_to_keras``).
 
 Layout changes: conv kernels OIHW -> HWIO, linear weights (out, in) -> dense kernels (in, out),
 BatchNorm (weight, bias, running_mean, running_var) -> (gamma, beta, moving_mean,
@@ -95,3 +96,46 @@ def copy_torch_to_keras(torch_model: torch.nn.Module, keras_model: keras.Model,
         copied.add(name)
     missing = {layer.name for layer in keras_model.layers if layer.weights} - copied
     assert not missing, f"Keras layers with weights not copied from torch: {sorted(missing)}"
+
+
+# Hugging Face LlamaForCausalLM parameter name -> the Keras Llama weight's path below the model
+# (per layer, ``{i}`` filled in). Linear weights are (out, in): transposed to Dense kernels.
+HF_LLAMA_LAYER = {
+    "input_layernorm.weight": "attn_norm/scale",
+    "self_attn.q_proj.weight": "q_proj/kernel",
+    "self_attn.k_proj.weight": "k_proj/kernel",
+    "self_attn.v_proj.weight": "v_proj/kernel",
+    "self_attn.o_proj.weight": "o_proj/kernel",
+    "post_attention_layernorm.weight": "mlp_norm/scale",
+    "mlp.gate_proj.weight": "gate_proj/kernel",
+    "mlp.up_proj.weight": "up_proj/kernel",
+    "mlp.down_proj.weight": "down_proj/kernel",
+}
+
+
+def hf_llama_names(arch: Arch) -> dict[str, str]:
+    """Every HF name -> Keras path (relative to the model) the Llama of ``arch`` has."""
+    names = {"model.embed_tokens.weight": "embed_tokens/embeddings",
+             "model.norm.weight": "final_norm/scale"}
+    if not arch.tied_embeddings:  # lm_head (vocab, hidden) -> (hidden, vocab)
+        names["lm_head.weight"] = "embed_tokens/reverse_embeddings"
+    for i in range(arch.layers):
+        for hf, ours in HF_LLAMA_LAYER.items():
+            names[f"model.layers.{i}.{hf}"] = f"layer{i}/{ours}"
+    return names
+
+
+def copy_hf_llama_to_keras(hf_model: torch.nn.Module, keras_model: keras.Model,
+                           arch: Arch) -> None:
+    """Overwrite every weight of the Keras Llama with the HF model's; fails if a name is
+    missing on either side or a shape differs."""
+    state = {k: _np(v) for k, v in hf_model.state_dict().items()}
+    ours = {v.path.split("/", 1)[1]: v for v in keras_model.weights}
+    names = hf_llama_names(arch)
+    assert set(ours) == set(names.values()), sorted(set(ours) ^ set(names.values()))
+    for hf, path in names.items():
+        value = state[hf]
+        if hf.endswith("proj.weight") or hf == "lm_head.weight":
+            value = value.T
+        assert tuple(ours[path].shape) == value.shape, (hf, ours[path].shape, value.shape)
+        ours[path].assign(value)

@@ -45,7 +45,16 @@ def _count(model: keras.Model) -> int:
 
 @pytest.mark.parametrize("name", sorted(architectures.PARAM_COUNTS))
 def test_param_count_matches_canonical(name):
-    model = models.build(architectures.resolve(name))
+    arch = architectures.resolve(name)
+    if arch.family == "llama":
+        # Shapes only: in a StatelessScope that does not initialise on exit, the Llama's
+        # explicit build makes uninitialised variables (the 8B's 32 GB never allocated);
+        # clear_session drops them from Keras' list of variables still to initialise.
+        with keras.StatelessScope(initialize_variables=False):
+            model = models.build(arch)
+        assert all(v._value is None for v in model.weights)  # really nothing allocated
+    else:
+        model = models.build(arch)
     assert _count(model) == architectures.PARAM_COUNTS[name]
     del model
     keras.backend.clear_session()

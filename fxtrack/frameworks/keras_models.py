@@ -1,4 +1,4 @@
-"""ResNet-50 v1.5, ViT and BERT (masked-LM) as Keras 3 functional models, sized by ``Arch``.
+"""ResNet-50 v1.5, ViT, BERT (masked-LM) and a Llama decoder as Keras 3 models, sized by ``Arch``.
 
 Shared by the two Keras-based frameworks (``framework=tensorflow``, ``framework=keras``), which
 stay independent packages: this module imports only ``keras`` (layers and ``keras.ops``), so it
@@ -13,6 +13,7 @@ Keras dtype policy that is global while a model is built.
 from __future__ import annotations
 
 import keras
+import numpy as np
 from keras import layers, ops
 
 from fxtrack.architectures import Arch
@@ -234,6 +235,148 @@ def bert(arch: Arch) -> keras.Model:
     return keras.Model(ids, logits, name=arch.name)
 
 
+# ----------------------------------------------------------------------------- Llama decoder
+class RMSNorm(layers.Layer):
+    """x * rsqrt(mean(x^2) + eps) * scale, normalised in fp32 whatever the compute dtype; the
+    scale multiplies after the cast back, as Hugging Face's LlamaRMSNorm does."""
+
+    def __init__(self, eps: float, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.eps = eps
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(shape=(input_shape[-1],), initializer="ones", name="scale")
+
+    def call(self, x):
+        x32 = ops.cast(x, "float32")
+        y = x32 * ops.rsqrt(ops.mean(ops.square(x32), axis=-1, keepdims=True) + self.eps)
+        return ops.cast(y, x.dtype) * ops.cast(self.scale, x.dtype)
+
+
+def rope(x, positions, theta: float):
+    """Rotary embedding, the rotate-half convention (channel i pairs with i + hd/2) on
+    (B, T, heads, hd) at ``positions`` (T,); the angles in fp32, as Hugging Face computes them."""
+    hd = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))  # (hd/2,)
+    angles = ops.cast(positions, "float32")[:, None] * inv_freq.astype(np.float32)[None]
+    angles = ops.concatenate([angles, angles], axis=-1)[None, :, None, :]  # (1, T, 1, hd)
+    cos, sin = ops.cast(ops.cos(angles), x.dtype), ops.cast(ops.sin(angles), x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + ops.concatenate([-x2, x1], axis=-1) * sin
+
+
+def gqa_attention(q, k, v, mask=None):
+    """``ops.dot_product_attention`` on (B, T, heads, hd) queries and (B, S, kv_heads, hd) keys
+    and values: causal when no ``mask`` is given (T == S), else the boolean mask (broadcast to
+    (B, heads, T, S)). The op itself groups the query heads over fewer KV heads (native on JAX,
+    a repeat on TensorFlow and torch), except for a single KV head, which Keras' TensorFlow and
+    torch backends leave unrepeated: repeated here."""
+    heads, kv_heads = q.shape[2], k.shape[2]
+    if kv_heads == 1 and heads > 1:
+        k, v = ops.repeat(k, heads, axis=2), ops.repeat(v, heads, axis=2)
+    return ops.dot_product_attention(q, k, v, mask=mask, is_causal=mask is None)
+
+
+def _proj(units: int, name: str) -> layers.Dense:
+    """A bias-free projection with Llama's N(0, 0.02) kernel."""
+    return layers.Dense(units, use_bias=False, kernel_initializer=dense_init(), name=name)
+
+
+class LlamaBlock(layers.Layer):
+    """x + attn(RMSNorm(x)); x + mlp(RMSNorm(x)). ``call`` is the causal forward of a whole
+    sequence; ``qkv`` and ``finish`` are its two halves, which a decoder calls around its own
+    KV cache (fxtrack.frameworks.tensorflow.generate)."""
+
+    def __init__(self, arch: Arch, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.heads, self.kv_heads = arch.heads, arch.kv_heads
+        self.head_dim, self.theta = arch.hidden // arch.heads, float(arch.rope_theta)
+        kv = arch.kv_heads * self.head_dim
+        self.attn_norm = RMSNorm(arch.norm_eps, name="attn_norm")
+        self.q_proj = _proj(arch.heads * self.head_dim, "q_proj")
+        self.k_proj, self.v_proj = _proj(kv, "k_proj"), _proj(kv, "v_proj")
+        self.o_proj = _proj(arch.hidden, "o_proj")
+        self.mlp_norm = RMSNorm(arch.norm_eps, name="mlp_norm")
+        self.gate_proj = _proj(arch.mlp_dim, "gate_proj")
+        self.up_proj = _proj(arch.mlp_dim, "up_proj")
+        self.down_proj = _proj(arch.hidden, "down_proj")
+
+    def build(self, input_shape):
+        # explicit, so that building allocates nothing beyond the weights (shape-only counts)
+        c, inner = input_shape[-1], self.heads * self.head_dim
+        for norm in (self.attn_norm, self.mlp_norm):
+            norm.build(input_shape)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.gate_proj, self.up_proj):
+            proj.build((None, c))
+        self.o_proj.build((None, inner))
+        self.down_proj.build((None, self.gate_proj.units))
+
+    def qkv(self, x, positions):
+        """(B, T, C) -> q (B, T, heads, hd), k and v (B, T, kv_heads, hd), RoPE applied to q
+        and k at ``positions`` (T,)."""
+        h = self.attn_norm(x)
+        b, t = ops.shape(h)[0], ops.shape(h)[1]
+        q = ops.reshape(self.q_proj(h), (b, t, self.heads, self.head_dim))
+        k = ops.reshape(self.k_proj(h), (b, t, self.kv_heads, self.head_dim))
+        v = ops.reshape(self.v_proj(h), (b, t, self.kv_heads, self.head_dim))
+        return rope(q, positions, self.theta), rope(k, positions, self.theta), v
+
+    def finish(self, x, attended):
+        """The residual after attention ((B, T, heads, hd) ``attended``), then the SwiGLU MLP."""
+        b, t = ops.shape(attended)[0], ops.shape(attended)[1]
+        x = x + self.o_proj(ops.reshape(attended, (b, t, self.heads * self.head_dim)))
+        h = self.mlp_norm(x)
+        return x + self.down_proj(ops.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    def call(self, x):
+        q, k, v = self.qkv(x, ops.arange(ops.shape(x)[1]))
+        return self.finish(x, gqa_attention(q, k, v))
+
+
+class Llama(keras.Model):
+    """(B, T) token ids -> (B, T, vocab) logits, any T; the output projection tied to the
+    embedding (x @ E^T) or a separate (hidden, vocab) matrix. A subclassed model with an
+    explicit ``build``: its weights exist without a symbolic pass (which costs seconds per
+    layer at full size), and a decoder reaches its parts (``embed``, ``blocks``, ``norm``)."""
+
+    def __init__(self, arch: Arch, **kwargs) -> None:
+        super().__init__(name=arch.name, **kwargs)
+        # The output projection in the compute dtype like every other matmul: left alone,
+        # Keras multiplies bf16 activations by the (unautocast) fp32 embedding in fp32.
+        self.embed = layers.ReversibleEmbedding(arch.vocab_size, arch.hidden,
+                                                tie_weights=bool(arch.tied_embeddings),
+                                                embeddings_initializer=dense_init(),
+                                                reverse_dtype=self.compute_dtype,
+                                                name="embed_tokens")
+        self.blocks = [LlamaBlock(arch, name=f"layer{i}") for i in range(arch.layers)]
+        self.norm = RMSNorm(arch.norm_eps, name="final_norm")
+        self.hidden = arch.hidden
+
+    def build(self, input_shape=None):
+        self.embed.build()
+        for block in self.blocks:
+            block.build((None, None, self.hidden))
+        self.norm.build((None, None, self.hidden))
+
+    def logits(self, x):
+        """The final norm and the output projection of (B, T, C) hidden states."""
+        return self.embed(self.norm(x), reverse=True)
+
+    def call(self, ids):
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.logits(x)
+
+
+def llama(arch: Arch) -> keras.Model:
+    """The built Llama: inside ``keras.StatelessScope(initialize_variables=False)`` its
+    weights are shapes only (nothing allocated), which is how tests count the full sizes."""
+    model = Llama(arch)
+    model.build((None, None))
+    return model
+
+
 def build(arch: Arch) -> keras.Model:
     """The Keras model for ``arch`` under the current global dtype policy."""
-    return {"resnet": resnet, "vit": vit, "bert": bert}[arch.family](arch)
+    return {"resnet": resnet, "vit": vit, "bert": bert, "llama": llama}[arch.family](arch)

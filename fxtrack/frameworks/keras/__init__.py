@@ -65,9 +65,9 @@ FRAMEWORK = Framework(
         "inference": "fxtrack.frameworks.keras.inference",
         "calibration": "fxtrack.frameworks.keras.devices",
         "user_model": "fxtrack.frameworks.keras.user_model",
+        "generate": "fxtrack.frameworks.keras.generate",
     },
     absent={
-        "generate": "not implemented yet",
         "pipeline": "not implemented for keras yet",
         "checkpoint": "not implemented for keras yet",
         "serving_export": "not implemented for keras yet",

@@ -44,6 +44,8 @@ class KerasBackend(Backend):
             tags["compile_mode"] = train.compile_mode(devices.backend_name(), self.compiled)
             if self.arch.family in ("vit", "bert"):
                 tags["attention"] = devices.attention(self.device)
+            elif self.arch.family == "llama":
+                tags["attention"] = devices.attention(self.device, causal_gqa=True)
         return tags
 
     def visible_devices(self) -> list[str]:
@@ -54,7 +56,7 @@ class KerasBackend(Backend):
             FRAMEWORK.capability("remat")
         if self.spec.parallel == "fsdp":
             FRAMEWORK.capability("sharded_state")
-        if (self.spec.precision == "fp16" and self.arch.family in ("vit", "bert")
+        if (self.spec.precision == "fp16" and self.arch.family in ("vit", "bert", "llama")
                 and devices.backend_name() == "jax" and "gpu" not in self.device):
             raise NotSupported(
                 "precision=fp16 with attention is not supported by keras on jax on a CPU: "

@@ -125,15 +125,19 @@ def peak_memory_bytes(device: str) -> Optional[int]:
     return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
 
 
-def attention(device: str) -> str:
+def attention(device: str, causal_gqa: bool = False) -> str:
     """What ``keras.ops.dot_product_attention`` runs here (Keras 3.x): JAX's
     ``jax.nn.dot_product_attention`` (cuDNN flash where Keras finds the inputs eligible on a
     GPU, XLA's composite otherwise), torch's ``scaled_dot_product_attention``, or TF's einsum
-    composite. The ``fxtrack.attention`` tag."""
+    composite. ``causal_gqa`` (a Llama): causal, with fewer KV heads, which JAX groups natively
+    and Keras' torch and TensorFlow backends repeat to the query heads first. The
+    ``fxtrack.attention`` tag."""
     name, gpu = backend_name(), "gpu" in device
     impl = {"jax": "jax.nn.dot_product_attention:" + ("cudnn-if-eligible" if gpu else "xla"),
             "torch": "torch.sdpa" + (":flash-if-eligible" if gpu else ""),
             "tensorflow": "composite"}[name]
+    if causal_gqa:
+        impl += ":causal:" + ("gqa-native" if name == "jax" else "gqa-kv-repeated")
     return f"keras.ops.dot_product_attention:{impl}"
 
 

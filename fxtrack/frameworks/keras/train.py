@@ -9,8 +9,9 @@ import keras
 
 def loss(family: str) -> keras.losses.Loss:
     """Cross-entropy from the logits, in fp32 (a Keras loss computes in its own dtype, float32,
-    whatever the compute dtype): the mean over the batch (images), or for BERT's masked LM the
-    mean over the predicted tokens (the mlm_weights passed as sample weights)."""
+    whatever the compute dtype): the mean over the batch (images) or over every position (a
+    Llama's next tokens), or for BERT's masked LM the mean over the predicted tokens (the
+    mlm_weights passed as sample weights)."""
     if family == "bert":
         return keras.losses.SparseCategoricalCrossentropy(from_logits=True,
                                                           reduction="mean_with_sample_weight")

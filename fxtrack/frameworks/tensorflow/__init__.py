@@ -55,6 +55,7 @@ FRAMEWORK = Framework(
         "tflite_export": "fxtrack.frameworks.tensorflow.deployment",
         "calibration": "fxtrack.frameworks.tensorflow.devices",
         "user_model": "fxtrack.frameworks.tensorflow.user_model",
+        "generate": "fxtrack.frameworks.tensorflow.generate",
     },
     limits=(
         Limit("hardware.nodes > 1 with devices > 1 on a CPU",
@@ -62,7 +63,6 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
-        "generate": "not implemented yet",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
                        "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "sharded_state": "tf.distribute has no sharded-state strategy (ParameterServerStrategy "

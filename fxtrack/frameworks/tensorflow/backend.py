@@ -48,6 +48,8 @@ class TensorFlowBackend(Backend):
             tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile)
             if self.arch.family in ("vit", "bert"):
                 tags["attention"] = train.ATTENTION
+            elif self.arch.family == "llama":
+                tags["attention"] = train.LLAMA_ATTENTION
         return tags
 
     def reduce_max(self, value: float) -> float:

@@ -15,16 +15,23 @@ from fxtrack.frameworks.keras_train import optimizer, precision_policy  # noqa: 
 # einsums and a softmax that XLA (or the tf.function graph) fuses as it can; Keras' flash path
 # is JAX/torch-only. The ``fxtrack.attention`` tag.
 ATTENTION = "keras.ops.dot_product_attention:composite"
+# The Llama's: the causal mask in the same composite, and the grouped KV heads repeated to the
+# query heads by Keras' TensorFlow backend before the einsums (it has no grouped path).
+LLAMA_ATTENTION = f"{ATTENTION}:causal:gqa-kv-repeated"
 
 
 def loss_fn(model: keras.Model, batch: dict[str, tf.Tensor], training: bool = True) -> tf.Tensor:
-    """Mean cross-entropy (images), or masked-LM cross-entropy averaged over predicted tokens;
-    logits and loss in fp32 whatever the compute dtype."""
+    """Mean cross-entropy (images), masked-LM cross-entropy averaged over predicted tokens
+    (BERT), or next-token cross-entropy averaged over every position (Llama); logits and loss
+    in fp32 whatever the compute dtype."""
     if "images" in batch:
         logits = ops.cast(model(batch["images"], training=training), "float32")  # (B, classes)
         return ops.mean(ops.sparse_categorical_crossentropy(batch["labels"], logits,
                                                             from_logits=True))
     logits = ops.cast(model(batch["input_ids"], training=training), "float32")  # (B, T, vocab)
+    if "mlm_labels" not in batch:  # a decoder LM: ``labels`` is the next token everywhere
+        return ops.mean(ops.sparse_categorical_crossentropy(batch["labels"], logits,
+                                                            from_logits=True))
     ce = ops.sparse_categorical_crossentropy(batch["mlm_labels"], logits, from_logits=True)
     w = batch["mlm_weights"]  # (B, T), 1 where the token is predicted
     return ops.sum(ce * w) / ops.sum(w)
