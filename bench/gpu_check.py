@@ -77,7 +77,8 @@ def run_job(framework: str, model: str, scenario: str, precision: str, batch: in
     return result
 
 
-def check(framework: str, model: str, scenario: str, precision: str, result: Result) -> list[str]:
+def check(framework: str, model: str, precision: str, result: Result,
+          scenario: str = "train") -> list[str]:
     """What is wrong with one job's Result (empty: it ran, on the expected fast path)."""
     if result.status != "FINISHED":
         return [f"failed: {result.error}"]
@@ -166,7 +167,7 @@ def main() -> int:
         for model, scenario, precision, batch, options in jobs:
             r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup,
                         out, args.timeout)
-            problems = check(fw, model, scenario, precision, r)
+            problems = check(fw, model, precision, r, scenario)
             rows.append((fw, model, scenario, precision, batch, r, problems))
             print(f"{fw} {model} {scenario} {precision} x{batch}: {r.status} {r.error or ''}",
                   flush=True)

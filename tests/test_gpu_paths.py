@@ -300,6 +300,14 @@ def _ok(**tags) -> Result:
                   tags={"compile_mode": "jit", "matmul_precision": "fp32", **tags})
 
 
+def test_gpu_check_wants_the_decode_figures_of_a_generate_run(gpu_check):
+    ok = _ok(attention="cudnn")
+    assert gpu_check.check("jax", "llama", "bf16", ok, "generate") == [
+        f"no {k}" for k in gpu_check.LM_GENERATE]
+    ok.metrics.update({k: 1.0 for k in gpu_check.LM_GENERATE})
+    assert gpu_check.check("jax", "llama", "bf16", ok, "generate") == []
+
+
 def test_gpu_check_passes_the_fast_paths(gpu_check):
     assert gpu_check.check("jax", "vit", "bf16", _ok(attention="cudnn")) == []
     assert gpu_check.check("jax", "vit", "fp32", _ok(attention="xla")) == []
@@ -338,7 +346,8 @@ def test_gpu_check_exits_non_zero_on_any_problem(gpu_check, monkeypatch, tmp_pat
     monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
     attention = {"vit": "cudnn", "bert": "cudnn"}
 
-    def fake_run_job(fw, model, precision, batch, steps, warmup, out, timeout_s):
+    def fake_run_job(fw, model, scenario, precision, batch, options, steps, warmup, out,
+                     timeout_s):
         att = attention.get(model) if precision != "fp32" else "xla"
         return _ok(attention=att, matmul_precision=precision if precision != "bf16" else "fp32")
 
