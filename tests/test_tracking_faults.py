@@ -436,6 +436,25 @@ def test_a_result_costs_few_requests(home, server, capsys, monkeypatch):
     assert [m.step for m in history] == [0, 1, 2]
 
 
+def test_a_long_sync_probes_health_once_not_per_entry(home, server, monkeypatch):
+    """Each delivered run counts as an answer from the server: a sync slower than the probe's
+    freshness window (a busy server, many entries) does not probe /health before each entry."""
+    monkeypatch.setattr(writer, "UP_FRESH_S", 3.0)
+    first, second = spooled(server.url, f"probe-{uuid.uuid4().hex[:6]}", n=2)
+    probes = []
+    real_urlopen = writer.urllib.request.urlopen
+
+    def counted_urlopen(url, *a, **kw):
+        probes.append(url)
+        return real_urlopen(url, *a, **kw)
+    monkeypatch.setattr(writer.urllib.request, "urlopen", counted_urlopen)
+    writer._UP[server.url] = time.monotonic() - 2.0  # the sync's probe answered 2 s ago
+    writer.deliver(first)
+    time.sleep(1.5)  # that answer is stale now; the run just delivered is not
+    writer.deliver(second)
+    assert probes == []
+
+
 def test_a_replaced_run_takes_its_artifacts_with_it(home, server):
     exp = f"repl-{uuid.uuid4().hex[:6]}"
     (entry,) = spooled(server.url, exp)
