@@ -3,15 +3,19 @@
 N spooled results (one sweep parent, N-1 children, each with the four usual artifacts) are
 delivered by K concurrent ``fxtrack sync`` processes to a basic-auth ``mlflow server
 --serve-artifacts`` backed by PostgreSQL 15, on 127.0.0.1, and the server is restarted once
-mid-way (when half the results have left the spool). Every request the syncs send is counted by
-wrapping their HTTP session (and the /health probe). Prints N, syncs, restarts, wall time,
-results/s, requests per result, duplicates, missing, left RUNNING, parent links, and the
-artifact folders that deleted runs left on the server's disk.
+mid-way (when half the results have left the spool). Every request the syncs send to the server
+is counted by wrapping their HTTP session (and the /health probe). Prints N, syncs, restarts,
+wall time, results/s, requests per result (in all and per endpoint), duplicates, missing, left
+RUNNING, parent links, and the artifact folders that deleted runs left on the server's disk.
 
-    python bench/sync_load.py [--results 300] [--syncs 6] [--restarts 1] [--json FILE]
+    python bench/sync_load.py [--results 300] [--syncs 6] [--restarts 1] [--workers 2]
+                              [--auth-cache-ttl 60] [--json FILE]
 
-Needs PostgreSQL's initdb on PATH (``.ci/postgres.sh`` installs it); ``--sqlite`` uses an
-sqlite backend instead. Target: >= 1 result/s on a quiet 2-core machine.
+``--auth-cache-ttl`` sets the server's ``auth_cache_ttl_seconds`` (basic-auth's credential
+cache; 0, MLflow's default, checks the password hash on every request). Needs PostgreSQL's
+initdb on PATH (``.ci/postgres.sh`` installs it); ``--sqlite`` uses an sqlite backend instead.
+Target: >= 1 result/s on a 2-core machine. The records carry no dataset input (a real job's
+costs one more request, ``runs/log-inputs``). Figures: docs/team-server.md.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,20 +38,30 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from servers import ADMIN, MlflowServer, Postgres  # noqa: E402
 
-# Runs `fxtrack sync` through the real CLI, counting every HTTP request it sends.
+# Runs `fxtrack sync` through the real CLI, counting every HTTP request it sends to the server
+# (MLflow's own telemetry request goes elsewhere).
 _COUNTING_SYNC = """
-import atexit, os, sys, urllib.request
+import atexit, collections, json, os, sys, urllib.request
+from urllib.parse import urlsplit
 import requests
-sent = [0]
+sent = collections.Counter()
 real_request, real_urlopen = requests.Session.request, urllib.request.urlopen
-def request(self, *a, **kw):
-    sent[0] += 1
-    return real_request(self, *a, **kw)
-def urlopen(*a, **kw):
-    sent[0] += 1
-    return real_urlopen(*a, **kw)
+def endpoint(method, url):
+    path = urlsplit(url if isinstance(url, str) else url.full_url).path
+    head, sep, _ = path.partition("/mlflow-artifacts/artifacts/")
+    return f"{method} {head + sep + '*' if sep else path}"  # one row for every artifact file
+server = os.environ["MLFLOW_TRACKING_URI"]
+def count(method, url):
+    if (url if isinstance(url, str) else url.full_url).startswith(server):  # not telemetry
+        sent[endpoint(method, url)] += 1
+def request(self, method, url, *a, **kw):
+    count(method, url)
+    return real_request(self, method, url, *a, **kw)
+def urlopen(url, *a, **kw):
+    count("GET", url)
+    return real_urlopen(url, *a, **kw)
 requests.Session.request, urllib.request.urlopen = request, urlopen
-atexit.register(lambda: open(os.environ["FXTRACK_BENCH_COUNTS"], "a").write(f"{sent[0]}\\n"))
+atexit.register(lambda: open(os.environ["FXTRACK_BENCH_COUNTS"], "a").write(json.dumps(sent) + "\\n"))
 sys.argv = ["fxtrack", "sync"]
 from fxtrack.cli import main
 main()
@@ -89,10 +104,11 @@ def waiting(home: Path) -> int:
 
 
 def run(results: int = 300, syncs: int = 6, restarts: int = 1, sqlite: bool = False,
-        workers: int = 2, wait_s: float | None = None) -> dict:
+        workers: int = 2, wait_s: float | None = None, auth_cache_ttl_s: int = 0) -> dict:
     root = Path(tempfile.mkdtemp(prefix="fxtrack-sync-load-"))
     pg = None if sqlite else Postgres().start()
-    server = MlflowServer(root / "server", auth=True, postgres=pg, workers=workers)
+    server = MlflowServer(root / "server", auth=True, postgres=pg, workers=workers,
+                          auth_cache_ttl_s=auth_cache_ttl_s)
     try:
         server.start(wait_s=600)
         home = root / "home"
@@ -129,12 +145,18 @@ def run(results: int = 300, syncs: int = 6, restarts: int = 1, sqlite: bool = Fa
         wall = time.monotonic() - started
         controller.join(timeout=600)
         figures = _audit(server, parent_id, ids)
-        sent = sum(int(x) for x in counts.read_text().split()) if counts.exists() else 0
+        by_endpoint: Counter[str] = Counter()
+        for line in (counts.read_text().splitlines() if counts.exists() else []):
+            by_endpoint.update(json.loads(line))
+        sent = sum(by_endpoint.values())
         figures.update(
-            results=results, syncs=syncs, restarts=len(done_restarts),
+            results=results, syncs=syncs, restarts=len(done_restarts), workers=workers,
+            auth_cache_ttl_s=auth_cache_ttl_s,
             restart_down_s=[round(d, 1) for d in done_restarts], wall_s=round(wall, 1),
             results_per_s=round(results / wall, 3), requests=sent,
             requests_per_result=round(sent / results, 2),
+            per_result_by_endpoint={k: round(v / results, 2)
+                                    for k, v in by_endpoint.most_common()},
             sync_exit_codes=[p.returncode for p in procs], left_in_spool=waiting(home),
             tracebacks=sum("Traceback" in o for o in outputs),
             cpus=os.cpu_count(), load_avg_1m=round(os.getloadavg()[0], 2))
@@ -189,6 +211,8 @@ def main() -> int:
     parser.add_argument("--syncs", type=int, default=6)
     parser.add_argument("--restarts", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2, help="mlflow server workers")
+    parser.add_argument("--auth-cache-ttl", type=int, default=0, metavar="S",
+                        help="the server's auth_cache_ttl_seconds (0: MLflow's default, off)")
     parser.add_argument("--sqlite", action="store_true", help="sqlite backend, no PostgreSQL")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
@@ -196,7 +220,8 @@ def main() -> int:
         print("sync_load: initdb is not on PATH: run .ci/postgres.sh first (or --sqlite)",
               file=sys.stderr)
         return 2
-    figures = run(args.results, args.syncs, args.restarts, args.sqlite, args.workers)
+    figures = run(args.results, args.syncs, args.restarts, args.sqlite, args.workers,
+                  auth_cache_ttl_s=args.auth_cache_ttl)
     for key, value in figures.items():
         print(f"{key:>34}: {value}")
     if args.json:

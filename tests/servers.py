@@ -79,8 +79,12 @@ class MlflowServer:
     """``mlflow server`` with its own stores under ``root``; ``auth=True`` runs the basic-auth app."""
 
     def __init__(self, root: Path, port: int | None = None, auth: bool = False,
-                 postgres: "Postgres | None" = None, workers: int = 2) -> None:
+                 postgres: "Postgres | None" = None, workers: int = 2,
+                 auth_cache_ttl_s: int = 0) -> None:
         self.root, self.port, self.auth, self.workers = root, port or free_port(), auth, workers
+        # basic-auth's credential cache (MLflow >= 3.x, off by default): the password hash is
+        # checked once per user per TTL instead of on every request
+        self.auth_cache_ttl_s = auth_cache_ttl_s
         self.postgres = postgres  # the backend store; None: sqlite under root
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -102,7 +106,8 @@ class MlflowServer:
                 "[mlflow]\ndefault_permission = READ\n"
                 f"database_uri = {auth_db}\n"
                 f"admin_username = {ADMIN[0]}\nadmin_password = {ADMIN[1]}\n"
-                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+                "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+                f"auth_cache_ttl_seconds = {self.auth_cache_ttl_s}\n")
             cmd += ["--app-name", "basic-auth"]
             env.update(MLFLOW_AUTH_CONFIG_PATH=str(ini), MLFLOW_FLASK_SERVER_SECRET_KEY="fxtrack-tests")
         self.log = open(self.root / "server.log", "ab")

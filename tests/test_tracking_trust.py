@@ -21,6 +21,8 @@ import pytest
 
 mlflow = pytest.importorskip("mlflow")
 
+from mlflow.entities import ViewType  # noqa: E402
+
 from fxtrack import environment  # noqa: E402
 from fxtrack.orchestrator import runner  # noqa: E402
 from fxtrack.tracking import records, spool, writer  # noqa: E402
@@ -203,6 +205,24 @@ def test_a_running_run_of_a_live_writer_is_never_deleted(home, tmp_path):
     run_id = writer.deliver(entry)
     assert client.get_run(live.info.run_id).info.lifecycle_stage == "deleted"
     assert [r.info.run_id for r in runs(uri)] == [run_id]
+
+
+def test_an_entry_logged_completely_before_is_not_logged_again(home, tmp_path):
+    """The run is created before the check for earlier runs of its result (one search per
+    result): a replay finds the finished run, and the run it had just created is deleted."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rec = synthetic(uri)
+    client = writer.client_for(uri)
+    exp = writer._experiment_id(client, "fxtrack", uri)
+    done = client.create_run(exp, tags={"fxtrack.result_id": rec["result_id"],
+                                        writer.WRITER_TAG: f"{socket.gethostname()}:1:1"})
+    client.set_terminated(done.info.run_id, "FINISHED")
+    assert writer.deliver(spool.write(rec, {"result.json": "{}"})) == done.info.run_id
+    assert [r.info.run_id for r in runs(uri)] == [done.info.run_id]
+    assert list(spool.pending()) == []
+    deleted = client.search_runs([exp], run_view_type=ViewType.DELETED_ONLY)
+    assert [r.data.tags["fxtrack.result_id"] for r in deleted] == [rec["result_id"]]
+    assert client.list_artifacts(done.info.run_id) == []  # nothing logged into it again
 
 
 def test_a_claimed_entry_is_not_delivered_twice_and_dead_claims_come_back(home, tmp_path):

@@ -58,7 +58,8 @@ PROBE_TIMEOUT_S = float(os.environ.get("FXTRACK_PROBE_TIMEOUT_S", "5"))
 # A server found unreachable is spooled for without trying for this long (s), then probed again:
 # a sweep's later jobs see it come back after a restart instead of giving up for good.
 DOWN_RECHECK_S = float(os.environ.get("FXTRACK_DOWN_RECHECK_S", "60"))
-# A /health answer is trusted for this long (s): one probe per sync, not one per entry.
+# A /health answer, or a run it just took whole, is trusted for this long (s): one probe per
+# sync and after failures, not one per entry.
 UP_FRESH_S = 30.0
 SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
 _DOWN: dict[str, tuple[str, float]] = {}  # uri -> (why, when): spool at once until rechecked
@@ -459,13 +460,16 @@ def _deliver_record(record: dict[str, Any], files: list[tuple[str, Path | str]],
     payload = prepare(record, files)  # the entry's own faults, before any request
     try:
         probe(target)
-        return _log(record, payload, target)
+        run_id = _log(record, payload, target)
     except Exception as e:  # noqa: BLE001 - every delivery error is classified, none crashes
         error = classify(e, record)
         if isinstance(error, ServerUnreachable) and not isinstance(e, TrackingUnavailable) and \
                 target.startswith(("http://", "https://")):
             mark_down(target, str(error))  # the next entries spool at once until rechecked
         raise error from None
+    if target in _UP:  # it just answered every request of a run: as good as a /health probe
+        _UP[target] = time.monotonic()
+    return run_id
 
 
 def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
@@ -477,26 +481,26 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         exp_id = record.get("experiment_id") or _experiment_id(client, record["experiment"], uri)
     if adopt or record.get("experiment_id"):  # made by `mlflow run`, not by fxtrack
         _ensure_kind(client, exp_id, uri)
-    existing = find_run(client, exp_id, record["result_id"])
     if record["kind"] == "sweep":
+        existing = find_run(client, exp_id, record["result_id"])
         run_id, artifact_uri = (existing.info.run_id, existing.info.artifact_uri) if existing \
-            else _create(client, exp_id, record, payload, uri, adopt)
+            else _create(client, exp_id, record, payload, uri, adopt)[:2]
         if record["status"] != "RUNNING":
             client.log_batch(run_id, metrics=payload.metrics, params=payload.params,
                              tags=payload.tags)
             _upload(client, run_id, uri, artifact_uri if run_id != adopt else None, payload.files)
             client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
+        _PARENTS[(uri, exp_id, record["result_id"])] = run_id  # its children need no search
         return run_id
-    if existing is not None:
-        if existing.info.status != "RUNNING":
+    if adopt:
+        existing = find_run(client, exp_id, record["result_id"])
+        if existing is not None and existing.info.status != "RUNNING":
             return existing.info.run_id  # logged completely before: nothing to do
-        if existing.info.run_id != adopt and (_stale(existing) or _mine(existing)):
-            # a half-logged attempt nobody writes now
-            _discard(client, uri, existing.info.run_id, existing.info.artifact_uri)
-        elif existing.info.run_id != adopt:
-            raise TryAgain(f"run {existing.info.run_id} for this result is being written by "
-                           "another process; try again later")
-    run_id, artifact_uri = _create(client, exp_id, record, payload, uri, adopt)
+    # A new job's run is created first and checked for earlier runs of its result after: one
+    # search per result instead of one before and one after (_create)
+    run_id, artifact_uri, before = _create(client, exp_id, record, payload, uri, adopt)
+    if before:
+        return run_id
     try:
         if adopt:
             payload = _without_param_clashes(client, adopt, payload)
@@ -655,11 +659,19 @@ def _mine(run) -> bool:
 
 
 def _create(client: MlflowClient, exp_id: str, record: dict[str, Any], payload: Payload,
-            uri: str, adopt: Optional[str] = None) -> tuple[str, Optional[str]]:
-    """A new run for ``record`` (or the adopted one), tagged with its result id and parent, and
-    its artifact location (None for an adopted run). After create_run, runs with the same
-    result id are looked up again: when a concurrent writer made one too, the oldest is kept
-    and the others deleted (exactly one per result)."""
+            uri: str, adopt: Optional[str] = None) -> tuple[str, Optional[str], bool]:
+    """A new run for ``record`` (or the adopted one), tagged with its result id and parent:
+    (run id, its artifact location or None for an adopted run, whether the result was logged
+    completely before). After create_run the runs with the same result id are looked up, once:
+
+    - one that is finished (FINISHED, FAILED, KILLED: closed only once everything was logged)
+      is the result's run: ours is deleted and that one returned;
+    - a RUNNING one whose writer is gone (_stale) or was this process (_mine) is a half-logged
+      attempt: deleted with its artifacts;
+    - a RUNNING one of another live writer that began its attempt before ours wins: ours is
+      deleted (TryAgain); ours began first: the other writer deletes its own on its own check.
+
+    So exactly one run per result survives, whoever writes it."""
     tags = {t.key: t.value for t in payload.tags}
     tags.update({"fxtrack.result_id": record["result_id"], WRITER_TAG: _writer_tag()})
     parent_id = record.get("parent_result_id")
@@ -672,17 +684,42 @@ def _create(client: MlflowClient, exp_id: str, record: dict[str, Any], payload: 
                 if not k.startswith(("mlflow.source.", "mlflow.user", "mlflow.git"))}
         tags["mlflow.runName"] = record["run_name"]
         client.log_batch(adopt, tags=[RunTag(k, str(v)) for k, v in tags.items()])
-        return adopt, None
+        return adopt, None, False
     run = client.create_run(exp_id, run_name=record["run_name"], tags=tags,
                             start_time=record.get("start_time_ms"))
     mine = run.info.run_id
-    same = find_runs(client, exp_id, record["result_id"])
-    keep = same[0].info.run_id if same else mine
-    if keep != mine:
+    others = [r for r in find_runs(client, exp_id, record["result_id"])
+              if r.info.run_id != mine]
+    done = [r for r in others if r.info.status != "RUNNING"]
+    if done:
+        client.delete_run(mine)  # nothing was logged into it yet: no artifacts to remove
+        return done[0].info.run_id, done[0].info.artifact_uri, True
+    live = []
+    for other in others:
+        if _stale(other) or _mine(other):
+            _discard(client, uri, other.info.run_id, other.info.artifact_uri)
+        else:
+            live.append(other)
+    first = min(live, key=_attempt_order, default=None)
+    if first is not None and _attempt_order(first) < (_attempt_ms(tags[WRITER_TAG]), mine):
         client.delete_run(mine)  # another writer got there first: its run is the one
-        raise TryAgain(f"run {keep} for this result was created concurrently by another "
-                       "process")
-    return mine, run.info.artifact_uri
+        raise TryAgain(f"run {first.info.run_id} for this result is being written by another "
+                       "process; try again later")
+    return mine, run.info.artifact_uri, False
+
+
+def _attempt_ms(writer: str) -> float:
+    try:
+        return float(writer.rsplit(":", 1)[-1])
+    except ValueError:
+        return 0.0
+
+
+def _attempt_order(run) -> tuple[float, str]:
+    """When a run's attempt began (its writer tag), then its id: of two live writers of one
+    result, the earlier attempt keeps its run, so a writer's retry never displaces a run in
+    progress (the runs' start times are the result's, the same for every attempt)."""
+    return _attempt_ms(run.data.tags.get(WRITER_TAG, "")), run.info.run_id
 
 
 def _parent_run(client: MlflowClient, exp_id: str, parent_id: str, uri: str) -> Optional[str]:
