@@ -18,6 +18,11 @@ The peak FLOP/s cache is the user's own ($FXTRACK_CACHE): a job after the first 
 
     python bench/job_overhead.py                          # torch, 5 rounds
     python bench/job_overhead.py --frameworks torch,jax --rounds 9
+    git worktree add /tmp/before HEAD~3 && python bench/job_overhead.py --compare-root /tmp/before
+
+``--compare-root DIR`` adds a third arm in the same rounds: fxtrack from another checkout (e.g.
+before a change), so that a before/after comparison shares the machine's state, which on a
+shared machine drifts more from minute to minute than the change itself.
 
 Target (issue 26): fxtrack at most ~1.5 s above the bare script per tiny job.
 """
@@ -82,6 +87,12 @@ def compose_spec(framework: str, workdir: Path) -> Path:
     return path
 
 
+def with_root(env: dict[str, str], root: Path) -> dict[str, str]:
+    """``env`` importing fxtrack from the checkout at ``root`` first."""
+    return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(root),
+                                                              os.environ.get("PYTHONPATH")])))
+
+
 def timed_run(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
     out = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -92,35 +103,36 @@ def timed_run(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     return wall
 
 
-def measure(framework: str, rounds: int, scratch: Path) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
-                                                                    os.environ.get("PYTHONPATH")])),
-               FXTRACK_HOME=str(scratch / "home"))  # a scratch spool; the peak cache is the user's
-    env.pop("MLFLOW_TRACKING_URI", None)
+def measure(framework: str, rounds: int, scratch: Path, compare: Path | None = None) -> dict:
+    env = with_root(dict(os.environ, FXTRACK_HOME=str(scratch / "home")), ROOT)  # a scratch
+    env.pop("MLFLOW_TRACKING_URI", None)  # spool; the peak FLOP/s cache is the user's own
     spec = compose_spec(framework, scratch)
-    arms = {
-        "fxtrack": [sys.executable, "-m", "fxtrack", f"framework={framework}", *OVERRIDES,
-                    f"tracking.uri=sqlite:///{scratch / 'mlflow.db'}", "tracking.experiment=overhead"],
-        "bare": [sys.executable, str(Path(__file__).resolve()), "--bare", str(spec)],
-    }
-    for arm, cmd in arms.items():  # untimed: file cache, the store's creation, a calibration
-        timed_run(cmd, scratch, env)
+    fx = [sys.executable, "-m", "fxtrack", f"framework={framework}", *OVERRIDES,
+          f"tracking.uri=sqlite:///{scratch / 'mlflow.db'}", "tracking.experiment=overhead"]
+    arms = {"fxtrack": (fx, env),
+            "bare": ([sys.executable, str(Path(__file__).resolve()), "--bare", str(spec)], env)}
+    if compare is not None:
+        arms["compared"] = (fx, with_root(env, compare))
+    for cmd, arm_env in arms.values():  # untimed: file cache, the store, a calibration
+        timed_run(cmd, scratch, arm_env)
     got: dict[str, list[float]] = {arm: [] for arm in arms}
+    order = list(arms)
     for r in range(rounds):
-        for arm in (("fxtrack", "bare") if r % 2 == 0 else ("bare", "fxtrack")):
-            got[arm].append(timed_run(arms[arm], scratch, env))
-        print(f"{framework} round {r + 1}: fxtrack {got['fxtrack'][-1]:.2f} s, bare "
-              f"{got['bare'][-1]:.2f} s", file=sys.stderr, flush=True)
+        for arm in order[r % len(order):] + order[:r % len(order)]:  # rotated round to round
+            got[arm].append(timed_run(arms[arm][0], scratch, arms[arm][1]))
+        print(f"{framework} round {r + 1}: " + ", ".join(f"{arm} {got[arm][-1]:.2f} s"
+                                                         for arm in arms),
+              file=sys.stderr, flush=True)
     return {"framework": framework, **got}
 
 
-def summary(row: dict) -> str:
+def summary(row: dict, arm: str = "fxtrack", label: str = "") -> str:
     from fxtrack import stats
 
-    diffs = [f - b for f, b in zip(row["fxtrack"], row["bare"])]
+    diffs = [f - b for f, b in zip(row[arm], row["bare"])]
     ci = stats.t_interval(diffs)
-    fx, bare_s = stats.median(row["fxtrack"]), stats.median(row["bare"])
-    return (f"{row['framework']:<11} {len(diffs):>6} {fx:>11.2f} {bare_s:>8.2f}  "
+    fx, bare_s = stats.median(row[arm]), stats.median(row["bare"])
+    return (f"{row['framework'] + label:<22} {len(diffs):>6} {fx:>11.2f} {bare_s:>8.2f}  "
             f"{f'{stats.median(diffs):+.2f} [{ci.low:+.2f}, {ci.high:+.2f}]':<24} {fx / bare_s:>6.2f}")
 
 
@@ -128,6 +140,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frameworks", default="torch", help="comma-separated (default: torch)")
     parser.add_argument("--rounds", type=int, default=5, help="paired rounds after one untimed")
+    parser.add_argument("--compare-root", type=Path, metavar="DIR",
+                        help="also time fxtrack from this checkout, in the same rounds")
     parser.add_argument("--bare", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
@@ -140,14 +154,16 @@ def main() -> None:
             print(f"{fw}: not installed, skipped")
             continue
         with tempfile.TemporaryDirectory(prefix="fxtrack-overhead-") as tmp:
-            rows.append(measure(fw, args.rounds, Path(tmp)))
+            rows.append(measure(fw, args.rounds, Path(tmp), args.compare_root))
     print(f"\n{' '.join(OVERRIDES)}, whole-process wall time, {args.rounds} paired rounds, "
           f"{os.cpu_count()} cores; difference = fxtrack - bare per round: median [95% t interval "
           "of the mean]")
-    print(f"{'framework':<11} {'rounds':>6} {'fxtrack s':>11} {'bare s':>8}  {'difference s':<24} "
+    print(f"{'framework':<22} {'rounds':>6} {'fxtrack s':>11} {'bare s':>8}  {'difference s':<24} "
           f"{'ratio':>6}")
     for row in rows:
         print(summary(row))
+        if "compared" in row:
+            print(summary(row, "compared", f" ({args.compare_root.name})"))
     print(json.dumps(rows))
 
 

@@ -21,6 +21,25 @@ from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.scenarios import rules
 
 
+# The read end of a pipe from the orchestrator (runner.run_worker): the worker imports its
+# framework, then waits here while the orchestrator finishes loading MLflow, so that the two
+# overlap without sharing the cores during the build or the timed window.
+GATE_ENV = "FXTRACK_GATE_FD"
+
+
+def wait_for_go() -> bool:
+    """Wait at the orchestrator's gate, if it set one: True to go on (no gate: at once), False
+    when it closed the gate without a word (it stopped, or died: nothing to run for)."""
+    fd = os.environ.pop(GATE_ENV, None)  # not inherited by this worker's own children
+    if fd is None:
+        return True
+    try:
+        with os.fdopen(int(fd), "rb", buffering=0) as gate:
+            return gate.read(1) == b"1"
+    except (OSError, ValueError):  # not a pipe from us after all: nothing to wait for
+        return True
+
+
 def prepare_environment(spec: JobSpec) -> None:
     """Environment the framework reads when it initialises, so set before it is imported: the
     framework-neutral part here, then the framework's own (its declaration's hook)."""
@@ -79,6 +98,9 @@ def run(spec: JobSpec) -> Result:
         if why is not None:
             result.resolved["device_kind"] = kind  # filed with the runs of its hardware
             raise NotSupported(why)
+        if not wait_for_go():
+            result.error = "the orchestrator stopped before the run started"
+            return result
         import_path(spec.runner)(backend, result)
         result.tags.update(backend.device_tags())
         result.status = "FINISHED"
