@@ -107,6 +107,30 @@ def test_a_stopped_gate_leaves_the_worker_unrun(tmp_path, monkeypatch):
     assert worker.GATE_ENV not in os.environ  # not handed on to the worker's own children
 
 
+def test_the_gate_opens_after_the_build_before_anything_is_timed(monkeypatch):
+    """The worker builds the model, then waits: the build overlaps the orchestrator's MLflow
+    load, the warm-up and the timed window do not."""
+    from fxtrack.worker import __main__ as worker
+
+    for said, outcome in ((b"1", "went on"), (b"", "stopped")):
+        read, write = os.pipe()
+        os.write(write, said)
+        os.close(write)
+        monkeypatch.setenv(worker.GATE_ENV, str(read))
+        events = []
+        backend = SimpleNamespace(build=lambda batch: events.append(
+            ("built", batch, worker.GATE_ENV in os.environ)))
+        worker.gate_after_build(backend)
+        try:
+            backend.build(4)
+            events.append("went on")
+        except worker.GateClosed:
+            events.append("stopped")
+        assert events == [("built", 4, True), outcome]  # built while the gate was still shut
+        backend.build(2)  # a second build does not wait again
+        assert events[-1] == ("built", 2, False)
+
+
 def test_a_sqlite_store_is_checked_without_importing_mlflow(tmp_path):
     """preflight on an existing embedded store: a deleted experiment still stops the run (exit 2,
     its restore command), a live one passes, and neither imports MLflow."""

@@ -40,9 +40,10 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     to ``job_dir/worker.log`` (and the terminal when ``echo``), and return its Result.
 
     ``meanwhile``: work of this process (loading MLflow) done while the worker starts, i.e.
-    imports its framework; the worker waits at its gate (worker.__main__.wait_for_go) until it
-    is done, so it never shares the cores with the model's build or timed window. Under
-    torchrun (no way to hand the gate to its ranks) it is done before the worker starts."""
+    imports its framework and builds the model; the worker waits at its gate
+    (worker.__main__.gate_after_build) until it is done, so that work never shares the cores
+    with a warm-up or timed window. Under torchrun (no way to hand the gate to its ranks) it
+    is done before the worker starts."""
     spec_path, log_path = job_dir / "spec.json", job_dir / "worker.log"
     spec.dump(spec_path)
     Path(spec.result_path).unlink(missing_ok=True)

@@ -8,6 +8,7 @@ import platform
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from fxtrack import policy
 from fxtrack.frameworks.declaration import (
@@ -22,9 +23,14 @@ from fxtrack.scenarios import rules
 
 
 # The read end of a pipe from the orchestrator (runner.run_worker): the worker imports its
-# framework, then waits here while the orchestrator finishes loading MLflow, so that the two
-# overlap without sharing the cores during the build or the timed window.
+# framework and builds the model (nothing of it is timed), then waits here while the
+# orchestrator finishes loading MLflow, so that the two overlap without sharing the cores
+# during the warm-up or the timed window.
 GATE_ENV = "FXTRACK_GATE_FD"
+
+
+class GateClosed(RuntimeError):
+    """The orchestrator closed the gate without a word: it stopped, or died."""
 
 
 def wait_for_go() -> bool:
@@ -38,6 +44,20 @@ def wait_for_go() -> bool:
             return gate.read(1) == b"1"
     except (OSError, ValueError):  # not a pipe from us after all: nothing to wait for
         return True
+
+
+def gate_after_build(backend: Any) -> None:
+    """Wait at the gate once ``backend`` has built its model: every scenario builds before it
+    times anything (scenarios.timed.build), and a build times nothing itself."""
+    build = backend.build
+
+    def build_then_wait(*args: Any, **kwargs: Any) -> Any:
+        out = build(*args, **kwargs)
+        if not wait_for_go():
+            raise GateClosed("the orchestrator stopped before the run started")
+        return out
+
+    backend.build = build_then_wait
 
 
 def prepare_environment(spec: JobSpec) -> None:
@@ -98,12 +118,12 @@ def run(spec: JobSpec) -> Result:
         if why is not None:
             result.resolved["device_kind"] = kind  # filed with the runs of its hardware
             raise NotSupported(why)
-        if not wait_for_go():
-            result.error = "the orchestrator stopped before the run started"
-            return result
+        gate_after_build(backend)
         import_path(spec.runner)(backend, result)
         result.tags.update(backend.device_tags())
         result.status = "FINISHED"
+    except GateClosed as e:  # nothing ran: no traceback, the orchestrator has its own error
+        result.error = str(e)
     except Exception as e:  # the orchestrator turns this into a FAILED run with the traceback
         traceback.print_exc()
         result.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
