@@ -207,3 +207,37 @@ def test_job_overhead_bare_arm_trains_from_the_spec(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("bare: 1+1 steps of batch 2, last loss ")
     assert json.loads(path.read_text())["result_id"] == spec.result_id
+
+
+EXIT_NOW = """
+import atexit, sys, tempfile, threading, time
+from pathlib import Path
+from fxtrack import cli
+out = Path(sys.argv[1])
+keep = tempfile.TemporaryDirectory(dir=out)  # a weakref finalizer: removed at exit
+(out / "tmpdir").write_text(keep.name)
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+def late():
+    time.sleep(0.5)
+    (out / "thread").write_text("joined")
+threading.Thread(target=late).start()
+print("buffered", end="")
+sys.argv[1:] = []
+cli._main = lambda: sys.exit(EXIT)
+cli._RAN_APP.append(True)
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("code, status", [("3", 3), ("None", 0), ("'fxtrack: a message'", 1)])
+def test_exit_now_keeps_what_the_interpreters_teardown_would_do(tmp_path, code, status):
+    """The run's end skips Python's module teardown (~0.5 s with MLflow loaded), not what the
+    teardown is for: exit status, threads joined, atexit handlers, finalizers, flushed output."""
+    out = subprocess.run([sys.executable, "-c", EXIT_NOW.replace("EXIT", code), str(tmp_path)],
+                         env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == status, out.stderr
+    assert out.stdout == "buffered"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "thread").read_text() == "joined"
+    assert not Path((tmp_path / "tmpdir").read_text()).exists()
+    assert out.stderr == ("fxtrack: a message\n" if status == 1 else "")
