@@ -33,10 +33,17 @@ class GateClosed(RuntimeError):
     """The orchestrator closed the gate without a word: it stopped, or died."""
 
 
-def wait_for_go() -> bool:
-    """Wait at the orchestrator's gate, if it set one: True to go on (no gate: at once), False
-    when it closed the gate without a word (it stopped, or died: nothing to run for)."""
-    fd = os.environ.pop(GATE_ENV, None)  # not inherited by this worker's own children
+def take_gate() -> str | None:
+    """The gate's file descriptor, taken out of the environment (so that no process this
+    worker starts sees it); None without a gate."""
+    return os.environ.pop(GATE_ENV, None)
+
+
+def wait_for_go(fd: str | None = None) -> bool:
+    """Wait at the orchestrator's gate (``fd``, else the environment's), if it set one: True to
+    go on (no gate: at once), False when it closed the gate without a word (it stopped, or
+    died: nothing to run for)."""
+    fd = take_gate() if fd is None else fd
     if fd is None:
         return True
     try:
@@ -49,11 +56,13 @@ def wait_for_go() -> bool:
 def gate_after_build(backend: Any) -> None:
     """Wait at the gate once ``backend`` has built its model: every scenario builds before it
     times anything (scenarios.timed.build), and a build times nothing itself."""
-    build = backend.build
+    build, gate = backend.build, take_gate()
 
     def build_then_wait(*args: Any, **kwargs: Any) -> Any:
+        nonlocal gate
         out = build(*args, **kwargs)
-        if not wait_for_go():
+        fd, gate = gate, None  # one wait: a later build goes on at once
+        if fd is not None and not wait_for_go(fd):
             raise GateClosed("the orchestrator stopped before the run started")
         return out
 
