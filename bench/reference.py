@@ -192,6 +192,8 @@ def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
         # fxtrack's BERT ties its masked-LM head to the token embedding; so does this one
         logits = backbone.token_embedding(backbone(inputs)["sequence_output"], reverse=True)
         model = keras.Model(inputs, logits)
+        # the pooler (for classification) is not on the masked-LM path: no gradient, no update
+        backbone.get_layer("pooled_dense").trainable = False
         ids = data["input_ids"]
         x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids)}
         y, weights = data["mlm_labels"], data["mlm_weights"]
