@@ -1,136 +1,374 @@
-"""fxtrack's models against the well-known public implementation in the same framework, trained
-side by side in one process with the same loop, batch, optimiser and precision, alternated over
-rounds (ours, theirs, ours, theirs, ...), medians compared. A ratio >= 1 means fxtrack's model
-trains at least as fast as the public one.
+"""fxtrack's models against the public implementation a user would pick in the same framework,
+each trained with the same batch, optimiser (AdamW / SGD as fxtrack uses) and precision, one
+process per arm, in rotated rounds; a ratio >= 1 means fxtrack trains at least as fast.
 
-    pip install transformers          # the PyTorch references (built from configs, no download)
-    python bench/reference.py [--rounds 3] [--only bert,vit,resnet50-keras]
+Rows (model, framework) and their references, all built from explicit arguments (no download):
+  vit / bert       torch       Hugging Face ``ViTForImageClassification`` / ``BertForMaskedLM``
+                               (SDPA attention), eager and ``torch.compile``
+  resnet50         torch       ``torchvision.models.resnet50`` (v1.5), eager and ``torch.compile``
+  resnet50         tensorflow  ``keras.applications.ResNet50`` (v1: its stride sits on the first
+                               1x1 conv, ~3% fewer FLOPs, which flatters the reference slightly),
+                               ``tf.function`` and XLA
+  vit / bert       tensorflow  keras-hub ``ViTBackbone`` + a dense head on the class token /
+                   jax         ``BertBackbone`` + its tied embedding as the masked-LM head, on the
+                               Keras backend of that framework, ``compile(jit_compile="auto")``
+                               (Keras' default) and ``jit_compile=True``
 
-References: Hugging Face ``BertForMaskedLM`` and ``ViTForImageClassification`` (PyTorch, SDPA
-attention), ``keras.applications.ResNet50`` (TensorFlow; ResNet v1, whose stride sits on the
-first 1x1 conv: ~3% fewer FLOPs than v1.5, so the ratio slightly flatters the reference).
+Every row times fxtrack at its default (``framework.compile=auto``) against the reference at its
+best mode (``--modes all`` adds fxtrack with ``framework.compile=true`` and the reference's
+default mode). Each arm is a process of its own (Keras' backend is per process), started,
+built and warmed up one at a time, then timed ``--steps`` steps per round, the arms' order
+rotated round to round, while the others wait. Reported: each arm's median samples/s with the
+95% t interval of the mean log throughput, and each arm's ratio to the reference's best per
+round (paired), its median and the 95% t interval of the mean log ratio (fxtrack/stats.py).
+
+    pip install transformers keras-hub          # the references; torchvision for ResNet-50 (torch)
+    python bench/reference.py [--rounds 5] [--only vit-tensorflow,bert-jax] [--modes all]
+    python bench/reference.py --quick           # every row at tiny widths: a smoke run
+
+A reference that is not installed makes its row say so instead of failing.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
 import time
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
-ROUNDS, WARMUP, STEPS = 3, 2, 8
+ROOT = Path(__file__).resolve().parents[1]
+ROUNDS, WARMUP, STEPS, BATCH = 5, 2, 8, 8
 # Small but real: full widths, 4 layers; BERT at 128 tokens, ViT and ResNet-50 at 128 pixels.
-BERT = dict(layers=4, seq_len=128)
-VIT = dict(layers=4, image_size=128)
-BATCH = 8
+SIZES = {"vit": dict(layers=4, image_size=128), "bert": dict(layers=4, seq_len=128),
+         "resnet50": dict(image_size=128)}
+# --quick: tiny widths, to prove each row runs, not to measure it.
+QUICK = {"vit": dict(layers=1, image_size=32, hidden=64, heads=2, mlp_dim=128, num_classes=10),
+         "bert": dict(layers=1, seq_len=16, hidden=64, heads=2, mlp_dim=128, vocab_size=512),
+         "resnet50": dict(image_size=32, width=8, num_classes=10)}
+
+# row -> (model, framework, reference, its default mode, its best mode, what it needs)
+ROWS = {
+    "vit-torch": ("vit", "torch", "hf", "eager", "compile", "transformers"),
+    "bert-torch": ("bert", "torch", "hf", "eager", "compile", "transformers"),
+    "resnet50-torch": ("resnet50", "torch", "torchvision", "eager", "compile", "torchvision"),
+    "resnet50-tensorflow": ("resnet50", "tensorflow", "keras-app", "graph", "xla", "keras"),
+    "vit-tensorflow": ("vit", "tensorflow", "keras-hub", "auto", "xla", "keras_hub"),
+    "bert-tensorflow": ("bert", "tensorflow", "keras-hub", "auto", "xla", "keras_hub"),
+    "vit-jax": ("vit", "jax", "keras-hub", "auto", "xla", "keras_hub"),
+    "bert-jax": ("bert", "jax", "keras-hub", "auto", "xla", "keras_hub"),
+}
+KERAS_BACKEND = {"tensorflow": "tensorflow", "jax": "jax"}
 
 
-def timed(step: Callable[[], None]) -> float:
-    for _ in range(WARMUP):
-        step()
-    t0 = time.perf_counter()
-    for _ in range(STEPS):
-        step()
-    return BATCH * STEPS / (time.perf_counter() - t0)
+# ---------------------------------------------------------------------------------------- arms
+# Each arm runs in its own process: built, warmed up, then "steps N" on stdin -> samples/s.
+
+def job(arm: dict):
+    """The JobSpec of the arm's framework, for fxtrack's backend and the worker's environment
+    (threads, XLA flags), which every arm of the row gets alike."""
+    import uuid
+
+    from fxtrack import architectures
+    from fxtrack.config.frameworks import packages
+    from fxtrack.job import JobSpec
+
+    arch = architectures.resolve(arm["model"], **arm["dims"])
+    mode = arm["mode"] if arm["kind"] == "fxtrack" else "auto"
+    return arch, JobSpec(
+        result_id=uuid.uuid4().hex, framework=arm["framework"],
+        package=packages()[arm["framework"]], scenario="train",
+        runner="fxtrack.scenarios.train:run", arch=arch.to_json(), precision="fp32",
+        hardware="auto", devices=1, compile=mode != "false", compile_request=mode, seed=0,
+        batch_size=arm["batch"], steps=1, warmup_steps=0, result_path="", progress=False)
 
 
-def torch_pair(name: str) -> tuple[Callable[[], None], Callable[[], None]]:
+def fxtrack_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
+    from fxtrack.frameworks.declaration import declaration, import_path
+
+    backend = import_path(declaration(spec.package).backend)(spec)
+    kind = backend.device_kind()
+    spec.compile, _ = declaration(spec.package).resolve_compile(kind, arch.family,
+                                                                spec.compile_request)
+    backend.build(arm["batch"])
+    return backend.train_step, backend.framework.compile_mode_tag(spec.compile, spec.compile_mode)
+
+
+def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
     import torch
     import torch.nn.functional as F
-    import transformers as hf
 
-    from fxtrack import architectures, synthetic
-    from fxtrack.frameworks.torch import models, train
+    from fxtrack import synthetic
+    from fxtrack.frameworks.torch import train
 
     torch.manual_seed(0)
-    arch = architectures.resolve(name, **(BERT if name == "bert" else VIT))
-    data = synthetic.make_batch(arch, BATCH, 0)
-    if name == "bert":
-        ref = hf.BertForMaskedLM(hf.BertConfig(num_hidden_layers=arch.layers, hidden_dropout_prob=0.0,
-                                               attention_probs_dropout_prob=0.0),
-                                 ).to(torch.float32)
+    data = synthetic.make_batch(arch, arm["batch"], 0)
+    if arm["reference"] == "torchvision":
+        import torchvision
+
+        model = torchvision.models.resnet50(num_classes=arch.num_classes)
+        model = model.to(memory_format=torch.channels_last)  # as fxtrack runs ResNet-50
+        x = torch.from_numpy(data["images"]).permute(0, 3, 1, 2).contiguous(
+            memory_format=torch.channels_last)
+        y = torch.from_numpy(data["labels"]).long()
+        forward = lambda m: F.cross_entropy(m(x), y)  # noqa: E731
+    elif arch.family == "bert":
+        import transformers as hf
+
+        model = hf.BertForMaskedLM(hf.BertConfig(
+            vocab_size=arch.vocab_size, hidden_size=arch.hidden, num_hidden_layers=arch.layers,
+            num_attention_heads=arch.heads, intermediate_size=arch.mlp_dim,
+            max_position_embeddings=arch.max_position, hidden_dropout_prob=0.0,
+            attention_probs_dropout_prob=0.0, attn_implementation="sdpa"))
         ids = torch.from_numpy(data["input_ids"]).long()
         labels = torch.where(torch.from_numpy(data["mlm_weights"]) > 0,
                              torch.from_numpy(data["mlm_labels"]).long(), -100)
-        ref_loss = lambda: ref(input_ids=ids, labels=labels).loss  # noqa: E731
-        batch = {"input_ids": ids, "mlm_labels": torch.from_numpy(data["mlm_labels"]).long(),
-                 "mlm_weights": torch.from_numpy(data["mlm_weights"])}
+        forward = lambda m: m(input_ids=ids, labels=labels).loss  # noqa: E731
     else:
-        ref = hf.ViTForImageClassification(hf.ViTConfig(
-            num_hidden_layers=arch.layers, image_size=arch.image_size, num_labels=1000,
-            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        import transformers as hf
+
+        model = hf.ViTForImageClassification(hf.ViTConfig(
+            hidden_size=arch.hidden, num_hidden_layers=arch.layers,
+            num_attention_heads=arch.heads, intermediate_size=arch.mlp_dim,
+            image_size=arch.image_size, patch_size=arch.patch, num_labels=arch.num_classes,
+            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+            attn_implementation="sdpa"))
         x = torch.from_numpy(data["images"]).permute(0, 3, 1, 2).contiguous()
         y = torch.from_numpy(data["labels"]).long()
-        ref_loss = lambda: F.cross_entropy(ref(pixel_values=x).logits, y)  # noqa: E731
-        batch = {"images": x, "labels": y}
-    ref.config._attn_implementation = "sdpa"
-    ours = models.build(arch)
-    opts = {m: train.optimizer(m, arch, torch.device("cpu")) for m in (ours, ref)}
+        forward = lambda m: F.cross_entropy(m(pixel_values=x).logits, y)  # noqa: E731
+    model.train()
+    opt = train.optimizer(model, arch, torch.device("cpu"), arm["batch"])  # fxtrack's, fused
+    run = torch.compile(model) if arm["mode"] == "compile" else model
 
-    def step(model, loss_fn):
-        def run():
-            opts[model].zero_grad(set_to_none=True)
-            loss_fn().backward()
-            opts[model].step()
-        return run
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = forward(run)
+        loss.backward()
+        opt.step()
+        return loss.item()
 
-    return step(ours, lambda: train.loss_fn(ours, batch)), step(ref, ref_loss)
+    return step, arm["mode"]
 
 
-def keras_resnet_pair() -> tuple[Callable[[], None], Callable[[], None]]:
+def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
     import keras
-    import tensorflow as tf
 
-    from fxtrack import architectures, synthetic
-    from fxtrack.frameworks import keras_models as models
+    from fxtrack import synthetic
+    from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 
-    arch = architectures.resolve("resnet50", image_size=128)
-    data = synthetic.make_batch(arch, BATCH, 0)
-    x, y = tf.constant(data["images"]), tf.constant(data["labels"])
-    ours = models.build(arch)
-    ref = keras.applications.ResNet50(weights=None, input_shape=(128, 128, 3), classes=1000,
-                                      classifier_activation=None)
+    keras.utils.set_random_seed(0)
+    data = synthetic.make_batch(arch, arm["batch"], 0)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    if arm["reference"] == "keras-app":
+        model = keras.applications.ResNet50(weights=None, input_shape=data["images"].shape[1:],
+                                            classes=arch.num_classes, classifier_activation=None)
+        x, y, weights = data["images"], data["labels"], None
+    elif arch.family == "vit":
+        import keras_hub
 
-    def step(model):
-        opt = keras.optimizers.SGD(0.1, momentum=0.9)
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        backbone = keras_hub.models.ViTBackbone(
+            image_shape=data["images"].shape[1:], patch_size=arch.patch, num_layers=arch.layers,
+            num_heads=arch.heads, hidden_dim=arch.hidden, mlp_dim=arch.mlp_dim)
+        images = keras.Input(data["images"].shape[1:])
+        logits = keras.layers.Dense(arch.num_classes)(backbone(images)[:, 0])  # class token
+        model = keras.Model(images, logits)
+        x, y, weights = data["images"], data["labels"], None
+    else:
+        import keras_hub
+        import numpy as np
 
-        @tf.function(jit_compile=False)
-        def train():
-            with tf.GradientTape() as tape:
-                value = loss(y, model(x, training=True))
-            opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables),
-                                    model.trainable_variables))
-            return value
+        backbone = keras_hub.models.BertBackbone(
+            vocabulary_size=arch.vocab_size, num_layers=arch.layers, num_heads=arch.heads,
+            hidden_dim=arch.hidden, intermediate_dim=arch.mlp_dim, dropout=0.0,
+            max_sequence_length=arch.max_position)
+        t = arch.seq_len
+        inputs = {name: keras.Input((t,), dtype="int32", name=name)
+                  for name in ("token_ids", "segment_ids", "padding_mask")}
+        # fxtrack's BERT ties its masked-LM head to the token embedding; so does this one
+        logits = backbone.token_embedding(backbone(inputs)["sequence_output"], reverse=True)
+        model = keras.Model(inputs, logits)
+        # the pooler (for classification) is not on the masked-LM path: no gradient, no update
+        backbone.get_layer("pooled_dense").trainable = False
+        ids = data["input_ids"]
+        x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids)}
+        y, weights = data["mlm_labels"], data["mlm_weights"]
+    kind, lr = optimizer_choice(arch, arm["batch"])
+    opt = (keras.optimizers.SGD(lr, momentum=SGD["momentum"], weight_decay=SGD["weight_decay"])
+           if kind == "sgd" else
+           keras.optimizers.AdamW(lr, weight_decay=ADAMW["weight_decay"], beta_1=ADAMW["b1"],
+                                  beta_2=ADAMW["b2"], epsilon=ADAMW["eps"]))
+    if arm["reference"] == "keras-app":  # a plain graph or XLA, as fxtrack's own TF step
+        model.compile(optimizer=opt, loss=loss, jit_compile=arm["mode"] == "xla")
+    else:
+        model.compile(optimizer=opt, loss=loss,
+                      jit_compile=True if arm["mode"] == "xla" else "auto")
+    # on the device once, as fxtrack's own batch is: no host copy inside the timed steps
+    tensor = keras.ops.convert_to_tensor
+    x = {k: tensor(v) for k, v in x.items()} if isinstance(x, dict) else tensor(x)
+    y, weights = tensor(y), None if weights is None else tensor(weights)
 
-        return lambda: train().numpy()
+    def step():
+        return model.train_on_batch(x, y, sample_weight=weights)  # a Python float: synced
 
-    return step(ours), step(ref)
+    return step, f"{arm['mode']} (jit_compile={model.jit_compile})"
 
 
-PAIRS = {"bert": lambda: torch_pair("bert"), "vit": lambda: torch_pair("vit"),
-         "resnet50-keras": keras_resnet_pair}
+def serve(arm: dict) -> None:
+    """One arm's process: build, warm up, say ready, then time ``steps N`` requests."""
+    from fxtrack.worker.__main__ import prepare_environment
+
+    arch, spec = job(arm)
+    prepare_environment(spec)  # before the framework's import: threads, XLA flags, device
+    if arm["kind"] == "fxtrack":
+        step, mode = fxtrack_step(arm, arch, spec)
+    elif arm["framework"] == "torch":
+        step, mode = torch_reference_step(arm, arch, spec)
+    else:
+        step, mode = keras_reference_step(arm, arch, spec)
+    for _ in range(arm["warmup"]):
+        step()
+    print(json.dumps({"ready": True, "mode": mode}), flush=True)
+    for line in sys.stdin:
+        steps = int(line.split()[1])
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        print(json.dumps({"samples_per_s": arm["batch"] * steps / (time.perf_counter() - t0)}),
+              flush=True)
+
+
+# -------------------------------------------------------------------------------------- parent
+
+class Arm:
+    """A started arm process."""
+
+    def __init__(self, label: str, spec: dict, env: dict[str, str]) -> None:
+        self.label, self.samples = label, []
+        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", json.dumps(spec)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                     text=True)
+        self.mode = self._answer()["mode"]
+
+    def _answer(self) -> dict:
+        for line in self.proc.stdout:  # frameworks may print to stdout as they start
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"{self.label}: the arm's process ended (status {self.proc.wait()})")
+
+    def run(self, steps: int) -> float:
+        self.proc.stdin.write(f"steps {steps}\n")
+        self.proc.stdin.flush()
+        self.samples.append(self._answer()["samples_per_s"])
+        return self.samples[-1]
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def missing(row: str) -> str | None:
+    module = ROWS[row][5]
+    return None if importlib.util.find_spec(module) else f"{module.replace('_', '-')} not installed"
+
+
+def arms_of(row: str, modes: str) -> list[tuple[str, dict]]:
+    """(label, arm spec) for the row's arms: the reference's best first (the ratios' base)."""
+    model, framework, reference, default, best, _ = ROWS[row]
+    arms = [(f"{reference} {best}", dict(kind="reference", reference=reference, mode=best)),
+            ("fxtrack auto", dict(kind="fxtrack", mode="auto"))]
+    if modes == "all":
+        arms += [("fxtrack compile=true", dict(kind="fxtrack", mode="true")),
+                 (f"{reference} {default}", dict(kind="reference", reference=reference,
+                                                 mode=default))]
+    return [(label, dict(spec, model=model, framework=framework)) for label, spec in arms]
+
+
+def measure_row(row: str, args: argparse.Namespace) -> dict:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
+                                                                    os.environ.get("PYTHONPATH")])))
+    framework = ROWS[row][1]
+    if framework in KERAS_BACKEND:
+        env["KERAS_BACKEND"] = KERAS_BACKEND[framework]
+    dims = (QUICK if args.quick else SIZES)[ROWS[row][0]]
+    arms: list[Arm] = []
+    try:
+        for label, spec in arms_of(row, args.modes):  # one at a time: no overlapping warm-ups
+            arms.append(Arm(label, dict(spec, dims=dims, batch=args.batch, warmup=args.warmup),
+                            env))
+        for r in range(args.rounds):
+            for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+                arm.run(args.steps)
+            print(f"{row} round {r + 1}: " + ", ".join(f"{a.label} {a.samples[-1]:.2f}"
+                                                       for a in arms) + " samples/s",
+                  file=sys.stderr, flush=True)
+    finally:
+        for arm in arms:
+            arm.close()
+    return {"row": row, "arms": [{"label": a.label, "mode": a.mode, "samples_per_s": a.samples}
+                                 for a in arms]}
+
+
+def table(rows: list[dict]) -> list[str]:
+    from fxtrack import stats
+
+    out = [f"{'row':<20} {'arm':<22} {'mode that ran':<24} {'samples/s [95%]':<28} "
+           "arm / reference's best [95%]"]
+    for row in rows:
+        if "skipped" in row:
+            out.append(f"{row['row']:<20} {row['skipped']}")
+            continue
+        base = row["arms"][0]["samples_per_s"]
+        for arm in row["arms"]:
+            xs = arm["samples_per_s"]
+            ci = stats.log_t_interval(xs)
+            rate = f"{stats.median(xs):.2f} [{ci.low:.2f}, {ci.high:.2f}]"
+            logs = [math.log(a / b) for a, b in zip(xs, base)]
+            rci = stats.t_interval(logs)
+            ratio = f"{stats.median([a / b for a, b in zip(xs, base)]):.3f} " \
+                    f"[{math.exp(rci.low):.3f}, {math.exp(rci.high):.3f}]"
+            out.append(f"{row['row']:<20} {arm['label']:<22} {arm['mode'][:24]:<24} {rate:<28} "
+                       f"{ratio}")
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
-    parser.add_argument("--only", default=",".join(PAIRS))
+    parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per arm per round")
+    parser.add_argument("--warmup", type=int, default=WARMUP)
+    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--only", default=",".join(ROWS), help="comma-separated rows: "
+                        + ", ".join(ROWS))
+    parser.add_argument("--modes", choices=("best", "all"), default="best",
+                        help="best: fxtrack's default vs the reference's best; all: also "
+                             "fxtrack compile=true and the reference's default")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny widths, 2 rounds of 2 steps, batch 2: proves every row runs")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        serve(json.loads(args.serve))
+        return
+    if args.quick:
+        args.rounds, args.steps, args.warmup, args.batch = 2, 2, 1, 2
+    sys.path.insert(0, str(ROOT))
     rows = []
-    for name in args.only.split(","):
-        ours_step, ref_step = PAIRS[name]()
-        ours, ref = [], []
-        for r in range(args.rounds):
-            ours.append(timed(ours_step))
-            ref.append(timed(ref_step))
-            print(f"{name} round {r + 1}: fxtrack {ours[-1]:.2f}, reference {ref[-1]:.2f} samples/s",
-                  flush=True)
-        rows.append((name, statistics.median(ours), statistics.median(ref)))
-    print(f"\nbatch {BATCH}, {STEPS} timed steps, fp32, eager, CPU; medians of {args.rounds} rounds")
-    print(f"{'model':<15} {'fxtrack':>9} {'reference':>10} {'ratio':>7}")
-    for name, ours, ref in rows:
-        print(f"{name:<15} {ours:>9.2f} {ref:>10.2f} {ours / ref:>7.3f}")
+    for row in args.only.split(","):
+        if row not in ROWS:
+            parser.error(f"no row {row!r}; rows: {', '.join(ROWS)}")
+        why = missing(row)
+        rows.append({"row": row, "skipped": why} if why else measure_row(row, args))
+    sizes = "tiny widths (--quick)" if args.quick else json.dumps(SIZES)
+    print(f"\n{sizes}, batch {args.batch}, {args.steps} timed steps per arm per round, "
+          f"{args.rounds} rotated rounds, fp32, {os.cpu_count()} cores; ratio = arm / the "
+          "reference's best, paired per round")
+    print("\n".join(table(rows)))
 
 
 if __name__ == "__main__":

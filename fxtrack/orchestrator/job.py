@@ -66,18 +66,21 @@ def stop_if_interrupted() -> None:
     sys.exit(128 + sig)
 
 
+_LOADED: set[str] = set()  # tracking URIs whose MLflow client this process has opened
+
+
 class Job:
     """One composed config, ready to run as a worker (at any device count) and be logged."""
 
     def __init__(self, cfg: DictConfig, conf: FxtrackConfig, arch: architectures.Arch,
                  launch_dir: str) -> None:
-        from fxtrack.tracking import records, writer
+        from fxtrack.tracking import records, target
 
         self.cfg, self.conf, self.arch = cfg, conf, arch
         if not conf.verbose:  # MLflow's database-migration chatter is noise to a user
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
-        self.uri = writer.tracking_uri(conf.tracking.uri, launch_dir)
+        self.uri = target.tracking_uri(conf.tracking.uri, launch_dir)
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
         config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
         # the interpreter the worker runs under (runner.run_worker: this one unless set)
@@ -99,7 +102,8 @@ class Job:
             spec.repeat = repeat
         name = records.run_name(spec, self.conf.size.name, repeat)
         start_ms = int(time.time() * 1000)
-        result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s)
+        result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s,
+                            meanwhile=self.load_tracking)
         if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
             print(f"{name}: node {spec.node_rank} {result.status.lower()}"
                   + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
@@ -124,6 +128,20 @@ class Job:
         print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
         stop_if_interrupted()
         return name, result, run_id
+
+    def load_tracking(self) -> None:
+        """MLflow imported and the store opened (the embedded store created or migrated) for
+        the log after the run; done while the worker starts (run_worker's ``meanwhile``). A
+        failure here is left to the log, which classifies it and spools the result."""
+        if self.uri in _LOADED:
+            return
+        _LOADED.add(self.uri)
+        try:
+            from fxtrack.tracking import writer
+
+            writer.client_for(self.uri)
+        except Exception:  # noqa: BLE001 - the log after the run reports it
+            pass
 
     def log(self, record: dict, artifacts: dict) -> tuple[str | None, str]:
         """Spool ``record``, deliver it (directly if it cannot be spooled); (run id or None,

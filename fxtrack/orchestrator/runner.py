@@ -17,10 +17,12 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import fxtrack
 from fxtrack.environment import redact_text, worker_environment
 from fxtrack.job import JobSpec, Result
+from fxtrack.worker.__main__ import GATE_ENV
 
 _PACKAGE_ROOT = str(Path(fxtrack.__file__).resolve().parent.parent)
 LOG_TAIL_BYTES = 64 * 1024
@@ -33,9 +35,15 @@ def interrupted() -> int | None:
 
 
 def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: float,
-               echo: bool = True) -> Result:
+               echo: bool = True, meanwhile: Callable[[], None] | None = None) -> Result:
     """Run the worker for ``spec`` under ``python`` (default: this interpreter), tee its output
-    to ``job_dir/worker.log`` (and the terminal when ``echo``), and return its Result."""
+    to ``job_dir/worker.log`` (and the terminal when ``echo``), and return its Result.
+
+    ``meanwhile``: work of this process (loading MLflow) done while the worker starts, i.e.
+    imports its framework and builds the model; the worker waits at its gate
+    (worker.__main__.gate_after_build) until it is done, so that work never shares the cores
+    with a warm-up or timed window. Under torchrun (no way to hand the gate to its ranks) it
+    is done before the worker starts."""
     spec_path, log_path = job_dir / "spec.json", job_dir / "worker.log"
     spec.dump(spec_path)
     Path(spec.result_path).unlink(missing_ok=True)
@@ -44,24 +52,59 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     cmd = worker_command(spec, python or sys.executable, spec_path)
+    gate_read = gate = None
+    if meanwhile is not None and cmd[1:3] == ["-m", "fxtrack.worker"]:
+        gate_read, gate = os.pipe()
+        env[GATE_ENV] = str(gate_read)
+    elif meanwhile is not None:
+        meanwhile()
+        meanwhile = None
     # Handlers go in before the worker starts: a signal in between must not be lost.
     with open(log_path, "wb") as log, _forwarding() as forward:
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                    pass_fds=() if gate_read is None else (gate_read,))
         except OSError as e:
             msg = f"cannot start the worker with framework.python={cmd[0]}: {e.strerror or e}"
             log.write(f"[fxtrack] {msg}\n".encode())
+            _close_gate(gate, go=False)
             return Result(spec.result_id, error=msg)
+        finally:
+            if gate_read is not None:
+                os.close(gate_read)  # the worker holds its own copy
+                gate_read = None
         forward.proc = proc
         if _INTERRUPTED:  # arrived while the worker was starting
             _kill_group(proc, signal.SIGTERM)
         tee = threading.Thread(target=_tee, args=(proc.stdout, log, echo, not spec.verbose),
                                daemon=True)
         tee.start()
+        go = False
+        try:
+            if meanwhile is not None:
+                meanwhile()
+            go = True
+        finally:  # an exception here closes the gate unopened: the worker stops, unrun
+            _close_gate(gate, go)
+            if not go:
+                _stop(proc, None)
         timed_out = _wait(proc, timeout_s)
         tee.join(timeout=10)
     return _outcome(spec, proc.returncode, timed_out, timeout_s, log_path)
+
+
+def _close_gate(write_fd: int | None, go: bool) -> None:
+    """Tell the waiting worker to go on (one byte) or stop (none), and close the pipe."""
+    if write_fd is None:
+        return
+    try:
+        if go:
+            os.write(write_fd, b"1")
+    except OSError:  # the worker ended before its gate (refused, crashed): nothing to tell
+        pass
+    finally:
+        os.close(write_fd)
 
 
 class _forwarding:

@@ -34,10 +34,17 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
-from urllib.parse import urlsplit
 
 from fxtrack.environment import redact_uri, redact_uri_text
 from fxtrack.tracking import records, spool
+from fxtrack.tracking.target import (  # noqa: F401 - writer.tracking_uri, writer.SCHEMES
+    SCHEMES,
+    TrackingRejected,
+    TrackingUnavailable,
+    check_static,
+    deleted_message,
+    tracking_uri,
+)
 
 # An unreachable server should cost seconds, not the minutes of MLflow's default back-off.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
@@ -61,7 +68,6 @@ DOWN_RECHECK_S = float(os.environ.get("FXTRACK_DOWN_RECHECK_S", "60"))
 # A /health answer, or a run it just took whole, is trusted for this long (s): one probe per
 # sync and after failures, not one per entry.
 UP_FRESH_S = 30.0
-SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
 _DOWN: dict[str, tuple[str, float]] = {}  # uri -> (why, when): spool at once until rechecked
 _UP: dict[str, float] = {}  # uri -> when it last answered
 _CLIENTS: dict[str, MlflowClient] = {}  # one client (one HTTP session) per URI per process
@@ -72,17 +78,8 @@ _PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment id, result id
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
-class TrackingUnavailable(RuntimeError):
-    """The tracking server could not take the run now; the record stays in the spool."""
-
-
 class ServerUnreachable(TrackingUnavailable):
     """No connection to the tracking server (refused, reset, timed out): down or restarting."""
-
-
-class TrackingRejected(TrackingUnavailable):
-    """The tracking target refuses the run for a reason retrying cannot fix (HTTP 4xx, a bad
-    URI or experiment); the message says what to fix."""
 
 
 class EntryInvalid(TrackingRejected):
@@ -105,12 +102,6 @@ class TryAgain(TrackingUnavailable):
 
 class EntryStuck(TrackingUnavailable):
     """The spool does not let this process claim the entry (read-only, no permission)."""
-
-
-def tracking_uri(configured: Optional[str], launch_dir: str) -> str:
-    """``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<launch dir>/mlflow.db``."""
-    uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
-    return uri or f"sqlite:///{Path(launch_dir).resolve() / 'mlflow.db'}"
 
 
 def client_for(uri: str) -> MlflowClient:
@@ -142,20 +133,7 @@ def check_target(uri: str, experiment: str) -> None:
     under ``mlflow run`` the same server as the run it created. Raises TrackingRejected (fix
     it), or TrackingUnavailable (cannot tell now: the run goes ahead and is spooled)."""
     where = redact_uri(uri)
-    scheme = urlsplit(uri).scheme.split("+")[0]
-    if scheme not in SCHEMES:
-        raise TrackingRejected(f"tracking.uri {where!r} is not a tracking URI (scheme must be one "
-                               f"of {', '.join(SCHEMES)})")
-    if scheme in ("http", "https") and not urlsplit(uri).hostname:
-        raise TrackingRejected(f"tracking.uri {where!r} names no host")
-    if not experiment or not experiment.strip():
-        raise TrackingRejected("tracking.experiment is empty: name an experiment")
-    run_env = os.environ.get("MLFLOW_RUN_ID")
-    env_uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if run_env and env_uri and redact_uri(env_uri) != where:
-        raise TrackingRejected(f"under `mlflow run` fxtrack logs into the run mlflow created at "
-                               f"{redact_uri(env_uri)}; tracking.uri={where} names another "
-                               "server: drop tracking.uri or pass it to `mlflow run` instead")
+    check_static(uri, experiment)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         return  # a new embedded store: nothing to check, and checking must not create it
     probe(uri)
@@ -164,9 +142,7 @@ def check_target(uri: str, experiment: str) -> None:
     except Exception as e:  # noqa: BLE001 - classified below
         raise classify(e, {"experiment": experiment, "uri": where}) from None
     if exp is not None and exp.lifecycle_stage == "deleted":
-        raise TrackingRejected(f"experiment {experiment!r} at {where} is deleted: restore it "
-                               f"(mlflow experiments restore --experiment-id {exp.experiment_id}) "
-                               "or choose another tracking.experiment")
+        raise TrackingRejected(deleted_message(experiment, where, exp.experiment_id))
 
 
 def probe(uri: str) -> None:

@@ -8,6 +8,7 @@ import platform
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 from fxtrack import policy
 from fxtrack.frameworks.declaration import (
@@ -19,6 +20,53 @@ from fxtrack.frameworks.declaration import (
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.scenarios import rules
+
+
+# The read end of a pipe from the orchestrator (runner.run_worker): the worker imports its
+# framework and builds the model (nothing of it is timed), then waits here while the
+# orchestrator finishes loading MLflow, so that the two overlap without sharing the cores
+# during the warm-up or the timed window.
+GATE_ENV = "FXTRACK_GATE_FD"
+
+
+class GateClosed(RuntimeError):
+    """The orchestrator closed the gate without a word: it stopped, or died."""
+
+
+def take_gate() -> str | None:
+    """The gate's file descriptor, taken out of the environment (so that no process this
+    worker starts sees it); None without a gate."""
+    return os.environ.pop(GATE_ENV, None)
+
+
+def wait_for_go(fd: str | None = None) -> bool:
+    """Wait at the orchestrator's gate (``fd``, else the environment's), if it set one: True to
+    go on (no gate: at once), False when it closed the gate without a word (it stopped, or
+    died: nothing to run for)."""
+    fd = take_gate() if fd is None else fd
+    if fd is None:
+        return True
+    try:
+        with os.fdopen(int(fd), "rb", buffering=0) as gate:
+            return gate.read(1) == b"1"
+    except (OSError, ValueError):  # not a pipe from us after all: nothing to wait for
+        return True
+
+
+def gate_after_build(backend: Any) -> None:
+    """Wait at the gate once ``backend`` has built its model: every scenario builds before it
+    times anything (scenarios.timed.build), and a build times nothing itself."""
+    build, gate = backend.build, take_gate()
+
+    def build_then_wait(*args: Any, **kwargs: Any) -> Any:
+        nonlocal gate
+        out = build(*args, **kwargs)
+        fd, gate = gate, None  # one wait: a later build goes on at once
+        if fd is not None and not wait_for_go(fd):
+            raise GateClosed("the orchestrator stopped before the run started")
+        return out
+
+    backend.build = build_then_wait
 
 
 def prepare_environment(spec: JobSpec) -> None:
@@ -85,9 +133,12 @@ def run(spec: JobSpec) -> Result:
         native = native_precision(spec.precision, kind)
         if native is not None:
             result.tags["native_precision"] = str(native).lower()
+        gate_after_build(backend)
         import_path(spec.runner)(backend, result)
         result.tags.update(backend.device_tags())
         result.status = "FINISHED"
+    except GateClosed as e:  # nothing ran: no traceback, the orchestrator has its own error
+        result.error = str(e)
     except Exception as e:  # the orchestrator turns this into a FAILED run with the traceback
         traceback.print_exc()
         result.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]

@@ -1,0 +1,244 @@
+"""Per-job fixed cost (issue 26 item 4): the cuts keep their behaviour. MLflow is loaded while
+the worker starts, behind a gate the worker waits at; an embedded store's experiment is checked
+without MLflow; the bench scripts parse their options."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tests.conftest import job_spec
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+
+@pytest.mark.parametrize("script", ["bench/job_overhead.py", "bench/reference.py"])
+def test_bench_scripts_parse_their_options(script):
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--rounds" in out.stdout
+
+
+# A stand-in for the worker: it waits at the real gate (fxtrack.worker.__main__.wait_for_go),
+# then says whether it was told to go and whether the orchestrator's work had finished by then.
+FAKE_WORKER = """#!{python}
+import os, sys
+sys.path.insert(0, {root!r})
+from fxtrack.worker.__main__ import GATE_ENV, wait_for_go
+had_gate = GATE_ENV in os.environ
+go = wait_for_go()
+print("gate" if had_gate else "no gate", "go" if go else "stop",
+      "after" if os.path.exists({marker!r}) else "before", flush=True)
+"""
+
+
+def fake_worker(tmp_path: Path) -> tuple[str, Path]:
+    marker = tmp_path / "meanwhile-done"
+    path = tmp_path / "python"
+    path.write_text(FAKE_WORKER.format(python=sys.executable, root=str(ROOT), marker=str(marker)))
+    path.chmod(0o755)
+    return str(path), marker
+
+
+def test_the_worker_waits_at_the_gate_until_the_orchestrators_work_is_done(tmp_path):
+    from fxtrack.orchestrator.runner import run_worker
+
+    python, marker = fake_worker(tmp_path)
+
+    def meanwhile():
+        import time
+
+        time.sleep(1.0)  # the worker has long reached its gate by now
+        marker.write_text("done")
+
+    run_worker(job_spec("torch", "vit", tmp_path), tmp_path, python, 60, echo=False,
+               meanwhile=meanwhile)
+    assert (tmp_path / "worker.log").read_text().split() == ["gate", "go", "after"]
+
+
+def test_a_failure_in_the_orchestrators_work_stops_the_worker_unrun(tmp_path):
+    from fxtrack.orchestrator.runner import run_worker
+
+    python, _ = fake_worker(tmp_path)
+
+    def meanwhile():
+        raise SystemExit(2)
+
+    with pytest.raises(SystemExit):
+        run_worker(job_spec("torch", "vit", tmp_path), tmp_path, python, 60, echo=False,
+                   meanwhile=meanwhile)
+    assert (tmp_path / "worker.log").read_text().split() == ["gate", "stop", "before"]
+
+
+def test_without_work_to_overlap_the_worker_has_no_gate(tmp_path):
+    from fxtrack.orchestrator.runner import run_worker
+
+    python, _ = fake_worker(tmp_path)
+    run_worker(job_spec("torch", "vit", tmp_path), tmp_path, python, 60, echo=False)
+    assert (tmp_path / "worker.log").read_text().split() == ["no", "gate", "go", "before"]
+
+
+def test_a_worker_that_cannot_start_is_a_failed_result_with_the_gate_set(tmp_path):
+    from fxtrack.orchestrator.runner import run_worker
+
+    result = run_worker(job_spec("torch", "vit", tmp_path), tmp_path, str(tmp_path / "nothing"),
+                        60, echo=False, meanwhile=lambda: None)
+    assert result.status == "FAILED" and "cannot start the worker" in result.error
+
+
+def test_a_stopped_gate_leaves_the_worker_unrun(tmp_path, monkeypatch):
+    """The worker's side: a gate closed without a word means no run, and an error saying so."""
+    from fxtrack.worker import __main__ as worker
+
+    read, write = os.pipe()
+    os.close(write)
+    monkeypatch.setenv(worker.GATE_ENV, str(read))
+    monkeypatch.setattr(worker, "prepare_environment", lambda spec: None)
+    result = worker.run(job_spec("torch", "vit", tmp_path))
+    assert result.status != "FINISHED" and "stopped before the run" in result.error
+    assert worker.GATE_ENV not in os.environ  # not handed on to the worker's own children
+
+
+def test_the_gate_opens_after_the_build_before_anything_is_timed(monkeypatch):
+    """The worker builds the model, then waits: the build overlaps the orchestrator's MLflow
+    load, the warm-up and the timed window do not."""
+    from fxtrack.worker import __main__ as worker
+
+    for said, outcome in ((b"1", "went on"), (b"", "stopped")):
+        read, write = os.pipe()
+        os.write(write, said)
+        os.close(write)
+        monkeypatch.setenv(worker.GATE_ENV, str(read))
+        events = []
+        backend = SimpleNamespace(build=lambda batch: events.append(
+            ("built", batch, worker.GATE_ENV in os.environ)))
+        worker.gate_after_build(backend)
+        try:
+            backend.build(4)
+            events.append("went on")
+        except worker.GateClosed:
+            events.append("stopped")
+        # built while the gate was still shut, its number no longer in the environment
+        assert events == [("built", 4, False), outcome]
+        backend.build(2)  # a second build does not wait again
+        assert events[-1] == ("built", 2, False)
+
+
+def test_a_sqlite_store_is_checked_without_importing_mlflow(tmp_path):
+    """preflight on an existing embedded store: a deleted experiment still stops the run (exit 2,
+    its restore command), a live one passes, and neither imports MLflow."""
+    from fxtrack.tracking import writer
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = writer.client_for(uri)
+    gone = client.create_experiment("gone")
+    client.delete_experiment(gone)
+    client.create_experiment("live")
+    code = f"""
+import sys
+from types import SimpleNamespace
+from fxtrack.orchestrator.app import preflight
+conf = lambda name: SimpleNamespace(tracking=SimpleNamespace(uri={uri!r}, experiment=name))
+preflight(conf("live"), ".")
+preflight(conf("new"), ".")
+print("mlflow" in sys.modules, flush=True)
+preflight(conf("gone"), ".")
+"""
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120,
+                         env=dict(ENV, FXTRACK_HOME=str(tmp_path / "home")))
+    assert out.returncode == 2, out.stderr
+    assert out.stdout.split() == ["False"]
+    assert f"experiment 'gone' at {uri} is deleted" in out.stderr
+    assert f"--experiment-id {gone}" in out.stderr
+
+
+def test_a_store_sqlite_cannot_answer_is_left_to_mlflow(tmp_path, monkeypatch):
+    """A database without MLflow's tables: the direct read gives no answer (None) and preflight
+    falls back to MLflow's own check, as before the cut."""
+    import sqlite3
+
+    from fxtrack.orchestrator import app
+    from fxtrack.tracking import target, writer
+
+    db = tmp_path / "other.db"
+    sqlite3.connect(db).close()
+    uri = f"sqlite:///{db}"
+    assert target.deleted_experiment(uri, "fxtrack") is None
+    asked = []
+    monkeypatch.setattr(writer, "check_target", lambda u, e: asked.append((u, e)))
+    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
+    app.preflight(SimpleNamespace(tracking=SimpleNamespace(uri=uri, experiment="fxtrack")), ".")
+    assert asked == [(uri, "fxtrack")]
+
+
+def test_the_job_loads_tracking_once_and_never_fails_the_run_for_it(monkeypatch):
+    from fxtrack.orchestrator import job
+    from fxtrack.tracking import writer
+
+    calls = []
+
+    def client_for(uri):
+        calls.append(uri)
+        raise RuntimeError("store unreadable")  # the log after the run reports it
+
+    monkeypatch.setattr(writer, "client_for", client_for)
+    monkeypatch.setattr(job, "_LOADED", set())
+    fake = SimpleNamespace(uri="sqlite:////nowhere/mlflow.db")
+    job.Job.load_tracking(fake)
+    job.Job.load_tracking(fake)
+    assert calls == ["sqlite:////nowhere/mlflow.db"]
+
+
+def test_job_overhead_bare_arm_trains_from_the_spec(tmp_path):
+    """The bench's bare arm runs the spec's training through the backend (tiny, 1+1 steps)."""
+    spec = job_spec("torch", "vit", tmp_path, steps=1, warmup_steps=1)
+    path = tmp_path / "spec.json"
+    spec.dump(path)
+    out = subprocess.run([sys.executable, "bench/job_overhead.py", "--bare", str(path)], cwd=ROOT,
+                         env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("bare: 1+1 steps of batch 2, last loss ")
+    assert json.loads(path.read_text())["result_id"] == spec.result_id
+
+
+EXIT_NOW = """
+import atexit, sys, tempfile, threading, time
+from pathlib import Path
+from fxtrack import cli
+out = Path(sys.argv[1])
+keep = tempfile.TemporaryDirectory(dir=out)  # a weakref finalizer: removed at exit
+(out / "tmpdir").write_text(keep.name)
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+def late():
+    time.sleep(0.5)
+    (out / "thread").write_text("joined")
+threading.Thread(target=late).start()
+print("buffered", end="")
+sys.argv[1:] = []
+cli._main = lambda: sys.exit(EXIT)
+cli._RAN_APP.append(True)
+cli.main()
+"""
+
+
+@pytest.mark.parametrize("code, status", [("3", 3), ("None", 0), ("'fxtrack: a message'", 1)])
+def test_exit_now_keeps_what_the_interpreters_teardown_would_do(tmp_path, code, status):
+    """The run's end skips Python's module teardown (~0.5 s with MLflow loaded), not what the
+    teardown is for: exit status, threads joined, atexit handlers, finalizers, flushed output."""
+    out = subprocess.run([sys.executable, "-c", EXIT_NOW.replace("EXIT", code), str(tmp_path)],
+                         env=ENV, capture_output=True, text=True, timeout=60)
+    assert out.returncode == status, out.stderr
+    assert out.stdout == "buffered"
+    assert (tmp_path / "atexit").read_text() == "ran"
+    assert (tmp_path / "thread").read_text() == "joined"
+    assert not Path((tmp_path / "tmpdir").read_text()).exists()
+    assert out.stderr == ("fxtrack: a message\n" if status == 1 else "")
