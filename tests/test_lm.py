@@ -273,6 +273,12 @@ def test_the_report_shows_lm_runs_side_by_side_with_intervals_when_repeated():
         {"fw": "jax", "scenario": "generate", "metrics": dict(GEN, peak_mem_device_mib=512.0),
          "tags": {"fxtrack.contended": "true"}},
         {"fw": "torch", "model": "vit", "metrics": {"throughput_samples_per_s": 5.0}},
+        # equal repeats (a cache's size): the interval is the median, not its float noise
+        *[{"fw": "tensorflow", "scenario": "generate", "metrics": dict(GEN, ttft_ms_p50=t),
+           "tags": {"fxtrack.repeat_of": "agg2"}} for t in (3.0, 3.25, 3.5)],
+        {"fw": "tensorflow", "scenario": "generate", "metrics": dict(GEN, repeats=3.0),
+         "tags": {"fxtrack.kind": "aggregate", "fxtrack.result_id": "agg2",
+                  "fxtrack.repeats": "3"}},
     ])
     runs = latest_runs(frame).runs
     train, generate = lm.tables(frame, runs)
@@ -290,6 +296,7 @@ def test_the_report_shows_lm_runs_side_by_side_with_intervals_when_repeated():
     rows = {r[1]: r for r in generate.rows}
     assert rows["torch"][2:] == ["256.0", "3.25", "1.50", "1,333.0", "0.12", "700 RSS"]
     assert rows["jax c"][-1] == "512"  # the device's peak where there is one; contended marked
+    assert rows["tensorflow"][6] == "0.12 [0.12, 0.12]"
     page = render.markdown(render.Report("r", [], [lm.section(frame, runs)], []))
     assert "## Language models" in page and "decode tokens/s" in page
     assert lm.section(frame, runs[runs["model"] == "vit"]) is None

@@ -11,6 +11,8 @@ else from the interval its aggregate logged).
 
 from __future__ import annotations
 
+import math
+
 from typing import Callable, Optional
 
 import pandas as pd
@@ -68,6 +70,8 @@ def cell(row: pd.Series, configs: pd.DataFrame, key: str,
         value = metric(row, key)
         return "-" if value is None else formatter(value)
     interval = found.interval()
+    if interval is not None and math.isclose(*interval, rel_tol=1e-9):
+        interval = (found.point, found.point)  # equal repeats: no float noise past the median
     spread = "" if interval is None else f" [{formatter(interval[0])}, {formatter(interval[1])}]"
     return formatter(found.point) + spread
 
