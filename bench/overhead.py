@@ -138,7 +138,8 @@ def bare_jax() -> Callable[[], Any]:
     return run
 
 
-def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], float]]:
+def fxtrack_arm(framework: str, workdir: Path, jax_donate: str = "false"
+                ) -> tuple[Any, Callable[[int], float]]:
     """fxtrack's side: the spec the CLI would write for this setting, the worker's environment
     and build; returns (spec, run(steps) -> the samples/s its timed window reports)."""
     from hydra import compose, initialize_config_dir
@@ -155,8 +156,8 @@ def fxtrack_arm(framework: str, workdir: Path) -> tuple[Any, Callable[[int], flo
     register()
     overrides = [f"framework={framework}", "model=vit", *(f"model.{k}={v}" for k, v in MODEL.items()),
                  f"batch_size={BATCH}", f"warmup_steps={WARMUP}", "hardware=cpu", f"seed={SEED}"]
-    if framework == "jax":  # the bare loop does not donate its state: like with like
-        overrides.append("framework.donate=false")
+    if framework == "jax":  # the bare loop does not donate its state: false is like with like;
+        overrides.append(f"framework.donate={jax_donate}")  # auto shows what donation costs
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         conf, arch = validate(compose(config_name="config", overrides=overrides))
     spec = job_spec(conf, arch, workdir)
@@ -214,7 +215,7 @@ def child(framework: str, args: argparse.Namespace) -> None:
     from fxtrack.measure import host_load as load
 
     with tempfile.TemporaryDirectory() as tmp:
-        spec, fx = fxtrack_arm(framework, Path(tmp))
+        spec, fx = fxtrack_arm(framework, Path(tmp), args.jax_donate)
         arms = {"fxtrack": fx, "bare": bare_arm(framework)}
         got: dict[str, list[float]] = {arm: [] for arm in arms}
         with load.LoadSampler(spec.cpu_threads) as host:  # other processes over the whole bench
@@ -242,6 +243,9 @@ def main() -> None:
     parser.add_argument("--max-rounds", "--rounds", type=int, default=600, dest="max_rounds")
     parser.add_argument("--target", type=float, default=0.02,
                         help="stop when the ratio's 95%% interval is narrower than this")
+    parser.add_argument("--jax-donate", choices=("false", "auto", "true"), default="false",
+                        help="fxtrack's framework.donate for the JAX arm (the bare loop never "
+                             "donates): false compares like with like, auto shows its cost")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
