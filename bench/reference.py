@@ -348,6 +348,8 @@ def main() -> None:
     parser.add_argument("--modes", choices=("best", "all"), default="best",
                         help="best: fxtrack's default vs the reference's best; all: also "
                              "fxtrack compile=true and the reference's default")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="ViT's and ResNet-50's pixels (default 128; issue 26's table: 64)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny widths, 2 rounds of 2 steps, batch 2: proves every row runs")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
@@ -355,6 +357,9 @@ def main() -> None:
     if args.serve:
         serve(json.loads(args.serve))
         return
+    if args.image_size:
+        for model in ("vit", "resnet50"):
+            SIZES[model]["image_size"] = args.image_size
     if args.quick:
         args.rounds, args.steps, args.warmup, args.batch = 2, 2, 1, 2
     sys.path.insert(0, str(ROOT))
