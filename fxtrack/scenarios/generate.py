@@ -61,7 +61,7 @@ def run(backend: Backend, result: Result) -> None:
               flops.generate_flops_per_sample(arch, prompt_len, new_tokens))
     decoder, warmup = state["decoder"], result.resolved["warmup_steps"]
     result.metrics.update(generation_metrics(ttft_s[warmup:], decode_s[warmup:],
-                                             result.resolved["batch_size"], new_tokens))
+                                             result.resolved["batch_size"]))
     result.metrics["kv_cache_mib"] = decoder.cache_bytes() / 2**20
     result.metrics["tokens_per_s"] = result.metrics["throughput_samples_per_s"] * new_tokens
     result.tags.update(prompt_len=str(prompt_len), new_tokens=str(new_tokens))
@@ -76,8 +76,8 @@ def run(backend: Backend, result: Result) -> None:
         result.guard = param_guard(arch, int(result.metrics["param_count"]))
 
 
-def generation_metrics(ttft_s: list[float], decode_s: list[list[float]], batch: int,
-                       new_tokens: int) -> dict[str, float]:
+def generation_metrics(ttft_s: list[float], decode_s: list[list[float]], batch: int
+                       ) -> dict[str, float]:
     """The timed generations' figures: time to first token (the prompt's copy to the device, its
     prefill and the first argmax), each decode
     step's latency, and decode throughput = batch x (new_tokens - 1) tokens / decode time (the
