@@ -117,7 +117,7 @@ def test_report_keeps_the_latest_finished_runs_and_writes_every_file(store, tmp_
     assert f"| total | {sloc['torch']['code_sloc']:,.0f} | {sloc['jax']['code_sloc']:,.0f} |" in md
     assert "2.5.1" in md and "0.4.35" in md and "Test CPU 9000" in md and "bench-1" in md
     assert "![Throughput: train, fp32, x1, cpu](throughput-train-fp32.png)" in md
-    page = (out_dir / "report.html").read_text()
+    page = (out_dir / "index.html").read_text()
     assert page.count('src="data:image/png;base64,') == 3 and "<table>" in page
 
 

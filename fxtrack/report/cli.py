@@ -38,6 +38,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="also log the report files as an MLflow run named 'report' in "
                         "EXPERIMENT (default: %(const)s; the benchmark experiment keeps only "
                         "benchmark runs)")
+    parser.add_argument("--ui-url", metavar="URL",
+                        help="the MLflow UI the page's run links open (default: the tracking "
+                        "server when --uri is one, else http://127.0.0.1:5000, what `fxtrack ui` "
+                        "serves)")
     parser.add_argument("--no-log", action="store_true",
                         help="do not log the report (the default; kept for old scripts)")
     args = parser.parse_args(argv)
@@ -93,9 +97,13 @@ def main(argv: list[str]) -> int:
     if verdict:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
                                           .replace("\n", " ")))
-    report = render.Report(f"fxtrack report: {args.experiment}", meta, sections, drawn)
+    lead, lead_html, sentences = _answer(frame, out, uri, args.ui_url,
+                                         draw={"md", "html"} & set(args.formats))
+    report = render.Report(f"fxtrack report: {args.experiment}", meta, sections, drawn, lead, lead_html)
 
     print(f"{PROG}: {source}: {selection.summary()}\n")
+    if lead:
+        print(render.text([t for section in lead for t in section.tables]) + "\n")
     throughput = tables.throughput(runs)
     print(render.text(throughput) if throughput else "(no throughput figures among the kept runs)")
     if verdict:
@@ -106,6 +114,25 @@ def main(argv: list[str]) -> int:
     if args.log and not args.no_log:
         _log(uri, args, selection, files + [c.path for c in drawn])
     return 0
+
+
+def _answer(frame, out: Path, uri: str, ui_url, draw) -> tuple[list, str, list[str]]:
+    """The answer section (tables for text and Markdown, linked HTML for the page) and its
+    verdict sentences; Pareto charts drawn only where a page shows them."""
+    from fxtrack.report import answer, page, pareto
+    from fxtrack.report.tables import Section
+
+    blocks, missing = answer.blocks(frame)
+    if not blocks and not missing:
+        return [], "", []
+    tables = [page.table(b) for b in blocks]
+    gaps = page.missing_table(missing)
+    drawn = pareto.charts(frame, out) if draw else []
+    intro = " ".join(c.title + ": " + c.caption for c in drawn)
+    section = Section("The answer", tables + ([gaps] if gaps else []), intro)
+    experiment_id = str(frame["experiment_id"].iloc[0]) if "experiment_id" in frame and len(frame) else "0"
+    html_text = page.html_blocks(blocks, missing, page.ui_base(uri, ui_url), experiment_id, drawn)
+    return [section], html_text, [answer.sentence(b) for b in blocks]
 
 
 def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> None:

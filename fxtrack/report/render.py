@@ -33,6 +33,10 @@ class Report:
     meta: list[str]  # one line each: where the runs came from, what was kept
     sections: list[Section]
     charts: list[Chart]
+    # the answer (report/answer.py): before the charts and detail tables in every format; the
+    # page renders it from ``lead_html`` (figures linked to their runs) where that is set
+    lead: list[Section] = dataclasses.field(default_factory=list)
+    lead_html: str = ""
 
 
 def numeric(table: Table) -> list[bool]:
@@ -72,20 +76,27 @@ def _md_text(value: str) -> str:
 def markdown(report: Report) -> str:
     """Markdown with the charts linked as files beside it."""
     out = [f"# {report.title}", "", *[f"- {line}" for line in report.meta], ""]
+    out += _md_sections(report.lead)
     if report.charts:
         out += ["## Charts", ""]
         for c in report.charts:
             out += [f"![{c.title}]({c.path.name})", ""]
             if c.caption:  # its own * marks are literal there, not emphasis
                 out += ["*" + _md(c.caption).replace("*", r"\*") + "*", ""]
-    for section in report.sections:
+    out += _md_sections(report.sections)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _md_sections(sections: list[Section]) -> list[str]:
+    out = []
+    for section in sections:
         out += [f"## {section.title}", ""]
         if section.intro:
             out += [_md_text(section.intro), ""]
         for table in section.tables:
             out += [f"### {table.title}", "", _grid(table, "pipe", _md)]
             out += [""] + [f"*{_md_text(_md(note))}*  " for note in table.notes] + [""]
-    return "\n".join(out).rstrip() + "\n"
+    return out
 
 
 _CSS = """
@@ -105,6 +116,9 @@ p.note { color: #57606a; font-size: .85rem; margin: .1rem 0; }
 figure { display: inline-block; margin: .5rem 1rem .5rem 0; }
 figure img { max-width: 100%; border: 1px solid #d0d7de; }
 figcaption { color: #57606a; font-size: .85rem; }
+.answer-block { margin: 1rem 0 1.4rem; }
+p.verdict { font-weight: 600; margin: .2rem 0; }
+tr.best td { background: #dafbe1; }
 """
 
 
@@ -126,6 +140,12 @@ def html_page(report: Report) -> str:
              f"<title>{esc(report.title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{esc(report.title)}</h1>",
              '<ul class="meta">' + "".join(f"<li>{esc(m)}</li>" for m in report.meta) + "</ul>"]
+    if report.lead_html:
+        parts.append(report.lead_html)
+    else:
+        for section in report.lead:
+            parts.append(f"<h2>{esc(section.title)}</h2>")
+            parts += [_html_table(t) for t in section.tables]
     if report.charts:
         parts.append("<h2>Charts</h2>")
         for chart in report.charts:
@@ -153,11 +173,19 @@ def csv_frame(runs: pd.DataFrame) -> pd.DataFrame:
     return frame.rename(columns={"check": "status", **{c: c[len("metrics."):] for c in metrics}})
 
 
+REDIRECT = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<meta http-equiv="refresh" content="0; url=index.html"><title>moved</title></head>'
+            '<body><p>The report page is now <a href="index.html">index.html</a>.</p></body></html>\n')
+
+
 def write(report: Report, runs: pd.DataFrame, out: Path, formats: list[str]) -> list[Path]:
     """Write ``report.<format>`` for each format under ``out``; returns the files written."""
     written = []
     for fmt in formats:
-        path = out / f"report.{fmt}"
+        path = out / ("index.html" if fmt == "html" else f"report.{fmt}")
+        if fmt == "html":  # the page moved to index.html; old links to report.html follow it
+            (out / "report.html").write_text(REDIRECT, encoding="utf-8")
+            written.append(out / "report.html")
         if fmt == "md":
             path.write_text(markdown(report), encoding="utf-8")
         elif fmt == "html":

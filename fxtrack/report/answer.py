@@ -1,0 +1,276 @@
+"""The answer first: per model and machine, which framework wins each objective and by how much.
+
+One block per objective (OBJECTIVES, the one list of which metric each reads: the integrator of
+``scenario=fit`` / ``scenario=serve`` adjusts the names there). Every config (framework with its
+mode and levers) of a model on one machine is a candidate; each framework stands on its best
+config; the best framework is the reference and every other framework's ratio to it carries the
+Welch 95% interval of fxtrack/stats.py (through samples.ratio and verdicts.Ratio, the report's
+verdict logic): "no clear difference" where the interval holds 1, "single runs: no verdict"
+without repeats. An objective with no runs says the command that measures it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import pandas as pd
+
+from fxtrack.report import samples
+from fxtrack.report.select import LEVERS
+from fxtrack.report.verdicts import Ratio
+
+NO_CLEAR, SINGLE = "no clear difference", "single runs: no verdict"
+# Friendly names for sentences; an unknown framework keeps its own name.
+FRAMEWORK_WORDS = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "keras": "Keras"}
+BACKEND_WORDS = {"jax": "Keras-on-JAX", "torch": "Keras-on-PyTorch", "tensorflow": "Keras-on-TensorFlow"}
+MODEL_WORDS = {"vit": "ViT-B/16", "resnet50": "ResNet-50", "bert": "BERT-base", "bert_large": "BERT-large",
+               "vit_large": "ViT-L/16", "llama": "Llama (1B dims)", "llama_8b": "Llama (8B dims)"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    key: str
+    title: str
+    scenario: str
+    metrics: tuple[str, ...]  # the first of these a run logged is the figure
+    lower: bool  # lower is better
+    batch: str  # "common": the batch size most frameworks ran; "one": batch 1; "largest"
+    phrase: tuple[str, str]  # sentence: "<fw> <verb> <model> <r>x <adjective> <other>"
+    command: str  # what measures it; {model} is filled in
+    lm_only: bool = False
+
+
+OBJECTIVES = (
+    Objective("train", "Training throughput", "train", ("throughput_samples_per_s",), False,
+              "common", ("trains", "as fast as"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=train repeats=3"),
+    Objective("fit", "Largest batch that fits", "fit",
+              ("max_batch_size", "throughput_at_max_samples_per_s"), False, "largest",
+              ("fits", "as large a batch of"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=fit repeats=3"),
+    Objective("latency", "Inference latency at batch 1", "inference", ("latency_ms_p50",), True,
+              "one", ("answers one", "as quickly as"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=inference batch_size=1 repeats=3"),
+    Objective("inference", "Inference throughput at the largest batch", "inference",
+              ("throughput_samples_per_s",), False, "largest", ("infers", "as fast as"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=inference repeats=3"),
+    Objective("serve", "Serving capacity under the SLOs", "serve",
+              ("max_rate_under_slo_rps", "goodput_rps"), False, "common",
+              ("serves", "as many requests/s of"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=serve repeats=3"),
+    Objective("ttft", "Generation: time to first token", "generate", ("ttft_ms_p50",), True,
+              "common", ("starts generating", "as quickly as"),
+              "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
+              "repeats=3", lm_only=True),
+    Objective("decode", "Generation: decode tokens/s", "generate", ("decode_tokens_per_s",), False,
+              "common", ("decodes", "as fast as"),
+              "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
+              "repeats=3", lm_only=True),
+    Objective("memory", "Peak memory at equal batch", "train",
+              ("peak_mem_device_mib", "peak_rss_mib"), True, "common", ("trains", "in as little memory as"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=train repeats=3"),
+    Objective("cost", "Cost per 1M samples", "train", ("cost_per_1m_samples",), True, "common",
+              ("trains", "as cheaply as"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=train repeats=3 hardware.price_per_hour=<price>"),
+    Objective("compile", "Compile / first-step time", "train", ("compile_time_s", "first_step_time_s"),
+              True, "common", ("starts training", "as quickly as"),
+              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
+              "scenario=train repeats=3"),
+)
+LM_MODELS = ("llama", "llama_8b")
+
+
+@dataclasses.dataclass
+class Entry:
+    """One framework's best config for an objective."""
+
+    framework: str
+    mode: str  # "compile=auto, runtime=onnxruntime": what differs from the plain defaults
+    sample: samples.Sample
+    metric: str
+
+
+@dataclasses.dataclass
+class Block:
+    objective: Objective
+    model: str
+    machine: str  # "cpu, fp32, x1" (hardware, precision, devices)
+    cpu: str  # the processor/device words from the runs' tags
+    entries: list[Entry]  # best first
+    ratios: list[Ratio]  # the same order: each entry's figure / the best's
+    batch: Optional[str] = None
+
+    @property
+    def best(self) -> Entry:
+        return self.entries[0]
+
+    def verdict(self, ratio: Ratio) -> str:
+        if ratio.interval is None:
+            return SINGLE
+        return "clear" if ratio.clear else NO_CLEAR
+
+    def summary(self) -> str:
+        others = self.ratios[1:]
+        if not others:
+            return "one framework: nothing to compare"
+        if any(r.interval is None for r in others):
+            return SINGLE
+        if all(not r.clear for r in others):
+            return NO_CLEAR
+        return f"{fw_words(self.best.framework)} best"
+
+
+@dataclasses.dataclass
+class Missing:
+    objective: Objective
+    model: str
+
+    def command(self) -> str:
+        return self.objective.command.format(model=self.model)
+
+
+def fw_words(framework: str) -> str:
+    base, _, backend = framework.partition("[")
+    if backend:
+        return BACKEND_WORDS.get(backend.rstrip("]"), framework)
+    return FRAMEWORK_WORDS.get(base, base)
+
+
+def _framework(config: pd.Series) -> str:
+    backend = config.get("keras_backend", "-")
+    return config["framework"] + (f"[{backend}]" if backend not in ("-", None, "") else "")
+
+
+def _mode(config: pd.Series) -> str:
+    parts = [f"compile={config['compile']}"] if config.get("compile", "-") not in ("-", "") else []
+    parts += [f"{k}={config[k]}" for k, default in LEVERS.items() if config.get(k, default) != default]
+    return ", ".join(parts) or "defaults"
+
+
+def _metric_of(runs: pd.DataFrame, objective: Objective) -> Optional[str]:
+    return next((m for m in objective.metrics if f"metrics.{m}" in runs.columns
+                 and runs[f"metrics.{m}"].notna().any()), None)
+
+
+def _batch(runs: pd.DataFrame, rule: str) -> Optional[str]:
+    """Which batch size the frameworks are compared at (a batch's figures never meet another's)."""
+    sizes = runs.groupby("batch_size")["framework"].nunique()
+    if sizes.empty:
+        return None
+    numeric = {b: (int(b) if str(b).isdigit() else -1) for b in sizes.index}
+    if rule == "one":
+        return "1" if "1" in sizes.index else None
+    if rule == "largest":
+        return max(sizes.index, key=lambda b: (sizes[b], numeric[b]))
+    return max(sizes.index, key=lambda b: (sizes[b], -numeric[b]))
+
+
+def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
+    """The answer blocks of a ``search_runs`` frame, and the objectives of each model with no runs."""
+    configs = samples.configs(frame)
+    if configs.empty:
+        return [], []
+    found: list[Block] = []
+    missing: list[Missing] = []
+    ident = [c for c in samples.identity_columns(configs) if c in configs.columns]
+    cpu = _cpu_words(frame)
+    for model in sorted(configs["model"].unique()):
+        of_model = configs[configs["model"] == model]
+        for objective in OBJECTIVES:
+            if objective.lm_only and model not in LM_MODELS:
+                continue
+            runs = of_model[of_model["scenario"] == objective.scenario]
+            key = _metric_of(runs, objective)
+            if key is None:
+                missing.append(Missing(objective, model))
+                continue
+            runs = runs[runs[f"metrics.{key}"].notna()]
+            for machine, on in runs.groupby(["hardware", "precision", "devices"], sort=True):
+                batch = _batch(on, objective.batch)
+                if batch is None:
+                    missing.append(Missing(objective, model))
+                    continue
+                block = _block(objective, model, machine, on[on["batch_size"] == batch], configs,
+                               key, ident, cpu)
+                if block:
+                    block.batch = batch
+                    found.append(block)
+    return found, missing
+
+
+def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
+           every: pd.DataFrame, key: str, ident: list[str], cpu: str) -> Optional[Block]:
+    best_per_fw: dict[str, Entry] = {}
+    better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
+    for _, group in runs.groupby(ident, sort=False, dropna=False):
+        one = samples.sample(group, every, key)
+        if one is None or not one.point:
+            continue
+        config = group.iloc[-1]
+        fw = _framework(config)
+        if fw not in best_per_fw or better(one.point, best_per_fw[fw].sample.point):
+            best_per_fw[fw] = Entry(fw, _mode(config), one, key)
+    if not best_per_fw:
+        return None
+    entries = sorted(best_per_fw.values(), key=lambda e: e.sample.point, reverse=not objective.lower)
+    base = entries[0].sample
+    ratios = []
+    for e in entries:
+        point, interval = samples.ratio(e.sample, base)
+        if e is entries[0]:
+            interval = (1.0, 1.0) if base.log else None
+        ratios.append(Ratio(e.framework, point, interval, e.sample.n, ""))
+    hardware, precision, devices = machine
+    return Block(objective, model, f"{hardware}, {precision}, x{devices}", cpu, entries, ratios)
+
+
+def _cpu_words(frame: pd.DataFrame) -> str:
+    for col in ("tags.fxtrack.device_name", "tags.fxtrack.cpu"):
+        if col in frame.columns and frame[col].notna().any():
+            return str(frame[col].dropna().iloc[-1])
+    return "this machine"
+
+
+def sentence(block: Block) -> str:
+    """The block's verdict as one sentence a person can paste, from its figures only."""
+    ob, best = block.objective, block.best
+    verb, adjective = ob.phrase
+    precision = block.machine.split(", ")[1]
+    head = f"On this {block.cpu} ({block.machine.split(', ')[0]})"
+    model = MODEL_WORDS.get(block.model, block.model)
+    if len(block.entries) == 1:
+        return f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of {model}."
+    clear, tied, single = [], [], []
+    for entry, r in zip(block.entries[1:], block.ratios[1:]):
+        verdict = block.verdict(r)
+        (clear if verdict == "clear" else tied if verdict == NO_CLEAR else single).append((entry, r))
+    parts = []
+    for entry, r in clear:
+        # the best's figure relative to the other's, always >= 1: "1.13x as fast as"
+        times = 1 / r.ratio if not ob.lower else r.ratio
+        low, high = sorted((1 / r.interval[0], 1 / r.interval[1]) if not ob.lower else r.interval)
+        parts.append(f"{times:.2f}x [{low:.2f}, {high:.2f}] {adjective} {fw_words(entry.framework)}")
+    words = f"{head}, {fw_words(best.framework)} ({best.mode}) {verb} {model}"
+    if parts:
+        words += " " + "; ".join(parts) + f" at {precision}"
+    else:
+        words += f" best at {precision}"
+    if tied:
+        names = " and ".join(fw_words(e.framework) for e, _ in tied)
+        words += f"; {names} show{'s' if len(tied) == 1 else ''} no clear difference from {fw_words(best.framework)}"
+    if single:
+        names = " and ".join(f"{fw_words(e.framework)} ({_times(r, ob.lower):.2f}x)" for e, r in single)
+        words += f"; {names}: single runs, no verdict"
+    return words + f" ({ob.title.lower()}, batch {block.batch})."
+
+
+def _times(r: Ratio, lower: bool) -> float:
+    return r.ratio if lower else 1 / r.ratio

@@ -1,0 +1,138 @@
+"""The trade-offs drawn: a Pareto chart per model, one point per framework and mode.
+
+Training: throughput (higher is better) against peak memory per sample (lower is better);
+serving: p99 latency (lower) against throughput (higher). ``frontier`` is the pure part: which
+points no other point beats on both axes. A framework none of whose points is on the frontier
+is named under the chart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional, Sequence
+
+import pandas as pd
+
+from fxtrack.report import samples
+from fxtrack.report.answer import _framework, _mode, fw_words
+
+# (scenario, x metrics, x label, x lower-is-better, y metrics, y label, y lower-is-better);
+# the first metric of each tuple a run logged is read (the serve names are scenario=serve's).
+AXES = (
+    ("train", ("peak_mem_device_mib", "peak_rss_mib"), "peak memory per sample (MiB, lower is better)",
+     True, ("throughput_samples_per_s",), "samples/s (higher is better)", False),
+    ("serve", ("goodput_rps", "max_rate_under_slo_rps"), "throughput (requests/s, higher is better)",
+     False, ("e2e_ms_p99", "ttft_ms_p99", "tpot_ms_p99"), "p99 latency (ms, lower is better)", True),
+)
+
+
+@dataclasses.dataclass
+class Point:
+    label: str  # "torch (compile=auto)"
+    framework: str
+    x: float
+    y: float
+    y_interval: Optional[tuple[float, float]]
+    run_id: str
+
+
+def frontier(points: Sequence[tuple[float, float]], x_lower: bool, y_lower: bool) -> list[bool]:
+    """For each (x, y), whether it is non-dominated: no other point is at least as good on both
+    axes and strictly better on one."""
+    def better_eq(a: float, b: float, lower: bool) -> bool:
+        return a <= b if lower else a >= b
+
+    out = []
+    for i, (x, y) in enumerate(points):
+        dominated = any(
+            j != i and better_eq(ox, x, x_lower) and better_eq(oy, y, y_lower) and (ox, oy) != (x, y)
+            for j, (ox, oy) in enumerate(points))
+        out.append(not dominated)
+    return out
+
+
+def points(frame: pd.DataFrame, model: str, axes: tuple) -> list[Point]:
+    """One point per config of ``model`` in the axes' scenario with both figures."""
+    scenario, xs, _, _, ys, _, _ = axes
+    configs = samples.configs(frame)
+    runs = configs[(configs["model"] == model) & (configs["scenario"] == scenario)]
+    x_key = next((m for m in xs if f"metrics.{m}" in runs and runs[f"metrics.{m}"].notna().any()), None)
+    y_key = next((m for m in ys if f"metrics.{m}" in runs and runs[f"metrics.{m}"].notna().any()), None)
+    if runs.empty or x_key is None or y_key is None:
+        return []
+    ident = [c for c in samples.identity_columns(configs) if c in runs.columns]
+    out = []
+    for _, group in runs.groupby(ident, sort=False, dropna=False):
+        x, y = samples.sample(group, configs, x_key), samples.sample(group, configs, y_key)
+        if x is None or y is None:
+            continue
+        config = group.iloc[-1]
+        x_value = x.point
+        if scenario == "train":  # memory per sample: the batch's peak over its samples
+            batch = int(config["batch_size"]) if str(config["batch_size"]).isdigit() else 1
+            x_value /= max(batch, 1)
+        fw = _framework(config)
+        out.append(Point(f"{fw_words(fw)} ({_mode(config)}, batch {config['batch_size']})", fw,
+                         x_value, y.point, y.interval(), y.run_ids[-1]))
+    return out
+
+
+@dataclasses.dataclass
+class Drawn:
+    title: str
+    path: Path
+    caption: str
+    never: list[str]  # frameworks never on the frontier
+    points: list[Point]
+    on_frontier: list[bool]
+
+
+def charts(frame: pd.DataFrame, out: Path) -> list[Drawn]:
+    """One Pareto chart per model and axes pair with at least one point, saved under ``out``."""
+    configs = samples.configs(frame)
+    drawn = []
+    for model in sorted(configs["model"].unique()) if not configs.empty else []:
+        for axes in AXES:
+            found = points(frame, model, axes)
+            if not found:
+                continue
+            marks = frontier([(p.x, p.y) for p in found], axes[3], axes[6])
+            never = sorted({p.framework for p in found} - {p.framework for p, m in zip(found, marks) if m})
+            path = out / f"pareto-{axes[0]}-{model}.png"
+            title = f"Trade-offs: {model}, {axes[0]}"
+            _draw(found, marks, axes, title, path)
+            caption = ("Filled: on the frontier (no other point is better on both axes); "
+                       "whiskers: 95% interval of the vertical figure where it has repeats")
+            if never:
+                caption += "; never on the frontier: " + ", ".join(fw_words(f) for f in never)
+            drawn.append(Drawn(title, path, caption + ".", never, found, marks))
+    return drawn
+
+
+def _draw(found: list[Point], marks: list[bool], axes: tuple, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
+    colours = {}
+    for p, on in zip(found, marks):
+        colour = colours.setdefault(p.framework, f"C{len(colours)}")
+        err = None
+        if p.y_interval:
+            err = [[max(0.0, p.y - p.y_interval[0])], [max(0.0, p.y_interval[1] - p.y)]]
+        ax.errorbar([p.x], [p.y], yerr=err, fmt="o", color=colour, capsize=3,
+                    markerfacecolor=colour if on else "white", markersize=8)
+        ax.annotate(p.label, (p.x, p.y), fontsize=7, xytext=(5, 4), textcoords="offset points")
+    front = sorted((p.x, p.y) for p, on in zip(found, marks) if on)
+    if len(front) > 1:
+        ax.plot(*zip(*front), color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel(axes[2])
+    ax.set_ylabel(axes[5])
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,176 @@
+"""The answer page: blocks, verdicts, sentences and the Pareto frontier, from synthetic runs
+logged into a temporary MLflow store with the real tag and metric keys (no framework runs)."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+
+from fxtrack import stats  # noqa: E402
+from fxtrack.report import answer, page, pareto  # noqa: E402
+from fxtrack.report.cli import main  # noqa: E402
+from fxtrack.tracking import reader  # noqa: E402
+
+T0 = int(time.time() * 1000) - 3_600_000
+# framework -> the throughput of each repeat (samples/s) of vit training at batch 8
+VIT = {"jax": [120.0, 121.0, 119.0],        # best
+       "torch": [100.0, 101.0, 99.0],       # clearly slower
+       "tensorflow": [118.0, 125.0, 112.0]}  # overlaps jax: no clear difference
+RSS = {"jax": 800.0, "torch": 600.0, "tensorflow": 900.0}  # memory: torch lowest
+BERT = {"jax": [50.0], "torch": [40.0]}  # single runs
+
+
+def _log(client, exp, n, fw, model, thr, rss, batch="8"):
+    tags = {"fxtrack.framework": fw, "fxtrack.model": model, "fxtrack.scenario": "train",
+            "fxtrack.precision": "fp32", "fxtrack.devices": "1", "fxtrack.hardware": "cpu",
+            "fxtrack.device": "cpu", "fxtrack.status": "ok", "fxtrack.cpu": "Test EPYC (2 cores)"}
+    run = client.create_run(exp, start_time=T0 + n * 1000, tags=tags, run_name=f"{fw}-{model}-{n}")
+    client.log_param(run.info.run_id, "batch_size", batch)
+    client.log_param(run.info.run_id, "framework.compile", "auto")
+    client.log_metric(run.info.run_id, "throughput_samples_per_s", thr)
+    client.log_metric(run.info.run_id, "peak_rss_mib", rss)
+    client.set_terminated(run.info.run_id, "FINISHED", end_time=T0 + n * 1000 + 500)
+    return run.info.run_id
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    exp = client.create_experiment("fxtrack")
+    n = 0
+    for fw, values in VIT.items():
+        for i, v in enumerate(values):
+            n += 1
+            _log(client, exp, n, fw, "vit", v, RSS[fw] + i)
+    for fw, values in BERT.items():
+        n += 1
+        _log(client, exp, n, fw, "bert", values[0], 500.0)
+    return uri
+
+
+@pytest.fixture(scope="module")
+def frame(store):
+    return reader.load_runs(store, "fxtrack", None)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def _block(blocks, key, model):
+    return next(b for b in blocks if b.objective.key == key and b.model == model)
+
+
+def test_blocks_name_the_winner_with_the_runs_own_intervals(frame):
+    blocks, _ = answer.blocks(frame)
+    train = _block(blocks, "train", "vit")
+    assert [e.framework for e in train.entries] == ["jax", "tensorflow", "torch"]
+    assert train.best.sample.point == stats.median(VIT["jax"])
+    torch = train.ratios[2]
+    expected = stats.ratio_interval(stats.log_summary(VIT["torch"]), stats.log_summary(VIT["jax"]))
+    assert torch.ratio == pytest.approx(100.0 / 120.0)
+    assert torch.interval == pytest.approx(expected)
+    assert train.verdict(torch) == "clear" and torch.interval[1] < 1
+    # overlapping repeats: the interval holds 1
+    assert train.verdict(train.ratios[1]) == answer.NO_CLEAR
+    assert train.ratios[1].interval[0] < 1 < train.ratios[1].interval[1]
+    # memory: lower is better, torch wins
+    memory = _block(blocks, "memory", "vit")
+    assert memory.best.framework == "torch" and memory.best.metric == "peak_rss_mib"
+
+
+def test_single_runs_give_no_verdict_and_missing_objectives_their_command(frame):
+    blocks, missing = answer.blocks(frame)
+    bert = _block(blocks, "train", "bert")
+    assert bert.best.framework == "jax" and bert.summary() == answer.SINGLE
+    assert "single runs, no verdict" in answer.sentence(bert)
+    commands = {(m.model, m.objective.key): m.command() for m in missing}
+    assert "scenario=fit" in commands[("vit", "fit")] and "model=vit" in commands[("vit", "fit")]
+    assert "scenario=serve" in commands[("vit", "serve")]
+    assert "batch_size=1" in commands[("vit", "latency")]
+    assert ("vit", "ttft") not in commands  # generation is asked of LMs only
+
+
+def test_sentence_says_the_ratio_of_the_figures(frame):
+    blocks, _ = answer.blocks(frame)
+    words = answer.sentence(_block(blocks, "train", "vit"))
+    low, high = sorted(1 / x for x in stats.ratio_interval(stats.log_summary(VIT["torch"]),
+                                                           stats.log_summary(VIT["jax"])))
+    assert words.startswith("On this Test EPYC (2 cores) (cpu), JAX (compile=auto) trains ViT-B/16 "
+                            f"{120 / 100:.2f}x [{low:.2f}, {high:.2f}] as fast as PyTorch at fp32")
+    assert "TensorFlow shows no clear difference from JAX" in words
+
+
+@pytest.mark.parametrize("points, x_lower, y_lower, expected", [
+    ([(1, 10), (2, 20), (3, 15), (2, 5)], True, False, [True, True, False, False]),
+    ([(1, 1), (1, 1)], True, True, [True, True]),  # equal points do not dominate each other
+    ([(5, 1), (4, 2), (3, 0.5), (2, 3)], False, True, [True, False, True, False]),
+    ([], True, True, []),
+])
+def test_frontier_on_fixed_points(points, x_lower, y_lower, expected):
+    assert pareto.frontier(points, x_lower, y_lower) == expected
+
+
+def test_pareto_chart_names_the_framework_never_on_the_frontier(frame, tmp_path):
+    drawn = pareto.charts(frame, tmp_path)
+    vit = next(d for d in drawn if d.title.endswith("vit, train"))
+    # tensorflow: more memory per sample than jax and a lower median throughput
+    assert vit.never == ["tensorflow"] and "never on the frontier: TensorFlow" in vit.caption
+    assert vit.path.is_file()
+
+
+def test_links_open_the_runs_table_layout():
+    assert page.ui_base("sqlite:///x.db") == page.DEFAULT_UI
+    assert page.ui_base("http://mlflow:5000/") == "http://mlflow:5000"
+    assert page.ui_base("http://mlflow:5000", "https://ui.example") == "https://ui.example"
+    assert page.run_link("http://h", "3", "abc").endswith("#/experiments/3/runs/abc?workflowType=machine_learning")
+
+
+def test_report_writes_the_page_answer_first(store, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["--uri", store, "--out", str(out), "--ui-url", "http://ui.test"]) == 0
+    text = capsys.readouterr().out
+    assert text.index("Training throughput: vit") < text.index("Throughput (samples/s)")
+    md = (out / "report.md").read_text()
+    assert md.index("## The answer") < md.index("## Charts")
+    html = (out / "index.html").read_text()
+    assert html.index('id="answer"') < html.index("<h2>Charts</h2>")
+    assert "http://ui.test/#/experiments/" in html and "workflowType=machine_learning" in html
+    assert "data:image/png;base64," in html and "src=\"http" not in html
+    assert 'url=index.html' in (out / "report.html").read_text()
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium on PATH (.ci/chromium.sh)")
+def test_chromium_opens_the_page_offline(store, tmp_path, capsys):
+    """The page offline in a fresh profile: the blocks, the charts drawn, the run links there;
+    the screenshot is kept beside the page."""
+    out = tmp_path / "r"
+    assert main(["--uri", store, "--out", str(out)]) == 0
+    page_url = (out / "index.html").as_uri()
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-background-networking", "--window-size=1400,1800",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", page_url], capture_output=True,
+                         text=True, timeout=120).stdout
+    assert dom.count('class="answer-block"') >= 3
+    assert dom.count("data:image/png;base64,") >= 2
+    runs = mlflow.MlflowClient(store).search_runs(
+        [mlflow.MlflowClient(store).get_experiment_by_name("fxtrack").experiment_id])
+    ids = {r.info.run_id for r in runs}
+    linked = {part.split("?")[0] for part in dom.split("/runs/")[1:]}
+    assert linked and linked <= ids
+    shot = out / "index.png"
+    subprocess.run(["chromium", *flags, f"--screenshot={shot}", page_url], capture_output=True,
+                   timeout=120)
+    assert shot.is_file() and shot.stat().st_size > 10_000
+    assert not math.isnan(shot.stat().st_size)
