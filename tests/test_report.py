@@ -98,7 +98,7 @@ def test_report_keeps_the_latest_finished_runs_and_writes_every_file(store, tmp_
     assert "1 superseded by a later run, 1 failed" in out
 
     files = {p.name for p in out_dir.iterdir()}
-    assert {"report.md", "report.html", "report.csv", "throughput-train-fp32.png",
+    assert {"report.md", "index.html", "report.html", "report.csv", "throughput-train-fp32.png",
             "scaling.png"} <= files
     csv = pd.read_csv(out_dir / "report.csv")
     assert len(csv) == 5
@@ -118,7 +118,7 @@ def test_report_keeps_the_latest_finished_runs_and_writes_every_file(store, tmp_
     assert "2.5.1" in md and "0.4.35" in md and "Test CPU 9000" in md and "bench-1" in md
     assert "![Throughput: train, fp32, x1, cpu](throughput-train-fp32.png)" in md
     page = (out_dir / "index.html").read_text()
-    assert page.count('src="data:image/png;base64,') == 3 and "<table>" in page
+    assert page.split('<h2>Charts</h2>')[1].count('src="data:image/png;base64,') == 3 and "<table>" in page
 
 
 def test_report_run_is_logged_apart_only_when_asked(store, tmp_path, capsys):

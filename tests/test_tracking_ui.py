@@ -110,7 +110,7 @@ def test_parent_has_the_verdict_table_as_note_and_the_report_files(sweep):
     note = parent.data.tags["mlflow.note.content"]
     assert "Jobs:" in note and all(name in note for name in children)
     report = {a.path for a in client.list_artifacts(parent.info.run_id, "report")}
-    assert {"report/report.html", "report/report.csv", "report/report.md"} <= report
+    assert {"report/index.html", "report/report.html", "report/report.csv", "report/report.md"} <= report
     assert any(p.endswith(".png") for p in report)
 
 
