@@ -174,3 +174,12 @@ def test_chromium_opens_the_page_offline(store, tmp_path, capsys):
                    timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
     assert not math.isnan(shot.stat().st_size)
+
+
+def test_claims_table_says_each_claim_and_its_published_figures():
+    from fxtrack.report import claims
+
+    seed = next(c for c in claims.load() if c.id == "seed-resnet50-train-a100")
+    (row,) = claims.table([claims.Verdict(seed, claims.UNMEASURED, "no runs", [], [])]).rows
+    assert row[2] == seed.claim  # the one-line sentence, as published
+    assert row[3] == "torch 312, tensorflow 287, jax 345 (throughput_samples_per_s)"

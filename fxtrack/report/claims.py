@@ -334,10 +334,22 @@ def verdicts(frame: pd.DataFrame, claims: Optional[list[Claim]] = None,
     return [evaluate(c, frame, machine or machine_kind()) for c in (claims or load())]
 
 
+def published(claim: Claim) -> str:
+    """The claim's published figures in one cell: ``torch 312, jax 345 (throughput_samples_per_s)``
+    and its stated ratio, so that a reader sees them beside the measured ones."""
+    figures = [f"{claim.label(arm)} {arm['value']:,}" if isinstance(arm.get("value"), (int, float))
+               else f"{claim.label(arm)} {arm['value']}" for arm in claim.arms if "value" in arm]
+    text = ", ".join(figures) + (f" ({claim.unit or claim.metric})" if figures else "")
+    if claim.ratio is not None:
+        text += ("; " if text else "") + f"ratio {claim.ratio}"
+    return text or "-"
+
+
 def table(found: list[Verdict]) -> Table:
-    rows = [[v.claim.id, v.claim.kind, v.status, v.detail, ", ".join(i[:8] for i in v.run_ids) or "-"]
-            for v in found]
-    return Table("Published claims on these runs", ["claim", "kind", "verdict", "detail", "runs"], rows,
+    rows = [[v.claim.id, v.claim.kind, v.claim.claim, published(v.claim), v.status, v.detail,
+             ", ".join(i[:8] for i in v.run_ids) or "-"] for v in found]
+    return Table("Published claims on these runs",
+                 ["claim", "kind", "says", "published", "verdict", "measured", "runs"], rows,
                  ["consistent / contradicted: the 95% interval of the measured figure or ratio "
                   "against the published one, read to its printed precision",
                   "not testable here: the figure needs the claimed hardware, or the runs are "
