@@ -25,6 +25,8 @@ SUBCOMMANDS = {
                "installed frameworks, their versions, the devices each sees, the peak FLOP/s"),
     "report": ("fxtrack.report.cli:main",
                "comparison tables and charts from MLflow runs (stdout, Markdown, HTML, CSV, PNG)"),
+    "ui": ("fxtrack.tracking.ui:main",
+           "the MLflow UI on the store fxtrack used, and the link to its experiment's runs"),
     "sync": ("fxtrack.tracking.sync:main",
              "upload results that an unreachable tracking server missed"),
 }

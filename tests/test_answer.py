@@ -183,3 +183,38 @@ def test_claims_table_says_each_claim_and_its_published_figures():
     (row,) = claims.table([claims.Verdict(seed, claims.UNMEASURED, "no runs", [], [])]).rows
     assert row[2] == seed.claim  # the one-line sentence, as published
     assert row[3] == "torch 312, tensorflow 287, jax 345 (throughput_samples_per_s)"
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs chromium on PATH (.ci/chromium.sh)")
+def test_fxtrack_ui_link_opens_the_runs_table(store, tmp_path):
+    """`fxtrack ui` on the store; a fresh Chromium profile opens the printed link and finds the
+    Runs table with the runs in it (not the GenAI layout)."""
+    import os
+    import signal
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    ui = subprocess.Popen([sys.executable, "-m", "fxtrack", "ui", "--uri", store, "--port", str(port)],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                          start_new_session=True, cwd=tmp_path)
+    try:
+        link = ui.stdout.readline().strip()
+        assert link.startswith(f"http://127.0.0.1:{port}/#/experiments/")
+        assert link.endswith("?workflowType=machine_learning")
+        flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--window-size=1600,1000",
+                 "--virtual-time-budget=20000", f"--user-data-dir={tmp_path / 'profile'}"]
+        dom = ""
+        for _ in range(3):  # a loaded machine: the UI's requests may outlast the virtual time
+            dom = subprocess.run(["chromium", *flags, "--dump-dom", link], capture_output=True,
+                                 text=True, timeout=180).stdout
+            if "jax-vit-1" in dom:
+                break
+        assert "jax-vit-1" in dom  # a run name: the runs table rendered
+    finally:
+        os.killpg(ui.pid, signal.SIGTERM)
+        ui.wait(timeout=30)

@@ -46,6 +46,8 @@ from fxtrack.tracking.target import (  # noqa: F401 - writer.tracking_uri, write
     tracking_uri,
 )
 
+# The MLflow UI's switch to its Model training layout (Runs table), kept on every link fxtrack writes.
+UI_WORKFLOW = "workflowType=machine_learning"
 # An unreachable server should cost seconds, not the minutes of MLflow's default back-off.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
@@ -822,4 +824,15 @@ def log_record(record: dict[str, Any], artifacts: dict[str, Path | str],
         return None, "spooled", (
             f"fxtrack: could not log to {shown}: {e}\n"
             f"fxtrack: the result is kept in {entry}: {records.sync_advice(uri)}")
-    return run_id, f"mlflow run {run_id}", None
+    return run_id, f"mlflow run {run_id}" + _ui_link(uri, record, run_id), None
+
+
+def _ui_link(uri: str, record: dict[str, Any], run_id: Optional[str]) -> str:
+    """`` at <run page>`` where the tracking URI is a server (its UI serves the run there), with
+    workflowType=machine_learning: without it the MLflow UI opens its GenAI layout."""
+    if not run_id or not uri.startswith(("http://", "https://")):
+        return ""
+    exp_id = record.get("experiment_id") or _EXPERIMENTS.get((uri, record.get("experiment")))
+    if exp_id is None:
+        return ""
+    return f" at {redact_uri(uri).rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}?{UI_WORKFLOW}"

@@ -1,0 +1,82 @@
+"""``fxtrack ui``: the MLflow UI on the store fxtrack used, and the link to its experiment.
+
+The store is the one a run from this directory would log to (``--uri``, else
+``$MLFLOW_TRACKING_URI``, else the embedded ``sqlite:///<here>/mlflow.db``). A tracking server
+already serves its own UI: then only the link is printed. The link carries
+``workflowType=machine_learning``: without it the MLflow UI opens the experiment in its GenAI
+layout (a switch kept in the browser), not the Runs table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PROG = "fxtrack ui"
+WORKFLOW = "workflowType=machine_learning"
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else "
+                        "sqlite:///<current directory>/mlflow.db)")
+    parser.add_argument("--experiment", default="fxtrack", help="default: %(default)s")
+    parser.add_argument("--host", default="127.0.0.1", help="default: %(default)s")
+    parser.add_argument("--port", type=int, default=5000, help="default: %(default)s")
+    return parser.parse_args(argv)
+
+
+def experiment_link(base: str, experiment_id: str) -> str:
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}?{WORKFLOW}"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    from fxtrack.environment import redact_uri
+    from fxtrack.tracking.target import tracking_uri
+
+    uri = tracking_uri(args.uri, os.getcwd())
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        print(f"{PROG}: no store at {uri}: run fxtrack here first, or pass --uri", file=sys.stderr)
+        return 1
+    import mlflow
+
+    exp = mlflow.MlflowClient(uri).get_experiment_by_name(args.experiment)
+    if exp is None:
+        print(f"{PROG}: {redact_uri(uri)} has no experiment {args.experiment!r}", file=sys.stderr)
+        return 1
+    if uri.startswith(("http://", "https://")):  # a server: its own UI
+        print(experiment_link(redact_uri(uri), exp.experiment_id), flush=True)
+        return 0
+    mlflow_cli = Path(sys.executable).with_name("mlflow")
+    command = [str(mlflow_cli) if mlflow_cli.is_file() else "mlflow", "ui", "--backend-store-uri",
+               uri, "--host", args.host, "--port", str(args.port)]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    ui = subprocess.Popen(command, env=env, stdout=sys.stderr)  # stdout: the link alone
+    base = f"http://{args.host}:{args.port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if ui.poll() is not None or time.monotonic() > deadline:
+                    print(f"{PROG}: mlflow ui did not start on {base}", file=sys.stderr)
+                    return 1
+                time.sleep(0.5)
+        print(f"{PROG}: experiment {args.experiment!r} of {redact_uri(uri)} (Ctrl-C stops the UI):",
+              file=sys.stderr)
+        print(experiment_link(base, exp.experiment_id), flush=True)
+        return ui.wait()
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if ui.poll() is None:
+            ui.terminate()
+            ui.wait(timeout=30)
