@@ -142,7 +142,8 @@ def test_report_writes_the_page_answer_first(store, tmp_path, capsys):
     text = capsys.readouterr().out
     assert text.index("Training throughput: vit") < text.index("Throughput (samples/s)")
     md = (out / "report.md").read_text()
-    assert md.index("## The answer") < md.index("## Charts")
+    assert md.index("## The answer") < md.index("![Trade-offs: vit, train](pareto-train-vit.png)") < md.index("## Charts")
+    assert "Code size: source lines" in md and "The answer in words:" in text
     html = (out / "index.html").read_text()
     assert html.index('id="answer"') < html.index("<h2>Charts</h2>")
     assert "http://ui.test/#/experiments/" in html and "workflowType=machine_learning" in html

@@ -97,9 +97,10 @@ def main(argv: list[str]) -> int:
     if verdict:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
                                           .replace("\n", " ")))
-    lead, lead_html, sentences = _answer(frame, out, uri, args.ui_url,
-                                         draw={"md", "html"} & set(args.formats))
-    report = render.Report(f"fxtrack report: {args.experiment}", meta, sections, drawn, lead, lead_html)
+    lead, lead_html, sentences, tradeoffs = _answer(frame, out, uri, args.ui_url,
+                                                    draw={"md", "html"} & set(args.formats))
+    report = render.Report(f"fxtrack report: {args.experiment}", meta, sections, drawn, lead,
+                           lead_html, tradeoffs)
 
     print(f"{PROG}: {source}: {selection.summary()}\n")
     if lead:
@@ -108,15 +109,17 @@ def main(argv: list[str]) -> int:
     print(render.text(throughput) if throughput else "(no throughput figures among the kept runs)")
     if verdict:
         print("\n" + render.text(verdict))
+    if sentences:
+        print("\nThe answer in words:\n" + "\n".join(f"- {line}" for line in sentences))
     files = render.write(report, runs, out, args.formats)
-    names = [p.name for p in files] + [c.path.name for c in drawn]
+    names = [p.name for p in files] + [c.path.name for c in drawn + tradeoffs]
     print(f"\n{PROG}: wrote {', '.join(names)} to {out}", file=sys.stderr)
     if args.log and not args.no_log:
-        _log(uri, args, selection, files + [c.path for c in drawn])
+        _log(uri, args, selection, files + [c.path for c in drawn + tradeoffs])
     return 0
 
 
-def _answer(frame, out: Path, uri: str, ui_url, draw) -> tuple[list, str, list[str]]:
+def _answer(frame, out: Path, uri: str, ui_url, draw) -> tuple[list, str, list[str], list]:
     """The answer section (tables for text and Markdown, linked HTML for the page) and its
     verdict sentences; Pareto charts drawn only where a page shows them."""
     from fxtrack.report import answer, page, pareto
@@ -124,15 +127,19 @@ def _answer(frame, out: Path, uri: str, ui_url, draw) -> tuple[list, str, list[s
 
     blocks, missing = answer.blocks(frame)
     if not blocks and not missing:
-        return [], "", []
+        return [], "", [], []
     tables = [page.table(b) for b in blocks]
+    code = page.code_size_table(sorted({b.best.framework for b in blocks}
+                                       | {e.framework for b in blocks for e in b.entries}))
+    tables += [code] if code else []
     gaps = page.missing_table(missing)
     drawn = pareto.charts(frame, out) if draw else []
-    intro = " ".join(c.title + ": " + c.caption for c in drawn)
-    section = Section("The answer", tables + ([gaps] if gaps else []), intro)
+    section = Section("The answer", tables + ([gaps] if gaps else []))
     experiment_id = str(frame["experiment_id"].iloc[0]) if "experiment_id" in frame and len(frame) else "0"
-    html_text = page.html_blocks(blocks, missing, page.ui_base(uri, ui_url), experiment_id, drawn)
-    return [section], html_text, [answer.sentence(b) for b in blocks]
+    html_text = page.html_blocks(blocks, missing, page.ui_base(uri, ui_url), experiment_id, drawn,
+                                 [code] if code else [])
+    sentences = [answer.sentence(b) for b in blocks] + (code.notes if code else [])
+    return [section], html_text, sentences, drawn
 
 
 def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> None:

@@ -58,7 +58,7 @@ def missing_table(missing: list[Missing]) -> Optional[Table]:
 
 
 def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experiment_id: str,
-                pareto: list) -> str:
+                pareto: list, extra: Optional[list[Table]] = None) -> str:
     """The page's answer section: a block per objective, each figure a link to its run; then
     the Pareto charts (embedded as data URIs) and the objectives without runs."""
     import base64
@@ -82,6 +82,11 @@ def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experime
         parts.append(f'<div class="answer-block"><h3>{esc(t.title)}</h3>'
                      f'<p class="verdict">{esc(t.notes[0])}</p>'
                      f"<table><tr>{head}</tr>{''.join(rows)}</table></div>")
+    for t in extra or []:  # figures without runs to link (code size)
+        head = "".join(f"<th>{esc(h)}</th>" for h in t.header)
+        rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in t.rows)
+        parts.append(f'<div class="answer-block"><h3>{esc(t.title)}</h3>'
+                     f'<p class="verdict">{esc(t.notes[0])}</p><table><tr>{head}</tr>{rows}</table></div>')
     for chart in pareto:
         data = base64.b64encode(chart.path.read_bytes()).decode("ascii")
         links = ", ".join(f'<a class="run" href="{esc(run_link(base, experiment_id, p.run_id))}">'
@@ -97,3 +102,23 @@ def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experime
                      f"<tr>{''.join(f'<th>{esc(h)}</th>' for h in gaps.header)}</tr>{rows}</table>")
     parts.append("</section>")
     return "\n".join(parts)
+
+
+def code_size_table(frameworks: list[str]) -> Optional[Table]:
+    """Code size: each framework's implementation in fxtrack's source, counted (the same on every
+    run of a version: a count, not a measurement, so no interval), fewest lines first."""
+    from fxtrack.measure.complexity import code_metrics
+
+    fws = list(dict.fromkeys(fw.partition("-")[0] for fw in frameworks))
+    sloc = {fw: code_metrics(fw).get("code_sloc") for fw in fws}
+    sloc = {fw: v for fw, v in sloc.items() if v}
+    if not sloc:
+        return None
+    ranked = sorted(sloc, key=sloc.get)
+    best = sloc[ranked[0]]
+    rows = [[fw_words(fw), f"{sloc[fw]:,.0f}", f"{sloc[fw] / best:.2f}x"] for fw in ranked]
+    words = (f"{fw_words(ranked[0])}'s implementation is the smallest ({best:,.0f} source lines)"
+             + ("; " + ", ".join(f"{fw_words(fw)} {sloc[fw] / best:.2f}x" for fw in ranked[1:])
+                if len(ranked) > 1 else "") + " (counted, not measured: no interval).")
+    return Table("Code size: source lines of each framework's implementation",
+                 ["framework", "code_sloc", "ratio to smallest"], rows, [words])

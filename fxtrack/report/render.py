@@ -37,6 +37,7 @@ class Report:
     # page renders it from ``lead_html`` (figures linked to their runs) where that is set
     lead: list[Section] = dataclasses.field(default_factory=list)
     lead_html: str = ""
+    lead_charts: list = dataclasses.field(default_factory=list)  # the answer's Pareto charts
 
 
 def numeric(table: Table) -> list[bool]:
@@ -77,6 +78,8 @@ def markdown(report: Report) -> str:
     """Markdown with the charts linked as files beside it."""
     out = [f"# {report.title}", "", *[f"- {line}" for line in report.meta], ""]
     out += _md_sections(report.lead)
+    for c in report.lead_charts:
+        out += [f"![{c.title}]({c.path.name})", "", "*" + _md(c.caption).replace("*", r"\*") + "*", ""]
     if report.charts:
         out += ["## Charts", ""]
         for c in report.charts:
