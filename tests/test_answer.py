@@ -106,7 +106,7 @@ def test_sentence_says_the_ratio_of_the_figures(frame):
     words = answer.sentence(_block(blocks, "train", "vit"))
     low, high = sorted(1 / x for x in stats.ratio_interval(stats.log_summary(VIT["torch"]),
                                                            stats.log_summary(VIT["jax"])))
-    assert words.startswith("On this Test EPYC (2 cores) (cpu), JAX (compile=auto) trains ViT-B/16 "
+    assert words.startswith("On this Test EPYC (2 cores, cpu), JAX (compile=auto) trains ViT-B/16 "
                             f"{120 / 100:.2f}x [{low:.2f}, {high:.2f}] as fast as PyTorch at fp32")
     assert "TensorFlow shows no clear difference from JAX" in words
 

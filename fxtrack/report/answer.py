@@ -52,7 +52,7 @@ OBJECTIVES = (
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=fit repeats=3"),
     Objective("latency", "Inference latency at batch 1", "inference", ("latency_ms_p50",), True,
-              "one", ("answers one", "as quickly as"),
+              "one", ("answers one sample of", "faster than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=inference batch_size=1 repeats=3"),
     Objective("inference", "Inference throughput at the largest batch", "inference",
@@ -65,7 +65,7 @@ OBJECTIVES = (
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=serve repeats=3"),
     Objective("ttft", "Generation: time to first token", "generate", ("ttft_ms_p50",), True,
-              "common", ("starts generating", "as quickly as"),
+              "common", ("starts generating", "faster than"),
               "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
               "repeats=3", lm_only=True),
     Objective("decode", "Generation: decode tokens/s", "generate", ("decode_tokens_per_s",), False,
@@ -73,15 +73,15 @@ OBJECTIVES = (
               "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
               "repeats=3", lm_only=True),
     Objective("memory", "Peak memory at equal batch", "train",
-              ("peak_mem_device_mib", "peak_rss_mib"), True, "common", ("trains", "in as little memory as"),
+              ("peak_mem_device_mib", "peak_rss_mib"), True, "common", ("trains", "with less peak memory than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3"),
     Objective("cost", "Cost per 1M samples", "train", ("cost_per_1m_samples",), True, "common",
-              ("trains", "as cheaply as"),
+              ("trains", "cheaper than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3 hardware.price_per_hour=<price>"),
-    Objective("compile", "Compile / first-step time", "train", ("compile_time_s", "first_step_time_s"),
-              True, "common", ("starts training", "as quickly as"),
+    Objective("compile", "Compile / first-step time", "train", ("first_step_time_s", "compile_time_s"),
+              True, "common", ("starts training", "faster than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3"),
 )
@@ -107,6 +107,7 @@ class Block:
     entries: list[Entry]  # best first
     ratios: list[Ratio]  # the same order: each entry's figure / the best's
     batch: Optional[str] = None
+    contended: bool = False  # a run behind a figure shared the cores with other processes
 
     @property
     def best(self) -> Entry:
@@ -182,6 +183,7 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
     missing: list[Missing] = []
     ident = [c for c in samples.identity_columns(configs) if c in configs.columns]
     cpu = _cpu_words(frame)
+    tags = _run_tags(frame)
     for model in sorted(configs["model"].unique()):
         of_model = configs[configs["model"] == model]
         for objective in OBJECTIVES:
@@ -199,16 +201,46 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
                     missing.append(Missing(objective, model))
                     continue
                 block = _block(objective, model, machine, on[on["batch_size"] == batch], configs,
-                               key, ident, cpu)
+                               key, ident, cpu, tags)
                 if block:
                     block.batch = batch
                     found.append(block)
     return found, missing
 
 
+def _run_tags(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
+    """run id (and an aggregate's result id, through its repeats) -> the tags a block reads:
+    what the compile mode resolved to, whether the cores were contended."""
+    out: dict[str, dict[str, str]] = {}
+    cols = {"mode": "tags.fxtrack.compile_mode", "contended": "tags.fxtrack.contended",
+            "of": "tags.fxtrack.repeat_of"}
+    for _, row in frame.iterrows():
+        got = {k: str(row[c]) for k, c in cols.items() if c in frame and isinstance(row[c], str)}
+        out[row["run_id"]] = got
+        if got.get("of"):  # a repeat speaks for its aggregate's mode; any contended repeat counts
+            agg = out.setdefault("result:" + got["of"], {})
+            agg.setdefault("mode", got.get("mode", ""))
+            if got.get("contended") == "true":
+                agg["contended"] = "true"
+    return out
+
+
+def _entry_tags(group: pd.DataFrame, tags: dict[str, dict[str, str]]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for _, row in group.iterrows():
+        for source in (tags.get(row["run_id"], {}), tags.get(f"result:{row.get('result_id')}", {})):
+            if source.get("mode") and not found.get("mode"):
+                found["mode"] = source["mode"]
+            if source.get("contended") == "true":
+                found["contended"] = "true"
+    return found
+
+
 def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
-           every: pd.DataFrame, key: str, ident: list[str], cpu: str) -> Optional[Block]:
+           every: pd.DataFrame, key: str, ident: list[str], cpu: str,
+           tags: Optional[dict[str, dict[str, str]]] = None) -> Optional[Block]:
     best_per_fw: dict[str, Entry] = {}
+    contended = False
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         one = samples.sample(group, every, key)
@@ -216,8 +248,11 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
             continue
         config = group.iloc[-1]
         fw = _framework(config)
+        extra = _entry_tags(group, tags or {})
+        contended = contended or extra.get("contended") == "true"
+        mode = _mode(config) + (f" ({extra['mode']})" if extra.get("mode") else "")
         if fw not in best_per_fw or better(one.point, best_per_fw[fw].sample.point):
-            best_per_fw[fw] = Entry(fw, _mode(config), one, key)
+            best_per_fw[fw] = Entry(fw, mode, one, key)
     if not best_per_fw:
         return None
     entries = sorted(best_per_fw.values(), key=lambda e: e.sample.point, reverse=not objective.lower)
@@ -229,13 +264,19 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
             interval = (1.0, 1.0) if base.log else None
         ratios.append(Ratio(e.framework, point, interval, e.sample.n, ""))
     hardware, precision, devices = machine
-    return Block(objective, model, f"{hardware}, {precision}, x{devices}", cpu, entries, ratios)
+    return Block(objective, model, f"{hardware}, {precision}, x{devices}", cpu, entries, ratios,
+                 contended=contended)
 
 
 def _cpu_words(frame: pd.DataFrame) -> str:
+    """``AMD EPYC (2 threads)``: the processor tag, with the threads the frameworks were given."""
     for col in ("tags.fxtrack.device_name", "tags.fxtrack.cpu"):
         if col in frame.columns and frame[col].notna().any():
-            return str(frame[col].dropna().iloc[-1])
+            words = str(frame[col].dropna().iloc[-1])
+            threads = frame.get("tags.fxtrack.cpu_threads")
+            if col.endswith(".cpu") and threads is not None and threads.notna().any():
+                words += f" ({threads.dropna().iloc[-1]} threads)"
+            return words
     return "this machine"
 
 
@@ -244,7 +285,9 @@ def sentence(block: Block) -> str:
     ob, best = block.objective, block.best
     verb, adjective = ob.phrase
     precision = block.machine.split(", ")[1]
-    head = f"On this {block.cpu} ({block.machine.split(', ')[0]})"
+    hardware = block.machine.split(", ")[0]
+    head = (f"On this {block.cpu[:-1]}, {hardware})" if block.cpu.endswith(")")
+            else f"On this {block.cpu} ({hardware})")
     model = MODEL_WORDS.get(block.model, block.model)
     if len(block.entries) == 1:
         return f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of {model}."
@@ -269,7 +312,10 @@ def sentence(block: Block) -> str:
     if single:
         names = " and ".join(f"{fw_words(e.framework)} ({_times(r, ob.lower):.2f}x)" for e, r in single)
         words += f"; {names}: single runs, no verdict"
-    return words + f" ({ob.title.lower()}, batch {block.batch})."
+    words += f" ({ob.title.lower()}, batch {block.batch})."
+    if block.contended:
+        words += " Contended: other processes shared the cores; re-measure on a quiet machine."
+    return words
 
 
 def _times(r: Ratio, lower: bool) -> float:
