@@ -122,6 +122,7 @@ figcaption { color: #57606a; font-size: .85rem; }
 .answer-block { margin: 1rem 0 1.4rem; }
 p.verdict { font-weight: 600; margin: .2rem 0; }
 tr.best td { background: #dafbe1; }
+table.missing td { white-space: normal; }
 """
 
 
