@@ -25,17 +25,19 @@ VIT = {"jax": [120.0, 121.0, 119.0],        # best
        "tensorflow": [118.0, 125.0, 112.0]}  # overlaps jax: no clear difference
 RSS = {"jax": 800.0, "torch": 600.0, "tensorflow": 900.0}  # memory: torch lowest
 BERT = {"jax": [50.0], "torch": [40.0]}  # single runs
+# scenario=serve of bert (the metric names scenario=serve logs): rate under the SLOs, p99 latency
+SERVE = {"torch": ([30.0, 31.0, 29.0], 80.0), "jax": ([20.0, 20.5, 19.5], 60.0)}
 
 
-def _log(client, exp, n, fw, model, thr, rss, batch="8"):
-    tags = {"fxtrack.framework": fw, "fxtrack.model": model, "fxtrack.scenario": "train",
+def _log(client, exp, n, fw, model, thr, rss, batch="8", scenario="train", metrics=None):
+    tags = {"fxtrack.framework": fw, "fxtrack.model": model, "fxtrack.scenario": scenario,
             "fxtrack.precision": "fp32", "fxtrack.devices": "1", "fxtrack.hardware": "cpu",
             "fxtrack.device": "cpu", "fxtrack.status": "ok", "fxtrack.cpu": "Test EPYC (2 cores)"}
     run = client.create_run(exp, start_time=T0 + n * 1000, tags=tags, run_name=f"{fw}-{model}-{n}")
     client.log_param(run.info.run_id, "batch_size", batch)
     client.log_param(run.info.run_id, "framework.compile", "auto")
-    client.log_metric(run.info.run_id, "throughput_samples_per_s", thr)
-    client.log_metric(run.info.run_id, "peak_rss_mib", rss)
+    for key, value in (metrics or {"throughput_samples_per_s": thr, "peak_rss_mib": rss}).items():
+        client.log_metric(run.info.run_id, key, value)
     client.set_terminated(run.info.run_id, "FINISHED", end_time=T0 + n * 1000 + 500)
     return run.info.run_id
 
@@ -53,6 +55,11 @@ def store(tmp_path_factory):
     for fw, values in BERT.items():
         n += 1
         _log(client, exp, n, fw, "bert", values[0], 500.0)
+    for fw, (rates, p99) in SERVE.items():
+        for rate in rates:
+            n += 1
+            _log(client, exp, n, fw, "bert", None, None, scenario="serve",
+                 metrics={"max_rate_under_slo_rps": rate, "goodput_rps": rate * 0.9, "e2e_ms_p99": p99})
     return uri
 
 
@@ -219,3 +226,23 @@ def test_fxtrack_ui_link_opens_the_runs_table(store, tmp_path):
     finally:
         os.killpg(ui.pid, signal.SIGTERM)
         ui.wait(timeout=30)
+
+
+def test_serve_blocks_and_their_trade_off_read_the_serve_metrics(frame, tmp_path):
+    blocks, missing = answer.blocks(frame)
+    serve = _block(blocks, "serve", "bert")
+    assert serve.best.framework == "torch" and serve.best.metric == "max_rate_under_slo_rps"
+    assert serve.verdict(serve.ratios[1]) == "clear"
+    assert ("bert", "serve") not in {(m.model, m.objective.key) for m in missing}
+    chart = next(d for d in pareto.charts(frame, tmp_path) if d.title.endswith("bert, serve"))
+    # torch: more requests/s but a higher p99; jax: the lower p99: both on the frontier
+    assert chart.on_frontier == [True, True] and chart.never == []
+
+
+def test_the_end_of_run_line_links_the_run_page_on_a_server():
+    from fxtrack.tracking import writer
+
+    writer._EXPERIMENTS[("http://mlflow.test:5000", "fxtrack")] = "7"
+    line = writer._ui_link("http://mlflow.test:5000", {"experiment": "fxtrack"}, "abc")
+    assert line == " at http://mlflow.test:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
+    assert writer._ui_link("sqlite:///x.db", {"experiment": "fxtrack"}, "abc") == ""
