@@ -207,11 +207,11 @@ def test_fxtrack_ui_link_opens_the_runs_table(store, tmp_path):
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     ui = subprocess.Popen([sys.executable, "-m", "fxtrack", "ui", "--uri", store, "--port", str(port)],
-                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                          stdout=subprocess.PIPE, stderr=open(tmp_path / "ui.err", "w"), text=True, env=env,
                           start_new_session=True, cwd=tmp_path)
     try:
         link = ui.stdout.readline().strip()
-        assert link.startswith(f"http://127.0.0.1:{port}/#/experiments/")
+        assert link.startswith(f"http://127.0.0.1:{port}/#/experiments/"), (tmp_path / "ui.err").read_text()[-2000:]
         assert link.endswith("?workflowType=machine_learning")
         flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--window-size=1600,1000",

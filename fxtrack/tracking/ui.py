@@ -60,7 +60,7 @@ def main(argv: list[str]) -> int:
     ui = subprocess.Popen(command, env=env, stdout=sys.stderr)  # stdout: the link alone
     base = f"http://{args.host}:{args.port}"
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 300  # a loaded machine starts mlflow ui slowly
         while True:
             try:
                 urllib.request.urlopen(f"{base}/health", timeout=2)
