@@ -1,0 +1,105 @@
+"""scenario=fit: the search on a fake probe, the fit verdicts, the parent's metrics, the refusals,
+and (slow) a real tiny search through the worker with its report section and chart."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxtrack import architectures
+from fxtrack.config import fit as fit_config
+from fxtrack.config.memory import GIB
+from fxtrack.job import Result
+from fxtrack.orchestrator.fit import (FITS, KILLED, OUT_OF_MEMORY, OVER_BUDGET, Probe,
+                                      fit_metrics, largest, linear_fit, search, tolerance,
+                                      verdict)
+
+
+def linear_probe(fixed_mib: float, per_sample_mib: float, budget_mib: float, calls: list,
+                 fail: str = OVER_BUDGET):
+    """A model whose peak grows linearly with batch: fits while the peak is under budget."""
+    def probe(batch: int) -> Probe:
+        calls.append(batch)
+        peak = fixed_mib + per_sample_mib * batch
+        return Probe(batch, FITS if peak <= budget_mib else fail, peak, 100.0)
+    return probe
+
+
+@pytest.mark.parametrize("start", [1, 7, 64, 3000])
+@pytest.mark.parametrize("resolution", [0.05, 8])
+def test_the_search_finds_the_known_largest_batch_within_the_resolution(start, resolution):
+    truth = (2048 - 300) // 5  # 349: the largest batch under 2 GiB at 300 MiB + 5 MiB/sample
+    calls: list = []
+    probes = search(linear_probe(300, 5, 2048, calls), start, 4096, 20, resolution)
+    found = largest(probes)
+    assert found <= truth and truth - found <= tolerance(found, resolution)
+    assert calls == [p.value for p in probes]
+
+
+@pytest.mark.parametrize("fail", [OVER_BUDGET, KILLED, OUT_OF_MEMORY])
+def test_a_killed_or_over_budget_probe_does_not_fit(fail):
+    probes = search(linear_probe(0, 10, 100, [], fail), 4, 1024, 20, 1)
+    assert largest(probes) == 10
+    assert all(p.value > 10 for p in probes if p.fit == fail)
+
+
+def test_the_search_stops_within_max_probes():
+    calls: list = []
+    probes = search(linear_probe(0, 1, 100_000, calls), 1, 10**6, 5, 0.01)
+    assert len(calls) == len(probes) == 5 and largest(probes) == 16
+
+
+def test_the_search_stops_at_max_batch_and_when_nothing_fits():
+    assert largest(search(linear_probe(0, 1, 10**9, []), 100, 256, 8, 0.05)) == 256
+    calls: list = []
+    assert largest(search(linear_probe(5000, 1, 100, calls), 16, 256, 8, 0.05)) == 0
+    assert calls == [16, 8, 4, 2, 1]
+
+
+def test_the_verdicts():
+    ok = Result("a", status="FINISHED", metrics={"peak_rss_mib": 900.0})
+    assert verdict(ok, 1000.0) == FITS and verdict(ok, 800.0) == OVER_BUDGET
+    assert verdict(ok, None) == FITS
+    device = Result("b", status="FINISHED", metrics={"peak_rss_mib": 5000.0,
+                                                     "peak_mem_device_mib": 700.0})
+    assert verdict(device, 1000.0) == FITS  # on a GPU the device's peak is the figure
+    killed = Result("c", status="FAILED", error="worker killed by SIGKILL (out of memory? ...)")
+    assert verdict(killed, 1000.0) == KILLED
+    for error in ("torch.OutOfMemoryError: CUDA out of memory", "RESOURCE_EXHAUSTED: Out of "
+                  "memory while trying to allocate", "ResourceExhaustedError: OOM when allocating"):
+        assert verdict(Result("d", status="FAILED", error=error), None) == OUT_OF_MEMORY
+    assert verdict(Result("e", status="FAILED", error="ValueError: shapes"), 1000.0) is None
+    assert verdict(Result("f", status="KILLED", error="interrupted by SIGINT"), 1.0) is None
+
+
+def test_the_parent_metrics_from_the_probes():
+    probes = [Probe(b, FITS, 300 + 5 * b, 50.0 + b) for b in (8, 16, 32)]
+    probes.append(Probe(64, OVER_BUDGET, 700.0, 80.0))
+    m = fit_metrics(probes, "batch_size", None, 0.5, [81.0, 83.0])
+    assert m["max_batch_size"] == 32 and m["fit_probes"] == 4 and m["memory_budget_gib"] == 0.5
+    assert m["memory_per_sample_mib"] == pytest.approx(5) and m["fixed_memory_mib"] == \
+        pytest.approx(300) and m["memory_fit_r2"] == pytest.approx(1)
+    assert m["throughput_at_max_samples_per_s"] == pytest.approx(82.0)
+    assert m["throughput_at_max_ci_low"] < 82 < m["throughput_at_max_ci_high"]
+    lm = fit_metrics(probes[:3], "seq_len", 128, None, [])
+    assert lm["max_seq_len"] == 32 and lm["throughput_at_max_tokens_per_s"] == 82.0 * 32
+    assert linear_fit([(1, 2.0)]) is None
+
+
+def _budget(gib):
+    return fit_config.Budget(gib * GIB, "scenario.memory_gib")
+
+
+def test_bad_fit_input_is_refused_in_one_line():
+    vit = architectures.resolve("vit", "tiny")
+    why = fit_config.refusal(vit, "seq_len", "fp32", None, "none", _budget(2), 4096)
+    assert "scenario.axis=seq_len" in why and "\n" not in why
+    llama = architectures.resolve("llama", "full")
+    why = fit_config.refusal(llama, "batch_size", "bf16", None, "none", _budget(4), 4096)
+    assert "alone need" in why and "\n" not in why  # ~16 B/param of state > 4 GiB
+    why = fit_config.refusal(llama, "batch_size", "bf16", None, "none", _budget(24), 4096)
+    assert "smallest probe (batch_size=1)" in why and "\n" not in why
+    assert fit_config.refusal(llama, "batch_size", "bf16", None, "none", _budget(100), 4096) is None
+    start = fit_config.start_value(llama, "batch_size", "bf16", None, "none", "gpu",
+                                   _budget(139), 4096)
+    assert start >= 1 and fit_config.refusal(llama, "seq_len", "bf16", 1, "none",
+                                             _budget(100), 4096) is None
