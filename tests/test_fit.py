@@ -10,8 +10,8 @@ from fxtrack.config import fit as fit_config
 from fxtrack.config.memory import GIB
 from fxtrack.job import Result
 from fxtrack.orchestrator.fit import (FITS, KILLED, OUT_OF_MEMORY, OVER_BUDGET, Probe,
-                                      fit_metrics, largest, linear_fit, search, tolerance,
-                                      verdict)
+                                      fit_metrics, largest, linear_fit, search, stop_reason,
+                                      tolerance, verdict)
 
 
 def linear_probe(fixed_mib: float, per_sample_mib: float, budget_mib: float, calls: list,
@@ -33,6 +33,16 @@ def test_the_search_finds_the_known_largest_batch_within_the_resolution(start, r
     found = largest(probes)
     assert found <= truth and truth - found <= tolerance(found, resolution)
     assert calls == [p.value for p in probes]
+    assert stop_reason(probes, 4096, 20, resolution) == "resolution"
+
+
+def test_the_budget_line_hops_to_the_answer_in_fewer_probes():
+    plain = search(linear_probe(300, 0.5, 2048, []), 4, 8192, 20, 0.05)
+    hop = search(linear_probe(300, 0.5, 2048, []), 4, 8192, 20, 0.05, budget_mib=2048)
+    truth = int((2048 - 300) / 0.5)
+    for probes in (plain, hop):
+        assert truth - largest(probes) <= tolerance(largest(probes), 0.05)
+    assert len(hop) < len(plain)
 
 
 @pytest.mark.parametrize("fail", [OVER_BUDGET, KILLED, OUT_OF_MEMORY])
@@ -46,6 +56,7 @@ def test_the_search_stops_within_max_probes():
     calls: list = []
     probes = search(linear_probe(0, 1, 100_000, calls), 1, 10**6, 5, 0.01)
     assert len(calls) == len(probes) == 5 and largest(probes) == 16
+    assert stop_reason(probes, 10**6, 5, 0.01) == "max_probes"
 
 
 def test_the_search_stops_at_max_batch_and_when_nothing_fits():
@@ -53,6 +64,8 @@ def test_the_search_stops_at_max_batch_and_when_nothing_fits():
     calls: list = []
     assert largest(search(linear_probe(5000, 1, 100, calls), 16, 256, 8, 0.05)) == 0
     assert calls == [16, 8, 4, 2, 1]
+    assert stop_reason(search(linear_probe(5000, 1, 100, []), 16, 256, 8, 0.05), 256, 8,
+                       0.05) == "nothing_fits"
 
 
 def test_the_verdicts():

@@ -48,10 +48,12 @@ def tolerance(at: int, resolution: float) -> int:
 
 
 def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes: int,
-           resolution: float) -> list[Probe]:
+           resolution: float, budget_mib: Optional[float] = None) -> list[Probe]:
     """Probe from ``start``: double while it fits (to ``max_value``), halve while it does not
-    (to 1), then bisect the bracket to ``resolution``; at most ``max_probes`` probes. Returns
-    the probes in order; the answer is ``largest(probes)``."""
+    (to 1), then bisect the bracket to ``resolution``; at most ``max_probes`` probes. With a
+    ``budget_mib``, once two probes fit, the next is where their line of peak memory meets the
+    budget when that is beyond the double (a linear model's answer in one hop, not log2 hops).
+    Returns the probes in order; the answer is ``largest(probes)``."""
     probes: list[Probe] = []
 
     def run(value: int) -> Probe:
@@ -66,7 +68,7 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
             fit = value
             if value >= max_value or miss is not None:
                 break
-            value = min(2 * value, max_value)
+            value = min(max(2 * value, _meets(probes, budget_mib)), max_value)
         else:
             miss = value
             if fit or value == 1:
@@ -83,6 +85,30 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
         else:
             miss = middle
     return probes
+
+
+def _meets(probes: list[Probe], budget_mib: Optional[float]) -> int:
+    """Where the fitting probes' line of peak memory meets the budget, a little inside it
+    (0: no budget, or no line yet)."""
+    line = None if budget_mib is None else linear_fit(
+        [(p.value, p.peak_mib) for p in probes if p.fits and p.peak_mib is not None])
+    if line is None or line[0] <= 0:
+        return 0
+    return int(0.95 * (budget_mib - line[1]) / line[0])
+
+
+def stop_reason(probes: list[Probe], max_value: int, max_probes: int, resolution: float) -> str:
+    """Why the search ended: ``resolution`` (bracketed), ``max_batch``, ``max_probes`` (the
+    answer is then a lower bound) or ``nothing_fits``."""
+    best = largest(probes)
+    misses = [p.value for p in probes if not p.fits and p.value > best]
+    if not best:
+        return "nothing_fits"
+    if best >= max_value:
+        return "max_batch"
+    if misses and min(misses) - best <= tolerance(best, resolution):
+        return "resolution"
+    return "max_probes" if len(probes) >= max_probes else "resolution"
 
 
 def largest(probes: list[Probe]) -> int:
@@ -239,7 +265,7 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
     repeats: list[float] = []
     try:
         search(lambda v: _record(probes, measure(v, f"{s.axis}{v}")), start, s.max_batch,
-               s.max_probes, s.resolution)
+               s.max_probes, s.resolution, bound_mib)
         best = largest(probes)
         for r in range(1, conf.repeats if best else 1):
             extra = measure(best, f"{s.axis}{best}-r{r}", repeat=r)
@@ -256,7 +282,9 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
     tags["fxtrack.status"] = "ok" if outcome.status == "FINISHED" else "failed"
     if outcome.error:
         tags["fxtrack.error"] = outcome.error[:500]
-    capped = " (scenario.max_batch)" if best >= s.max_batch else ""
+    tags["fxtrack.fit_stop"] = stop_reason(probes, s.max_batch, s.max_probes, s.resolution)
+    capped = {"max_batch": " (at scenario.max_batch)", "max_probes": " (a lower bound: "
+              "scenario.max_probes reached before a probe missed)"}.get(tags["fxtrack.fit_stop"], "")
     line = (f"{name}: largest {s.axis} that fits: {best or '-'}{capped} in {len(probes)} probes "
             f"(budget {_gib(budget_mib)}, {have.source})")
     tags.update(records.note(line))
