@@ -116,3 +116,41 @@ def test_bad_fit_input_is_refused_in_one_line():
                                    _budget(139), 4096)
     assert start >= 1 and fit_config.refusal(llama, "seq_len", "bf16", 1, "none",
                                              _budget(100), 4096) is None
+
+
+def test_gpu_check_fit_dry_run_lists_both_models_and_starts_nothing(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, str(root / "bench" / "gpu_check.py"), "--suite", "fit",
+                           "--dry-run", "--frameworks", "torch"], capture_output=True, text=True,
+                          env=dict(os.environ, OUT=str(tmp_path)), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("fit torch")]
+    assert [ln.split()[2] for ln in lines] == ["vit", "llama"] and "start at batch" in lines[1]
+    assert not (tmp_path / "fit").exists()
+
+
+def test_a_builder_that_ignores_batch_size_is_refused_in_one_line(tmp_path, monkeypatch):
+    import types
+
+    import numpy as np
+
+    from fxtrack.frameworks import user_builder
+    from fxtrack.frameworks.declaration import NotSupported
+
+    (tmp_path / "fixed_batch.py").write_text(
+        "import numpy as np\n"
+        "def build(batch_size, seed):\n"
+        "    x = np.ones((8, 4), np.float32)\n"
+        "    return object(), (x, x), lambda out, target: 0.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    arch = types.SimpleNamespace(dims={"jax": "fixed_batch:build"}, kwargs={})
+    framework = types.SimpleNamespace(builder_key="jax", name="jax")
+    with pytest.raises(NotSupported, match=r"ignores batch_size: .* is 8, not batch_size=32"):
+        user_builder.call(arch, framework, 32, 0)
+    model, x, _, _ = user_builder.call(arch, framework, 8, 0)
+    assert np.shape(x)[0] == 8

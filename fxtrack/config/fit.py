@@ -31,7 +31,7 @@ def budget(memory_gib: Optional[float], kind: Optional[str], devices: int,
         return Budget(memory_gib * memory.GIB, "scenario.memory_gib")
     have = source(kind, devices)
     if have is None:
-        return Budget(None, "none (the device's memory is not known): the framework's own OOM")
+        return Budget(None, "the device's memory is not known: only the framework's own OOM counts")
     return Budget(have.bytes / have.shared_by, have.source)
 
 
