@@ -42,7 +42,17 @@ def test_the_budget_line_hops_to_the_answer_in_fewer_probes():
     truth = int((2048 - 300) / 0.5)
     for probes in (plain, hop):
         assert truth - largest(probes) <= tolerance(largest(probes), 0.05)
-    assert len(hop) < len(plain)
+    assert len(hop) < len(plain) and len(hop) <= 5
+
+
+def test_the_budget_line_still_finds_the_answer_of_a_model_that_is_not_linear():
+    def probe(batch: int) -> Probe:  # peak grows with batch^1.5: the line underestimates
+        peak = 300 + 0.02 * batch ** 1.5
+        return Probe(batch, FITS if peak <= 2048 else OVER_BUDGET, peak, 1.0)
+    truth = int(((2048 - 300) / 0.02) ** (2 / 3))
+    probes = search(probe, 4, 8192, 30, 0.05, budget_mib=2048)
+    found = largest(probes)
+    assert found <= truth and truth - found <= tolerance(found, 0.05)
 
 
 @pytest.mark.parametrize("fail", [OVER_BUDGET, KILLED, OUT_OF_MEMORY])

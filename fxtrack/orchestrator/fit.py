@@ -50,9 +50,13 @@ def tolerance(at: int, resolution: float) -> int:
 def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes: int,
            resolution: float, budget_mib: Optional[float] = None) -> list[Probe]:
     """Probe from ``start``: double while it fits (to ``max_value``), halve while it does not
-    (to 1), then bisect the bracket to ``resolution``; at most ``max_probes`` probes. With a
-    ``budget_mib``, once two probes fit, the next is where their line of peak memory meets the
-    budget when that is beyond the double (a linear model's answer in one hop, not log2 hops).
+    (to 1), then bisect the bracket to ``resolution``; at most ``max_probes`` probes.
+
+    With a ``budget_mib``, once two probes fit, their line of peak memory guides the next: a
+    hop to just below where it meets the budget when that is beyond the double, just past it
+    when it is nearer (closing the bracket in one probe), and inside a bracket the point where
+    it meets the budget rather than the middle. A linear model's answer takes a few probes, not
+    log2 hops and bisections, each of them a worker at a large batch.
     Returns the probes in order; the answer is ``largest(probes)``."""
     probes: list[Probe] = []
 
@@ -68,7 +72,14 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
             fit = value
             if value >= max_value or miss is not None:
                 break
-            value = min(max(2 * value, _meets(probes, budget_mib)), max_value)
+            meets = _meets(probes, budget_mib)
+            if meets is None:
+                value = 2 * value
+            elif meets > 2 * value:
+                value = int(0.95 * meets)
+            else:
+                value = max(value + 1, math.ceil(meets + tolerance(value, resolution) / 2))
+            value = min(value, max_value)
         else:
             miss = value
             if fit or value == 1:
@@ -78,6 +89,9 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
     while (miss is not None and fit and miss - fit > tolerance(fit, resolution)
            and len(probes) < max_probes):
         middle = (fit + miss) // 2
+        meets = _meets(probes, budget_mib)
+        if meets is not None and fit + 1 < int(0.99 * meets) < miss - 1:
+            middle = int(0.99 * meets)  # just inside the budget: it should fit
         if step > 1 and (middle // step) * step > fit:  # on the step's grid where it can be
             middle = (middle // step) * step
         if run(middle).fits:
@@ -87,14 +101,14 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
     return probes
 
 
-def _meets(probes: list[Probe], budget_mib: Optional[float]) -> int:
-    """Where the fitting probes' line of peak memory meets the budget, a little inside it
-    (0: no budget, or no line yet)."""
+def _meets(probes: list[Probe], budget_mib: Optional[float]) -> Optional[float]:
+    """Where the fitting probes' line of peak memory meets the budget (None: no budget, no
+    line yet, or a line that does not rise)."""
     line = None if budget_mib is None else linear_fit(
         [(p.value, p.peak_mib) for p in probes if p.fits and p.peak_mib is not None])
     if line is None or line[0] <= 0:
-        return 0
-    return int(0.95 * (budget_mib - line[1]) / line[0])
+        return None
+    return (budget_mib - line[1]) / line[0]
 
 
 def stop_reason(probes: list[Probe], max_value: int, max_probes: int, resolution: float) -> str:
