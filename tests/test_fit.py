@@ -164,3 +164,61 @@ def test_a_builder_that_ignores_batch_size_is_refused_in_one_line(tmp_path, monk
         user_builder.call(arch, framework, 32, 0)
     model, x, _, _ = user_builder.call(arch, framework, 8, 0)
     assert np.shape(x)[0] == 8
+
+
+@pytest.mark.slow
+def test_a_tiny_fit_logs_probes_and_parent_and_the_report_shows_them(tmp_path):
+    """Two real probes (torch, tiny ViT, budget 2 GiB of RSS); 0.4 GiB refuses nothing here
+    but makes every probe over budget: nothing fits and the parent fails, saying so."""
+    mlflow = pytest.importorskip("mlflow")
+    from conftest import run_fxtrack, seed_peak_cache
+
+    env = seed_peak_cache(tmp_path / "cache")
+    args = ["scenario=fit", "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
+            "framework.compile=false", "steps=1", "warmup_steps=0", "scenario.max_probes=2"]
+    proc = run_fxtrack(tmp_path, *args, "scenario.memory_gib=2", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("fxtrack").experiment_id])
+    (parent,) = [r for r in runs if "fxtrack.fit_axis" in r.data.tags]
+    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(probes) == 2 and all(r.data.tags["fxtrack.fit"] == "fits" for r in probes)
+    m = parent.data.metrics
+    assert m["fit_probes"] == 2 and m["memory_budget_gib"] == 2
+    assert m["max_batch_size"] == max(int(r.data.params["batch_size"]) for r in probes)
+    for key in ("throughput_at_max_samples_per_s", "memory_per_sample_mib", "fixed_memory_mib",
+                "memory_fit_r2"):
+        assert key in m
+    assert parent.data.tags["fxtrack.fit_stop"] == "max_probes"
+    assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["fit_memory.png"]
+    report = subprocess_report(tmp_path)
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "## What fits" in text and "What fits: vit, largest batch_size within 2.00 GiB" in text
+    assert list((tmp_path / "rep").glob("fit_vit_batch_size_*.png"))
+
+    proc = run_fxtrack(tmp_path, *args, "scenario.memory_gib=0.4", env=env)
+    assert proc.returncode == 1
+    failed = [r for r in client.search_runs([client.get_experiment_by_name("fxtrack")
+                                             .experiment_id]) if "fxtrack.fit_axis" in r.data.tags
+              and r.info.status == "FAILED"]
+    assert failed and failed[0].data.metrics["max_batch_size"] == 0
+    assert failed[0].data.tags["fxtrack.fit_stop"] == "nothing_fits"
+
+
+def subprocess_report(cwd):
+    from conftest import run_fxtrack
+
+    return run_fxtrack(cwd, "report", "--out", str(cwd / "rep"))
+
+
+def test_the_sweeps_closing_table_gives_each_fit_jobs_answer():
+    from fxtrack.orchestrator.fit import closing_table
+
+    job = {"name": "torch-vit-fit-fp32-x1-tiny", "tags": {"fxtrack.fit_axis": "batch_size",
+                                                          "fxtrack.fit_stop": "resolution"},
+           "metrics": {"fit_probes": 5.0, "max_batch_size": 2169.0, "memory_budget_gib": 2.0,
+                       "throughput_at_max_samples_per_s": 101.5, "memory_per_sample_mib": 0.67}}
+    table = closing_table([job, {"name": "other", "tags": {}, "metrics": {}}])
+    assert "2,169" in table and "101.5" in table and "resolution" in table
+    assert "other" not in table and closing_table([]) == ""
