@@ -222,3 +222,37 @@ def test_the_sweeps_closing_table_gives_each_fit_jobs_answer():
     table = closing_table([job, {"name": "other", "tags": {}, "metrics": {}}])
     assert "2,169" in table and "101.5" in table and "resolution" in table
     assert "other" not in table and closing_table([]) == ""
+
+
+def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
+    import pandas as pd
+
+    from fxtrack.report import fit as fit_report
+
+    now = pd.Timestamp("2026-12-01", tz="UTC")
+    rows = []
+    for fw, best, per in (("torch", 2169.0, 0.67), ("jax", 1500.0, 0.9)):
+        rows.append({"run_id": fw, "status": "FINISHED", "start_time": now,
+                     "tags.fxtrack.scenario": "fit", "tags.fxtrack.framework": fw,
+                     "tags.fxtrack.model": "vit", "tags.fxtrack.fit_axis": "batch_size",
+                     "tags.fxtrack.hardware": "cpu", "tags.fxtrack.precision": "fp32",
+                     "metrics.memory_budget_gib": 2.0, "metrics.max_batch_size": best,
+                     "metrics.throughput_at_max_samples_per_s": 100.0,
+                     "metrics.memory_per_sample_mib": per, "metrics.fixed_memory_mib": 580.0,
+                     "metrics.fit_probes": 5.0})
+        for b, verdict in ((8, "fits"), (int(best), "fits"), (int(best * 1.1), "over_budget")):
+            rows.append({"run_id": f"{fw}{b}", "status": "FINISHED", "start_time": now,
+                         "tags.fxtrack.scenario": "fit", "tags.fxtrack.fit": verdict,
+                         "tags.fxtrack.fit_of": fw, "tags.mlflow.parentRunId": fw,
+                         "params.batch_size": str(b), "metrics.peak_rss_mib": 580 + per * b})
+    frame = pd.DataFrame(rows)
+    section = fit_report.section(frame)
+    (table,) = section.tables
+    assert section.title == "What fits" and len(table.rows) == 2
+    by_fw = {r[0]: r for r in table.rows}
+    assert by_fw["torch"][5] == "2,169" and by_fw["jax"][-2] == f"{1500 / 2169:.2f}x"
+    assert len(fit_report.probes_of(frame, "jax", "batch_size")) == 3
+    (chart,) = fit_report.charts(frame, tmp_path)
+    assert chart.path.exists() and chart.path.stat().st_size > 1000
+    assert fit_report.charts(frame.iloc[0:0], tmp_path) == [] and fit_report.section(
+        frame[frame["tags.fxtrack.scenario"] != "fit"]) is None

@@ -144,6 +144,8 @@ def charts(frame: pd.DataFrame, out: Path) -> list:
     from fxtrack.report.charts import Chart
 
     found = parents(frame)
+    if found.empty:
+        return []
     drawn = []
     for (model, axis, budget), group in found.groupby(
             ["tags.fxtrack.model", "tags.fxtrack.fit_axis", "budget"], dropna=False):
