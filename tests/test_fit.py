@@ -240,7 +240,7 @@ def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
                      "metrics.throughput_at_max_samples_per_s": 100.0,
                      "metrics.memory_per_sample_mib": per, "metrics.fixed_memory_mib": 580.0,
                      "metrics.fit_probes": 5.0})
-        for b, verdict in ((8, "fits"), (int(best), "fits"), (int(best * 1.1), "over_budget")):
+        for b, found in ((8, "fits"), (int(best), "fits"), (int(best * 1.1), "over_budget")):
             rows.append({"run_id": f"{fw}{b}", "status": "FINISHED", "start_time": now,
                          "tags.fxtrack.scenario": "fit", "tags.fxtrack.fit": verdict,
                          "tags.fxtrack.fit_of": fw, "tags.mlflow.parentRunId": fw,
