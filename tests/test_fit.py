@@ -242,7 +242,7 @@ def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
                      "metrics.fit_probes": 5.0})
         for b, found in ((8, "fits"), (int(best), "fits"), (int(best * 1.1), "over_budget")):
             rows.append({"run_id": f"{fw}{b}", "status": "FINISHED", "start_time": now,
-                         "tags.fxtrack.scenario": "fit", "tags.fxtrack.fit": verdict,
+                         "tags.fxtrack.scenario": "fit", "tags.fxtrack.fit": found,
                          "tags.fxtrack.fit_of": fw, "tags.mlflow.parentRunId": fw,
                          "params.batch_size": str(b), "metrics.peak_rss_mib": 580 + per * b})
     frame = pd.DataFrame(rows)
@@ -251,7 +251,8 @@ def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
     assert section.title == "What fits" and len(table.rows) == 2
     by_fw = {r[0]: r for r in table.rows}
     assert by_fw["torch"][5] == "2,169" and by_fw["jax"][-2] == f"{1500 / 2169:.2f}x"
-    assert len(fit_report.probes_of(frame, "jax", "batch_size")) == 3
+    assert [f for _, _, f in fit_report.probes_of(frame, "jax", "batch_size")] == [
+        "fits", "fits", "over_budget"]
     (chart,) = fit_report.charts(frame, tmp_path)
     assert chart.path.exists() and chart.path.stat().st_size > 1000
     assert fit_report.charts(frame.iloc[0:0], tmp_path) == [] and fit_report.section(
