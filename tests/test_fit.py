@@ -213,7 +213,7 @@ def subprocess_report(cwd):
 
 
 def test_the_sweeps_closing_table_gives_each_fit_jobs_answer():
-    from fxtrack.orchestrator.fit import closing_table
+    from fxtrack.report.fit import closing_table
 
     job = {"name": "torch-vit-fit-fp32-x1-tiny", "tags": {"fxtrack.fit_axis": "batch_size",
                                                           "fxtrack.fit_stop": "resolution"},

@@ -335,33 +335,3 @@ def _plot(probes: list[Probe], metrics: dict[str, float], budget_mib: Optional[f
                                                           else "seq_len"))
     return {"fit_memory.png": path}
 
-
-def closing_table(jobs: list[dict]) -> str:
-    """The sweep's fit jobs as a text table (empty when there are none): the answer, the
-    throughput there, memory per sample, fixed memory, probes and why the search stopped."""
-    rows = []
-    for j in jobs:
-        m, t = j.get("metrics", {}), j.get("tags", {})
-        if "fit_probes" not in m:
-            continue
-        best = m.get("max_batch_size", m.get("max_seq_len"))
-        low, high = m.get("throughput_at_max_ci_low"), m.get("throughput_at_max_ci_high")
-        rows.append([j["name"], t.get("fxtrack.fit_axis", "?"), _num(best, 0),
-                     _num(m.get("throughput_at_max_samples_per_s"), 1),
-                     "-" if low is None else f"[{low:,.1f}, {high:,.1f}]",
-                     _num(m.get("memory_per_sample_mib"), 2), _num(m.get("fixed_memory_mib"), 0),
-                     _num(m.get("memory_fit_r2"), 3), _num(m.get("memory_budget_gib"), 2),
-                     _num(m.get("fit_probes"), 0), t.get("fxtrack.fit_stop", "-")])
-    if not rows:
-        return ""
-    from fxtrack.report.render import text_table
-    from fxtrack.report.tables import Table
-
-    return "\n".join(["", text_table(Table(
-        "What fits (largest value within the budget; samples/s at it):",
-        ["run", "axis", "largest", "samples/s", "95% interval", "MiB/sample", "fixed MiB", "r2",
-         "budget GiB", "probes", "stopped by"], rows)), ""])
-
-
-def _num(value: Optional[float], digits: int) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"

@@ -86,7 +86,7 @@ class SweepRun(Callback):
                       for p in sorted((jobs_dir / AGGREGATES_DIR).glob("*.json"))]
         if aggregates:
             verdict += aggregate_table(aggregates)
-        from fxtrack.orchestrator import fit  # scenario=fit jobs: their answers, one table
+        from fxtrack.report import fit  # scenario=fit jobs: their answers, one table
 
         verdict += fit.closing_table(jobs)
         print(verdict, file=sys.stderr)
