@@ -150,6 +150,8 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="list the jobs and their memory floor; run nothing")
     args = parser.parse_args()
+    if args.suite == "fit":
+        return fit_check(args)
     jobs = SUITES[args.suite]
     if args.dry_run:
         for fw in args.frameworks.split(","):
@@ -194,6 +196,55 @@ def main() -> int:
     if not rows:
         print("no framework installed: nothing checked", flush=True)
     return 1 if bad or not rows else 0
+
+
+# ---- scenario=fit on one GPU: the largest batch of ViT-B/16 and the 1B Llama at bf16 ----------
+FIT_JOBS = [("vit", "train", "bf16", 0, {}), ("llama", "train", "bf16", 0, {})]
+SUITES["fit"] = FIT_JOBS  # --suite fit: fit_check below, not the plain job loop
+
+
+def fit_check(args: argparse.Namespace) -> int:
+    """The fit search (fxtrack.orchestrator.fit.search) with each probe a worker from run_job,
+    held to the GPU's own out-of-memory error; --dry-run prints the budget and the start."""
+    from fxtrack.config import fit as fit_config
+    from fxtrack.orchestrator import fit
+
+    have = fit_config.budget(None, "gpu", 1)
+    out = Path(os.environ.get("OUT") or "gpu-results") / "fit"
+    failed = False
+    for fw in args.frameworks.split(","):
+        for model, _, precision, _, _ in FIT_JOBS:
+            arch = architectures.resolve(model)
+            start = fit_config.start_value(arch, "batch_size", precision, None, "none", "gpu",
+                                           have, 4096)
+            why = fit_config.refusal(arch, "batch_size", precision, None, "none", have, 4096)
+            print(f"fit {fw} {model} {precision}: budget "
+                  f"{'-' if have.bytes is None else f'{have.bytes / 2**30:.1f} GiB'} "
+                  f"({have.source}), start at batch {start}" + (f", refused: {why}" if why else ""),
+                  flush=True)
+            if args.dry_run or why or not importlib.util.find_spec(fw):
+                continue
+
+            def probe(batch: int, fw=fw, model=model, precision=precision) -> "fit.Probe":
+                where = out / f"{fw}-{model}-b{batch}"
+                where.mkdir(parents=True, exist_ok=True)
+                r = run_job(fw, model, "train", precision, batch, {}, 3, 1, where, args.timeout)
+                if r.error == "no result":  # run_job's timeout or a SIGKILL: no Result written
+                    r.error = "worker killed by SIGKILL or timed out"
+                verdict = fit.verdict(r, None) or "failed"
+                print(f"  {fw} {model} batch {batch}: {verdict} peak {fit.peak_mib(r)} MiB",
+                      flush=True)
+                return fit.Probe(batch, verdict, fit.peak_mib(r),
+                                 r.metrics.get("throughput_samples_per_s"))
+
+            probes = fit.search(probe, start, 4096, 8, 0.05)
+            m = fit.fit_metrics(probes, "batch_size", None, None, [])
+            failed |= not m["max_batch_size"] or any(p.fit == "failed" for p in probes)
+            print(f"fit {fw} {model} {precision}: largest batch {m['max_batch_size']:.0f} in "
+                  f"{len(probes)} probes, {m.get('throughput_at_max_samples_per_s', 0):.1f} "
+                  f"samples/s there, {m.get('memory_per_sample_mib', 0):.1f} MiB/sample",
+                  flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -184,10 +184,21 @@ class ScenarioConfig:
     loader_workers: int = 2  # pipeline: loader processes / parallel calls
     prompt_len: int = 128  # generate: prompt tokens per sequence (prefill)
     new_tokens: int = 128  # generate: tokens decoded greedily after the prompt
+    # fit: what is searched (batch_size, or seq_len for a language model), how far, how finely,
+    # and the budget (None: the pre-check's memory; on a GPU only the framework's own OOM)
+    axis: str = "batch_size"
+    max_probes: int = 8
+    max_batch: int = 4096  # the largest value probed on either axis
+    resolution: float = 0.05  # below 1: a fraction of the found value; 1 or more: a step
+    memory_gib: Optional[float] = None
 
     def __post_init__(self) -> None:
         _positive("scenario.", dataset_samples=self.dataset_samples, prompt_len=self.prompt_len,
-                  new_tokens=self.new_tokens)
+                  new_tokens=self.new_tokens, max_probes=self.max_probes,
+                  max_batch=self.max_batch, resolution=self.resolution,
+                  memory_gib=self.memory_gib)
+        if self.axis not in ("batch_size", "seq_len"):
+            raise ValueError(f"scenario.axis must be batch_size or seq_len, got {self.axis!r}")
         if self.loader_workers < 0:
             raise ValueError(f"scenario.loader_workers must be >= 0, got {self.loader_workers}")
 

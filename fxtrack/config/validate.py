@@ -136,10 +136,25 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     why = refusal(conf, arch) or user_model_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
+    if conf.scenario.name == "fit":  # the search finds what fits: its own checks, not the floor's
+        why = fit_refusal(conf, arch)
+        if why is not None:
+            raise ConfigError(why)
+        return conf, arch
     why = memory_refusal(conf, arch)
     if why is not None:
         raise WontFit(why, conf, arch)
     return conf, arch
+
+
+def fit_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
+    """scenario=fit: why the search cannot start (fxtrack.config.fit), or None."""
+    from fxtrack.config import fit
+
+    s, kind = conf.scenario, expected_device_kind(conf.hardware.name)
+    have = fit.budget(s.memory_gib, kind, conf.devices)
+    return fit.refusal(arch, s.axis, conf.precision.name, conf.batch_size, conf.memory.value,
+                       have, s.max_batch)
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

@@ -90,6 +90,12 @@ def call(arch: Arch, framework: Framework, batch_size: int, seed: int) -> tuple[
                            f"{describe(data)}, not an (inputs, targets) pair")
     if not callable(loss_fn):
         raise NotSupported(f"model.{key}={path} {expected}; its loss_fn is {describe(loss_fn)}")
+    # every figure per sample (and scenario=fit's search) needs the batch it asked for
+    for leaf in leaves(data[0]):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and len(shape) > 0 and shape[0] != batch_size:
+            raise NotSupported(f"model.{key}={path} ignores batch_size: its inputs' leading "
+                               f"axis is {shape[0]}, not batch_size={batch_size}")
     return model, data[0], data[1], loss_fn
 
 

@@ -52,8 +52,12 @@ def task(cfg: DictConfig) -> None:
     # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py).
     # Not for scenario=scaling yet: a single scaling run is not repeated, and in a sweep each of
     # its N jobs is a scaling run of its own (logged, not aggregated; the report shows the latest).
-    repeating = conf.repeats > 1 and conf.scenario.name != "scaling"
-    if conf.scenario.name == "scaling":
+    repeating = conf.repeats > 1 and conf.scenario.name not in ("scaling", "fit")
+    if conf.scenario.name == "fit":  # repeats=N: N runs at the found batch (orchestrator/fit.py)
+        from fxtrack.orchestrator.fit import run_fit
+
+        name, result, run_id = run_fit(job, job_dir, parent)
+    elif conf.scenario.name == "scaling":
         from fxtrack.orchestrator.scaling import run_scaling
 
         name, result, run_id = run_scaling(job, job_dir, parent)

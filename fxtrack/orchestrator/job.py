@@ -9,6 +9,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -89,10 +90,12 @@ class Job:
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
 
     def run(self, job_dir: Path, parent: str | None, devices: int,
-            scenario: str | None = None, repeat: int | None = None
+            scenario: str | None = None, repeat: int | None = None,
+            tags: Callable[[Result], dict[str, str]] | None = None
             ) -> tuple[str, Result, str | None]:
         """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id).
-        ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate)."""
+        ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate).
+        ``tags``: the caller's own tags from the Result, before it is logged (a fit probe's)."""
         from fxtrack.tracking import records
 
         spec = job_spec(self.conf, self.arch, job_dir)
@@ -110,8 +113,10 @@ class Job:
             return name, result, "node"
         if result.status == "FINISHED":
             enrich(result, spec, self.conf)
-        if repeat is not None:  # -> fxtrack.repeat, fxtrack.repeat_of (the report skips these)
-            result.tags.update(repeat=str(repeat), repeat_of=parent or "")
+        if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
+            result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
+        if tags is not None:
+            result.tags.update(tags(result))
         result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
         config = dict(self.config, devices=devices)
         summary = summary_line(name, result)

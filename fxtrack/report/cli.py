@@ -84,7 +84,10 @@ def main(argv: list[str]) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     # Charts are only seen through the Markdown and HTML pages; a CSV-only report skips them.
-    drawn = charts.draw(runs, out) + trend.charts(frame, out) if {"md", "html"} & set(args.formats) else []
+    from fxtrack.report import fit
+
+    drawn = (charts.draw(runs, out) + trend.charts(frame, out) + fit.charts(frame, out)
+             if {"md", "html"} & set(args.formats) else [])
     source = f"experiment {args.experiment!r} at {redact_uri(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
             f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
@@ -94,6 +97,7 @@ def main(argv: list[str]) -> int:
     sections = tables.sections(runs) + [s for s in [lm.section(frame, runs)] if s]
     sections += levers.sections(frame)  # levers: every variant, raw frame
     sections += cost.section(runs) + [s for s in [claims.section(frame)] if s]
+    sections += [s for s in [fit.section(frame)] if s]  # scenario=fit: parents and their probes
     if verdict:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
                                           .replace("\n", " ")))

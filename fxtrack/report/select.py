@@ -34,7 +34,7 @@ TAGS = {
 SERIES = {"step_time_ms", "loss"}
 # Report order of scenarios and precisions (frameworks: their declared report_order, frameworks()); any
 # other value follows alphabetically.
-SCENARIO_ORDER = ("train", "inference", "generate", "scaling", "pipeline", "checkpoint")
+SCENARIO_ORDER = ("train", "inference", "generate", "scaling", "pipeline", "checkpoint", "fit")
 PRECISION_ORDER = ("fp32", "bf16", "fp16")
 
 
@@ -73,6 +73,8 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
 
     # A repeat whose config has an aggregate run counts through that aggregate, not on its own.
     folded = runs["repeat_of"].fillna("").astype(str).str.len() > 0
+    if "tags.fxtrack.fit_of" in frame:  # a fit search's probes count through its parent
+        folded |= (frame["tags.fxtrack.fit_of"].fillna("").astype(str).str.len() > 0).to_numpy()
     tagged = runs["framework"].fillna("").astype(str).str.len() > 0
     # A lever variant (runtime=onnxruntime, parallel=fsdp, ...) is a cell of the levers' tables
     # (report/levers.py), not a competitor of the default run in the main tables.
