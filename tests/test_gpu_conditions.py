@@ -70,14 +70,14 @@ def test_isolation_rules_before_any_work(fake, isolation):
     said = []
     if isolation == "error":
         with pytest.raises(RuntimeError, match="gpu_isolation=error.*4242"):
-            gc.check_before([0], isolation, 0.0, said.append)
+            nvml.check_before([0], isolation, 0.0, said.append)
         return
     if isolation == "wait":  # the other process ends while fxtrack waits
         fake.on_sample.append((2, lambda f: f.devices[1]["compute"].clear()))
-        assert gc.check_before([0], "wait", 5.0, said.append) == {}
+        assert nvml.check_before([0], "wait", 5.0, said.append) == {}
         assert "waiting up to 5 s" in said[0]
         return
-    assert gc.check_before([0], "warn", 0.0, said.append) == {
+    assert nvml.check_before([0], "warn", 0.0, said.append) == {
         "gpu_foreign_processes_before": "4242:1024MiB"}
     assert "WARNING" in said[0]
 
@@ -86,14 +86,14 @@ def test_wait_gives_up_after_wait_for_idle_s_and_tags(fake, monkeypatch):
     monkeypatch.setattr(gc, "POLL_S", 0.01)
     fake.devices[1]["compute"] = {4242: 2**30}
     t0 = time.monotonic()
-    tags = gc.check_before([0], "wait", 0.1, lambda s: None)
+    tags = nvml.check_before([0], "wait", 0.1, lambda s: None)
     assert 0.1 <= time.monotonic() - t0 < 2.0
     assert tags == {"gpu_foreign_processes_before": "4242:1024MiB"}
 
 
 def test_an_unknown_isolation_is_refused():
     with pytest.raises(ValueError, match="gpu_isolation"):
-        gc.check_before([0], "kill", 0.0)
+        nvml.check_before([0], "kill", 0.0)
 
 
 def test_conditions_are_tagged_per_used_gpu_by_cuda_ordinal(fake):
@@ -148,7 +148,7 @@ def test_a_mig_device(fake, monkeypatch):
     with window() as w:
         pass
     assert w.tags() == {"gpu.nvml": gc.UNMAPPED}
-    assert gc.check_before([0], "error", 0.0) == {"gpu.nvml": gc.UNMAPPED}
+    assert nvml.check_before([0], "error", 0.0) == {"gpu.nvml": gc.UNMAPPED}
 
 
 def test_nvml_missing_degrades_to_a_tag(monkeypatch):
@@ -157,9 +157,9 @@ def test_nvml_missing_degrades_to_a_tag(monkeypatch):
         pass
     assert w.tags()["gpu.nvml"].startswith("unavailable: RuntimeError: NVML Shared Library")
     assert w.metrics(10) == {}
-    assert gc.check_before([0], "error", 0.0)["gpu.nvml"].startswith("unavailable")
+    assert nvml.check_before([0], "error", 0.0)["gpu.nvml"].startswith("unavailable")
     monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed at all: ImportError
-    assert gc.check_before([0], "warn", 0.0)["gpu.nvml"].startswith("unavailable: ModuleNotFoundError")
+    assert nvml.check_before([0], "warn", 0.0)["gpu.nvml"].startswith("unavailable: ModuleNotFoundError")
 
 
 def test_system_metrics_cover_only_the_used_gpus_under_their_cuda_ordinals(fake):

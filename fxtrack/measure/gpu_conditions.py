@@ -125,28 +125,6 @@ def precheck(nvml: Any, devices: Sequence[Any], isolation: str, wait_s: float,
     return procs
 
 
-def check_before(ordinals: Sequence[int], isolation: str, wait_s: float,
-                 say: Callable[[str], None] = print) -> dict[str, str]:
-    """The pre-check of a GPU run, before its build and warm-up: ``gpu_foreign_processes`` when
-    other processes stay on its GPUs (``precheck``), or ``gpu.nvml`` saying why nothing could be
-    checked. Raises only for ``isolation=error`` with foreign processes present."""
-    from fxtrack.measure.nvml import handles
-
-    if isolation not in ISOLATION:
-        raise ValueError(f"hardware.gpu_isolation must be one of {ISOLATION}, got {isolation!r}")
-    nvml, why = load()
-    if nvml is None:
-        return {"gpu.nvml": why}
-    try:
-        devices = handles(nvml, list(ordinals))
-    except Exception as e:  # noqa: BLE001 - e.g. not permitted inside some containers
-        return {"gpu.nvml": f"unreadable: {type(e).__name__}: {e}"[:200]}
-    if devices is None:
-        return {"gpu.nvml": UNMAPPED}
-    procs = precheck(nvml, devices, isolation, wait_s, say)
-    return {"gpu_foreign_processes_before": describe(procs)} if procs else {}
-
-
 UNMAPPED = ("unmapped: CUDA's devices cannot be matched to NVML's with certainty (a MIG "
             "instance, or CUDA_DEVICE_ORDER not PCI_BUS_ID on a multi-GPU host)")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from fxtrack.measure import gpu_conditions
 
@@ -62,6 +62,27 @@ def handles(nvml: Any, ordinals: Sequence[int]) -> Optional[list[Any]]:
         else:  # "MIG-...", or an entry CUDA would stop at
             return None
     return out
+
+
+def check_before(ordinals: Sequence[int], isolation: str, wait_s: float,
+                 say: Callable[[str], None] = print) -> dict[str, str]:
+    """The pre-check of a GPU run, before its build and warm-up: ``gpu_foreign_processes`` when
+    other processes stay on its GPUs (gpu_conditions.precheck), or ``gpu.nvml`` saying why
+    nothing could be checked. Raises only for ``isolation=error`` with foreign processes present."""
+    if isolation not in gpu_conditions.ISOLATION:
+        raise ValueError(f"hardware.gpu_isolation must be one of {gpu_conditions.ISOLATION}, "
+                         f"got {isolation!r}")
+    nvml, why = gpu_conditions.load()
+    if nvml is None:
+        return {"gpu.nvml": why}
+    try:
+        devices = handles(nvml, list(ordinals))
+    except Exception as e:  # noqa: BLE001 - e.g. not permitted inside some containers
+        return {"gpu.nvml": f"unreadable: {type(e).__name__}: {e}"[:200]}
+    if devices is None:
+        return {"gpu.nvml": gpu_conditions.UNMAPPED}
+    procs = gpu_conditions.precheck(nvml, devices, isolation, wait_s, say)
+    return {"gpu_foreign_processes_before": gpu_conditions.describe(procs)} if procs else {}
 
 
 class NvmlWindow:

@@ -10,10 +10,10 @@ from fxtrack import defaults
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import Result
-from fxtrack.measure import gpu_conditions
 from fxtrack.measure import host_load as load
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
+from fxtrack.measure.nvml import check_before as nvml_check_before
 from fxtrack.measure.system import SystemSampler
 from fxtrack.measure.timer import StepTimes, eprint, step_metrics, time_steps
 from fxtrack.scenarios import tune
@@ -28,7 +28,7 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
                                             spec.warmup_steps)
     result.resolved.update(batch_size=batch, steps=steps, warmup_steps=warmup, device_kind=kind)
     if kind == "gpu":  # other processes on its GPUs, before any work (hardware.gpu_isolation)
-        result.tags.update(gpu_conditions.check_before(
+        result.tags.update(nvml_check_before(
             gpu_ordinals(spec)[0], spec.gpu_isolation, spec.wait_for_idle_s, eprint))
     # framework.compile resolved here, once the device is known and before the build: auto by
     # the framework's table, tune by timing its modes on this model (then built afresh below)
