@@ -194,3 +194,33 @@ def test_a_cpu_run_is_unchanged(fake):
     assert window.tags() == {} and window.metrics(3) == {}
     assert not any(k.startswith("system/gpu_") for k in system.series)
     assert fake.samples == 0  # NVML never asked
+
+
+def test_the_summary_line_says_a_gpu_run_was_shared_or_throttled():
+    from fxtrack.job import Result
+    from fxtrack.orchestrator.job import summary_line
+
+    r = Result("r", status="FINISHED", metrics={"throughput_samples_per_s": 10.0},
+               tags={"gpu_foreign_processes": "4242:1024MiB", "gpu_throttled": "sw_power_cap"})
+    line = summary_line("torch-resnet50", r)
+    assert "CONTENDED: other processes on the run's GPUs (4242:1024MiB)" in line
+    assert "THROTTLED: the GPU slowed its clocks (sw_power_cap)" in line
+    assert "CONTENDED" not in summary_line("x", Result("r", status="FINISHED"))
+
+
+def test_the_report_marks_a_throttled_run_as_it_marks_a_contended_one():
+    import pandas as pd
+
+    from fxtrack.report.select import latest_runs
+
+    base = {"status": "FINISHED", "start_time": pd.Timestamp("2026-12-01"),
+            "end_time": pd.Timestamp("2026-12-01"),
+            "tags.fxtrack.framework": "torch", "tags.fxtrack.model": "resnet50",
+            "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "bf16",
+            "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": "gpu",
+            "tags.fxtrack.contended": "false", "metrics.throughput_samples_per_s": 100.0}
+    frame = pd.DataFrame([{**base, "run_id": "a", "tags.fxtrack.gpu_throttled": "hw_slowdown"},
+                          {**base, "run_id": "b", "tags.fxtrack.model": "vit",
+                           "tags.fxtrack.gpu_throttled": None}])
+    runs = latest_runs(frame).runs.set_index("model")
+    assert runs.loc["resnet50", "contended"] == "true" and runs.loc["vit", "contended"] == "false"

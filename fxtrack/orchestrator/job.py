@@ -210,4 +210,9 @@ def summary_line(name: str, result: Result) -> str:
     if is_contended(m.get("host_other_cpu_frac")):
         notes += (f"  CONTENDED: other processes took {m['host_other_cpu_frac']:.0%} of the "
                   "cores during the timed window")
+    foreign = result.tags.get("gpu_foreign_processes") or result.tags.get("gpu_foreign_processes_before")
+    if foreign:
+        notes += f"  CONTENDED: other processes on the run's GPUs ({foreign})"
+    if result.tags.get("gpu_throttled"):
+        notes += f"  THROTTLED: the GPU slowed its clocks ({result.tags['gpu_throttled']})"
     return f"{name}: " + ", ".join(parts) + notes
