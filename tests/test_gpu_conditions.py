@@ -224,3 +224,18 @@ def test_the_report_marks_a_throttled_run_as_it_marks_a_contended_one():
                            "tags.fxtrack.gpu_throttled": None}])
     runs = latest_runs(frame).runs.set_index("model")
     assert runs.loc["resnet50", "contended"] == "true" and runs.loc["vit", "contended"] == "false"
+
+
+def test_gpu_isolation_composes_with_warn_by_default_and_refuses_other_values():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        assert compose(config_name="config").hardware.gpu_isolation == "warn"
+        bad = compose(config_name="config", overrides=["hardware=gpu", "hardware.gpu_isolation=kill"])
+    with pytest.raises(Exception, match="gpu_isolation must be warn, error or wait"):
+        OmegaConf.to_object(bad.hardware)
