@@ -3,7 +3,12 @@ Hydra, MLflow or TensorFlow): it writes JobSpecs itself and runs ``python -m fxt
 on each, then prints a closing table. Every Result JSON lands in ``$OUT`` (or ./gpu-results).
 
     python bench/gpu_check.py [--frameworks torch,jax] [--steps 20] [--warmup 5]
-                              [--suite seeds|llama|all] [--dry-run]
+                              [--suite seeds|llama|all] [--all] [--dry-run]
+
+``--all`` is the prepared device check (docs/running-on-a-gpu.md), the first thing to run on a
+new GPU: ResNet-50, BERT and ViT train and inference at bf16 and the 1B Llama's train and
+generate, in each framework, plus every registered scenario check (``CHECKS``) this checkout has;
+the table shows each figure beside its published reference (fxtrack/claims.yaml) where one exists.
 
 Jobs (``--suite seeds``, the default): resnet50 (bf16 at 256 images, fp32 at 256), bert (bf16,
 64 x 128 tokens), vit (bf16, 128 images), plus ResNet-50 at tf32 and ViT at fp32, each with
@@ -45,6 +50,62 @@ JOBS = [("resnet50", "train", "bf16", 256, {}), ("resnet50", "train", "fp32", 25
 LLAMA_JOBS = [("llama", "train", "bf16", 4, {}),
               ("llama", "generate", "bf16", 8, {"prompt_len": 128, "new_tokens": 128})]
 SUITES = {"seeds": JOBS, "llama": LLAMA_JOBS, "all": JOBS + LLAMA_JOBS}
+# --all: the prepared device check (docs/running-on-a-gpu.md), one ~10-minute budget on an H200:
+# every family's train and inference at bf16, the 1B Llama, then each registered check.
+FULL_CHECK = [(m, s, "bf16", b, {}) for m, b in (("resnet50", 256), ("bert", 64), ("vit", 128))
+              for s in ("train", "inference")] + LLAMA_JOBS
+# Other scenarios' checks: scenario name -> jobs, included in --all only where
+# fxtrack/scenarios/<name>.py exists. A new scenario's branch adds its entry here (fit, serve).
+CHECKS: dict[str, list] = {}
+
+
+def register(scenario: str, jobs: list) -> None:
+    """Add ``scenario``'s jobs (model, scenario, precision, batch, options) to --all."""
+    CHECKS[scenario] = jobs
+
+
+def available_checks() -> list:
+    """The registered jobs whose scenario this checkout has."""
+    return [job for name, jobs in CHECKS.items()
+            if importlib.util.find_spec(f"fxtrack.scenarios.{name}") for job in jobs]
+
+
+def references(path: Path = ROOT / "fxtrack" / "claims.yaml") -> list:
+    """The published absolute figures of fxtrack/claims.yaml as (framework, model, scenario,
+    precision or None, text, claim id, device), the text with its unit ("312 samples/s",
+    "202 ms/step"); arms of a Keras backend or of an uncompiled run are left out (this check
+    runs torch and JAX compiled); empty where PyYAML is not installed."""
+    try:
+        import yaml
+    except ImportError:
+        return []
+    units = {"throughput_samples_per_s": "samples/s", "step_time_ms_p50": "ms/step"}
+    out = []
+    for claim in yaml.safe_load(path.read_text(encoding="utf-8")):
+        cond = claim.get("conditions") or {}
+        if claim.get("kind") != "absolute" or claim.get("metric") not in units:
+            continue
+        for arm in claim.get("arms", []):
+            if arm.get("value") is None or "keras_backend" in arm or arm.get("compile") == "false":
+                continue
+            batch = f", batch {cond['batch_size']}" if cond.get("batch_size") else ""
+            out.append((arm.get("framework"), cond.get("model"), cond.get("scenario"),
+                        arm.get("precision", cond.get("precision")),
+                        f"{arm['value']:,} {units[claim['metric']]}{batch}", claim["id"],
+                        cond.get("device")))
+    return out
+
+
+def reference(refs: list, framework: str, model: str, scenario: str, precision: str) -> str:
+    """The published figure for one job, "figure [precision] (device, claim id)", or "-": one at
+    the job's precision first, else one that states none, else another precision, named."""
+    mine = [r for r in refs if r[:3] == (framework, model, scenario)]
+    for r in sorted(mine, key=lambda r: (r[3] != precision, r[3] is not None)):
+        other = f" at {r[3]}" if r[3] not in (None, precision) else ""
+        return f"{r[4]}{other} ({r[6] or '?'}, {r[5]})"
+    return "-"
+
+
 SLOW_COMPILE_MODES = ("eager", "op-by-op", "tf.function")  # the declarations' uncompiled_tag
 
 
@@ -147,17 +208,27 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=240, help="seconds per job")
     parser.add_argument("--suite", choices=sorted(SUITES), default="seeds",
                         help="which jobs: the seeds' models, canonical llama, or all")
+    parser.add_argument("--all", action="store_true",
+                        help="the prepared device check: every GPU path in one ~10-min budget")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the jobs and their memory floor; run nothing")
     args = parser.parse_args()
     if args.suite == "fit":
         return fit_check(args)
     jobs = SUITES[args.suite]
+    if args.all:
+        jobs = FULL_CHECK + available_checks()
+    refs = references()
     if args.dry_run:
         for fw in args.frameworks.split(","):
             for model, scenario, precision, batch, options in jobs:
                 print(f"{fw} {model} {scenario} {precision} x{batch} {options or ''}: memory "
-                      f"floor {floor_gib(model, scenario, precision, batch, options)}")
+                      f"floor {floor_gib(model, scenario, precision, batch, options)}, "
+                      f"reference {reference(refs, fw, model, scenario, precision)}")
+        if args.all:
+            unregistered = sorted({"fit", "serve"} - {j[1] for j in available_checks()})
+            print(f"not in this checkout (no scenario): {', '.join(unregistered) or 'none'}; "
+                  "2-process scaling: not part of this script yet (run fxtrack scenario=scaling)")
         return 0
     out = Path(os.environ.get("OUT") or "gpu-results")
     out.mkdir(parents=True, exist_ok=True)
@@ -173,14 +244,18 @@ def main() -> int:
             rows.append((fw, model, scenario, precision, batch, r, problems))
             print(f"{fw} {model} {scenario} {precision} x{batch}: {r.status} {r.error or ''}",
                   flush=True)
-    header = ("framework", "model", "prec", "batch", "samples/s", "p50 ms", "dev MiB", "nvml MiB",
-              "rss MiB", "MFU", "J/sample", "guard")
+    header = ("framework", "model", "scenario", "prec", "batch", "samples/s", "reference",
+              "p50 ms", "dev MiB", "nvml MiB", "rss MiB", "MFU", "J/sample", "guard")
     print("\n" + "  ".join(f"{h:>10}" for h in header))
-    for fw, model, _, precision, batch, r, _ in rows:
+    for fw, model, scenario, precision, batch, r, _ in rows:
         m = r.metrics
-        cells = [fw, model, precision, str(batch)] + [
-            "-" if k not in m else (f"{m[k]:.1%}" if k == "mfu" else f"{m[k]:,.1f}")
-            for k in ("throughput_samples_per_s", "step_time_ms_p50", "peak_mem_device_mib",
+
+        def fig(k: str) -> str:
+            return "-" if k not in m else (f"{m[k]:.1%}" if k == "mfu" else f"{m[k]:,.1f}")
+
+        cells = [fw, model, scenario, precision, str(batch), fig("throughput_samples_per_s"),
+                 reference(refs, fw, model, scenario, precision)] + [
+            fig(k) for k in ("step_time_ms_p50", "peak_mem_device_mib",
                       "peak_mem_nvml_mib", "peak_rss_mib", "mfu", "energy_j_per_sample")]
         cells.append(r.guard if r.status == "FINISHED" else f"FAILED: {r.error}"[:40])
         print("  ".join(f"{c:>10}" for c in cells))

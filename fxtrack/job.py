@@ -37,6 +37,7 @@ class JobSpec:
     compile_mode: str = "default"  # torch.compile mode
     cpu_threads: Optional[int] = None  # None: the cores this process may use
     wait_for_idle_s: float = 0.0
+    gpu_isolation: str = "warn"  # warn | error | wait (hardware.gpu_isolation)
     repeat: int = 0  # which of `repeats` this worker is (fxtrack.repeat)
     parallel: str = "ddp"  # ddp | fsdp
     memory: str = "none"  # none | checkpoint

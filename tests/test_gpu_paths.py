@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -377,3 +379,35 @@ def test_run_figures_take_the_fullest_device_of_any_process(fake_nvml, monkeypat
     m = timed.nvml_metrics(Backend(), window, samples=4)
     assert m["peak_mem_nvml_mib"] == 5 * 1024
     assert m["energy_j_per_sample"] == pytest.approx((3000 + 1000) / 1e3 / 4)
+
+
+def test_gpu_check_all_dry_run_lists_every_gpu_path_on_a_cpu():
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--all",
+                          "--dry-run"], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    for fw in ("torch", "jax"):
+        for job in ("resnet50 train bf16", "resnet50 inference bf16", "bert train bf16",
+                    "bert inference bf16", "vit train bf16", "vit inference bf16",
+                    "llama train bf16", "llama generate bf16"):
+            assert any(line.startswith(f"{fw} {job} ") for line in lines), (fw, job)
+    resnet = next(line for line in lines if line.startswith("torch resnet50 train"))
+    assert "reference 312 samples/s" in resnet and "memory floor ~" in resnet
+
+
+def test_gpu_check_registry_adds_a_scenario_only_where_it_exists(gpu_check, monkeypatch):
+    monkeypatch.setattr(gpu_check, "CHECKS", {})
+    gpu_check.register("train", [("mlp", "train", "bf16", 8, {})])
+    gpu_check.register("no_such_scenario", [("mlp", "no_such_scenario", "bf16", 8, {})])
+    assert gpu_check.available_checks() == [("mlp", "train", "bf16", 8, {})]
+
+
+def test_gpu_check_reference_prefers_the_jobs_precision(gpu_check):
+    refs = gpu_check.references()
+    assert gpu_check.reference(refs, "torch", "resnet50", "train", "tf32").startswith(
+        "938 samples/s (A100 80GB, nvidia-dle-resnet50-train-a100)")
+    # none at bf16: the one stating no precision comes before DLE's fp16 figure
+    assert gpu_check.reference(refs, "tensorflow", "resnet50", "train", "bf16").startswith(
+        "287 samples/s (A100 80GB, seed-resnet50-train-a100)")
+    assert gpu_check.reference(refs, "jax", "vit", "train", "bf16") == "-"

@@ -216,12 +216,18 @@ class HardwareConfig:
     # process may run on (os.sched_getaffinity).
     cpu_threads: Optional[int] = None
     wait_for_idle_s: float = 0.0  # wait up to this long for the machine to go quiet before timing
+    # Other processes on the run's GPUs (docs/running-on-a-gpu.md): warn (tag the run
+    # contended), error (fail before any work) or wait (up to wait_for_idle_s for them to go).
+    gpu_isolation: str = "warn"
     # Price of one device-hour of this hardware, any currency; None: no cost_per_1m_* metrics.
     price_per_hour: Optional[float] = None
 
     def __post_init__(self) -> None:
         _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads,
                   price_per_hour=self.price_per_hour)
+        if self.gpu_isolation not in ("warn", "error", "wait"):
+            raise ValueError("hardware.gpu_isolation must be warn, error or wait, got "
+                             f"{self.gpu_isolation!r}")
         if self.wait_for_idle_s < 0:
             raise ValueError(f"hardware.wait_for_idle_s must be >= 0, got {self.wait_for_idle_s}")
         if not 0 <= self.node_rank < self.nodes:

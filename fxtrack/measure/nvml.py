@@ -17,7 +17,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
+
+from fxtrack.measure import gpu_conditions
 
 SAMPLE_PERIOD_S = 0.02
 
@@ -62,6 +64,27 @@ def handles(nvml: Any, ordinals: Sequence[int]) -> Optional[list[Any]]:
     return out
 
 
+def check_before(ordinals: Sequence[int], isolation: str, wait_s: float,
+                 say: Callable[[str], None] = print) -> dict[str, str]:
+    """The pre-check of a GPU run, before its build and warm-up: ``gpu_foreign_processes`` when
+    other processes stay on its GPUs (gpu_conditions.precheck), or ``gpu.nvml`` saying why
+    nothing could be checked. Raises only for ``isolation=error`` with foreign processes present."""
+    if isolation not in gpu_conditions.ISOLATION:
+        raise ValueError(f"hardware.gpu_isolation must be one of {gpu_conditions.ISOLATION}, "
+                         f"got {isolation!r}")
+    nvml, why = gpu_conditions.load()
+    if nvml is None:
+        return {"gpu.nvml": why}
+    try:
+        devices = handles(nvml, list(ordinals))
+    except Exception as e:  # noqa: BLE001 - e.g. not permitted inside some containers
+        return {"gpu.nvml": f"unreadable: {type(e).__name__}: {e}"[:200]}
+    if devices is None:
+        return {"gpu.nvml": gpu_conditions.UNMAPPED}
+    procs = gpu_conditions.precheck(nvml, devices, isolation, wait_s, say)
+    return {"gpu_foreign_processes_before": gpu_conditions.describe(procs)} if procs else {}
+
+
 class NvmlWindow:
     """Context manager over the timed window: samples this process's memory on each of
     ``memory_ordinals`` (the devices it computes on) and reads the energy counters of
@@ -75,21 +98,33 @@ class NvmlWindow:
         self.energy_j: Optional[float] = None  # summed over the energy devices
         self.window_s: Optional[float] = None
         self._started = False
+        # the run's conditions (measure/gpu_conditions.py): read over the devices it computes on
+        self.watch: Optional[gpu_conditions.Watch] = None
+        self.state: dict[str, str] = {}  # gpu.nvml: why nothing was read, when nothing was
+        self.conditions: dict[str, str] = {}
         if not enabled:
             return
         energy_ordinals = memory_ordinals if energy_ordinals is None else energy_ordinals
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
+        pynvml, why = gpu_conditions.load()
+        mapped = None
+        if pynvml is None:
+            self.state = {"gpu.nvml": why}
+        else:
             self.nvml = pynvml
-            mapped = handles(pynvml, sorted(set(memory_ordinals) | set(energy_ordinals)))
-        except Exception:  # noqa: BLE001 - no NVML library, no driver or no GPU: figures absent
-            mapped = None
+            try:
+                mapped = handles(pynvml, sorted(set(memory_ordinals) | set(energy_ordinals)))
+            except Exception as e:  # noqa: BLE001 - e.g. not permitted: figures absent
+                self.state = {"gpu.nvml": f"unreadable: {type(e).__name__}: {e}"[:200]}
+            else:
+                if mapped is None:
+                    self.state = {"gpu.nvml": gpu_conditions.UNMAPPED}
         if mapped is not None:
             found = dict(zip(sorted(set(memory_ordinals) | set(energy_ordinals)), mapped))
             self.memory = [found[i] for i in memory_ordinals]
             self.energy = [found[i] for i in energy_ordinals]
+            used = [(i, found[i]) for i in memory_ordinals]
+            self.conditions = gpu_conditions.conditions(pynvml, used)
+            self.watch = gpu_conditions.Watch(pynvml, used)
 
     def _process_bytes(self, handle: Any) -> Optional[int]:
         pid = os.getpid()
@@ -104,6 +139,11 @@ class NvmlWindow:
                 used = [self._process_bytes(h) for h in self.memory]
             except Exception:  # noqa: BLE001 - e.g. not permitted inside some containers
                 return
+            if self.watch is not None:
+                try:
+                    self.watch.sample()
+                except Exception:  # noqa: BLE001 - a reading NVML refuses: no watch, no crash
+                    self.watch = None
             for u in used:
                 if u is not None:
                     self.peak_bytes = max(self.peak_bytes or 0, u)
@@ -121,6 +161,8 @@ class NvmlWindow:
             self._started = True
             self._stop = threading.Event()
             self._thread = threading.Thread(target=self._sample, daemon=True)
+            if self.watch is not None:
+                self.watch.start()
             self._energy0, self._t0 = self._energy_mj(), time.perf_counter()
             self._thread.start()
         return self
@@ -132,12 +174,22 @@ class NvmlWindow:
         energy1 = self._energy_mj()
         self._stop.set()
         self._thread.join()
+        if self.watch is not None:
+            self.watch.stop()
         if self.energy and self._energy0 is not None and energy1 is not None:
             deltas = [b - a for a, b in zip(self._energy0, energy1)]
             # A counter that did not move (a window shorter than its update period) would
             # understate the energy: then no figure at all.
             if all(d > 0 for d in deltas):
                 self.energy_j = sum(deltas) / 1e3
+
+    def tags(self) -> dict[str, str]:
+        """The ``gpu.*``, ``gpu_throttled`` and ``gpu_foreign_processes`` tags of the window, or
+        ``gpu.nvml`` saying why there are none."""
+        out = {**self.state, **self.conditions}
+        if self.watch is not None and self._started:
+            out.update(self.watch.tags())
+        return out
 
     def metrics(self, samples: int) -> dict[str, float]:
         """``peak_mem_nvml_mib``, ``energy_j_per_sample``, ``power_w_mean`` (all the energy

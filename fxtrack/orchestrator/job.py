@@ -34,7 +34,8 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         verbose=conf.verbose, progress=sys.stderr.isatty() or bool(os.environ.get("FXTRACK_PROGRESS")),
         launcher=fw.launcher, nodes=conf.hardware.nodes, node_rank=conf.hardware.node_rank,
         coordinator=conf.hardware.coordinator, cpu_threads=conf.hardware.cpu_threads,
-        wait_for_idle_s=conf.hardware.wait_for_idle_s, parallel=conf.parallel.value,
+        wait_for_idle_s=conf.hardware.wait_for_idle_s,
+        gpu_isolation=conf.hardware.gpu_isolation, parallel=conf.parallel.value,
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options={"dataset_samples": conf.scenario.dataset_samples,
                  "loader_workers": conf.scenario.loader_workers,
@@ -214,4 +215,9 @@ def summary_line(name: str, result: Result) -> str:
     if is_contended(m.get("host_other_cpu_frac")):
         notes += (f"  CONTENDED: other processes took {m['host_other_cpu_frac']:.0%} of the "
                   "cores during the timed window")
+    foreign = result.tags.get("gpu_foreign_processes") or result.tags.get("gpu_foreign_processes_before")
+    if foreign:
+        notes += f"  CONTENDED: other processes on the run's GPUs ({foreign})"
+    if result.tags.get("gpu_throttled"):
+        notes += f"  THROTTLED: the GPU slowed its clocks ({result.tags['gpu_throttled']})"
     return f"{name}: " + ", ".join(parts) + notes

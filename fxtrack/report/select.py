@@ -59,6 +59,9 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     backend = _tag(frame, "fxtrack.keras_backend")
     on = backend.notna() & runs["framework"].notna()
     runs.loc[on, "framework"] = runs.loc[on, "framework"].astype(str) + "-" + backend[on].astype(str)
+    # a GPU that throttled for power or heat measured its cooling: marked as a contended run is
+    throttled = _tag(frame, "fxtrack.gpu_throttled").notna()
+    runs.loc[throttled, "contended"] = "true"
     runs["run_id"] = frame["run_id"].to_numpy()
     runs["status"] = frame["status"].to_numpy()
     runs["start_time"] = frame["start_time"].to_numpy()

@@ -13,6 +13,7 @@ from fxtrack.job import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
+from fxtrack.measure.nvml import check_before as nvml_check_before
 from fxtrack.measure.system import SystemSampler
 from fxtrack.measure.timer import StepTimes, eprint, step_metrics, time_steps
 from fxtrack.scenarios import tune
@@ -26,6 +27,9 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
                                             spec.warmup_steps)
     result.resolved.update(batch_size=batch, steps=steps, warmup_steps=warmup, device_kind=kind)
+    if kind == "gpu":  # other processes on its GPUs, before any work (hardware.gpu_isolation)
+        result.tags.update(nvml_check_before(
+            gpu_ordinals(spec)[0], spec.gpu_isolation, spec.wait_for_idle_s, eprint))
     # framework.compile resolved here, once the device is known and before the build: auto by
     # the framework's table, tune by timing its modes on this model (then built afresh below)
     tuned = spec.compile_request == "tune"
@@ -65,9 +69,13 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
     figures, contended = load.window_figures(before, during)
     m.update(figures)
-    result.tags["contended"] = "true" if contended else "false"
     if kind == "gpu":  # collectives: every process of the run takes this branch or none does
         m.update(nvml_metrics(backend, nvml, global_batch * steps))
+        result.tags.update(nvml.tags())
+        # a GPU shared with another process measures the two together, as a shared core does
+        contended = contended or any(k in result.tags for k in (
+            "gpu_foreign_processes", "gpu_foreign_processes_before"))
+    result.tags["contended"] = "true" if contended else "false"
     peak = backend.peak_memory_bytes()
     if peak is not None:
         m["peak_mem_device_mib"] = backend.reduce_max(peak / 2**20)  # the fullest device
