@@ -78,3 +78,26 @@ def test_a_counter_that_cannot_count_leaves_a_tag_and_no_figure():
     assert user_flops(backend, result, "train")() is None
     assert result.tags["flops_unavailable"] == "ValueError: an op the counter has no rule for"
     assert "flops_source" not in result.tags
+
+
+def test_torch_checkpoint_of_a_users_model_restores_exactly_and_exports(tmp_path):
+    """scenario=checkpoint for model=custom (issue 30 item 2, torch): Dropout's draws replay
+    from the restored RNG state, and the loaded torch.export program matches the live model."""
+    proc = run_fxtrack(tmp_path, "framework=torch", "scenario=checkpoint", "model=custom",
+                       BUILDERS[0], *TINY, env=env_for(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = tmp_path.glob("outputs/*/*/result.json")
+    result = json.loads(path.read_text())
+    assert result["status"] == "FINISHED" and result["guard"] == "ok", result["guard"]
+    m = result["metrics"]
+    assert m["checkpoint_restore_exact"] == 1.0
+    assert 0.0 <= m["export_max_rel_err"] <= 1e-4
+    assert m["export_latency_ms_p50"] > 0 and m["param_count"] == stateful.param_count()
+
+
+def test_checkpoint_of_a_users_model_elsewhere_is_refused_before_any_work(tmp_path):
+    proc = run_fxtrack(tmp_path, "framework=jax", "scenario=checkpoint", "model=custom",
+                       BUILDERS[2], *TINY, env=env_for(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "scenario=checkpoint is not supported for model=custom" in proc.stderr
+    assert "[fxtrack] building" not in proc.stderr
