@@ -35,3 +35,30 @@ def build_keras(batch_size: int, seed: int, layers: int = 2, hidden: int = 64, h
             targets, keras.ops.cast(out, "float32"), from_logits=True))
 
     return model, (inputs, tokens[:, 1:]), loss
+
+
+def build_bert_keras(batch_size: int, seed: int, layers: int = 2, hidden: int = 32,
+                     heads: int = 2, seq_len: int = 16, vocab: int = 256, classes: int = 3,
+                     dropout: float = 0.1):
+    """A keras-hub BERT backbone with Dropout (its seed generator is a variable every training
+    step updates) and a classification head on the pooled output."""
+    import keras
+    import keras_hub
+
+    keras.utils.set_random_seed(seed)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=vocab, num_layers=layers, num_heads=heads, hidden_dim=hidden,
+        intermediate_dim=4 * hidden, max_sequence_length=seq_len, dropout=dropout)
+    head = keras.layers.Dropout(dropout)(backbone.output["pooled_output"])
+    model = keras.Model(backbone.input, keras.layers.Dense(classes)(head))
+    rng = np.random.default_rng(seed)
+    inputs = {"token_ids": rng.integers(0, vocab, (batch_size, seq_len), dtype=np.int32),
+              "segment_ids": np.zeros((batch_size, seq_len), np.int32),
+              "padding_mask": np.ones((batch_size, seq_len), bool)}
+    labels = rng.integers(0, classes, (batch_size,), dtype=np.int32)
+
+    def loss(out, targets):
+        return keras.ops.mean(keras.ops.sparse_categorical_crossentropy(
+            targets, keras.ops.cast(out, "float32"), from_logits=True))
+
+    return model, (inputs, labels), loss

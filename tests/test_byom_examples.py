@@ -39,3 +39,25 @@ def test_kerashub_gpt2_backbone_on_the_keras_path(tmp_path):
     assert result["status"] == "FINISHED" and result["guard"] == "ok"
     assert result["tags"]["flops_source"] == "tf.compat.v1.profiler"
     assert result["metrics"]["param_count"] > 0 and result["metrics"]["flops_per_sample"] > 0
+
+
+@pytest.mark.slow
+def test_kerashub_bert_with_dropout_on_tensorflow_and_keras_on_each_backend(tmp_path):
+    """Issue 30: a keras-hub BertBackbone with Dropout (its seed generator a variable every
+    step assigns) FINISHES under framework=tensorflow and framework=keras on each backend, with
+    one parameter count. Minutes on a busy CPU (keras-hub under three backends)."""
+    pytest.importorskip("keras_hub")
+    (tmp_path / "tf").mkdir()
+    tf_result = run_example(tmp_path / "tf", "framework=tensorflow",
+                            "model.keras=kerashub_model:build_bert_keras")
+    assert tf_result["status"] == "FINISHED", tf_result["error"]
+    env = {"PYTHONPATH": f"{EXAMPLES}:{EXAMPLES.parent}", **seed_peak_cache(tmp_path / "cache")}
+    proc = run_fxtrack(tmp_path, "-m", "framework=keras",
+                       "framework.keras_backend=jax,torch,tensorflow", "model=custom",
+                       "model.keras=kerashub_model:build_bert_keras", *TINY, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/*/fxtrack_jobs/*.json")]
+    assert {j["tags"]["fxtrack.keras_backend"] for j in jobs} == {"jax", "torch", "tensorflow"}
+    for job in jobs:
+        assert job["status"] == "FINISHED", job["error"]
+        assert job["metrics"]["param_count"] == tf_result["metrics"]["param_count"]

@@ -205,6 +205,14 @@ def test_run_name_tells_config_variants_apart():
     assert len({run_name(job_spec("torch", "vit", batch_size=b), "tiny") for b in (2, 4)}) == 2
     layers = job_spec("torch", "vit", arch={"layers": 2}, **defaults)
     assert run_name(layers) == "torch-vit-train-fp32-x1-layers2"
+    # model=custom: the builder this framework reads, once, then its kwargs (issue 30 item 8)
+    builders = {"torch": "torchrealmodels:build_t5", "keras": "mypkg.models:build_keras",
+                "jax": "mypkg.models:build_jax"}
+    t5 = job_spec("torch", "custom", arch=builders, **dict(defaults, batch_size=2))
+    assert run_name(t5) == "torch-custom[build_t5]-train-fp32-x1-b2"
+    keras = job_spec("tensorflow", "custom", arch={**builders, "kwargs": {"width": 64}},
+                     **defaults)
+    assert run_name(keras) == "tensorflow-custom[build_keras]-train-fp32-x1-width64"
 
 
 def test_fxtrack_with_an_unknown_word_lists_the_sub_commands(tmp_path):

@@ -44,6 +44,9 @@ CAPABILITIES: dict[str, str] = {
                    "spec's precision (the peak FLOP/s yardstick for MFU)",
     "generate": "prepare(backend, prompt_len, new_tokens) -> Decoder: the built LM's greedy "
                 "decoding with a KV cache (scenario=generate; fxtrack.frameworks.decoding)",
+    "user_serving_export": "export(backend, directory) -> step, export_error(backend) -> "
+                           "float: model=custom's serving export (scenario=checkpoint), loaded "
+                           "back and its outputs' relative error against the live model's",
     "user_model": "build(backend, batch_size): model=custom, the user's builder "
                   "(model.<Framework.model_key>) called and checked, its model, optimiser, "
                   "batch and step set on the backend as its own build sets them; "
@@ -59,8 +62,8 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
     "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
     "scenario=pipeline": "the loader writes fxtrack's synthetic images or tokens, not your "
                          "model's inputs",
-    "scenario=checkpoint": "saving and reloading an arbitrary model for serving is not generic "
-                           "yet",
+    "scenario=checkpoint": "this framework's checkpoint and serving export of a user's model "
+                           "is not written yet (framework=torch has one)",
     "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",
     "quantize=dynamic_int8": "int8 quantisation of an arbitrary model is not generic yet",
 }

@@ -19,13 +19,18 @@ def graph_flops(fn: Callable[[Any], Any], batch: Any, device: str) -> int:
 
     with tf.device(device):
         concrete = tf.function(fn).get_concrete_function(batch)
-        frozen = convert_variables_to_constants_v2(concrete)
+        try:
+            graph = convert_variables_to_constants_v2(concrete).graph
+        except ValueError:
+            # A graph that assigns a variable (Dropout's seed generator, BatchNorm's moving
+            # statistics) cannot be frozen; the profiler reads the same shapes off the live graph.
+            graph = concrete.graph
     profiler, logger = tf.compat.v1.profiler, tf.get_logger()
     options = (profiler.ProfileOptionBuilder(profiler.ProfileOptionBuilder.float_operation())
                .with_empty_output().build())
     level = logger.level
     logger.setLevel("ERROR")  # the v1 profiler's deprecation warnings, one per op kind
     try:
-        return profiler.profile(graph=frozen.graph, options=options).total_float_ops
+        return profiler.profile(graph=graph, options=options).total_float_ops
     finally:
         logger.setLevel(level)

@@ -21,12 +21,14 @@ from fxtrack.frameworks.declaration import CUSTOM_UNSUPPORTED, Framework, NotSup
 OPTIMIZERS = ("adamw", "sgd")
 
 
-def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: str
-            ) -> Optional[str]:
-    """Why model=custom cannot run with these levers (CUSTOM_UNSUPPORTED), or None."""
+def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: str,
+            serving_export: bool = False) -> Optional[str]:
+    """Why model=custom cannot run with these levers (CUSTOM_UNSUPPORTED), or None.
+    ``serving_export``: the framework declares ``user_serving_export`` (scenario=checkpoint for
+    a user's model)."""
     asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
              "scenario=pipeline": scenario == "pipeline",
-             "scenario=checkpoint": scenario == "checkpoint",
+             "scenario=checkpoint": scenario == "checkpoint" and not serving_export,
              "runtime": runtime != "native", "quantize=dynamic_int8": quantize != "none"}
     for what, hit in asked.items():
         if hit:

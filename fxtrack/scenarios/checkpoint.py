@@ -16,6 +16,9 @@ from fxtrack.measure.timer import percentile, time_steps
 from fxtrack.scenarios.timed import build
 
 
+EXPORT_TOLERANCE = 1e-4  # fp32 relative error of a user's exported model against the live one
+
+
 def _mib(directory: Path) -> float:
     return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file()) / 2**20
 
@@ -23,8 +26,10 @@ def _mib(directory: Path) -> float:
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     # Asked for before the build, so that a framework without one costs nothing.
-    state, inference, serving = (backend.capability(name)
-                                 for name in ("checkpoint", "inference", "serving_export"))
+    user_model = backend.arch.family == "custom"  # a user's model: its own forward and export
+    state, inference, serving = (backend.capability(name) for name in (
+        "checkpoint", "user_model" if user_model else "inference",
+        "user_serving_export" if user_model else "serving_export"))
     _, _, steps, warmup = build(backend, result)
     for _ in range(warmup):  # optimiser moments exist: the state is a real training state
         backend.train_step()
@@ -46,9 +51,11 @@ def run(backend: Backend, result: Result) -> None:
         m.update(loss_next_step=expected, loss_after_restore=replayed,
                  checkpoint_restore_exact=float(replayed == expected))
 
-        live = inference.prepare(backend)
+        live = inference.prepare_inference(backend) if user_model else inference.prepare(backend)
         t0 = time.perf_counter()
         served = serving.export(backend, exported)
+        if user_model:  # the loaded export's outputs against the live model's, same inputs
+            m["export_max_rel_err"] = serving.export_error(backend)
         m["export_s"] = time.perf_counter() - t0
         m["export_mib"] = _mib(exported)
         for label, step in (("live", live), ("export", served)):
@@ -58,6 +65,9 @@ def run(backend: Backend, result: Result) -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     m.update(param_count=float(backend.param_count()), peak_rss_mib=peak_rss_mib())
+    if user_model and m.get("export_max_rel_err", 0.0) > EXPORT_TOLERANCE:
+        result.guard = (f"the exported model's outputs differ from the live model's "
+                        f"(relative error {m['export_max_rel_err']:.3g} > {EXPORT_TOLERANCE})")
     if replayed != expected:
         result.guard = (f"the restored state did not reproduce the next step's loss "
                         f"({expected!r} vs {replayed!r})")

@@ -128,5 +128,6 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"
     if c.family == "custom":  # the levers fxtrack cannot apply to an arbitrary model
-        return user_builder.refusal(c.scenario, c.memory, c.parallel, c.runtime, c.quantize)
+        return user_builder.refusal(c.scenario, c.memory, c.parallel, c.runtime, c.quantize,
+                                    framework.has("user_serving_export"))
     return None

@@ -49,7 +49,7 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
 
 
 def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[], Any]],
-              flops_per_sample: Union[int, Callable[[], float]]) -> list[Any]:
+              flops_per_sample: Union[int, Callable[[], Optional[float]]]) -> list[Any]:
     """Build the model, time ``prepare()``'s step, and fill ``result`` with the figures common to
     every scenario. Returns the step handles (warm-up included) for scenario-specific use.
     ``flops_per_sample``: a number, or a function counting them on the built model (a user's
@@ -64,9 +64,10 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     m = result.metrics
     m.update(step_metrics(times, global_batch, compiled=compiles(spec)))
     m.update(param_count=float(backend.param_count()),
-             peak_rss_mib=backend.reduce_max(peak_rss_mib()),  # the largest process
-             flops_per_sample=float(flops_per_sample))
-    m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
+             peak_rss_mib=backend.reduce_max(peak_rss_mib()))  # the largest process
+    if flops_per_sample is not None:  # None: the counter could not (fxtrack.flops_unavailable)
+        m["flops_per_sample"] = float(flops_per_sample)
+        m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
     figures, contended = load.window_figures(before, during)
     m.update(figures)
     if kind == "gpu":  # collectives: every process of the run takes this branch or none does

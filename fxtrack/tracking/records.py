@@ -119,14 +119,34 @@ def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) ->
         extras.append(f"compile_{spec.compile_request}")
     if repeat is not None:
         extras.append(f"r{repeat}")
-    base = f"{spec.framework}-{spec.arch['name']}-{spec.scenario}-{spec.precision}-x{spec.devices}"
+    base = f"{spec.framework}-{_model_name(spec)}-{spec.scenario}-{spec.precision}-x{spec.devices}"
     return "-".join([base, *extras])
+
+
+def _model_name(spec: JobSpec) -> str:
+    """The model as the name says it: ``custom[build_t5]`` for a user's model (the function
+    this framework's builder names, once), the architecture's name otherwise."""
+    name = spec.arch["name"]
+    if name != "custom":
+        return name
+    from fxtrack.frameworks.declaration import declaration
+
+    builder = spec.arch.get("dims", {}).get(declaration(spec.package).builder_key) or ""
+    return f"custom[{str(builder).rpartition(':')[2]}]" if builder else name
 
 
 def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
     """Model sizes set apart from ``size``'s (``model.layers=2``): they make another model."""
     from fxtrack import architectures
 
+    if spec.arch["name"] == "custom":  # the builder is in the model's name; its kwargs here
+        dims = spec.arch.get("dims", {})
+        kwargs = dict(dims.get("kwargs") or {})
+        default = architectures.resolve("custom").dims
+        plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
+        shown = {k: plain(v) for k, v in dims.items() if k in ("optimizer", "lr")
+                 and plain(default.get(k)) != plain(v)}
+        return {**shown, **{k: plain(v) for k, v in kwargs.items()}}
     try:
         default = architectures.resolve(spec.arch["name"], size).dims
     except (KeyError, ValueError):  # e.g. model=custom: no table entry to differ from

@@ -56,6 +56,8 @@ FRAMEWORK = Framework(
         "generate": "fxtrack.frameworks.jax.generate",
     },
     absent={
+        "user_serving_export": "the checkpoint and serving export of a user's model (model=custom) "
+                               "is written for framework=torch only so far",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "

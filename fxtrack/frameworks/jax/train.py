@@ -47,7 +47,7 @@ class TrainState(NamedTuple):
     """Everything a step reads and rewrites; a pytree of arrays, donated to the jitted step."""
 
     params: nnx.State  # trainable parameters, float32
-    batch_stats: nnx.State  # BatchNorm running mean / var (empty for transformers)
+    batch_stats: nnx.State  # every non-parameter variable: BatchNorm statistics, RNG state
     opt_state: optax.OptState
     loss_scale: Optional[LossScale]  # fp16 only
 
@@ -81,8 +81,10 @@ def model_inputs(batch: dict[str, jax.Array]) -> jax.Array:
 
 def init_state(model: nnx.Module, tx: optax.GradientTransformation,
                precision: str) -> tuple[nnx.GraphDef, TrainState]:
-    """Split a (training-mode) model into its static graph and the arrays a step updates."""
-    graphdef, params, batch_stats = nnx.split(model, nnx.Param, nnx.BatchStat)
+    """Split a (training-mode) model into its static graph and the arrays a step updates: the
+    parameters, and every other variable (BatchNorm's statistics; a user's model may also
+    carry Dropout's RNG keys and counts), which the step carries as ``batch_stats``."""
+    graphdef, params, batch_stats = nnx.split(model, nnx.Param, ...)
     scale = None
     if precision == "fp16":
         scale = LossScale(jnp.asarray(INIT_SCALE, jnp.float32), jnp.asarray(0, jnp.int32))
@@ -104,7 +106,8 @@ def grads_and_loss(graphdef: nnx.GraphDef, state: TrainState, batch: dict[str, j
         # copy=True: fresh Variables at this trace level, so BatchNorm may update its statistics
         model = nnx.merge(graphdef, params, state.batch_stats, copy=True)
         loss = loss_of(model, batch)
-        stats = nnx.state(model, nnx.BatchStat)  # running statistics after this forward
+        # running statistics (and RNG counts) after this forward
+        stats = nnx.state(model, nnx.Not(nnx.Param))
         return (loss if scale is None else loss * scale), (loss, stats)
 
     grads, (loss, stats) = jax.grad(scaled_loss, has_aux=True)(state.params)

@@ -13,7 +13,6 @@ import numpy as np
 from flax import nnx
 
 from fxtrack.frameworks import user_builder as ub
-from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.jax import parallel, train
 
 
@@ -33,13 +32,9 @@ def build(backend: Any, batch_size: int) -> None:
             ub.expect(isinstance(x, (np.ndarray, jax.Array)), arch, fw, "an input or target",
                       "NumPy or JAX arrays", x)
         model.train()
-        try:  # fxtrack's step carries parameters and batch statistics, nothing else
-            backend.graphdef, state = train.init_state(model, tx, spec.precision)
-        except ValueError as e:
-            raise NotSupported(
-                f"model.{fw.builder_key}={arch.dims.get(fw.builder_key)}: a model whose state "
-                f"is not only nnx.Param and nnx.BatchStat (e.g. dropout RNGs) is not supported "
-                f"({str(e).splitlines()[0]})") from None
+        # the step carries parameters and every other variable (BatchNorm's statistics,
+        # Dropout's RNG state) through each step
+        backend.graphdef, state = train.init_state(model, tx, spec.precision)
     backend.loss_of = loss_of(user_loss, train.COMPUTE_DTYPES[spec.precision])
     backend.state = parallel.replicate(state, backend.mesh)
     batch = (inputs, targets)

@@ -68,6 +68,8 @@ FRAMEWORK = Framework(
         "generate": "fxtrack.frameworks.keras.generate",
     },
     absent={
+        "user_serving_export": "the checkpoint and serving export of a user's model (model=custom) "
+                               "is written for framework=torch only so far",
         "pipeline": "not implemented for keras yet",
         "checkpoint": "not implemented for keras yet",
         "serving_export": "not implemented for keras yet",

@@ -47,6 +47,7 @@ FRAMEWORK = Framework(
         "remat": "fxtrack.frameworks.torch.models",
         "calibration": "fxtrack.frameworks.torch.devices",
         "user_model": "fxtrack.frameworks.torch.user_model",
+        "user_serving_export": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
     },
     limits=(

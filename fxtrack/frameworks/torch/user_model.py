@@ -105,3 +105,49 @@ def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
     with counter, torch.no_grad():
         ub.apply(backend.model, backend.batch[0])
     return counter.get_total_flops() / backend.batch_size, "torch.utils.flop_counter"
+
+
+def export(backend: Any, directory: Any) -> Callable[[], None]:
+    """scenario=checkpoint's serving export (capability ``user_serving_export``): the user's
+    model in eval mode through ``torch.export`` (its inputs as positional or keyword arguments,
+    as ``model(...)`` is called), saved as ``.pt2``, loaded back as a server would; a synced
+    forward of the loaded program on the resident inputs."""
+    model, inputs = backend.model, backend.batch[0]
+    model.eval()
+    if isinstance(inputs, dict):
+        args, kwargs = (), dict(inputs)
+    else:
+        args, kwargs = (tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)), {}
+    path = directory / "model.pt2"
+    torch.export.save(torch.export.export(model, args, kwargs), path)
+    backend.served = torch.export.load(path).module()
+    served, device = backend.served, backend.device
+
+    def step() -> None:
+        with torch.inference_mode():
+            ub.apply(served, inputs)
+        devices.sync(device)
+
+    return step
+
+
+def export_error(backend: Any) -> float:
+    """The largest relative error of the loaded export's floating outputs against the live
+    model's (eval mode, fp32, the same inputs): ``max|a - b| / max|b|`` over every output."""
+    inputs = backend.batch[0]
+    with torch.inference_mode():
+        live = ub.leaves(_plain(ub.apply(backend.model, inputs)))
+        served = ub.leaves(_plain(ub.apply(backend.served, inputs)))
+    worst = 0.0
+    for a, b in zip(served, live):
+        if isinstance(b, torch.Tensor) and b.is_floating_point():
+            scale = b.abs().max().clamp_min(1e-12)
+            worst = max(worst, float((a.float() - b.float()).abs().max() / scale))
+    return worst
+
+
+def _plain(outputs: Any) -> Any:
+    """A ``ModelOutput`` (Hugging Face) or any mapping as a plain dict of its tensors."""
+    if hasattr(outputs, "items") and not isinstance(outputs, dict):
+        return dict(outputs.items())
+    return outputs
