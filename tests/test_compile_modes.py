@@ -106,7 +106,9 @@ def sleepy(monkeypatch):
 
 
 @pytest.mark.parametrize("compiled_faster", [True, False])
-def test_tune_keeps_the_faster_mode_and_tags_both_figures(sleepy, monkeypatch, compiled_faster):
+def test_tune_keeps_the_faster_mode_and_tags_both_figures(sleepy, monkeypatch, tmp_path,
+                                                          compiled_faster):
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))  # its pick is cached: not in the user's
     sleeps = {True: 0.001, False: 0.03} if compiled_faster else {True: 0.03, False: 0.001}
     monkeypatch.setattr(SleepBackend, "SLEEP_S", sleeps)
     spec = job_spec("torch", "vit", package="sleepyfw", compile_request="tune", steps=3,
@@ -163,6 +165,8 @@ def test_tune_runs_a_users_torch_model_in_the_worker(tmp_path, monkeypatch):
     modes timed, the run finishes in the one it kept, tagged."""
     pytest.importorskip("torch")
     from fxtrack.worker.__main__ import run
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))  # its pick is cached: not in the user's
 
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     spec = job_spec("torch", "custom", tmp_path, compile_request="tune", steps=2,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from fxtrack.environment import host_tags, redact_uri
-from fxtrack.measure import peak
+from fxtrack.measure import peak, tuned
 from fxtrack.orchestrator import calibration
 
 
@@ -43,6 +43,16 @@ def tracking_state(uri: str) -> str:
         except OSError as e:
             return f"{redact_uri(uri)} (NOT reachable: {e}); results will be spooled for `fxtrack sync`"
     return redact_uri(uri)
+
+
+def tuned_lines() -> list[str]:
+    """The cached framework.compile=tune picks that framework.compile=auto reuses."""
+    picks = tuned.cached()
+    lines = [f"tuned compile modes ({tuned.cache_path()}, read by framework.compile=auto):"
+             + ("" if picks else " none (run with framework.compile=tune to add one)")]
+    lines += [f"  {key}: compile={str(pick['compiled']).lower()} ({pick.get('figures')}, "
+              f"tuned {pick.get('date', '?')})" for key, pick in sorted(picks.items())]
+    return lines
 
 
 def main(argv: list[str]) -> int:
@@ -97,6 +107,7 @@ def main(argv: list[str]) -> int:
                           for fw, e in rates.items())
         dates = sorted({e["date"] for e in rates.values() if e.get("date")})
         print(f"  {key}: TFLOP/s {shown}" + (f" (measured {dates[-1]})" if dates else ""))
+    print("\n".join(tuned_lines()))
     absent = [f for f in required if f in missing]
     if absent:
         print(f"fxtrack doctor: required but missing: {', '.join(absent)}")

@@ -11,6 +11,8 @@ from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import Result
 from fxtrack.measure import host_load as load
+from fxtrack.measure import peak
+from fxtrack.measure import tuned as tuned_cache
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.nvml import NvmlWindow
 from fxtrack.measure.nvml import check_before as nvml_check_before
@@ -32,20 +34,39 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
             gpu_ordinals(spec)[0], spec.gpu_isolation, spec.wait_for_idle_s, eprint))
     # framework.compile resolved here, once the device is known and before the build: auto by
     # the framework's table, tune by timing its modes on this model (then built afresh below)
+    # auto: an earlier tune's pick for this very configuration on this machine, else the table
     tuned = spec.compile_request == "tune"
+    key = tuned_key(backend, kind, batch)
+    earlier = tuned_cache.lookup(key) if spec.compile_request == "auto" else None
     if tuned:
         spec.compile, why, figures = tune.fastest(backend, kind, batch, steps, warmup)
         result.tags["compile_tuned"] = figures
+        if int(os.environ.get("RANK", "0")) == 0 and spec.node_rank == 0:  # one writer
+            tuned_cache.record(key, spec.compile, figures)
+    elif earlier is not None:
+        spec.compile = earlier["compiled"]
+        why = f"auto: tuned on this machine {earlier.get('date', '')} ({earlier.get('figures')})"
     else:
         spec.compile, why = declaration(spec.package).resolve_compile(
             kind, spec.arch["family"], spec.compile_request)
     result.resolved["compile"] = spec.compile
     result.tags["compile_rule"] = why
+    result.tags["compile_decision"] = ("tuned" if tuned or earlier is not None else
+                                       "table" if spec.compile_request == "auto" else "asked")
     eprint(f"[fxtrack] building {spec.arch['name']} in {spec.framework} on {kind} for "
            f"{spec.scenario} (batch {batch}, {spec.precision}, compile={spec.compile})")
     with tune.requested(spec, spec.compile) if tuned else contextlib.nullcontext():
         backend.build(batch)
     return kind, batch, steps, warmup
+
+
+def tuned_key(backend: Backend, kind: str, batch: int) -> str:
+    """The compile-mode cache key of this run (fxtrack.measure.tuned)."""
+    spec = backend.spec
+    device = backend.device_tags().get("device", kind)  # as calibration names the device
+    return tuned_cache.cache_key(device, peak.thread_count(spec.cpu_threads), spec.framework,
+                                 spec.arch["family"], spec.arch["dims"], spec.precision, batch,
+                                 spec.compile_mode)
 
 
 def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[], Any]],
