@@ -177,6 +177,13 @@ class PrecisionConfig:
 
 
 @dataclasses.dataclass
+class SloConfig:  # scenario=serve: latency objectives in ms; None: not set
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    e2e_ms: Optional[float] = None
+
+
+@dataclasses.dataclass
 class ScenarioConfig:
     name: str = MISSING
     runner: Optional[str] = None  # "module:function" run in the worker; None: not implemented yet
@@ -184,6 +191,17 @@ class ScenarioConfig:
     loader_workers: int = 2  # pipeline: loader processes / parallel calls
     prompt_len: int = 128  # generate: prompt tokens per sequence (prefill)
     new_tokens: int = 128  # generate: tokens decoded greedily after the prompt
+    # serve (fxtrack/scenarios/serve.py): requests/s or "search", gamma shape of the gaps
+    rate: str = "search"
+    burstiness: float = 1.0  # 1 = Poisson arrivals
+    concurrency: Optional[int] = None  # closed loop with this many clients (rate ignored)
+    max_batch: int = 4
+    max_wait_ms: float = 10.0
+    batch_buckets: Optional[list[int]] = None  # None: [max_batch]
+    num_requests: int = 32  # requests per window (each probe of a search)
+    resolution: float = 0.25  # rate search: stop when the bracket is this fraction of the rate
+    token_spread: int = 0  # serve LMs: new tokens uniform in new_tokens +- this (seeded)
+    slo: SloConfig = dataclasses.field(default_factory=SloConfig)
 
     def __post_init__(self) -> None:
         _positive("scenario.", dataset_samples=self.dataset_samples, prompt_len=self.prompt_len,

@@ -133,6 +133,12 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
                           "(implemented: scenario=train)")
     if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
+    if conf.scenario.name == "serve":  # bad serve input, one line, before any work
+        from fxtrack.scenarios import serve
+
+        why = serve.refusal(serve.serve_options(conf.scenario), arch.family == "llama")
+        if why is not None:
+            raise ConfigError(why)
     why = refusal(conf, arch) or user_model_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
