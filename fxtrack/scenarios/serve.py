@@ -169,15 +169,15 @@ def request_metrics(requests: list[Request], slo: dict[str, Optional[float]], lm
     start = min(r.arrival_s for r in requests)
     span = max(r.end_s for r in requests) - start
     out: dict[str, float] = {}
-    series = {"e2e_ms": [r.e2e_ms() for r in requests]}
+    series = {"e2e": [r.e2e_ms() for r in requests]}
     if lm:
-        series.update(ttft_ms=[r.ttft_ms() for r in requests],
-                      tpot_ms=[t for r in requests if (t := r.tpot_ms()) is not None],
-                      itl_ms=[t for r in requests for t in r.itl_ms()])
+        series.update(ttft=[r.ttft_ms() for r in requests],
+                      tpot=[t for r in requests if (t := r.tpot_ms()) is not None],
+                      itl=[t for r in requests for t in r.itl_ms()])
     for name, values in series.items():
         for q in (50, 90, 99):
             if values:
-                out[f"serve_{name}_p{q}"] = percentile(values, q)
+                out[f"serve_{name}_ms_p{q}"] = percentile(values, q)
     out["serve_requests"] = float(len(requests))
     out["request_throughput_rps"] = len(requests) / span
     out["output_tokens_per_s"] = sum(len(r.token_s) for r in requests) / span
@@ -227,7 +227,7 @@ def search_rate(passes: Callable[[float], bool], start: float, resolution: float
         return SearchResult(lo, hi, probes)
     if lo == 0.0:  # the start already fails: halve down to a passing rate
         rate = hi / 2
-        while rate >= start / 1024:
+        while rate >= start / 16:  # each low-rate probe takes num_requests / rate seconds
             if probe(rate):
                 lo = rate
                 break
@@ -396,7 +396,7 @@ def run(backend: Any, result: Any) -> None:
             probes.append((rate, fig, reqs))
             return slo_passes(fig, o["slo"])
 
-        found = search_rate(passes, start, o["resolution"])
+        found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
         m.update(max_rate_under_slo_rps=found.max_rate_rps,
                  highest_passing_rate_rps=found.max_rate_rps)
         if math.isfinite(found.lowest_failing_rps):
