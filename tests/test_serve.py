@@ -167,3 +167,21 @@ def test_bad_serve_input_is_refused_in_one_line(options, lm, message):
 def test_good_serve_input_passes():
     assert serve.refusal({"rate": "4", "slo": {"tpot_ms": 5}}, lm=True) is None
     assert serve.refusal({"rate": "search", "slo": {"e2e_ms": 50}}, lm=False) is None
+
+
+def test_the_serving_section_ranks_max_rate_against_the_best():
+    import pandas as pd
+
+    from fxtrack.report import serving
+
+    runs = pd.DataFrame([
+        {"scenario": "serve", "model": "llama", "framework": "torch", "contended": "true",
+         "max_rate_under_slo_rps": 4.0, "serve_e2e_ms_p99": 900.0, "goodput_rps": 3.5},
+        {"scenario": "serve", "model": "llama", "framework": "jax", "contended": "false",
+         "max_rate_under_slo_rps": 8.0, "serve_e2e_ms_p99": 700.0, "goodput_rps": 7.0},
+        {"scenario": "train", "model": "vit", "framework": "jax"}])
+    section = serving.section(runs)
+    assert section.title == "Serving" and len(section.tables) == 1
+    rows = {r[0]: r for r in section.tables[0].rows}
+    assert rows["jax"][2] == "1.00x" and rows["torch (contended)"][2] == "0.50x"
+    assert serving.section(runs[runs["scenario"] == "train"]) is None
