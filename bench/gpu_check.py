@@ -49,6 +49,12 @@ JOBS = [("resnet50", "train", "bf16", 256, {}), ("resnet50", "train", "fp32", 25
 # Sized for one H200 (the pre-check's floor: ~44 GiB training, ~7 GiB generating; --dry-run)
 LLAMA_JOBS = [("llama", "train", "bf16", 4, {}),
               ("llama", "generate", "bf16", 8, {"prompt_len": 128, "new_tokens": 128})]
+# scenario=serve (issue 32): Poisson arrivals batched by 8, the rate searched under a TPOT and an
+# E2E objective; max_rate_under_slo_rps is the figure.
+SERVE_JOB = ("llama", "serve", "bf16", 8,
+             {"prompt_len": 128, "new_tokens": 128, "max_batch": 8, "rate": "search",
+              "num_requests": 64, "resolution": 0.25, "slo": {"tpot_ms": 50.0, "e2e_ms": 20000.0}})
+LLAMA_JOBS.append(SERVE_JOB)
 SUITES = {"seeds": JOBS, "llama": LLAMA_JOBS, "all": JOBS + LLAMA_JOBS}
 # --all: the prepared device check (docs/running-on-a-gpu.md), one ~10-minute budget on an H200:
 # every family's train and inference at bf16, the 1B Llama, then each registered check.
@@ -150,6 +156,8 @@ def check(framework: str, model: str, precision: str, result: Result,
         problems.append(f"MFU {m['mfu']:.0%} > 100% (peak {m.get('peak_tflops')} TFLOP/s)")
     if scenario == "generate":
         problems += [f"no {k}" for k in LM_GENERATE if k not in m]
+    if scenario == "serve":
+        problems += [f"no {k}" for k in ("max_rate_under_slo_rps", "serve_tpot_ms_p99") if k not in m]
     mode = tags.get("compile_mode")
     if mode is None or mode in SLOW_COMPILE_MODES:
         problems.append(f"compile_mode {mode!r}: not compiled")

@@ -177,6 +177,13 @@ class PrecisionConfig:
 
 
 @dataclasses.dataclass
+class SloConfig:  # scenario=serve: latency objectives in ms; None: not set
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    e2e_ms: Optional[float] = None
+
+
+@dataclasses.dataclass
 class ScenarioConfig:
     name: str = MISSING
     runner: Optional[str] = None  # "module:function" run in the worker; None: not implemented yet
@@ -188,9 +195,22 @@ class ScenarioConfig:
     # and the budget (None: the pre-check's memory; on a GPU only the framework's own OOM)
     axis: str = "batch_size"
     max_probes: int = 8
-    max_batch: int = 4096  # the largest value probed on either axis
-    resolution: float = 0.05  # below 1: a fraction of the found value; 1 or more: a step
     memory_gib: Optional[float] = None
+    # shared by fit and serve, each scenario's YAML sets its own (fit 4096 / 0.05, serve 4 / 0.25):
+    # fit: the largest value probed on either axis; serve: the most requests one batch serves
+    max_batch: int = 4096
+    # fit: below 1 a fraction of the found value, 1 or more a step; serve: the rate search stops
+    # when the bracket is this fraction of the passing rate
+    resolution: float = 0.05
+    # serve (fxtrack/scenarios/serve.py): requests/s or "search", gamma shape of the gaps
+    rate: str = "search"
+    burstiness: float = 1.0  # 1 = Poisson arrivals
+    concurrency: Optional[int] = None  # closed loop with this many clients (rate ignored)
+    max_wait_ms: float = 10.0
+    batch_buckets: Optional[list[int]] = None  # None: [max_batch]
+    num_requests: int = 32  # requests per window (each probe of a search)
+    token_spread: int = 0  # serve LMs: new tokens uniform in new_tokens +- this (seeded)
+    slo: SloConfig = dataclasses.field(default_factory=SloConfig)
 
     def __post_init__(self) -> None:
         _positive("scenario.", dataset_samples=self.dataset_samples, prompt_len=self.prompt_len,

@@ -53,7 +53,8 @@ def valid_keys(frameworks: Iterable[str]) -> set[str]:
     nested["tracking"] = {f.name for f in dataclasses.fields(schema.TrackingConfig)}
     nested["model"] = {f.name for c in schema._MODEL_SCHEMAS.values()
                        for f in dataclasses.fields(c)}
-    return groups | {f"{g}.{k}" for g, keys in nested.items() for k in keys}
+    slo = {f"scenario.slo.{f.name}" for f in dataclasses.fields(schema.SloConfig)}  # serve
+    return groups | {f"{g}.{k}" for g, keys in nested.items() for k in keys} | slo
 
 
 def open_prefixes() -> set[str]:
@@ -74,13 +75,22 @@ def unknown_keys(cfg: DictConfig) -> None:
     """Raise ConfigError for a key no schema defines (``+batchsize=8``: Hydra's ``+`` adds any
     key), naming the closest valid one."""
     valid = valid_keys([str(cfg.framework.get("name", ""))])
-    nested = {key.partition(".")[0] for key in valid if "." in key}
-    for key in cfg:
-        names = [key] if key not in nested or not isinstance(cfg[key], DictConfig) else \
-            [f"{key}.{k}" for k in cfg[key]]
-        for name in names:
-            if name not in valid:
-                raise unknown_key(name, valid)
+    nested = {key.rpartition(".")[0] for key in valid if "." in key}  # e.g. scenario.slo too
+    nested |= {key.partition(".")[0] for key in valid if "." in key}
+
+    def names(prefix: str, node: DictConfig) -> list[str]:
+        out = []
+        for k in node:
+            name = f"{prefix}{k}"
+            if name in nested and isinstance(node[k], DictConfig) and name not in valid:
+                out += names(f"{name}.", node[k])
+            else:
+                out.append(name)
+        return out
+
+    for name in names("", cfg):
+        if name not in valid:
+            raise unknown_key(name, valid)
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,6 +143,12 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
                           "(implemented: scenario=train)")
     if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
+    if conf.scenario.name == "serve":  # bad serve input, one line, before any work
+        from fxtrack.scenarios import serve
+
+        why = serve.refusal(serve.serve_options(conf.scenario), arch.family == "llama")
+        if why is not None:
+            raise ConfigError(why)
     why = refusal(conf, arch) or user_model_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)

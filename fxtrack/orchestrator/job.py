@@ -19,6 +19,7 @@ from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
+from fxtrack.scenarios.serve import serve_options
 from fxtrack.tracking.records import NOISY_CV
 
 
@@ -39,7 +40,8 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options={"dataset_samples": conf.scenario.dataset_samples,
                  "loader_workers": conf.scenario.loader_workers,
-                 "prompt_len": conf.scenario.prompt_len, "new_tokens": conf.scenario.new_tokens},
+                 "prompt_len": conf.scenario.prompt_len, "new_tokens": conf.scenario.new_tokens,
+                 **serve_options(conf.scenario)},
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
     )
 
@@ -130,6 +132,8 @@ class Job:
                      "worker.log": log_tail(job_dir / "worker.log")}
         if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
             artifacts["model"] = Path(result.artifacts["model"]).parent
+        if "serve_requests" in result.artifacts:  # scenario=serve: one row per request
+            artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
         run_id, where = self.log(record, artifacts)
         print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
         stop_if_interrupted()

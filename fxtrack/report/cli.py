@@ -58,8 +58,8 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri
-    from fxtrack.report import (charts, claims, cost, levers, lm, render, select, tables, trend,
-                                verdicts)
+    from fxtrack.report import (charts, claims, cost, levers, lm, render, select, serving,
+                                tables, trend, verdicts)
     from fxtrack.tracking import reader, writer
 
     uri = args.uri or writer.tracking_uri(None, os.getcwd())
@@ -95,6 +95,7 @@ def main(argv: list[str]) -> int:
             "precision, device count and hardware"]
     verdict = verdicts.table(runs, args.min_repeats)
     sections = tables.sections(runs) + [s for s in [lm.section(frame, runs)] if s]
+    sections += [s for s in [serving.section(runs)] if s]  # scenario=serve
     sections += levers.sections(frame)  # levers: every variant, raw frame
     sections += cost.section(runs) + [s for s in [claims.section(frame)] if s]
     sections += [s for s in [fit.section(frame)] if s]  # scenario=fit: parents and their probes

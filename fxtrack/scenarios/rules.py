@@ -88,6 +88,9 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda c: f"scenario=generate with devices={c.devices * c.nodes}",
          lambda c: c.scenario == "generate" and c.devices * c.nodes > 1,
          "generation runs on one device; set devices=1"),
+    Rule(lambda c: f"scenario=serve with devices={c.devices * c.nodes}",
+         lambda c: c.scenario == "serve" and c.devices * c.nodes > 1,
+         "serving is measured on one device; set devices=1"),
     Rule(lambda c: "runtime=tensorrt on a CPU",
          lambda c: c.runtime == "tensorrt" and c.device_kind == "cpu",
          "TensorRT needs an NVIDIA GPU (it has no CPU path); on a CPU use runtime=onnxruntime "
@@ -122,6 +125,8 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
             what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
                     else f"runtime={c.runtime}")
             return str(framework.unsupported(needed, what, version))
+    if c.scenario == "serve" and c.family == "llama" and not framework.has("generate"):
+        return str(framework.unsupported("generate", "scenario=serve with model=llama", version))
     if c.scenario == "generate" and not framework.has("generate"):
         return str(framework.unsupported("generate", "scenario=generate", version))
     for limit in framework.limits:

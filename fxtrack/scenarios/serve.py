@@ -1,0 +1,425 @@
+"""The serve scenario: requests arriving at a rate, one batching policy for every framework,
+per-request latency and goodput under SLOs (issue 32).
+
+Framework-free: the arrival process, the queue, the batcher and the per-request figures live
+here and are tested with a fake server whose service time is fixed. A framework supplies only
+its compiled step: the ``generate`` capability's Decoder (model=llama: batched prefill, then
+decode through the KV cache, i.e. static batching: a batch's requests start and end together)
+or the ``inference`` capability's forward step (one "token": the whole response).
+
+Timing: one clock (``time.perf_counter``) for arrivals, starts, tokens and ends; each token time
+is read after ``decoder.tokens`` (the device is waited on). Open loop: the arrival times are
+drawn ahead from a seeded gamma process (shape ``burstiness``, 1 = Poisson) and the requests
+join the queue when their time comes, whatever the server is doing (a request that arrived
+while a batch ran waits in the queue: its latency counts from its arrival). Closed loop
+(``concurrency`` = C): C clients, each sending its next request when its last one ended.
+
+The batcher: when the queue holds a request, wait until ``max_batch`` have arrived or the
+oldest has waited ``max_wait_ms``, then serve up to ``max_batch`` at once, padded to the
+smallest bucket of ``batch_buckets`` that holds them (every bucket compiled in the warm-up).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from fxtrack.measure.timer import percentile
+
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+LM_ONLY_SLOS = ("ttft_ms", "tpot_ms")
+RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
+
+
+@dataclasses.dataclass
+class Request:
+    """One request's record, every time on the one clock, in seconds from the window's start."""
+
+    id: int
+    arrival_s: float
+    new_tokens: int = 1
+    start_s: float = math.nan  # its batch began
+    token_s: list[float] = dataclasses.field(default_factory=list)  # each output token's time
+    batch_id: int = -1
+    bucket: int = 0
+
+    @property
+    def end_s(self) -> float:
+        return self.token_s[-1]
+
+    @property
+    def first_token_s(self) -> float:
+        return self.token_s[0]
+
+    def ttft_ms(self) -> float:
+        return (self.first_token_s - self.arrival_s) * 1e3
+
+    def e2e_ms(self) -> float:
+        return (self.end_s - self.arrival_s) * 1e3
+
+    def tpot_ms(self) -> Optional[float]:
+        """(E2E - TTFT) / (tokens - 1); None for one token."""
+        n = len(self.token_s)
+        return (self.end_s - self.first_token_s) * 1e3 / (n - 1) if n > 1 else None
+
+    def itl_ms(self) -> list[float]:
+        return [(b - a) * 1e3 for a, b in zip(self.token_s, self.token_s[1:])]
+
+    def row(self) -> dict[str, Any]:
+        """The artifact's row: enough to recompute any figure."""
+        return {"id": self.id, "arrival_s": self.arrival_s, "start_s": self.start_s,
+                "first_token_s": self.first_token_s, "end_s": self.end_s,
+                "tokens": len(self.token_s), "batch_id": self.batch_id, "bucket": self.bucket,
+                "token_s": self.token_s}
+
+
+class Server(Protocol):
+    """A framework's compiled step seen by the batcher: serve ``len(new_tokens)`` requests padded
+    to ``bucket``, decoding ``max(new_tokens)`` tokens; return each token's completion time
+    (``clock()`` read after waiting for the device), in order."""
+
+    def __call__(self, bucket: int, new_tokens: Sequence[int]) -> list[float]: ...
+
+
+def arrival_gaps(rate: float, n: int, burstiness: float, seed: int) -> np.ndarray:
+    """``n`` gaps (s) of a gamma process of mean rate ``rate`` per second: shape ``burstiness``
+    (1 = exponential gaps: Poisson; below 1 burstier), mean 1/rate."""
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError(f"need rate > 0 and burstiness > 0, got {rate} and {burstiness}")
+    rng = np.random.default_rng(seed)
+    return rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+
+
+def token_counts(n: int, new_tokens: int, spread: int, seed: int) -> list[int]:
+    """Each request's new tokens: ``new_tokens``, or uniform in [new_tokens - spread,
+    new_tokens + spread] (at least 1), seeded."""
+    if spread == 0:
+        return [new_tokens] * n
+    rng = np.random.default_rng(seed + 1)
+    return [max(1, int(t)) for t in rng.integers(new_tokens - spread, new_tokens + spread + 1, n)]
+
+
+def bucket_for(size: int, buckets: Sequence[int]) -> int:
+    return min(b for b in buckets if b >= size)
+
+
+def serve_window(server: Server, *, max_batch: int, max_wait_ms: float, buckets: Sequence[int],
+                 tokens: Sequence[int], arrivals_s: Optional[Sequence[float]] = None,
+                 concurrency: Optional[int] = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep) -> list[Request]:
+    """Serve ``len(tokens)`` requests: open loop at ``arrivals_s`` (s from the start), or closed
+    loop with ``concurrency`` clients. Returns the records, times from the window's start."""
+    if (arrivals_s is None) == (concurrency is None):
+        raise ValueError("give arrival times (open loop) or a concurrency (closed loop)")
+    n = len(tokens)
+    t0 = clock()
+    if arrivals_s is not None:
+        requests = [Request(i, float(a), int(k)) for i, (a, k) in enumerate(zip(arrivals_s, tokens))]
+    else:
+        requests = [Request(i, 0.0, int(tokens[i])) for i in range(min(concurrency, n))]
+    served = 0  # requests[:served] have been served
+    batch_id = 0
+    while served < n:
+        now = clock() - t0
+        head = requests[served]
+        if head.arrival_s > now:  # nothing queued: idle until the next arrival
+            sleep(head.arrival_s - now)
+            continue
+        # the batch closes when max_batch have arrived or the oldest has waited max_wait_ms
+        last = min(served + max_batch, len(requests)) - 1
+        close = min(head.arrival_s + max_wait_ms / 1e3,
+                    requests[last].arrival_s if last - served + 1 == max_batch else math.inf)
+        if close > now:
+            sleep(close - now)
+            now = clock() - t0
+        batch = [r for r in requests[served:served + max_batch] if r.arrival_s <= now]
+        bucket = bucket_for(len(batch), buckets)
+        for r in batch:
+            r.start_s, r.batch_id, r.bucket = now, batch_id, bucket
+        times = [t - t0 for t in server(bucket, [r.new_tokens for r in batch])]
+        for r in batch:
+            r.token_s = times[:r.new_tokens]
+        served += len(batch)
+        batch_id += 1
+        if concurrency is not None:  # each finished client sends its next request
+            for r in batch:
+                if len(requests) < n:
+                    requests.append(Request(len(requests), r.end_s, int(tokens[len(requests)])))
+    return requests
+
+
+def meets(r: Request, slo: dict[str, Optional[float]]) -> bool:
+    """Whether ``r`` meets every SLO that is set (None: not set)."""
+    figures = {"ttft_ms": r.ttft_ms(), "tpot_ms": r.tpot_ms(), "e2e_ms": r.e2e_ms()}
+    return all(figures[k] is None or figures[k] <= v for k, v in slo.items() if v is not None)
+
+
+def request_metrics(requests: list[Request], slo: dict[str, Optional[float]], lm: bool,
+                    rate: Optional[float]) -> dict[str, float]:
+    """The window's figures from the per-request records alone (so the artifact recomputes
+    them): p50/p90/p99 of E2E (and for an LM of TTFT, TPOT, ITL), request and token throughput,
+    goodput, the achieved arrival rate."""
+    start = min(r.arrival_s for r in requests)
+    span = max(r.end_s for r in requests) - start
+    out: dict[str, float] = {}
+    series = {"e2e": [r.e2e_ms() for r in requests]}
+    if lm:
+        series.update(ttft=[r.ttft_ms() for r in requests],
+                      tpot=[t for r in requests if (t := r.tpot_ms()) is not None],
+                      itl=[t for r in requests for t in r.itl_ms()])
+    for name, values in series.items():
+        for q in (50, 90, 99):
+            if values:
+                out[f"serve_{name}_ms_p{q}"] = percentile(values, q)
+    out["serve_requests"] = float(len(requests))
+    out["request_throughput_rps"] = len(requests) / span
+    out["output_tokens_per_s"] = sum(len(r.token_s) for r in requests) / span
+    out["goodput_rps"] = sum(meets(r, slo) for r in requests) / span
+    out["slo_attained_fraction"] = sum(meets(r, slo) for r in requests) / len(requests)
+    arrivals = sorted(r.arrival_s for r in requests)
+    if rate is not None and len(arrivals) > 1:
+        out["requested_rate_rps"] = float(rate)
+        out["achieved_rate_rps"] = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    out["batches"] = float(len({r.batch_id for r in requests}))
+    out["mean_batch_size"] = len(requests) / out["batches"]
+    return out
+
+
+def slo_passes(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> bool:
+    """A probe passes when the p99 of every SLO that is set meets it."""
+    return all(metrics.get(f"serve_{k}_p99", math.inf) <= v for k, v in slo.items()
+               if v is not None)
+
+
+@dataclasses.dataclass
+class SearchResult:
+    max_rate_rps: float  # the highest passing rate (0: none passed)
+    lowest_failing_rps: float  # inf: none failed up to max_rate
+    probes: list[tuple[float, bool]]
+
+
+def search_rate(passes: Callable[[float], bool], start: float, resolution: float,
+                max_rate: float = 1e6) -> SearchResult:
+    """Double the rate from ``start`` until a probe fails, then bisect the bracket until it is
+    narrower than ``resolution`` (relative: 0.1 = 10% of the passing rate)."""
+    probes: list[tuple[float, bool]] = []
+
+    def probe(rate: float) -> bool:
+        ok = passes(rate)
+        probes.append((rate, ok))
+        return ok
+
+    lo, hi, rate = 0.0, math.inf, start
+    while rate <= max_rate:
+        if probe(rate):
+            lo, rate = rate, rate * 2
+        else:
+            hi = rate
+            break
+    if hi == math.inf:
+        return SearchResult(lo, hi, probes)
+    if lo == 0.0:  # the start already fails: halve down to a passing rate
+        rate = hi / 2
+        while rate >= start / 16:  # each low-rate probe takes num_requests / rate seconds
+            if probe(rate):
+                lo = rate
+                break
+            hi, rate = rate, rate / 2
+        if lo == 0.0:
+            return SearchResult(0.0, hi, probes)
+    while hi - lo > resolution * lo:
+        mid = (lo + hi) / 2
+        if probe(mid):
+            lo = mid
+        else:
+            hi = mid
+    return SearchResult(lo, hi, probes)
+
+
+# ---- the worker side: a framework's step as a Server ------------------------------------------
+
+def decoder_server(decoders: dict[int, Any], prompt: Callable[[int], np.ndarray],
+                   clock: Callable[[], float] = time.perf_counter) -> Server:
+    """A Server over a Decoder per bucket (the generate capability): prefill the padded batch,
+    then decode; each token's time read after the device is waited on."""
+
+    def serve(bucket: int, new_tokens: Sequence[int]) -> list[float]:
+        decoder = decoders[bucket]
+        token = decoder.prefill(prompt(bucket))
+        decoder.tokens(token)
+        times = [clock()]
+        for _ in range(max(new_tokens) - 1):
+            token = decoder.step(token)
+            decoder.tokens(token)
+            times.append(clock())
+        return times
+
+    return serve
+
+
+def step_server(steps: dict[int, Callable[[], Any]],
+                clock: Callable[[], float] = time.perf_counter) -> Server:
+    """A Server over a forward step per bucket (the inference capability: each step returns once
+    the device is done); one response per request."""
+
+    def serve(bucket: int, new_tokens: Sequence[int]) -> list[float]:
+        steps[bucket]()
+        return [clock()]
+
+    return serve
+
+
+def serve_options(scenario: Any) -> dict[str, Any]:
+    """scenario=serve's knobs from the typed config's scenario, as plain values for the job's
+    options (the orchestrator calls it)."""
+    keys = ("rate", "burstiness", "concurrency", "max_batch", "max_wait_ms", "batch_buckets",
+            "num_requests", "resolution", "token_spread")
+    out = {k: getattr(scenario, k) for k in keys}
+    out["batch_buckets"] = None if out["batch_buckets"] is None else list(out["batch_buckets"])
+    out["rate"] = str(out["rate"])
+    out["slo"] = {k: getattr(scenario.slo, k) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+    return out
+
+
+def options_of(options: dict[str, Any]) -> dict[str, Any]:
+    """The serve knobs from the job's options, with their defaults."""
+    slo = dict(options.get("slo") or {})
+    return {"rate": options.get("rate", "search"), "burstiness": float(options.get("burstiness", 1.0)),
+            "concurrency": options.get("concurrency"),
+            "max_batch": int(options.get("max_batch", 4)),
+            "max_wait_ms": float(options.get("max_wait_ms", 10.0)),
+            "batch_buckets": list(options.get("batch_buckets") or [int(options.get("max_batch", 4))]),
+            "num_requests": int(options.get("num_requests", 32)),
+            "resolution": float(options.get("resolution", 0.25)),
+            "token_spread": int(options.get("token_spread", 0)),
+            "slo": {k: (None if slo.get(k) is None else float(slo[k])) for k in SLO_KEYS}}
+
+
+def refusal(options: dict[str, Any], lm: bool) -> Optional[str]:
+    """Bad serve input, one line, before any work (issue 32 item 7); None when it may run."""
+    o = options_of(options)
+    if not lm:
+        lm_set = [k for k in LM_ONLY_SLOS if o["slo"][k] is not None]
+        if lm_set:
+            return (f"scenario.slo.{lm_set[0]} is a language-model figure; this model has only "
+                    "scenario.slo.e2e_ms")
+    if o["max_batch"] < 1:
+        return f"scenario.max_batch must be >= 1, got {o['max_batch']}"
+    if max(o["batch_buckets"]) < o["max_batch"] or min(o["batch_buckets"]) < 1:
+        return (f"scenario.batch_buckets {o['batch_buckets']} do not cover "
+                f"scenario.max_batch={o['max_batch']}; add a bucket >= {o['max_batch']}")
+    if o["concurrency"] is None:
+        if o["rate"] == "search":
+            if all(v is None for v in o["slo"].values()):
+                return "scenario.rate=search needs an SLO to search under; set scenario.slo.e2e_ms"
+        else:
+            try:
+                rate = float(o["rate"])
+            except ValueError:
+                return f"scenario.rate must be a number of requests/s or 'search', got {o['rate']!r}"
+            if rate <= 0:
+                return f"scenario.rate must be > 0 requests/s (or 'search'), got {o['rate']}"
+    elif int(o["concurrency"]) < 1:
+        return f"scenario.concurrency must be >= 1, got {o['concurrency']}"
+    if o["burstiness"] <= 0 or o["max_wait_ms"] < 0 or o["num_requests"] < 2:
+        return "scenario.burstiness must be > 0, max_wait_ms >= 0 and num_requests >= 2"
+    if o["resolution"] <= 0:
+        return f"scenario.resolution must be > 0, got {o['resolution']}"
+    return None
+
+
+def run(backend: Any, result: Any) -> None:
+    """The worker's runner: build at the largest bucket, warm every bucket, serve the window
+    (or search the rate), log the figures and the per-request records."""
+    from fxtrack.frameworks.declaration import NotSupported
+    from fxtrack.scenarios import generate
+    from fxtrack.scenarios.timed import build
+
+    arch, options = backend.arch, backend.spec.options
+    lm = arch.family == "llama"
+    why = refusal(options, lm)
+    if why is not None:
+        raise ValueError(why)
+    o = options_of(options)
+    if o["batch_buckets"] != [o["max_batch"]]:
+        # each framework's decoder and forward step are sized by build()'s batch
+        raise NotSupported("scenario.batch_buckets other than [max_batch] is not supported yet: "
+                           "the frameworks' steps are built for one batch; drop batch_buckets")
+    backend.spec.batch_size = o["max_batch"]
+    build(backend, result)
+    bucket = o["max_batch"]
+    prompt_len = int(options["prompt_len"])
+    new_tokens = int(options["new_tokens"]) if lm else 1
+    if lm:
+        decoder = backend.capability("generate").prepare(backend, prompt_len, new_tokens
+                                                         + o["token_spread"])
+        prompt = generate.prompts(backend, bucket, prompt_len)
+        server = decoder_server({bucket: decoder}, lambda b: prompt)
+    else:
+        server = step_server({bucket: backend.capability("inference").prepare(backend)})
+    for _ in range(max(1, int(result.resolved["warmup_steps"]))):  # every bucket compiled here
+        server(bucket, [new_tokens + o["token_spread"]])
+    seed = backend.spec.seed
+    tokens = token_counts(o["num_requests"], new_tokens, o["token_spread"] if lm else 0, seed)
+
+    def window(rate: Optional[float]) -> tuple[list[Request], dict[str, float]]:
+        if rate is None:
+            reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
+                                buckets=o["batch_buckets"], tokens=tokens,
+                                concurrency=int(o["concurrency"]))
+        else:
+            arrivals = np.cumsum(arrival_gaps(rate, len(tokens), o["burstiness"], seed))
+            reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
+                                buckets=o["batch_buckets"], tokens=tokens,
+                                arrivals_s=arrivals - arrivals[0])
+        return reqs, request_metrics(reqs, o["slo"], lm, rate)
+
+    m = result.metrics
+    if o["concurrency"] is not None:
+        requests, figures = window(None)
+    elif o["rate"] == "search":
+        # a first rate from one unloaded batch: its service time bounds what one bucket serves
+        t = time.perf_counter()
+        server(bucket, [new_tokens])
+        start = max(0.5, bucket / (time.perf_counter() - t) / 4)
+        probes: list[tuple[float, dict[str, float], list[Request]]] = []
+
+        def passes(rate: float) -> bool:
+            reqs, fig = window(rate)
+            probes.append((rate, fig, reqs))
+            return slo_passes(fig, o["slo"])
+
+        found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
+        m.update(max_rate_under_slo_rps=found.max_rate_rps,
+                 highest_passing_rate_rps=found.max_rate_rps)
+        if math.isfinite(found.lowest_failing_rps):
+            m["lowest_failing_rate_rps"] = found.lowest_failing_rps
+        result.series["serve_probe_rate_rps"] = [r for r, _, _ in probes]
+        result.series["serve_probe_achieved_rps"] = [f["request_throughput_rps"] for _, f, _ in probes]
+        for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
+            if k in probes[0][1]:
+                result.series[f"serve_probe_{k}"] = [f[k] for _, f, _ in probes]
+        # the figures of the highest passing probe (else the last)
+        passing = [p for p in probes if p[0] == found.max_rate_rps] or probes[-1:]
+        _, figures, requests = passing[-1]
+        result.tags["serve_probes"] = str(len(probes))
+    else:
+        requests, figures = window(float(o["rate"]))
+    m.update(figures)
+    m["param_count"] = float(backend.param_count())
+    if "achieved_rate_rps" in figures:
+        short = figures["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * figures["requested_rate_rps"]
+        result.tags["serve_rate_short"] = "true" if short else "false"
+    result.tags.update(serve_mode="closed" if o["concurrency"] is not None else "open",
+                       serve_batching="static", contended="unknown")
+    result.series["serve_request_e2e_ms"] = [r.e2e_ms() for r in requests]
+    path = Path(backend.spec.result_path).with_name("serve_requests.json")
+    path.write_text(json.dumps([r.row() for r in requests]))
+    result.artifacts["serve_requests"] = str(path)
