@@ -8,11 +8,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.select import LEVERS
 
 # Arm keys -> the config key a command sets (the identity columns of
 # samples.configs have the arm keys' names).
-CONFIG_KEYS = {"framework": "framework", "keras_backend": "framework.keras_backend",
+CONFIG_KEYS = {"framework": "framework",
+               **{key: f"framework.{key}" for key in identity_settings()},
                "compile": "framework.compile", "precision": "precision", "devices": "devices",
                "batch_size": "batch_size", **{lever: lever for lever in LEVERS}}
 REPEATS = 3  # what a plan asks for: the fewest repeats that give a usable interval
@@ -68,7 +70,8 @@ def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> s
     """One command line; commented out, saying why, when this machine or install cannot run it."""
     values = {k: [str(v)] for k, v in fixed.items() if v is not None}
     values.update(sweep)
-    order = ["framework", "framework.keras_backend", "framework.compile", "model", "scenario",
+    order = ["framework", *(f"framework.{k}" for k in identity_settings()), "framework.compile",
+             "model", "scenario",
              "precision", "runtime", "quantize", "parallel", "memory", "batch_size", "devices",
              "hardware", "repeats"]
     args = [f"{k}={','.join(values[k])}" for k in order if k in values]

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.claim_plans import CONFIG_KEYS, REPEATS, machine_kind, plan
 from fxtrack.report.samples import Sample, configs, identity_columns, ratio, sample
 from fxtrack.report.select import LEVERS
@@ -66,9 +67,11 @@ class Claim:
     def label(self, arm: dict[str, Any]) -> str:
         """``tensorflow``, ``keras[jax]``, ``torch compile=true`` ..."""
         fw = str(arm.get("framework", ""))
-        if "keras_backend" in arm:
-            fw += f"[{arm['keras_backend']}]"
-        rest = [f"{k}={arm[k]}" for k in self.arm_keys if k not in ("framework", "keras_backend")
+        settings = identity_settings()
+        for key in settings:
+            if key in arm:
+                fw += f"[{arm[key]}]"
+        rest = [f"{k}={arm[k]}" for k in self.arm_keys if k not in ("framework", *settings)
                 and k in arm]
         return " ".join(p for p in [fw, *rest] if p)
 

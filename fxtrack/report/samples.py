@@ -17,13 +17,15 @@ from typing import Optional
 import pandas as pd
 
 from fxtrack import stats
+from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import fmt
 
 # Identity column -> (tag, param) it is read from; the tag (what actually ran) wins.
 IDENTITY = {
     "framework": ("fxtrack.framework", "framework.name"),
-    "keras_backend": ("fxtrack.keras_backend", "framework.keras_backend"),
+    # each framework's identity settings (Keras's backend), fxtrack.config.frameworks
+    **{key: (f"fxtrack.{key}", f"framework.{key}") for key in identity_settings()},
     # what was asked for (auto / true / false / tune), a lever of the framework's own
     "compile": (None, "framework.compile"),
     "model": ("fxtrack.model", "model.name"),
@@ -212,8 +214,9 @@ def ratio(cand: Sample, base: Sample) -> tuple[float, Optional[tuple[float, floa
 def describe(config: dict[str, str], varying: list[str]) -> str:
     """``torch vit train fp32 x1 cpu`` plus the identity keys that vary between pairs."""
     fw = config.get("framework", "")
-    if config.get("keras_backend", "-") != "-":
-        fw += f"[{config['keras_backend']}]"
+    for key in identity_settings():
+        if config.get(key, "-") != "-":
+            fw += f"[{config[key]}]"
     head = [fw, config.get("model", ""), config.get("scenario", ""), config.get("precision", ""),
             f"x{config['devices']}" if "devices" in config else "", config.get("hardware", "")]
     rest = [f"{k}={config[k]}" for k in varying if k in config]
