@@ -28,7 +28,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from fxtrack.config.frameworks import identity_settings
-from fxtrack.report.claim_plans import CONFIG_KEYS, REPEATS, machine_kind, plan
+from fxtrack.report.claim_plans import REPEATS, config_keys, machine_kind, plan
 from fxtrack.report.samples import Sample, configs, identity_columns, ratio, sample
 from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import Section, Table
@@ -106,9 +106,9 @@ def load(path: Path = CLAIMS) -> list[Claim]:
             raise ValueError(f"{where}: kind must be one of {KINDS}, test one of {TESTS}")
         if set(CONDITIONS) - set(claim.conditions):
             raise ValueError(f"{where}: conditions need {', '.join(CONDITIONS)} (null: not stated)")
-        bad = [k for arm in claim.arms for k in arm if k != "value" and k not in CONFIG_KEYS]
+        bad = [k for arm in claim.arms for k in arm if k != "value" and k not in config_keys()]
         if len(claim.arms) < 2 or bad:
-            raise ValueError(f"{where}: needs two or more arms keyed by {', '.join(CONFIG_KEYS)}"
+            raise ValueError(f"{where}: needs two or more arms keyed by {', '.join(config_keys())}"
                              + (f"; unknown {', '.join(bad)}" if bad else ""))
         if claim.kind in ("ratio", "lever") and (len(claim.arms) != 2 or (
                 claim.ratio is None and not all("value" in a for a in claim.arms))):
