@@ -166,7 +166,7 @@ def fxtrack_arm(framework: str, workdir: Path, jax_donate: str = "false"
     backend = import_path(declaration(spec.package).backend)(spec)
     result = Result(result_id=spec.result_id)
     kind, batch, _, warmup = timed.build(backend, result)
-    mode = backend.framework.compile_mode_tag(spec.compile, spec.compile_mode)
+    mode = backend.framework.compile_mode_tag(spec.compile, spec.framework_settings)
     if mode != BARE_MODE[framework]:
         raise SystemExit(f"{framework}: framework.compile=auto resolved to {mode} on {kind}, but the "
                          f"bare loop runs {BARE_MODE[framework]}; this bench compares like with like")

@@ -96,7 +96,7 @@ def fxtrack_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
     spec.compile, _ = declaration(spec.package).resolve_compile(kind, arch.family,
                                                                 spec.compile_request)
     backend.build(arm["batch"])
-    return backend.train_step, backend.framework.compile_mode_tag(spec.compile, spec.compile_mode)
+    return backend.train_step, backend.framework.compile_mode_tag(spec.compile, spec.framework_settings)
 
 
 def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:

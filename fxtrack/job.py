@@ -34,7 +34,6 @@ class JobSpec:
     coordinator: Optional[str] = None  # host:port of node 0
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # scenario knobs
     compile_request: str = "auto"  # framework.compile as asked: auto | true | false
-    compile_mode: str = "default"  # torch.compile mode
     cpu_threads: Optional[int] = None  # None: the cores this process may use
     wait_for_idle_s: float = 0.0
     gpu_isolation: str = "warn"  # warn | error | wait (hardware.gpu_isolation)

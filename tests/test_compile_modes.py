@@ -15,7 +15,7 @@ from conftest import job_spec
 
 from fxtrack import architectures, policy
 from fxtrack.frameworks.base import Backend
-from fxtrack.frameworks.declaration import CompileRule, Framework, declaration
+from fxtrack.frameworks.declaration import CompileRule, Framework, Setting, declaration
 from fxtrack.job import Result
 from fxtrack.scenarios import timed
 
@@ -100,7 +100,8 @@ def sleepy(monkeypatch):
     module.FRAMEWORK = Framework(
         name="sleepy", backend="unused:Unused", extra="-", report_order=99,
         compile_rules=(CompileRule(False, "never"),), compiled_tag="fast-{compile_mode}",
-        uncompiled_tag="slow")
+        uncompiled_tag="slow",
+        settings={"compile_mode": Setting("default", ("default",), "its one mode")})
     monkeypatch.setitem(sys.modules, "sleepyfw", module)
     return module
 

@@ -106,6 +106,16 @@ def test_value_errors_name_the_key(overrides, message):
         validate(composed(*overrides))
 
 
+def test_compile_mode_is_torchs_own_setting():
+    """framework.compile_mode is declared by torch (a Setting), not a key of every framework."""
+    cfg = OmegaConf.to_container(composed("framework=torch", "framework.compile_mode=max-autotune"),
+                                 resolve=True)
+    assert cfg["framework"]["compile_mode"] == "max-autotune"
+    assert "compile_mode" not in OmegaConf.to_container(composed("framework=jax"))["framework"]
+    with pytest.raises(Exception, match="compile_mode"):
+        validate(composed("framework=jax", "framework.compile_mode=default"))
+
+
 @pytest.mark.parametrize("override, message", [
     # a key without `+` gets the same did-you-mean as `+key=value`
     ("modle=vit", "unknown config key 'modle'; did you mean model?"),

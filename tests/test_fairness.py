@@ -67,7 +67,7 @@ def test_compile_true_false_are_obeyed(request_):
 
 def test_compile_mode_tags_say_what_ran():
     torch, tf, jax = (_declared(fw) for fw in FRAMEWORKS)
-    assert torch.compile_mode_tag(True, "max-autotune") == "inductor:max-autotune"
+    assert torch.compile_mode_tag(True, {"compile_mode": "max-autotune"}) == "inductor:max-autotune"
     assert torch.compile_mode_tag(True) == "inductor:default"
     assert torch.compile_mode_tag(False) == "eager"
     assert tf.compile_mode_tag(False) == "tf.function"
@@ -164,7 +164,7 @@ def test_framework_donate_is_a_jax_setting_that_reaches_the_job_spec(tmp_path):
         assert spec("framework=jax").framework_settings == {"donate": "auto"}
         assert spec("framework=jax", "framework.donate=false").framework_settings == {
             "donate": "false"}
-        assert spec("framework=torch").framework_settings == {}
+        assert spec("framework=torch").framework_settings == {"compile_mode": "default"}
         with pytest.raises(ConfigError, match="framework.donate must be one of auto, true, false"):
             spec("framework=jax", "framework.donate=sometimes")
 

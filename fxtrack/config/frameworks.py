@@ -17,6 +17,17 @@ def declared() -> dict[str, Framework]:
     return dict(_declared(tuple(config_dirs())))
 
 
+def identity_settings() -> tuple[str, ...]:
+    """The framework settings that are part of a run's identity (``Setting.identity``, e.g.
+    Keras's ``keras_backend``), in report order: each is the run's ``fxtrack.<key>`` tag and
+    ``framework.<key>`` param; the report keeps runs apart by it and shows it with the
+    framework (``keras-jax``, ``keras[jax]``)."""
+    keys: list[str] = []
+    for framework in declared().values():
+        keys += [k for k, s in framework.settings.items() if s.identity and k not in keys]
+    return tuple(keys)
+
+
 def packages() -> dict[str, str]:
     """Framework name -> the package its YAML names. Where two config directories hold the same
     name, the first wins, as in Hydra's search path; a YAML without ``package`` is skipped."""

@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 from fxtrack import architectures, defaults
 from fxtrack.architectures import Arch
+from fxtrack.frameworks.base import optimizer_choice
 
 GIB = 2**30
 MEMORY_ENV = "FXTRACK_MEMORY_GIB"
@@ -72,10 +73,6 @@ def param_count(arch: Arch) -> Optional[int]:
     return architectures.PARAM_COUNTS.get(arch.name) if arch.canonical else None
 
 
-def _optimiser(arch: Arch) -> str:
-    return "sgd" if arch.family == "resnet" else "adamw"  # as frameworks.base.optimizer_choice
-
-
 def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int = 1,
              memory: str = "none", prompt_len: int = 128, new_tokens: int = 128
              ) -> Optional[Estimate]:
@@ -98,7 +95,7 @@ def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int 
         elif llama:
             parts["logits"] = 4.0 * batch * arch.seq_len * arch.vocab_size
         return Estimate(parts, 0.0, tuple(notes))
-    opt = _optimiser(arch)
+    opt = optimizer_choice(arch, batch)[0]  # the optimiser every framework builds
     state = {"weights": 4.0 * n, "gradients": 4.0 * n,
              f"{'AdamW moments' if opt == 'adamw' else 'SGD momentum'}": OPTIMISER_BYTES[opt] * n}
     parts = {k: v / shards for k, v in state.items()}

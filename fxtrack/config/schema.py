@@ -48,7 +48,6 @@ class FrameworkConfig:
     # table); true / false force torch.compile / XLA (tf jit_compile) / jax.jit on or off;
     # tune: the worker times each mode the framework declares on this model, keeps the fastest.
     compile: str = "auto"
-    compile_mode: str = "default"  # torch.compile mode: default | reduce-overhead | max-autotune
     python: Optional[str] = None  # interpreter for this framework's worker; None: the current one
     # "torchrun": devices > 1 (or nodes > 1) start one worker per device through
     # torch.distributed.run; "process": one worker drives every device (tf.distribute, JAX SPMD).
@@ -59,13 +58,9 @@ class FrameworkConfig:
         if self.compile not in COMPILE_CHOICES:
             raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_CHOICES)}, "
                              f"got {self.compile!r}")
-        if self.compile_mode not in COMPILE_MODES:
-            raise ValueError(f"framework.compile_mode must be one of {', '.join(COMPILE_MODES)}, "
-                             f"got {self.compile_mode!r}")
 
 
 COMPILE_CHOICES = COMPILE_REQUESTS  # one list: the declaration resolves them in the worker
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 
 # framework name -> its schema (FrameworkConfig plus the keys its declaration adds), made once so
 # that register() stays idempotent.

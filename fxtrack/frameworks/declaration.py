@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any, Callable, Mapping, MutableMapping, Optional
+from typing import Any, Callable, Mapping, MutableMapping, Optional, Union
 
 from fxtrack.policy import COMPILE_REQUESTS
 
@@ -113,11 +113,26 @@ class Limit:
 
 @dataclasses.dataclass(frozen=True)
 class Setting:
-    """A config key only this framework has: ``framework.<name>``, one of ``choices``."""
+    """A config key only this framework has: ``framework.<name>``, one of ``choices``. An
+    ``identity`` setting tells runs apart as the framework does (Keras's backend): the run
+    carries it as the ``fxtrack.<name>`` tag, the report gives each value its own column
+    (``keras-jax``), ``compare`` pairs on it and the run name shows it."""
 
     default: str
     choices: tuple[str, ...]
     help: str
+    identity: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class HeldTwice:
+    """When this framework's peak memory holds the training state twice (JAX without donation):
+    its run tag ``fxtrack.<tag>`` starts with ``prefix``; the report marks the memory cell 2x
+    and adds ``note``."""
+
+    tag: str
+    prefix: str
+    note: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +142,11 @@ class Framework:
     extra: str  # the pip extra that installs it, for error messages
     report_order: int  # where its column stands in the report (lower: further left)
     compile_rules: tuple[CompileRule, ...]  # framework.compile=auto: the first match wins
-    compiled_tag: str  # fxtrack.compile_mode when compiled; "{compile_mode}" is filled in
-    uncompiled_tag: str  # ... when not (e.g. "eager", "tf.function")
+    # fxtrack.compile_mode when compiled; "{<setting>}" (the run's framework settings, e.g.
+    # torch's "{compile_mode}") are filled in; or a function of the settings
+    # where the name differs per setting value (Keras: jit on JAX, xla on TensorFlow)
+    compiled_tag: Union[str, Callable[[Mapping[str, Any]], str]]
+    uncompiled_tag: Union[str, Callable[[Mapping[str, Any]], str]]  # ... when not ("eager")
     uncompiled_builds_graph: bool = False  # a plain tf.function still traces: compile_time_s
     # framework.compile=tune: the modes (compiled?) the worker times, in this order; one mode
     # (JAX: jit, its op-by-op dispatch is a debugging mode) is taken without timing
@@ -142,6 +160,7 @@ class Framework:
     absent: Mapping[str, str] = dataclasses.field(default_factory=dict)
     settings: Mapping[str, Setting] = dataclasses.field(default_factory=dict)
     limits: tuple[Limit, ...] = ()  # checked with the framework-neutral rules, before any work
+    held_twice: Optional[HeldTwice] = None  # the report's memory table reads it
     # prepare_environment(spec, env): sets in ``env`` (os.environ) what the framework reads when
     # it is imported (platform, XLA flags, allocator), before the worker imports it
     prepare_environment: Optional[Callable[[Any, MutableMapping[str, str]], None]] = None
@@ -155,6 +174,7 @@ class Framework:
         """``framework.<name>`` for this run: the JobSpec's value, or the declared default (a
         spec written without the orchestrator, e.g. by a bench script)."""
         return spec.framework_settings.get(name, self.settings[name].default)
+
     @property
     def builder_key(self) -> str:
         """The ``model.<key>`` with this framework's builder for ``model=custom``."""
@@ -182,7 +202,7 @@ class Framework:
 
     def resolve_compile(self, device_kind: str, family: str, request: str = "auto",
                         timings: Optional[Mapping[bool, float]] = None,
-                        compile_mode: str = "default") -> tuple[bool, str]:
+                        settings: Optional[Mapping[str, Any]] = None) -> tuple[bool, str]:
         """(compile?, why) for ``framework.compile=request``: ``true`` / ``false`` as asked,
         ``auto`` the first matching row of ``compile_rules``, ``tune`` the fastest of
         ``timings`` ({compiled?: median step seconds} for each of ``tune_modes``, timed on the
@@ -191,7 +211,7 @@ class Framework:
             raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_REQUESTS)}, "
                              f"got {request!r}")
         if request == "tune":
-            return self._fastest(timings or {}, compile_mode)
+            return self._fastest(timings or {}, settings)
         if request != "auto":
             return request == "true", f"framework.compile={request}"
         for rule in self.compile_rules:
@@ -199,8 +219,9 @@ class Framework:
                 return rule.compiled, f"auto: {rule.why}"
         raise ValueError(f"{self.name} declares no compile rule for {family} on {device_kind}")
 
-    def _fastest(self, timings: Mapping[bool, float], compile_mode: str) -> tuple[bool, str]:
-        names = [self.compile_mode_tag(c, compile_mode) for c in self.tune_modes]
+    def _fastest(self, timings: Mapping[bool, float],
+                 settings: Optional[Mapping[str, Any]]) -> tuple[bool, str]:
+        names = [self.compile_mode_tag(c, settings) for c in self.tune_modes]
         if len(self.tune_modes) == 1:
             return self.tune_modes[0], f"tuned: {names[0]}, the only mode {self.name} declares"
         missing = [n for c, n in zip(self.tune_modes, names) if c not in timings]
@@ -210,19 +231,26 @@ class Framework:
         best = min(self.tune_modes, key=lambda c: timings[c])
         return best, f"tuned: fastest of {', '.join(names)}"
 
-    def tuned_figures(self, timings: Mapping[bool, float], compile_mode: str = "default") -> str:
+    def tuned_figures(self, timings: Mapping[bool, float],
+                      settings: Optional[Mapping[str, Any]] = None) -> str:
         """The ``fxtrack.compile_tuned`` tag: each mode's median step time as timed for
         ``tune``, e.g. ``xla=812.3ms;tf.function=1104.9ms`` (one declared mode: not timed)."""
         if len(self.tune_modes) == 1:
-            only = self.compile_mode_tag(self.tune_modes[0], compile_mode)
+            only = self.compile_mode_tag(self.tune_modes[0], settings)
             return f"{only}=not timed (the only mode {self.name} declares)"
-        return ";".join(f"{self.compile_mode_tag(c, compile_mode)}={timings[c] * 1e3:.1f}ms"
+        return ";".join(f"{self.compile_mode_tag(c, settings)}={timings[c] * 1e3:.1f}ms"
                         for c in self.tune_modes)
 
-    def compile_mode_tag(self, compiled: bool, compile_mode: str = "default") -> str:
-        """The ``fxtrack.compile_mode`` tag: what actually ran."""
+    def compile_mode_tag(self, compiled: bool,
+                         settings: Optional[Mapping[str, Any]] = None) -> str:
+        """The ``fxtrack.compile_mode`` tag: what actually ran; ``settings`` the run's
+        framework settings (``JobSpec.framework_settings``; missing ones at their defaults)."""
         tag = self.compiled_tag if compiled else self.uncompiled_tag
-        return tag.format(compile_mode=compile_mode)
+        values = {key: s.default for key, s in self.settings.items()}
+        values.update(settings or {})
+        if callable(tag):
+            tag = tag(values)
+        return tag.format(**values)
 
     def builds_graph(self, compiled: bool) -> bool:
         """Whether the first step builds a graph (then compile_time_s is logged)."""

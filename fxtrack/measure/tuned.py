@@ -28,12 +28,13 @@ def cache_path() -> Path:
 
 
 def cache_key(device: str, threads: int, framework: str, family: str, dims: Mapping[str, Any],
-              precision: str, batch: int, compile_mode: str = "default") -> str:
-    """The machine as the peak cache names it, then what decides a compile mode's speed."""
+              precision: str, batch: int, settings: Mapping[str, Any] | None = None) -> str:
+    """The machine as the peak cache names it, then what decides a compile mode's speed (the
+    framework's own settings included: a ``max-autotune`` tune can pick differently)."""
     machine = f"{peak.cpu_model()}|{threads} threads|{device}"
     sizes = json.dumps(dict(dims), sort_keys=True, separators=(",", ":"))
     return (f"{machine}|{framework}|{family}|{sizes}|{precision}|batch {batch}"
-            f"|mode {compile_mode}")
+            f"|settings {json.dumps(dict(settings or {}), sort_keys=True, separators=(',', ':'))}")
 
 
 def cached() -> dict[str, dict[str, Any]]:

@@ -29,7 +29,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         result_id=uuid.uuid4().hex, framework=fw.name, package=fw.package,
         scenario=conf.scenario.name, runner=conf.scenario.runner, arch=arch.to_json(),
         precision=conf.precision.name, hardware=conf.hardware.name, devices=conf.devices,
-        compile=fw.compile != "false", compile_request=fw.compile, compile_mode=fw.compile_mode,
+        compile=fw.compile != "false", compile_request=fw.compile,
         seed=conf.seed, batch_size=conf.batch_size, steps=conf.steps,
         warmup_steps=conf.warmup_steps, result_path=str(job_dir / "result.json"),
         verbose=conf.verbose, progress=sys.stderr.isatty() or bool(os.environ.get("FXTRACK_PROGRESS")),

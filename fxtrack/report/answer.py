@@ -16,6 +16,7 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import samples
 from fxtrack.report.select import LEVERS
 from fxtrack.report.verdicts import Ratio
@@ -146,8 +147,9 @@ def fw_words(framework: str) -> str:
 
 
 def _framework(config: pd.Series) -> str:
-    backend = config.get("keras_backend", "-")
-    return config["framework"] + (f"[{backend}]" if backend not in ("-", None, "") else "")
+    # a framework's identity setting (Keras's backend) names a variant of it: keras[jax]
+    variant = [str(config[k]) for k in identity_settings() if config.get(k, "-") not in ("-", None, "")]
+    return config["framework"] + (f"[{variant[0]}]" if variant else "")
 
 
 def _mode(config: pd.Series) -> str:

@@ -8,13 +8,18 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.select import LEVERS
 
 # Arm keys -> the config key a command sets (the identity columns of
 # samples.configs have the arm keys' names).
-CONFIG_KEYS = {"framework": "framework", "keras_backend": "framework.keras_backend",
-               "compile": "framework.compile", "precision": "precision", "devices": "devices",
-               "batch_size": "batch_size", **{lever: lever for lever in LEVERS}}
+def config_keys() -> dict[str, str]:
+    """Arm keys -> the config key a command sets (read at each call: a framework's identity
+    settings come from its declaration)."""
+    return {"framework": "framework",
+            **{key: f"framework.{key}" for key in identity_settings()},
+            "compile": "framework.compile", "precision": "precision", "devices": "devices",
+            "batch_size": "batch_size", **{lever: lever for lever in LEVERS}}
 REPEATS = 3  # what a plan asks for: the fewest repeats that give a usable interval
 
 
@@ -40,7 +45,7 @@ def plan(claim: Any, machine: str) -> list[str]:  # a fxtrack.report.claims.Clai
         if key not in claim.arm_keys and cond.get(key) is not None and not (key == "devices" and cond[key] == 1):
             fixed[key] = cond[key]
     fixed.update(hardware=hardware, repeats=REPEATS)
-    sets = [{CONFIG_KEYS[k]: str(v).lower() if k == "compile" else str(v)
+    sets = [{config_keys()[k]: str(v).lower() if k == "compile" else str(v)
              for k, v in arm.items() if k != "value"} for arm in claim.arms]
     lines = [_line(fixed, sweep, machine) for sweep in _sweeps(sets)]
     if hardware != machine and claim.kind in ("absolute", "memory"):
@@ -68,7 +73,8 @@ def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> s
     """One command line; commented out, saying why, when this machine or install cannot run it."""
     values = {k: [str(v)] for k, v in fixed.items() if v is not None}
     values.update(sweep)
-    order = ["framework", "framework.keras_backend", "framework.compile", "model", "scenario",
+    order = ["framework", *(f"framework.{k}" for k in identity_settings()), "framework.compile",
+             "model", "scenario",
              "precision", "runtime", "quantize", "parallel", "memory", "batch_size", "devices",
              "hardware", "repeats"]
     args = [f"{k}={','.join(values[k])}" for k in order if k in values]

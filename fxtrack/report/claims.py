@@ -27,7 +27,8 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from fxtrack.report.claim_plans import CONFIG_KEYS, REPEATS, machine_kind, plan
+from fxtrack.config.frameworks import identity_settings
+from fxtrack.report.claim_plans import REPEATS, config_keys, machine_kind, plan
 from fxtrack.report.samples import Sample, configs, identity_columns, ratio, sample
 from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import Section, Table
@@ -66,9 +67,11 @@ class Claim:
     def label(self, arm: dict[str, Any]) -> str:
         """``tensorflow``, ``keras[jax]``, ``torch compile=true`` ..."""
         fw = str(arm.get("framework", ""))
-        if "keras_backend" in arm:
-            fw += f"[{arm['keras_backend']}]"
-        rest = [f"{k}={arm[k]}" for k in self.arm_keys if k not in ("framework", "keras_backend")
+        settings = identity_settings()
+        for key in settings:
+            if key in arm:
+                fw += f"[{arm[key]}]"
+        rest = [f"{k}={arm[k]}" for k in self.arm_keys if k not in ("framework", *settings)
                 and k in arm]
         return " ".join(p for p in [fw, *rest] if p)
 
@@ -103,9 +106,9 @@ def load(path: Path = CLAIMS) -> list[Claim]:
             raise ValueError(f"{where}: kind must be one of {KINDS}, test one of {TESTS}")
         if set(CONDITIONS) - set(claim.conditions):
             raise ValueError(f"{where}: conditions need {', '.join(CONDITIONS)} (null: not stated)")
-        bad = [k for arm in claim.arms for k in arm if k != "value" and k not in CONFIG_KEYS]
+        bad = [k for arm in claim.arms for k in arm if k != "value" and k not in config_keys()]
         if len(claim.arms) < 2 or bad:
-            raise ValueError(f"{where}: needs two or more arms keyed by {', '.join(CONFIG_KEYS)}"
+            raise ValueError(f"{where}: needs two or more arms keyed by {', '.join(config_keys())}"
                              + (f"; unknown {', '.join(bad)}" if bad else ""))
         if claim.kind in ("ratio", "lever") and (len(claim.arms) != 2 or (
                 claim.ratio is None and not all("value" in a for a in claim.arms))):

@@ -25,6 +25,7 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.samples import (Sample, configs, describe, identity_columns, lower_is_better,
                                     ratio, sample)
 from fxtrack.report.tables import Section, Table, fmt
@@ -106,7 +107,8 @@ def compare(base_frame: pd.DataFrame, cand_frame: pd.DataFrame, metric: str,
 
 
 def _varying(comparison: Comparison) -> list[str]:
-    shown = {"framework", "keras_backend", "model", "scenario", "precision", "devices", "hardware"}
+    shown = {"framework", *identity_settings(), "model", "scenario", "precision", "devices",
+             "hardware"}
     configs_ = [p.config for p in comparison.pairs] + [c for _, c, _ in comparison.only]
     return [k for k in comparison.identity
             if k not in shown and len({c.get(k) for c in configs_}) > 1]

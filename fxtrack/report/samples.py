@@ -17,24 +17,31 @@ from typing import Optional
 import pandas as pd
 
 from fxtrack import stats
+from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import fmt
 
-# Identity column -> (tag, param) it is read from; the tag (what actually ran) wins.
-IDENTITY = {
-    "framework": ("fxtrack.framework", "framework.name"),
-    "keras_backend": ("fxtrack.keras_backend", "framework.keras_backend"),
-    # what was asked for (auto / true / false / tune), a lever of the framework's own
-    "compile": (None, "framework.compile"),
-    "model": ("fxtrack.model", "model.name"),
-    "scenario": ("fxtrack.scenario", "scenario.name"),
-    "precision": ("fxtrack.precision", "precision.name"),
-    "devices": ("fxtrack.devices", "devices"),
-    "hardware": ("fxtrack.hardware", "hardware.name"),
-    "batch_size": (None, "batch_size"),
-    "size": (None, "size.name"),
-    **{lever: (None, lever) for lever in LEVERS},
-}
+
+def identity() -> dict[str, tuple]:
+    """Identity column -> (tag, param) it is read from; the tag (what actually ran) wins. Read
+    at each call: a framework's identity settings come from its declaration."""
+    return {
+        "framework": ("fxtrack.framework", "framework.name"),
+        # each framework's identity settings (Keras's backend), fxtrack.config.frameworks
+        **{key: (f"fxtrack.{key}", f"framework.{key}") for key in identity_settings()},
+        # what was asked for (auto / true / false / tune), a lever of the framework's own
+        "compile": (None, "framework.compile"),
+        "model": ("fxtrack.model", "model.name"),
+        "scenario": ("fxtrack.scenario", "scenario.name"),
+        "precision": ("fxtrack.precision", "precision.name"),
+        "devices": ("fxtrack.devices", "devices"),
+        "hardware": ("fxtrack.hardware", "hardware.name"),
+        "batch_size": (None, "batch_size"),
+        "size": (None, "size.name"),
+        **{lever: (None, lever) for lever in LEVERS},
+    }
+
+
 # Lower is better for these metric keys (times, memory, energy, cost, error, code size); higher
 # for rates, utilisation and scaling. A key matching neither needs --lower-is-better or not.
 LOWER = re.compile(r"^(step_time_ms|latency_ms|ttft_ms|decode_ms_per_token|compile_time_s|"
@@ -68,14 +75,15 @@ def selected_keys(filter_string: str) -> set[str]:
 
 
 def identity_columns(frame: pd.DataFrame, *filters: str) -> list[str]:
-    """The identity columns pairs are matched on: IDENTITY, then every ``model.*`` size key,
+    """The identity columns pairs are matched on: ``identity()``, then every ``model.*`` size key,
     less the ones any of ``filters`` selects on."""
     selected = set().union(*(selected_keys(f) for f in filters)) if filters else set()
-    cols = list(IDENTITY) + sorted(c[len("params."):] for c in frame.columns
-                                   if c.startswith("params.model.") and c != "params.model.name")
+    ident = identity()
+    cols = list(ident) + sorted(c[len("params."):] for c in frame.columns
+                                if c.startswith("params.model.") and c != "params.model.name")
     out = []
     for col in cols:
-        tag, param = IDENTITY.get(col, (None, col))
+        tag, param = ident.get(col, (None, col))
         if (tag and f"tags.{tag}" in selected) or f"params.{param}" in selected:
             continue
         out.append(col)
@@ -95,8 +103,8 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
     default where not logged), kind, provenance and metrics. Sweep parents, reports and runs
     that failed or did not finish are left out."""
     runs = pd.DataFrame(index=frame.index)
-    for col in IDENTITY:
-        runs[col] = _column(frame, *IDENTITY[col])
+    for col, (tag, param) in identity().items():
+        runs[col] = _column(frame, tag, param)
     # framework.compile as asked: the param holds what ran (true/false); the compile_rule tag
     # says whether that was auto's choice ("auto: ..."), tune's ("tuned: ...") or forced
     # ("framework.compile=true")
@@ -212,8 +220,9 @@ def ratio(cand: Sample, base: Sample) -> tuple[float, Optional[tuple[float, floa
 def describe(config: dict[str, str], varying: list[str]) -> str:
     """``torch vit train fp32 x1 cpu`` plus the identity keys that vary between pairs."""
     fw = config.get("framework", "")
-    if config.get("keras_backend", "-") != "-":
-        fw += f"[{config['keras_backend']}]"
+    for key in identity_settings():
+        if config.get(key, "-") != "-":
+            fw += f"[{config[key]}]"
     head = [fw, config.get("model", ""), config.get("scenario", ""), config.get("precision", ""),
             f"x{config['devices']}" if "devices" in config else "", config.get("hardware", "")]
     rest = [f"{k}={config[k]}" for k in varying if k in config]

@@ -14,6 +14,8 @@ import dataclasses
 
 import pandas as pd
 
+from fxtrack.config.frameworks import declared, identity_settings
+
 KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]
 # Each lever and its default: runs at the defaults are the main tables' benchmarks.
 LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
@@ -28,7 +30,6 @@ TAGS = {
     "git_commit": "fxtrack.git_commit", "driver": "fxtrack.driver", "cuda": "fxtrack.cuda",
     "cudnn": "fxtrack.cudnn", "kind": "fxtrack.kind", "repeats": "fxtrack.repeats",
     "repeat_of": "fxtrack.repeat_of", "contended": "fxtrack.contended", "noisy": "fxtrack.noisy",
-    "jax_donation": "fxtrack.jax_donation",
 }
 # Per-step series: search_runs returns only their last step, which is not a summary figure.
 SERIES = {"step_time_ms", "loss"}
@@ -55,10 +56,15 @@ class Selection:
 def latest_runs(frame: pd.DataFrame) -> Selection:
     """The latest FINISHED run per benchmark from a ``search_runs``-layout frame."""
     runs = pd.DataFrame({name: _tag(frame, tag) for name, tag in TAGS.items()})
-    # framework=keras runs on one of three backends: each is a column of its own (keras-jax)
-    backend = _tag(frame, "fxtrack.keras_backend")
-    on = backend.notna() & runs["framework"].notna()
-    runs.loc[on, "framework"] = runs.loc[on, "framework"].astype(str) + "-" + backend[on].astype(str)
+    # the tags frameworks declare the report reads (Framework.held_twice)
+    for held in (fw.held_twice for fw in declared().values() if fw.held_twice):
+        runs[held.tag] = _tag(frame, f"fxtrack.{held.tag}")
+    # a framework's identity setting (Keras's backend) makes a column of its own (keras-jax)
+    for key in identity_settings():
+        value = _tag(frame, f"fxtrack.{key}")
+        on = value.notna() & runs["framework"].notna()
+        runs.loc[on, "framework"] = (runs.loc[on, "framework"].astype(str) + "-"
+                                     + value[on].astype(str))
     # a GPU that throttled for power or heat measured its cooling: marked as a contended run is
     throttled = _tag(frame, "fxtrack.gpu_throttled").notna()
     runs.loc[throttled, "contended"] = "true"

@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Optional
 
 import pandas as pd
 
+from fxtrack.config.frameworks import declared
 from fxtrack.report.select import frameworks, metric
 
 FLAG = "!"  # marks a run that failed the correctness guard
@@ -138,9 +139,14 @@ def step_time(runs: pd.DataFrame) -> list[Table]:
 
 
 def _held_twice(row: pd.Series) -> bool:
-    """JAX's step without donation (framework.donate=false) keeps the old training state alive
-    beside the new one: its peak holds the state twice, which no other framework's does."""
-    return str(row.get("jax_donation") or "").startswith("off")
+    """Whether the run's peak held the training state twice, as its framework declares
+    (``Framework.held_twice``: JAX without donation)."""
+    held = _held_twice_of().get(str(row.get("framework") or "").split("-")[0])
+    return held is not None and str(row.get(held.tag) or "").startswith(held.prefix)
+
+
+def _held_twice_of() -> dict:
+    return {name: fw.held_twice for name, fw in declared().items() if fw.held_twice}
 
 
 def memory(runs: pd.DataFrame) -> list[Table]:
@@ -153,9 +159,9 @@ def memory(runs: pd.DataFrame) -> list[Table]:
 
     notes = ["device: the framework's own peak on the device (peak_mem_device_mib); RSS: the "
              "worker's peak resident memory (peak_rss_mib), shown where no device figure exists"]
-    if "jax_donation" in runs and runs.apply(_held_twice, axis=1).any():
-        notes.append("2x = the training state was held twice: JAX without donation "
-                     "(framework.donate=false); with the default (auto) it is donated")
+    held = runs[runs.apply(_held_twice, axis=1)] if len(runs) else runs
+    for name in sorted({str(f).split("-")[0] for f in held.get("framework", [])}):
+        notes.append(f"2x = the training state was held twice: {_held_twice_of()[name].note}")
     return _grid(runs, "Peak memory (MiB)", cell, notes)
 
 

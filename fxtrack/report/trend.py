@@ -16,6 +16,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from fxtrack.config.frameworks import identity_settings  # noqa: E402
 from fxtrack.report import samples  # noqa: E402
 from fxtrack.report.charts import Chart, _slug  # noqa: E402
 
@@ -37,7 +38,7 @@ def points(frame: pd.DataFrame, metric: str = "throughput_samples_per_s",
     series_keys = [k for k in identity if k not in GROUP]
     out: dict[tuple, dict[str, list[tuple]]] = {}
     for key, group in runs.groupby(GROUP, sort=True):
-        varying = [k for k in series_keys if k not in ("framework", "keras_backend", "model")
+        varying = [k for k in series_keys if k not in ("framework", *identity_settings(), "model")
                    and group[k].nunique() > 1]
         for ident, rows in group.groupby(series_keys, sort=True):
             found = []

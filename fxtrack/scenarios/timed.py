@@ -66,7 +66,7 @@ def tuned_key(backend: Backend, kind: str, batch: int) -> str:
     device = backend.device_tags().get("device", kind)  # as calibration names the device
     return tuned_cache.cache_key(device, peak.thread_count(spec.cpu_threads), spec.framework,
                                  spec.arch["family"], spec.arch["dims"], spec.precision, batch,
-                                 spec.compile_mode)
+                                 spec.framework_settings)
 
 
 def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[], Any]],

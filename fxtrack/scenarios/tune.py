@@ -28,7 +28,7 @@ def fastest(backend: Backend, kind: str, batch: int, steps: int, warmup: int
     timings: dict[bool, float] = {}
     if len(framework.tune_modes) > 1:
         for compiled in framework.tune_modes:
-            mode = framework.compile_mode_tag(compiled, spec.compile_mode)
+            mode = framework.compile_mode_tag(compiled, spec.framework_settings)
             eprint(f"[fxtrack] framework.compile=tune: timing {mode}")
             with requested(spec, compiled):
                 backend.build(batch)
@@ -37,8 +37,8 @@ def fastest(backend: Backend, kind: str, batch: int, steps: int, warmup: int
             # every process of the run takes the slowest one's figure: they all choose alike
             timings[compiled] = backend.reduce_max(percentile(times.step_times_s, 50))
     compiled, why = framework.resolve_compile(kind, spec.arch["family"], "tune", timings,
-                                              spec.compile_mode)
-    return compiled, why, framework.tuned_figures(timings, spec.compile_mode)
+                                              spec.framework_settings)
+    return compiled, why, framework.tuned_figures(timings, spec.framework_settings)
 
 
 @contextlib.contextmanager

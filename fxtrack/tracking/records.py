@@ -11,6 +11,7 @@ import uuid
 from typing import Any, Optional
 
 from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri, redact_uri_text
+from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 
 NOISY_CV = 0.10  # step-time coefficient of variation above which a run is tagged noisy
@@ -117,6 +118,7 @@ def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) ->
                if value != default]
     if spec.compile_request != "auto":
         extras.append(f"compile_{spec.compile_request}")
+    extras += _settings_set(spec)
     if repeat is not None:
         extras.append(f"r{repeat}")
     base = f"{spec.framework}-{_model_name(spec)}-{spec.scenario}-{spec.precision}-x{spec.devices}"
@@ -129,10 +131,20 @@ def _model_name(spec: JobSpec) -> str:
     name = spec.arch["name"]
     if name != "custom":
         return name
-    from fxtrack.frameworks.declaration import declaration
-
     builder = spec.arch.get("dims", {}).get(declaration(spec.package).builder_key) or ""
     return f"custom[{str(builder).rpartition(':')[2]}]" if builder else name
+
+
+def _settings_set(spec: JobSpec) -> list[str]:
+    """The framework's own settings set apart from their declared defaults: an identity setting
+    by its value (``keras-...-torch``), any other as ``<key>_<value>`` (``donate_false``)."""
+    try:
+        declared = declaration(spec.package).settings
+    except (ImportError, ValueError):  # a spec without a declaring package (a bench's fake)
+        return []
+    return [value if declared[key].identity else f"{key}_{value}"
+            for key, value in spec.framework_settings.items()
+            if key in declared and str(value) != declared[key].default]
 
 
 def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:

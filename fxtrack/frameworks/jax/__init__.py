@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, MutableMapping
 
 from fxtrack import policy
-from fxtrack.frameworks.declaration import CompileRule, Framework, Setting, append_xla_flag
+from fxtrack.frameworks.declaration import CompileRule, Framework, HeldTwice, Setting, append_xla_flag
 
 
 def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
@@ -37,6 +37,9 @@ FRAMEWORK = Framework(
     compiled_tag="jit",
     uncompiled_tag="op-by-op",
     prepare_environment=prepare_environment,
+    # a step without donation keeps the old training state alive beside the new one
+    held_twice=HeldTwice("jax_donation", "off", "JAX without donation (framework.donate=false); "
+                         "with the default (auto) it is donated"),
     settings={
         # JAX's documented idiom for a training step; docs/measurements.md has the XLA:CPU cost.
         "donate": Setting("auto", ("auto", "true", "false"),

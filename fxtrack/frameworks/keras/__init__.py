@@ -8,9 +8,17 @@ from __future__ import annotations
 from typing import Any, MutableMapping
 
 from fxtrack import policy
-from fxtrack.frameworks.declaration import CompileRule, Framework, Setting, append_xla_flag
+from fxtrack.frameworks.declaration import CompileRule, Framework, Limit, Setting, append_xla_flag
 
 KERAS_BACKENDS = ("jax", "torch", "tensorflow")
+ONE_DEVICE = ("keras.distribution.DataParallel (JAX only) shards one global batch with batch "
+              "statistics over all of it, not the per-device batches and BatchNorm of the other "
+              "frameworks' DDP")
+# What a compiled / uncompiled Keras step is on each backend: the fxtrack.compile_mode tag
+# keras-<backend>:<mode>. On TensorFlow an uncompiled step is still a tf.function graph, on JAX
+# and torch it runs op by op.
+COMPILED_MODES = {"jax": "jit", "torch": "torch.compile", "tensorflow": "xla"}
+UNCOMPILED_MODES = {"jax": "eager", "torch": "eager", "tensorflow": "tf.function"}
 
 
 def keras_backend(spec: Any) -> str:
@@ -55,8 +63,8 @@ FRAMEWORK = Framework(
     # compile_mode tag (keras-<backend>:<mode>) says what ran, read back from model.jit_compile.
     compile_rules=(CompileRule(True, "keras chooses (compile(jit_compile='auto'): jit on jax, "
                                      "XLA on tensorflow with a GPU, eager on torch)"),),
-    compiled_tag="keras:jit_compile",
-    uncompiled_tag="keras:eager",
+    compiled_tag=lambda s: f"keras-{s['keras_backend']}:{COMPILED_MODES[s['keras_backend']]}",
+    uncompiled_tag=lambda s: f"keras-{s['keras_backend']}:{UNCOMPILED_MODES[s['keras_backend']]}",
     # Keras' first train_on_batch always builds: the optimiser's variables, a symbolic pass over
     # the model and, on TensorFlow, a tf.function trace even without XLA.
     uncompiled_builds_graph=True,
@@ -83,7 +91,8 @@ FRAMEWORK = Framework(
     },
     settings={
         "keras_backend": Setting("jax", KERAS_BACKENDS,
-                                 "the backend Keras runs on (KERAS_BACKEND)"),
+                                 "the backend Keras runs on (KERAS_BACKEND)", identity=True),
     },
+    limits=(Limit("devices > 1", lambda c: c.devices * c.nodes > 1, ONE_DEVICE),),
     prepare_environment=prepare_environment,
 )

@@ -12,7 +12,7 @@ from fxtrack import policy
 from fxtrack.frameworks import keras_models, keras_train
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import NotSupported
-from fxtrack.frameworks.keras import FRAMEWORK, data, devices, keras_backend, train
+from fxtrack.frameworks.keras import FRAMEWORK, ONE_DEVICE, data, devices, keras_backend, train
 
 
 class KerasBackend(Backend):
@@ -28,10 +28,7 @@ class KerasBackend(Backend):
                 raise RuntimeError(f"framework.keras_backend={asked}, but keras was imported "
                                    f"with the {running} backend (KERAS_BACKEND)")
             if self.spec.devices * self.spec.nodes > 1:
-                raise NotSupported(
-                    "devices > 1 is not supported by keras yet: keras.distribution.DataParallel "
-                    "(JAX only) shards one global batch with batch statistics over all of it, "
-                    "not the per-device batches and BatchNorm of the other frameworks' DDP")
+                raise NotSupported(f"devices > 1 is not supported by keras yet: {ONE_DEVICE}")
             self.policy_tags = devices.configure(self.spec.precision,
                                                  policy.cpu_threads(self.spec.cpu_threads))
             self.device = devices.select(self.spec.hardware)
@@ -41,7 +38,8 @@ class KerasBackend(Backend):
         tags = {**devices.tags(getattr(self, "device", "cpu:0")),
                 **getattr(self, "policy_tags", {})}
         if hasattr(self, "compiled"):  # what the built model ran
-            tags["compile_mode"] = train.compile_mode(devices.backend_name(), self.compiled)
+            tags["compile_mode"] = FRAMEWORK.compile_mode_tag(
+                self.compiled, settings={"keras_backend": devices.backend_name()})
             if self.arch.family in ("vit", "bert"):
                 tags["attention"] = devices.attention(self.device)
             elif self.arch.family == "llama":

@@ -23,16 +23,6 @@ def jit_compile(request: str) -> Union[bool, str]:
     return "auto" if request == "auto" else request == "true"
 
 
-COMPILED_MODES = {"jax": "jit", "torch": "torch.compile", "tensorflow": "xla"}
-UNCOMPILED_MODES = {"jax": "eager", "torch": "eager", "tensorflow": "tf.function"}
-
-
-def compile_mode(backend: str, compiled: bool) -> str:
-    """The ``fxtrack.compile_mode`` tag, e.g. ``keras-jax:jit``: on TensorFlow an uncompiled
-    step is still a tf.function graph, on JAX and torch it runs op by op."""
-    return f"keras-{backend}:{(COMPILED_MODES if compiled else UNCOMPILED_MODES)[backend]}"
-
-
 def compile_model(model: keras.Model, opt: keras.optimizers.Optimizer,
                   loss_fn: keras.losses.Loss, request: str) -> bool:
     """``model.compile`` with fxtrack's optimiser and a loss (``loss(family)``, or a user's

@@ -1,8 +1,9 @@
 """PyTorch: what it declares (no torch import here; fxtrack.frameworks.declaration)."""
 
-from fxtrack.frameworks.declaration import CompileRule, Framework, Limit
+from fxtrack.frameworks.declaration import CompileRule, Framework, Limit, Setting
 
 # Why eager on a CPU: docs/measurements.md ("torch.compile on CPU"), with the figures and command.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile(mode=...)
 CPU_COMPILE_NOTE = "no consistent CPU step-time gain measured, 0.5-4 min compile"
 # Refused before any work (the Limit below) and by deployment.quantize_native as a backstop.
 INT8_CPU_ONLY = "its dynamic int8 kernels are CPU-only; use hardware=cpu or runtime=onnxruntime"
@@ -36,6 +37,10 @@ FRAMEWORK = Framework(
     ),
     compiled_tag="inductor:{compile_mode}",
     uncompiled_tag="eager",
+    settings={
+        "compile_mode": Setting("default", COMPILE_MODES,
+                                "torch.compile mode: default | reduce-overhead | max-autotune"),
+    },
     capabilities={
         "inference": "fxtrack.frameworks.torch.inference",
         "pipeline": "fxtrack.frameworks.torch.pipeline",

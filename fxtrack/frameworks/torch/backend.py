@@ -10,7 +10,7 @@ import torch
 
 from fxtrack import policy
 from fxtrack.frameworks.base import Backend, attention_tokens
-from fxtrack.frameworks.torch import data, devices, models, parallel, train
+from fxtrack.frameworks.torch import FRAMEWORK, data, devices, models, parallel, train
 
 
 class TorchBackend(Backend):
@@ -29,8 +29,8 @@ class TorchBackend(Backend):
     def device_tags(self) -> dict[str, str]:
         tags = {**devices.tags(self.device), **getattr(self, "policy_tags", {})}
         if hasattr(self, "model"):  # what the built model ran
-            tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile,
-                                                                   self.spec.compile_mode)
+            tags["compile_mode"] = self.framework.compile_mode_tag(
+                self.spec.compile, self.spec.framework_settings)
             if self.arch.family in ("vit", "bert", "llama"):
                 dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
                 llama = self.arch.family == "llama"  # causal, grouped-query
@@ -71,7 +71,7 @@ class TorchBackend(Backend):
         # Model and loss compiled together: one graph from the input to the fp32 loss.
         self.loss = train.forward_loss(wrapped, self.spec.precision, self.device)
         if self.spec.compile:
-            self.loss = train.compile_loss(self.loss, self.spec.compile_mode)
+            self.loss = train.compile_loss(self.loss, FRAMEWORK.setting(self.spec, "compile_mode"))
         self._step = train.make_step(self.loss, self.opt, self.spec.precision, self.device,
                                      functools.partial(devices.sync, self.device))
 

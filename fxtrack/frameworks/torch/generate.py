@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from fxtrack.frameworks.torch import devices, train
+from fxtrack.frameworks.torch import FRAMEWORK, devices, train
 
 
 class TorchDecoder:
@@ -35,7 +35,7 @@ class TorchDecoder:
         self._prefill: Callable[..., torch.Tensor] = self._prefill_fn
         self._step: Callable[..., torch.Tensor] = self._step_fn
         if backend.spec.compile:
-            mode = backend.spec.compile_mode
+            mode = FRAMEWORK.setting(backend.spec, "compile_mode")
             compile_ = functools.partial(torch.compile, mode=None if mode == "default" else mode,
                                          fullgraph=True)
             self._prefill, self._step = compile_(self._prefill_fn), compile_(self._step_fn)

@@ -8,14 +8,14 @@ from typing import Callable
 
 import torch
 
-from fxtrack.frameworks.torch import devices, train
+from fxtrack.frameworks.torch import FRAMEWORK, devices, train
 
 
 def prepare(backend) -> Callable[[], None]:
     backend.model.eval()  # BatchNorm running statistics
     runnable = backend.model
     if backend.spec.compile:
-        mode = backend.spec.compile_mode
+        mode = FRAMEWORK.setting(backend.spec, "compile_mode")
         runnable = torch.compile(backend.model, mode=None if mode == "default" else mode)
     return train.make_inference_step(runnable, backend.batch, backend.spec.precision,
                                      backend.device, functools.partial(devices.sync, backend.device))

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from fxtrack.frameworks import user_builder as ub
-from fxtrack.frameworks.torch import devices, parallel, train
+from fxtrack.frameworks.torch import FRAMEWORK, devices, parallel, train
 
 
 def build(backend: Any, batch_size: int) -> None:
@@ -36,7 +36,7 @@ def build(backend: Any, batch_size: int) -> None:
     check_scalar(backend, backend.eager_loss)
     backend.loss = backend.eager_loss
     if spec.compile:
-        backend.loss = train.compile_loss(backend.loss, spec.compile_mode)
+        backend.loss = train.compile_loss(backend.loss, FRAMEWORK.setting(spec, "compile_mode"))
     backend.batch_size = batch_size
     backend._step = train.make_step(backend.loss, backend.opt, spec.precision, device,
                                     functools.partial(devices.sync, device))
@@ -84,7 +84,7 @@ def prepare_inference(backend: Any) -> Callable[[], None]:
     backend.model.eval()
     runnable = backend.model
     if spec.compile:
-        mode = spec.compile_mode
+        mode = FRAMEWORK.setting(spec, "compile_mode")
         runnable = torch.compile(backend.model, mode=None if mode == "default" else mode)
     amp, inputs = train.AMP_DTYPES[spec.precision], backend.batch[0]
 
