@@ -59,7 +59,7 @@ def store(tmp_path_factory):
         for rate in rates:
             n += 1
             _log(client, exp, n, fw, "bert", None, None, scenario="serve",
-                 metrics={"max_rate_under_slo_rps": rate, "goodput_rps": rate * 0.9, "e2e_ms_p99": p99})
+                 metrics={"max_rate_under_slo_rps": rate, "goodput_rps": rate * 0.9, "serve_e2e_ms_p99": p99})
     return uri
 
 

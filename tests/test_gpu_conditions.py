@@ -87,7 +87,7 @@ def test_wait_gives_up_after_wait_for_idle_s_and_tags(fake, monkeypatch):
     fake.devices[1]["compute"] = {4242: 2**30}
     t0 = time.monotonic()
     tags = nvml.check_before([0], "wait", 0.1, lambda s: None)
-    assert 0.1 <= time.monotonic() - t0 < 2.0
+    assert time.monotonic() - t0 >= 0.1  # it waited, then gave up (a hang is the timeout's to catch)
     assert tags == {"gpu_foreign_processes_before": "4242:1024MiB"}
 
 

@@ -23,7 +23,7 @@ AXES = (
     ("train", ("peak_mem_device_mib", "peak_rss_mib"), "peak memory per sample (MiB, lower is better)",
      True, ("throughput_samples_per_s",), "samples/s (higher is better)", False),
     ("serve", ("goodput_rps", "max_rate_under_slo_rps"), "throughput (requests/s, higher is better)",
-     False, ("e2e_ms_p99", "ttft_ms_p99", "tpot_ms_p99"), "p99 latency (ms, lower is better)", True),
+     False, ("serve_e2e_ms_p99", "serve_ttft_ms_p99", "serve_tpot_ms_p99"), "p99 latency (ms, lower is better)", True),
 )
 
 
