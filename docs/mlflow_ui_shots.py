@@ -17,10 +17,10 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
+
+from fxtrack.tracking.ui import wait_until_up
 
 DOCS = Path(__file__).resolve().parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -50,15 +50,8 @@ def mlflow_ui(store_uri: str, cwd: Path, timeout_s: float = 120) -> Iterator[str
                           stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if ui.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"mlflow ui did not answer on {base}") from None
-                time.sleep(0.5)
+        if not wait_until_up(base, ui, timeout_s):
+            raise RuntimeError(f"mlflow ui did not answer on {base}")
         yield base
     finally:
         os.killpg(ui.pid, 15)  # its session: the server and its workers

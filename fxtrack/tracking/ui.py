@@ -60,16 +60,9 @@ def main(argv: list[str]) -> int:
     ui = subprocess.Popen(command, env=env, stdout=sys.stderr)  # stdout: the link alone
     base = f"http://{args.host}:{args.port}"
     try:
-        deadline = time.monotonic() + 300  # a loaded machine starts mlflow ui slowly
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if ui.poll() is not None or time.monotonic() > deadline:
-                    print(f"{PROG}: mlflow ui did not start on {base}", file=sys.stderr)
-                    return 1
-                time.sleep(0.5)
+        if not wait_until_up(base, ui, 300):  # a loaded machine starts mlflow ui slowly
+            print(f"{PROG}: mlflow ui did not start on {base}", file=sys.stderr)
+            return 1
         print(f"{PROG}: experiment {args.experiment!r} of {redact_uri(uri)} (Ctrl-C stops the UI):",
               file=sys.stderr)
         print(experiment_link(base, exp.experiment_id), flush=True)
@@ -80,3 +73,16 @@ def main(argv: list[str]) -> int:
         if ui.poll() is None:
             ui.terminate()
             ui.wait(timeout=30)
+
+
+def wait_until_up(base: str, server: subprocess.Popen, timeout_s: float) -> bool:
+    """Poll ``base``/health until it answers (True), or the server exits or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(f"{base}/health", timeout=2)
+            return True
+        except OSError:
+            if server.poll() is not None or time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
