@@ -27,6 +27,7 @@ plain tf.function), torch attention through SDPA, JAX bf16/fp16 attention throug
 from __future__ import annotations
 
 import argparse
+import inspect
 import importlib.util
 import json
 import os
@@ -187,7 +188,11 @@ def floor_gib(model: str, scenario: str, precision: str, batch: int, options: di
         from fxtrack.config import memory
     except ImportError as e:
         return f"(no estimate: {e.name} not installed)"
-    est = memory.estimate(architectures.resolve(model), scenario, precision, batch, **options)
+    # a job's options also carry scenario settings (fit's max_batch, serve's rate) the estimate
+    # does not take: pass it only the ones it names
+    takes = inspect.signature(memory.estimate).parameters
+    est = memory.estimate(architectures.resolve(model), scenario, precision, batch,
+                          **{k: v for k, v in options.items() if k in takes})
     return "-" if est is None else f"~{est.total / memory.GIB:.1f} GiB"
 
 

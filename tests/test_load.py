@@ -126,6 +126,7 @@ class SpinBackend:
         return self.loss
 
     def device_kind(self): return "cpu"
+    def device_tags(self): return {}
     def build(self, batch_size): pass
     def train_step(self): return self._spin(self.step_s)
     def capability(self, name):  # the pipeline capability: an endless loader, a slower step
