@@ -3,7 +3,6 @@ logged into a temporary MLflow store with the real tag and metric keys (no frame
 
 from __future__ import annotations
 
-import math
 import shutil
 import subprocess
 import time
@@ -181,7 +180,6 @@ def test_chromium_opens_the_page_offline(store, tmp_path, capsys):
     subprocess.run(["chromium", *flags, f"--screenshot={shot}", page_url], capture_output=True,
                    timeout=120)
     assert shot.is_file() and shot.stat().st_size > 10_000
-    assert not math.isnan(shot.stat().st_size)
 
 
 def test_claims_table_says_each_claim_and_its_published_figures():
