@@ -411,3 +411,90 @@ def test_gpu_check_reference_prefers_the_jobs_precision(gpu_check):
     assert gpu_check.reference(refs, "tensorflow", "resnet50", "train", "bf16").startswith(
         "287 samples/s (A100 80GB, seed-resnet50-train-a100)")
     assert gpu_check.reference(refs, "jax", "vit", "train", "bf16") == "-"
+
+
+# ---- each framework's peak device memory, named by the counter it reads ----------------------
+
+def test_torch_reads_its_allocator_peak_and_its_reserved_pool(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from fxtrack.frameworks.base import PeakMemory
+    from fxtrack.frameworks.torch import devices
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 5 * 2**30)
+    assert devices.peak_memory(torch.device("cuda", 0)) == PeakMemory(
+        "torch.max_memory_allocated", 3 * 2**30, "torch.max_memory_reserved", 5 * 2**30)
+    assert devices.peak_memory(torch.device("cpu")) is None
+
+
+def test_jax_reads_peak_bytes_in_use_and_the_pool_where_reported():
+    pytest.importorskip("jax")
+    from fxtrack.frameworks.base import PeakMemory
+    from fxtrack.frameworks.jax import devices
+
+    def device(stats):
+        return types.SimpleNamespace(memory_stats=lambda: stats)
+
+    assert devices.peak_memory(device({"peak_bytes_in_use": 7, "peak_pool_bytes": 9})) == \
+        PeakMemory("jax.peak_bytes_in_use", 7, "jax.peak_pool_bytes", 9)
+    assert devices.peak_memory(device({"peak_bytes_in_use": 7})) == \
+        PeakMemory("jax.peak_bytes_in_use", 7)  # an allocator without a pool figure
+    assert devices.peak_memory(device(None)) is None  # CPU: no statistics
+
+
+def test_tensorflow_reads_get_memory_info_peak(monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    from fxtrack.frameworks.base import PeakMemory
+    from fxtrack.frameworks.tensorflow import devices
+
+    asked = []
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                        lambda name: asked.append(name) or {"current": 1, "peak": 11})
+    assert devices.peak_memory("/GPU:1") == PeakMemory("tensorflow.get_memory_info.peak", 11)
+    assert asked == ["GPU:1"] and devices.peak_memory("/CPU:0") is None
+
+
+def test_the_fullest_device_of_a_process_and_none_without_a_counter():
+    from fxtrack.frameworks.base import PeakMemory
+
+    a, b = PeakMemory("k", 5, "r", 9), PeakMemory("k", 8, "r", 8)
+    assert PeakMemory.fullest([a, b]) == b
+    assert PeakMemory.fullest([a, None]) is None and PeakMemory.fullest([]) is None
+
+
+class _MemoryBackend:
+    """A backend with only what peak_memory_metrics asks: its reading and a 2-process max."""
+
+    def __init__(self, peak):
+        self.peak, self.reduced = peak, []
+
+    def peak_memory(self):
+        return self.peak
+
+    def reduce_max(self, value):
+        self.reduced.append(value)
+        return 2 * value  # another rank's device is fuller
+
+
+def test_peak_memory_metrics_log_each_kind_beside_its_tag():
+    from fxtrack.frameworks.base import PeakMemory
+
+    tags = {}
+    backend = _MemoryBackend(PeakMemory("torch.max_memory_allocated", 2**30,
+                                        "torch.max_memory_reserved", 3 * 2**30))
+    assert timed.peak_memory_metrics(backend, tags) == {
+        "peak_mem_device_mib": 2048.0, "peak_mem_device_reserved_mib": 6144.0}
+    assert tags == {"peak_mem_device_kind": "torch.max_memory_allocated",
+                    "peak_mem_device_reserved_kind": "torch.max_memory_reserved"}
+    tags = {}
+    metrics = timed.peak_memory_metrics(
+        _MemoryBackend(PeakMemory("tensorflow.get_memory_info.peak", 2**20)), tags)
+    assert metrics == {"peak_mem_device_mib": 2.0}
+    assert tags == {"peak_mem_device_kind": "tensorflow.get_memory_info.peak"}
+
+
+def test_a_cpu_run_has_no_device_memory_reading_nor_its_tag():
+    tags = {}
+    backend = _MemoryBackend(None)
+    assert timed.peak_memory_metrics(backend, tags) == {} and tags == {}
+    assert backend.reduced == []  # no collective either: every rank skips it alike
