@@ -346,10 +346,11 @@ def test_gpu_check_exits_non_zero_on_any_problem(gpu_check, monkeypatch, tmp_pat
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--frameworks", "jax"])
     monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
+    monkeypatch.setattr(gpu_check, "matmul_rate", lambda fw, precision: (None, "no GPU"))
     attention = {"vit": "cudnn", "bert": "cudnn"}
 
     def fake_run_job(fw, model, scenario, precision, batch, options, steps, warmup, out,
-                     timeout_s):
+                     timeout_s, devices=1):
         att = attention.get(model) if precision != "fp32" else "xla"
         return _ok(attention=att, matmul_precision=precision if precision != "bf16" else "fp32")
 
@@ -382,25 +383,161 @@ def test_run_figures_take_the_fullest_device_of_any_process(fake_nvml, monkeypat
 
 
 def test_gpu_check_all_dry_run_lists_every_gpu_path_on_a_cpu():
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--all",
                           "--dry-run"], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         env=dict(env, PYTHONPATH=str(ROOT)))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     for fw in ("torch", "jax"):
         for job in ("resnet50 train bf16", "resnet50 inference bf16", "bert train bf16",
                     "bert inference bf16", "vit train bf16", "vit inference bf16",
-                    "llama train bf16", "llama generate bf16"):
+                    "llama train bf16", "llama generate bf16", "llama serve bf16"):
             assert any(line.startswith(f"{fw} {job} ") for line in lines), (fw, job)
+        fit = next(line for line in lines if line.startswith(f"fit {fw} vit bf16: "))
+        assert "at most 5 probes" in fit and "refused" not in fit
+        scaling = next(line for line in lines if line.startswith(f"scaling {fw} resnet50 "))
+        assert "at 1 and 2 GPUs" in scaling and "skipped: no GPU count" in scaling
+    assert "torchrun, 2 DDP processes" in next(l for l in lines if l.startswith("scaling torch"))
     resnet = next(line for line in lines if line.startswith("torch resnet50 train"))
     assert "reference 312 samples/s" in resnet and "memory floor ~" in resnet
+    mfu = next(line for line in lines if line.startswith("MFU: "))
+    assert "datasheet" in mfu and "calibrated first at bf16" in mfu and "--matmul" in mfu
+    assert not any("not in this checkout" in line for line in lines)
 
 
-def test_gpu_check_registry_adds_a_scenario_only_where_it_exists(gpu_check, monkeypatch):
-    monkeypatch.setattr(gpu_check, "CHECKS", {})
-    gpu_check.register("train", [("mlp", "train", "bf16", 8, {})])
-    gpu_check.register("no_such_scenario", [("mlp", "no_such_scenario", "bf16", 8, {})])
-    assert gpu_check.available_checks() == [("mlp", "train", "bf16", 8, {})]
+def _fake_gpu_run_job(lm_keys, throughput_per_gpu=100.0, fits_up_to=300):
+    """run_job on a fake H200: every job on its fast path; a fit probe above ``fits_up_to``
+    runs out of memory; 2 GPUs give 1.8x one."""
+    calls = []
+
+    def run_job(fw, model, scenario, precision, batch, options, steps, warmup, out, timeout_s,
+                devices=1):
+        calls.append((fw, model, scenario, batch, devices))
+        if scenario == "fit" and batch > fits_up_to:
+            return Result("r", error="torch.OutOfMemoryError: CUDA out of memory")
+        attention = "sdpa:flash" if fw == "torch" else "cudnn"
+        metrics = {"throughput_samples_per_s": throughput_per_gpu * (1.8 if devices == 2 else 1),
+                   "achieved_tflops": 400.0 * devices, "peak_mem_device_mib": 10.0 * batch,
+                   "peak_mem_device_reserved_mib": 12.0 * batch}
+        metrics.update({k: 1.0 for k in (*lm_keys, "max_rate_under_slo_rps",
+                                         "serve_tpot_ms_p99")})
+        return Result("r", status="FINISHED", metrics=metrics, tags={
+            "device": "NVIDIA H200", "matmul_precision": "fp32", "attention": attention,
+            "compile_mode": "inductor:default" if fw == "torch" else "jit",
+            "peak_mem_device_kind": "torch.max_memory_allocated"})
+
+    return run_job, calls
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_gpu_check_all_runs_fit_serve_and_scaling_where_a_second_gpu_exists(
+        gpu_check, monkeypatch, tmp_path, capsys, gpus):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--all", "--frameworks", "torch"])
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
+    monkeypatch.setattr(gpu_check, "matmul_rate", lambda fw, precision: (800.0, "on H200"))
+    monkeypatch.setattr(gpu_check, "gpu_count", lambda: gpus)
+    run_job, calls = _fake_gpu_run_job(gpu_check.LM_GENERATE)
+    monkeypatch.setattr(gpu_check, "run_job", run_job)
+    assert gpu_check.main() == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("torch", "llama", "serve", 8, 1) in calls
+    probes = [c[3] for c in calls if c[2] == "fit"]
+    assert 1 < len(probes) <= gpu_check.FIT_CHECK_PROBES and all(c[1] == "vit" for c in calls
+                                                                 if c[2] == "fit")
+    assert "fit torch vit bf16: largest batch" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    fit = next(e for e in summary if e["scenario"] == "fit")
+    assert 0 < fit["metrics"]["max_batch_size"] <= 300
+    scaling = [c for c in calls if c[2] == "scaling"]
+    if gpus == 1:
+        assert scaling == [] and "skipped: one GPU" in out
+        assert not any(e["scenario"].startswith("scaling") for e in summary)
+    else:  # x1 is the ResNet-50 train row; only the 2-GPU run is new
+        assert scaling == [("torch", "resnet50", "scaling", 256, 2)]
+        row = next(e for e in summary if e["scenario"] == "scaling x2")
+        assert row["metrics"]["speedup_x2"] == pytest.approx(1.8)
+        assert row["metrics"]["scaling_efficiency"] == pytest.approx(0.9)
+        assert row["metrics"]["mfu"] == pytest.approx(800.0 / (2 * 989.5))  # over both GPUs
+        assert "x2 speedup 1.80, efficiency 90%" in out
+    resnet = next(e for e in summary if (e["model"], e["scenario"]) == ("resnet50", "train"))
+    assert resnet["metrics"]["mfu"] == pytest.approx(400 / 989.5)  # the H200's datasheet
+    assert resnet["metrics"]["mfu_calibrated"] == pytest.approx(0.5)  # 400 of the measured 800
+    assert "MFU cal: against 800.0 TFLOP/s at bf16 (measured:torch's matmul on this GPU)" in out
+    assert "torch: torch.max_memory_allocated" in out  # the memory columns say their kind
+
+
+def test_gpu_check_launches_two_gpus_as_the_orchestrator_does(gpu_check, monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    result = gpu_check.run_job("torch", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path,
+                               60, devices=2)
+    assert result.error == "no result"  # nothing ran: no figure is made up
+    assert ran[0][1:5] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone"]
+    spec = JobSpec.read(tmp_path / "torch-resnet50-scaling-bf16-x2.spec.json")
+    assert (spec.devices, spec.launcher, spec.runner) == (2, "torchrun",
+                                                          "fxtrack.scenarios.train:run")
+    gpu_check.run_job("jax", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path, 60, devices=2)
+    assert ran[1][1:3] == ["-m", "fxtrack.worker"]  # JAX: one process drives both GPUs
+
+
+def test_gpu_check_counts_the_visible_gpus(gpu_check, monkeypatch):
+    from tests.fake_nvml import FakeNvml, MissingNvml, gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert gpu_check.gpu_count() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu_check.gpu_count() == 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([gpu("00000000:1A:00.0", "GPU-a")]))
+    assert gpu_check.gpu_count() == 1
+    assert gpu_check.scaling_plan("torch", 1).endswith("skipped: one GPU")
+    monkeypatch.setitem(sys.modules, "pynvml", MissingNvml())
+    assert gpu_check.gpu_count() is None
+
+
+def test_gpu_check_calibrates_with_each_frameworks_matmul_and_takes_the_best(
+        gpu_check, monkeypatch):
+    rates = {("torch", "bf16"): 700.0, ("jax", "bf16"): 760.0, ("torch", "fp32"): 51.0}
+    monkeypatch.setattr(gpu_check, "matmul_rate",
+                        lambda fw, p: (rates.get((fw, p)), "on H200" if (fw, p) in rates else
+                                       "not installed"))
+    peaks = gpu_check.calibrate(["torch", "jax"], ["bf16", "fp32", "tf32"])
+    assert peaks == {"bf16": (760.0, "measured:jax"), "fp32": (51.0, "measured:torch")}
+    r = Result("r", status="FINISHED", metrics={"achieved_tflops": 380.0},
+               tags={"device": "an unknown GPU"})
+    gpu_check.add_mfu(r, "bf16", 1, peaks)
+    assert "mfu" not in r.metrics  # no datasheet entry: no datasheet MFU
+    assert r.metrics["mfu_calibrated"] == pytest.approx(0.5)
+    assert r.tags["peak_calibrated_by"] == "measured:jax"
+    r = Result("r", status="FINISHED", metrics={"achieved_tflops": 380.0})
+    gpu_check.add_mfu(r, "tf32", 1, peaks)
+    assert "mfu_calibrated" not in r.metrics  # tf32 was not measured: none claimed
+
+
+def test_gpu_check_reads_the_matmul_probes_answer(gpu_check, monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(cmd=cmd, env=kw["env"])
+        return types.SimpleNamespace(returncode=0, stderr="", stdout=answer)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    answer = 'noise\n{"installed": true, "device": "NVIDIA H200", "tflops": 712.5}\n'
+    assert gpu_check.matmul_rate("torch", "bf16") == (712.5, "on NVIDIA H200")
+    assert seen["cmd"][2:] == ["fxtrack.worker", "--matmul", "torch", "fxtrack.frameworks.torch",
+                               "bf16", "gpu"]
+    assert float(seen["env"]["FXTRACK_PROBE_DEADLINE"]) > 0
+    answer = '{"installed": false, "missing": "torch"}'
+    assert gpu_check.matmul_rate("torch", "bf16") == (None, "not installed")
+
+
+def test_gpu_check_flags_a_calibrated_mfu_above_one(gpu_check):
+    r = _ok(attention="cudnn")
+    r.metrics.update(mfu_calibrated=1.2, peak_tflops_calibrated=500.0)
+    assert gpu_check.check("jax", "vit", "bf16", r) == [
+        "calibrated MFU 120% > 100% (measured peak 500.0 TFLOP/s)"]
 
 
 def test_gpu_check_reference_prefers_the_jobs_precision(gpu_check):
