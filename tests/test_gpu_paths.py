@@ -398,7 +398,8 @@ def test_gpu_check_all_dry_run_lists_every_gpu_path_on_a_cpu():
         assert "at most 5 probes" in fit and "refused" not in fit
         scaling = next(line for line in lines if line.startswith(f"scaling {fw} resnet50 "))
         assert "at 1 and 2 GPUs" in scaling and "skipped: no GPU count" in scaling
-    assert "torchrun, 2 DDP processes" in next(l for l in lines if l.startswith("scaling torch"))
+    torch_scaling = next(line for line in lines if line.startswith("scaling torch"))
+    assert "torchrun, 2 DDP processes" in torch_scaling
     resnet = next(line for line in lines if line.startswith("torch resnet50 train"))
     assert "reference 312 samples/s" in resnet and "memory floor ~" in resnet
     mfu = next(line for line in lines if line.startswith("MFU: "))

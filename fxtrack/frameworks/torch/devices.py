@@ -6,8 +6,8 @@ from typing import Optional
 
 import torch
 
-from fxtrack.frameworks.torch import parallel
 from fxtrack.frameworks.base import PeakMemory
+from fxtrack.frameworks.torch import parallel
 from fxtrack.measure import matmul_probe
 
 # tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
