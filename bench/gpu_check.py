@@ -3,28 +3,34 @@ Hydra, MLflow or TensorFlow): it writes JobSpecs itself and runs ``python -m fxt
 on each, then prints a closing table. Every Result JSON lands in ``$OUT`` (or ./gpu-results).
 
     python bench/gpu_check.py [--frameworks torch,jax] [--steps 20] [--warmup 5]
-                              [--suite seeds|llama|all] [--all] [--dry-run]
+                              [--suite seeds|llama|all|fit] [--all] [--dry-run]
 
 ``--all`` is the prepared device check (docs/running-on-a-gpu.md), the first thing to run on a
 new GPU: ResNet-50, BERT and ViT train and inference at bf16, the 1B Llama's train, generate and
 serve, a fit search (ViT-B/16 at bf16, at most ``FIT_CHECK_PROBES`` probes) and, where a second
 GPU is visible, a 2-process scaling check (ResNet-50 at 1 and 2 GPUs; torch through torchrun), in
 each framework; the table shows each figure beside its published reference
-(fxtrack/claims.yaml) where one exists.
+(fxtrack/claims.yaml) where one exists, and the memory readings side by side: each framework's
+own peak (``peak_mem_device_mib``, the counter named by its ``peak_mem_device_kind`` tag), its
+allocator's pool peak where it has one, and NVML's reading of the process (the same kind in
+every framework). The fit search needs the memory pre-check (omegaconf); without it, it says so
+and is skipped. On one GPU the scaling check prints "skipped: one GPU".
 
 Jobs (``--suite seeds``, the default): resnet50 (bf16 at 256 images, fp32 at 256), bert (bf16,
 64 x 128 tokens), vit (bf16, 128 images), plus ResNet-50 at tf32 and ViT at fp32, each with
 framework.compile=auto (the policy's pick for a GPU). ``--suite llama``: canonical llama (1.2B)
 at bf16, training at batch 4 x 2,048 tokens and greedy generation at batch 8, prompt 128, 128
-new tokens (its LM figures: tokens/s, TTFT, decode ms/token and tokens/s, KV cache); ``all``:
-both. ``--dry-run`` lists the jobs with the memory pre-check's estimate and starts nothing.
+new tokens (its LM figures: tokens/s, TTFT, decode ms/token and tokens/s, KV cache), and the
+serve job (``SERVE_JOB``); ``all``: both; ``fit``: the fit search of ViT and Llama, 8 probes
+each. ``--dry-run`` lists the jobs with the memory pre-check's estimate and starts nothing.
 MFU is shown against the datasheet peak of a known GPU (``mfu``) and against the peak measured on
 this GPU at the start (``mfu_calibrated``): each framework's matmul probe (``python -m
 fxtrack.worker --matmul``, its ``calibration`` capability) at each precision the jobs use, the
 best rate of any framework, as fxtrack's calibration takes it.
 
-Exit status 1 when any job failed, tripped its correctness guard, reported an MFU above 100%, or
-did not run the expected fast path (``check``): compiled (``compile_mode`` not eager / op-by-op /
+Exit status 1 when any job failed, tripped its correctness guard, reported an MFU above 100%
+(against the datasheet or the calibrated peak), a fit probe failed other than by running out of
+memory, the 2-GPU scaling run gave no figure, or a job did not run the expected fast path (``check``): compiled (``compile_mode`` not eager / op-by-op /
 plain tf.function), torch attention through SDPA, JAX bf16/fp16 attention through cuDNN, and
 ``matmul_precision`` equal to the requested fp32 / tf32.
 """
