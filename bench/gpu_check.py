@@ -383,7 +383,8 @@ def main() -> int:
         print("  ".join(f"{c:>10}" for c in cells))
     print(memory_legend(rows))
     for precision, (rate, by) in sorted(calibrated.items()):
-        print(f"MFU cal: against {rate:,.1f} TFLOP/s at {precision} ({by}'s matmul on this GPU)")
+        print(f"MFU cal: against {rate:,.1f} TFLOP/s at {precision}, {by.split(':')[-1]}'s "
+              "matmul on this GPU (the best of the frameworks' probes)")
     lm_table(rows)
     (out / "summary.json").write_text(json.dumps(
         [{"framework": fw, "model": m, "scenario": s, "precision": p, "batch": b,
