@@ -636,3 +636,25 @@ def test_a_cpu_run_has_no_device_memory_reading_nor_its_tag():
     backend = _MemoryBackend(None)
     assert timed.peak_memory_metrics(backend, tags) == {} and tags == {}
     assert backend.reduced == []  # no collective either: every rank skips it alike
+
+
+def test_the_reports_memory_table_names_each_frameworks_device_counter():
+    import pandas as pd
+
+    from fxtrack.report.select import latest_runs
+    from fxtrack.report.tables import memory
+
+    base = {"status": "FINISHED", "start_time": pd.Timestamp("2026-12-01"),
+            "end_time": pd.Timestamp("2026-12-01"), "tags.fxtrack.model": "vit",
+            "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "bf16",
+            "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": "gpu", "tags.fxtrack.status": "ok",
+            "metrics.throughput_samples_per_s": 100.0, "metrics.peak_mem_device_mib": 900.0}
+    frame = pd.DataFrame([
+        {**base, "run_id": "a", "tags.fxtrack.framework": "torch",
+         "tags.fxtrack.peak_mem_device_kind": "torch.max_memory_allocated"},
+        {**base, "run_id": "b", "tags.fxtrack.framework": "jax",
+         "tags.fxtrack.peak_mem_device_kind": "jax.peak_bytes_in_use"}])
+    notes = memory(latest_runs(frame).runs)[0].notes
+    assert any("jax jax.peak_bytes_in_use; torch torch.max_memory_allocated" in n for n in notes)
+    cpu = frame.drop(columns="tags.fxtrack.peak_mem_device_kind")  # a CPU run: no such tag
+    assert not any("device counters" in n for n in memory(latest_runs(cpu).runs)[0].notes)
