@@ -3,23 +3,34 @@ Hydra, MLflow or TensorFlow): it writes JobSpecs itself and runs ``python -m fxt
 on each, then prints a closing table. Every Result JSON lands in ``$OUT`` (or ./gpu-results).
 
     python bench/gpu_check.py [--frameworks torch,jax] [--steps 20] [--warmup 5]
-                              [--suite seeds|llama|all] [--all] [--dry-run]
+                              [--suite seeds|llama|all|fit] [--all] [--dry-run]
 
 ``--all`` is the prepared device check (docs/running-on-a-gpu.md), the first thing to run on a
-new GPU: ResNet-50, BERT and ViT train and inference at bf16 and the 1B Llama's train and
-generate, in each framework, plus every registered scenario check (``CHECKS``) this checkout has;
-the table shows each figure beside its published reference (fxtrack/claims.yaml) where one exists.
+new GPU: ResNet-50, BERT and ViT train and inference at bf16, the 1B Llama's train, generate and
+serve, a fit search (ViT-B/16 at bf16, at most ``FIT_CHECK_PROBES`` probes) and, where a second
+GPU is visible, a 2-process scaling check (ResNet-50 at 1 and 2 GPUs; torch through torchrun), in
+each framework; the table shows each figure beside its published reference
+(fxtrack/claims.yaml) where one exists, and the memory readings side by side: each framework's
+own peak (``peak_mem_device_mib``, the counter named by its ``peak_mem_device_kind`` tag), its
+allocator's pool peak where it has one, and NVML's reading of the process (the same kind in
+every framework). The fit search needs the memory pre-check (omegaconf); without it, it says so
+and is skipped. On one GPU the scaling check prints "skipped: one GPU".
 
 Jobs (``--suite seeds``, the default): resnet50 (bf16 at 256 images, fp32 at 256), bert (bf16,
 64 x 128 tokens), vit (bf16, 128 images), plus ResNet-50 at tf32 and ViT at fp32, each with
 framework.compile=auto (the policy's pick for a GPU). ``--suite llama``: canonical llama (1.2B)
 at bf16, training at batch 4 x 2,048 tokens and greedy generation at batch 8, prompt 128, 128
-new tokens (its LM figures: tokens/s, TTFT, decode ms/token and tokens/s, KV cache); ``all``:
-both. ``--dry-run`` lists the jobs with the memory pre-check's estimate and starts nothing.
-MFU uses the datasheet peak of a known GPU.
+new tokens (its LM figures: tokens/s, TTFT, decode ms/token and tokens/s, KV cache), and the
+serve job (``SERVE_JOB``); ``all``: both; ``fit``: the fit search of ViT and Llama, 8 probes
+each. ``--dry-run`` lists the jobs with the memory pre-check's estimate and starts nothing.
+MFU is shown against the datasheet peak of a known GPU (``mfu``) and against the peak measured on
+this GPU at the start (``mfu_calibrated``): each framework's matmul probe (``python -m
+fxtrack.worker --matmul``, its ``calibration`` capability) at each precision the jobs use, the
+best rate of any framework, as fxtrack's calibration takes it.
 
-Exit status 1 when any job failed, tripped its correctness guard, reported an MFU above 100%, or
-did not run the expected fast path (``check``): compiled (``compile_mode`` not eager / op-by-op /
+Exit status 1 when any job failed, tripped its correctness guard, reported an MFU above 100%
+(against the datasheet or the calibrated peak), a fit probe failed other than by running out of
+memory, the 2-GPU scaling run gave no figure, or a job did not run the expected fast path (``check``): compiled (``compile_mode`` not eager / op-by-op /
 plain tf.function), torch attention through SDPA, JAX bf16/fp16 attention through cuDNN, and
 ``matmul_precision`` equal to the requested fp32 / tf32.
 """
@@ -33,15 +44,20 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fxtrack import architectures  # noqa: E402
 from fxtrack.job import JobSpec, Result  # noqa: E402
+from fxtrack.measure import matmul_probe  # noqa: E402
 from fxtrack.measure.peak import datasheet  # noqa: E402
+from fxtrack.orchestrator.runner import worker_command  # noqa: E402 - no Hydra nor MLflow
+from fxtrack.orchestrator.scaling import scaling_metrics  # noqa: E402
 
 # (model, scenario, precision, batch, scenario options)
 JOBS = [("resnet50", "train", "bf16", 256, {}), ("resnet50", "train", "fp32", 256, {}),
@@ -58,23 +74,16 @@ SERVE_JOB = ("llama", "serve", "bf16", 8,
 LLAMA_JOBS.append(SERVE_JOB)
 SUITES = {"seeds": JOBS, "llama": LLAMA_JOBS, "all": JOBS + LLAMA_JOBS}
 # --all: the prepared device check (docs/running-on-a-gpu.md), one ~10-minute budget on an H200:
-# every family's train and inference at bf16, the 1B Llama, then each registered check.
+# every family's train and inference at bf16, the 1B Llama's train, generate and serve; then the
+# fit search and the 2-process scaling check below.
 FULL_CHECK = [(m, s, "bf16", b, {}) for m, b in (("resnet50", 256), ("bert", 64), ("vit", 128))
               for s in ("train", "inference")] + LLAMA_JOBS
-# Other scenarios' checks: scenario name -> jobs, included in --all only where
-# fxtrack/scenarios/<name>.py exists. A new scenario's branch adds its entry here (fit, serve).
-CHECKS: dict[str, list] = {}
-
-
-def register(scenario: str, jobs: list) -> None:
-    """Add ``scenario``'s jobs (model, scenario, precision, batch, options) to --all."""
-    CHECKS[scenario] = jobs
-
-
-def available_checks() -> list:
-    """The registered jobs whose scenario this checkout has."""
-    return [job for name, jobs in CHECKS.items()
-            if importlib.util.find_spec(f"fxtrack.scenarios.{name}") for job in jobs]
+# --all's fit search: ViT-B/16's largest batch at bf16, bounded to a few probes (each a worker)
+FIT_CHECK, FIT_CHECK_PROBES = [("vit", "train", "bf16", 0, {})], 5
+# --all's scaling check: ResNet-50 at a fixed per-device batch on 1 and 2 GPUs (its x1 is
+# FULL_CHECK's ResNet-50 train row); torch runs one DDP process per GPU under torchrun.
+SCALING_CHECK = ("resnet50", "train", "bf16", 256, {})
+CALIBRATION_S = 60.0  # each framework's matmul probe, per precision (its worker's deadline)
 
 
 def references(path: Path = ROOT / "fxtrack" / "claims.yaml") -> list:
@@ -116,33 +125,108 @@ def reference(refs: list, framework: str, model: str, scenario: str, precision: 
 SLOW_COMPILE_MODES = ("eager", "op-by-op", "tf.function")  # the declarations' uncompiled_tag
 
 
+def launcher(framework: str) -> str:
+    """How conf/framework/<name>.yaml launches more than one device (``torchrun``: one process
+    per GPU; ``process``: one process drives them all), read without Hydra."""
+    path = ROOT / "conf" / "framework" / f"{framework}.yaml"
+    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
+        if line.startswith("launcher:"):
+            return line.split(":", 1)[1].split("#")[0].strip()
+    return "process"
+
+
+def job_name(framework: str, model: str, scenario: str, precision: str, devices: int) -> str:
+    """A job's file names in $OUT: <name>.json (its Result), .spec.json, .log."""
+    return f"{framework}-{model}-{scenario}-{precision}-x{devices}"
+
+
+# A scenario of the orchestrator's whose every worker is another scenario's run
+RUNNERS = {"scaling": "train", "fit": "train"}
+
+
 def run_job(framework: str, model: str, scenario: str, precision: str, batch: int,
-            options: dict, steps: int, warmup: int, out: Path, timeout_s: float) -> Result:
-    name = f"{framework}-{model}-{scenario}-{precision}-x1"
+            options: dict, steps: int, warmup: int, out: Path, timeout_s: float,
+            devices: int = 1) -> Result:
+    """One worker (under torchrun where the framework launches a process per device, as the
+    orchestrator starts it), its Result read back."""
+    name = job_name(framework, model, scenario, precision, devices)
     spec = JobSpec(result_id=uuid.uuid4().hex, framework=framework,
                    package=f"fxtrack.frameworks.{framework}", scenario=scenario,
-                   runner=f"fxtrack.scenarios.{scenario}:run",
+                   runner=f"fxtrack.scenarios.{RUNNERS.get(scenario, scenario)}:run",
                    arch=architectures.resolve(model).to_json(), precision=precision,
-                   hardware="gpu", devices=1, compile=True, compile_request="auto", seed=0,
+                   hardware="gpu", devices=devices, compile=True, compile_request="auto", seed=0,
                    batch_size=batch, steps=steps, options=dict(options),
-                   warmup_steps=warmup, result_path=str(out / f"{name}.json"), progress=False)
+                   warmup_steps=warmup, result_path=str(out / f"{name}.json"), progress=False,
+                   launcher=launcher(framework))
     spec_path = out / f"{name}.spec.json"
     spec.dump(spec_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with open(out / f"{name}.log", "w") as log:
-        try:
-            subprocess.run([sys.executable, "-m", "fxtrack.worker", str(spec_path)], env=env,
+        try:  # the orchestrator's own command line: torchrun --standalone for a DDP job
+            subprocess.run(worker_command(spec, sys.executable, spec_path), env=env,
                            stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
     path = Path(spec.result_path)
-    result = Result.read(path) if path.exists() else Result(spec.result_id, error="no result")
+    return Result.read(path) if path.exists() else Result(spec.result_id, error="no result")
+
+
+def add_mfu(result: Result, precision: str, devices: int,
+            calibrated: dict[str, tuple[float, str]]) -> None:
+    """MFU against the datasheet peak of a known GPU (``peak_tflops``, ``mfu``) and against the
+    peak measured on this GPU (``peak_tflops_calibrated``, ``mfu_calibrated``, with the
+    framework that reached it in ``peak_calibrated_by``), each over every device of the run."""
     m = result.metrics
+    if "achieved_tflops" not in m:
+        return
     sheet = datasheet(result.tags.get("device", ""), precision)
-    if sheet and "flops_per_sample" in m:
-        m["peak_tflops"], m["mfu"] = sheet[0], m["achieved_tflops"] / sheet[0]
-        result.dump(path)
-    return result
+    if sheet:
+        m["peak_tflops"], m["mfu"] = sheet[0], m["achieved_tflops"] / (devices * sheet[0])
+    if precision in calibrated:
+        rate, by = calibrated[precision]
+        m["peak_tflops_calibrated"] = rate
+        m["mfu_calibrated"] = m["achieved_tflops"] / (devices * rate)
+        result.tags["peak_calibrated_by"] = by
+
+
+def matmul_rate(framework: str, precision: str, budget_s: float = CALIBRATION_S
+                ) -> tuple[Optional[float], str]:
+    """The framework's large-matmul TFLOP/s on this GPU at ``precision``, from its own
+    calibration probe (the worker's ``--matmul``, sized by fxtrack.measure.matmul_probe within
+    ``budget_s``), and what its worker said; (None, why) where it gave no rate."""
+    cmd = [sys.executable, "-m", "fxtrack.worker", "--matmul", framework,
+           f"fxtrack.frameworks.{framework}", precision, "gpu"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env[matmul_probe.DEADLINE_ENV] = repr(time.time() + budget_s)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                             timeout=budget_s + 120)  # + the framework's import and CUDA start
+    except subprocess.TimeoutExpired:
+        return None, f"its worker ran past {budget_s + 120:.0f} s"
+    lines = out.stdout.strip().splitlines()
+    answer = json.loads(lines[-1]) if out.returncode == 0 and lines else {}
+    if answer.get("tflops"):
+        return float(answer["tflops"]), f"on {answer.get('device', '?')}"
+    why = ("not installed" if answer.get("installed") is False else "stopped at its deadline"
+           if answer.get("stopped") else answer.get("reason") or
+           f"its worker failed: {(out.stderr.strip().splitlines() or ['?'])[-1][:120]}")
+    return None, why
+
+
+def calibrate(frameworks: list[str], precisions: list[str]) -> dict[str, tuple[float, str]]:
+    """precision -> (the best matmul rate of any framework on this GPU, ``measured:<fw>``), as
+    fxtrack's calibration takes the peak; a precision no framework measured is left out (its
+    jobs then have no calibrated MFU)."""
+    peaks: dict[str, tuple[float, str]] = {}
+    for precision in precisions:
+        for fw in frameworks:
+            rate, said = matmul_rate(fw, precision)
+            print(f"calibrating the peak: {fw} {precision} matmul "
+                  + (f"{rate:,.1f} TFLOP/s {said}" if rate else f"gave no rate: {said}"),
+                  flush=True)
+            if rate and rate > peaks.get(precision, (0.0, ""))[0]:
+                peaks[precision] = (rate, f"measured:{fw}")
+    return peaks
 
 
 def check(framework: str, model: str, precision: str, result: Result,
@@ -155,6 +239,9 @@ def check(framework: str, model: str, precision: str, result: Result,
         problems.append(f"correctness guard: {result.guard}")
     if m.get("mfu", 0.0) > 1.0:
         problems.append(f"MFU {m['mfu']:.0%} > 100% (peak {m.get('peak_tflops')} TFLOP/s)")
+    if m.get("mfu_calibrated", 0.0) > 1.0:  # the matmul probe is not this GPU's peak
+        problems.append(f"calibrated MFU {m['mfu_calibrated']:.0%} > 100% (measured peak "
+                        f"{m.get('peak_tflops_calibrated', 0):.1f} TFLOP/s)")
     if scenario == "generate":
         problems += [f"no {k}" for k in LM_GENERATE if k not in m]
     if scenario == "serve":
@@ -226,59 +313,88 @@ def main() -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="list the jobs and their memory floor; run nothing")
     args = parser.parse_args()
-    if args.suite == "fit":
+    if args.suite == "fit" and not args.all:
         return fit_check(args)
-    jobs = SUITES[args.suite]
-    if args.all:
-        jobs = FULL_CHECK + available_checks()
+    jobs = FULL_CHECK if args.all else SUITES[args.suite]
+    frameworks = args.frameworks.split(",")
+    precisions = sorted({job[2] for job in jobs})
     refs = references()
     if args.dry_run:
-        for fw in args.frameworks.split(","):
+        for fw in frameworks:
             for model, scenario, precision, batch, options in jobs:
                 print(f"{fw} {model} {scenario} {precision} x{batch} {options or ''}: memory "
                       f"floor {floor_gib(model, scenario, precision, batch, options)}, "
                       f"reference {reference(refs, fw, model, scenario, precision)}")
         if args.all:
-            unregistered = sorted({"fit", "serve"} - {j[1] for j in available_checks()})
-            print(f"not in this checkout (no scenario): {', '.join(unregistered) or 'none'}; "
-                  "2-process scaling: not part of this script yet (run fxtrack scenario=scaling)")
+            for fw in frameworks:
+                for job in FIT_CHECK:
+                    print(fit_search(fw, *job[:3], FIT_CHECK_PROBES, args, None)[0], flush=True)
+                print(scaling_plan(fw, gpu_count()), flush=True)
+        print(f"MFU: against the datasheet peak of a known GPU, and against this GPU's peak "
+              f"calibrated first at {', '.join(precisions)} by each framework's matmul probe "
+              f"(python -m fxtrack.worker --matmul FRAMEWORK PACKAGE PRECISION gpu, "
+              f"{CALIBRATION_S:.0f} s each), the best of them")
         return 0
     out = Path(os.environ.get("OUT") or "gpu-results")
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for fw in args.frameworks.split(","):
-        if not importlib.util.find_spec(fw):
+    installed = []
+    for fw in frameworks:
+        if importlib.util.find_spec(fw):
+            installed.append(fw)
+        else:
             print(f"{fw}: not installed, skipped", flush=True)
-            continue
+    calibrated = calibrate(installed, precisions)
+    rows, extra = [], []
+    for fw in installed:
         for model, scenario, precision, batch, options in jobs:
             r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup,
                         out, args.timeout)
+            add_mfu(r, precision, 1, calibrated)
+            r.dump(out / f"{job_name(fw, model, scenario, precision, 1)}.json")
             problems = check(fw, model, precision, r, scenario)
             rows.append((fw, model, scenario, precision, batch, r, problems))
             print(f"{fw} {model} {scenario} {precision} x{batch}: {r.status} {r.error or ''}",
                   flush=True)
+        if args.all:
+            for job in FIT_CHECK:
+                extra.append(fit_search(fw, *job[:3], FIT_CHECK_PROBES, args, out / "fit"))
+                print(extra[-1][0], flush=True)
+            line, row = scaling_check(fw, rows, args, out, calibrated)
+            print(line, flush=True)
+            if row is not None:  # None: skipped, and said why; never a figure made up
+                rows.append(row)
     header = ("framework", "model", "scenario", "prec", "batch", "samples/s", "reference",
-              "p50 ms", "dev MiB", "nvml MiB", "rss MiB", "MFU", "J/sample", "guard")
+              "p50 ms", "dev MiB", "resv MiB", "nvml MiB", "rss MiB", "MFU", "MFU cal",
+              "J/sample", "guard")
     print("\n" + "  ".join(f"{h:>10}" for h in header))
     for fw, model, scenario, precision, batch, r, _ in rows:
         m = r.metrics
 
         def fig(k: str) -> str:
-            return "-" if k not in m else (f"{m[k]:.1%}" if k == "mfu" else f"{m[k]:,.1f}")
+            return "-" if k not in m else (f"{m[k]:.1%}" if k.startswith("mfu") else
+                                           f"{m[k]:,.1f}")
 
         cells = [fw, model, scenario, precision, str(batch), fig("throughput_samples_per_s"),
                  reference(refs, fw, model, scenario, precision)] + [
             fig(k) for k in ("step_time_ms_p50", "peak_mem_device_mib",
-                      "peak_mem_nvml_mib", "peak_rss_mib", "mfu", "energy_j_per_sample")]
+                             "peak_mem_device_reserved_mib", "peak_mem_nvml_mib",
+                             "peak_rss_mib", "mfu", "mfu_calibrated", "energy_j_per_sample")]
         cells.append(r.guard if r.status == "FINISHED" else f"FAILED: {r.error}"[:40])
         print("  ".join(f"{c:>10}" for c in cells))
+    print(memory_legend(rows))
+    for precision, (rate, by) in sorted(calibrated.items()):
+        print(f"MFU cal: against {rate:,.1f} TFLOP/s at {precision}, {by.split(':')[-1]}'s "
+              "matmul on this GPU (the best of the frameworks' probes)")
     lm_table(rows)
     (out / "summary.json").write_text(json.dumps(
         [{"framework": fw, "model": m, "scenario": s, "precision": p, "batch": b,
           "status": r.status, "error": r.error, "metrics": r.metrics, "tags": r.tags,
           "problems": problems}
-         for fw, m, s, p, b, r, problems in rows], indent=1))
+         for fw, m, s, p, b, r, problems in rows]
+        + [{"framework": e[1], "model": e[2], "scenario": "fit", "precision": e[3],
+            "metrics": e[4], "problems": e[5]} for e in extra], indent=1))
     bad = [(fw, model, precision, p) for fw, model, _, precision, _, _, ps in rows for p in ps]
+    bad += [(e[1], e[2], e[3], p) for e in extra for p in e[5]]
     for fw, model, precision, problem in bad:
         print(f"PROBLEM {fw} {model} {precision}: {problem}", flush=True)
     if not rows:
@@ -291,48 +407,145 @@ FIT_JOBS = [("vit", "train", "bf16", 0, {}), ("llama", "train", "bf16", 0, {})]
 SUITES["fit"] = FIT_JOBS  # --suite fit: fit_check below, not the plain job loop
 
 
-def fit_check(args: argparse.Namespace) -> int:
+def fit_search(fw: str, model: str, _scenario: str, precision: str, max_probes: int,
+               args: argparse.Namespace, out: Optional[Path]) -> tuple:
     """The fit search (fxtrack.orchestrator.fit.search) with each probe a worker from run_job,
-    held to the GPU's own out-of-memory error; --dry-run prints the budget and the start."""
-    from fxtrack.config import fit as fit_config
-    from fxtrack.orchestrator import fit
-
+    held to the GPU's own out-of-memory error, at most ``max_probes`` probes; ``out`` None (a
+    dry run): only the budget and the start. Returns (line, fw, model, precision, metrics,
+    problems)."""
+    try:  # the pre-check's estimate: the orchestrator's dependencies (omegaconf)
+        from fxtrack.config import fit as fit_config
+        from fxtrack.orchestrator import fit
+    except ImportError as e:
+        why = f"fit {fw} {model} {precision}: skipped: {e.name} not installed (the fit search " \
+              "starts from the memory pre-check's estimate)"
+        return why, fw, model, precision, {}, []
     have = fit_config.budget(None, "gpu", 1)
-    out = Path(os.environ.get("OUT") or "gpu-results") / "fit"
+    arch = architectures.resolve(model)
+    start = fit_config.start_value(arch, "batch_size", precision, None, "none", "gpu", have, 4096)
+    why = fit_config.refusal(arch, "batch_size", precision, None, "none", have, 4096)
+    plan = (f"fit {fw} {model} {precision}: budget "
+            f"{'-' if have.bytes is None else f'{have.bytes / 2**30:.1f} GiB'} ({have.source}), "
+            f"start at batch {start}, at most {max_probes} probes"
+            + (f", refused: {why}" if why else ""))
+    if out is None or why:
+        return plan, fw, model, precision, {}, [f"fit refused: {why}"] if why else []
+    if not importlib.util.find_spec(fw):
+        return f"fit {fw}: not installed, skipped", fw, model, precision, {}, []
+    print(plan, flush=True)
+
+    def probe(batch: int) -> "fit.Probe":
+        where = out / f"{fw}-{model}-b{batch}"
+        where.mkdir(parents=True, exist_ok=True)
+        r = run_job(fw, model, "fit", precision, batch, {}, fit.PROBE_STEPS, fit.PROBE_WARMUP,
+                    where, args.timeout)
+        if r.error == "no result":  # run_job's timeout or a SIGKILL: no Result written
+            r.error = "worker killed by SIGKILL or timed out"
+        verdict = fit.verdict(r, None) or "failed"
+        print(f"  {fw} {model} batch {batch}: {verdict} peak {fit.peak_mib(r)} MiB", flush=True)
+        return fit.Probe(batch, verdict, fit.peak_mib(r),
+                         r.metrics.get("throughput_samples_per_s"))
+
+    probes = fit.search(probe, start, 4096, max_probes, 0.05)
+    m = fit.fit_metrics(probes, "batch_size", None, None, [])
+    problems = [f"fit probe at batch {p.value} failed (not out of memory)"
+                for p in probes if p.fit == "failed"]
+    if not m["max_batch_size"]:
+        problems.append("fit: no batch fitted")
+    line = (f"fit {fw} {model} {precision}: largest batch {m['max_batch_size']:.0f} in "
+            f"{len(probes)} probes ({fit.stop_reason(probes, 4096, max_probes, 0.05)}), "
+            f"{m.get('throughput_at_max_samples_per_s', 0):.1f} samples/s there, "
+            f"{m.get('memory_per_sample_mib', 0):.1f} MiB/sample")
+    return line, fw, model, precision, m, problems
+
+
+def fit_check(args: argparse.Namespace) -> int:
+    """--suite fit: each FIT_JOBS search in each framework, up to 8 probes each; --dry-run
+    prints the budget and the start."""
+    out = None if args.dry_run else Path(os.environ.get("OUT") or "gpu-results") / "fit"
     failed = False
     for fw in args.frameworks.split(","):
-        for model, _, precision, _, _ in FIT_JOBS:
-            arch = architectures.resolve(model)
-            start = fit_config.start_value(arch, "batch_size", precision, None, "none", "gpu",
-                                           have, 4096)
-            why = fit_config.refusal(arch, "batch_size", precision, None, "none", have, 4096)
-            print(f"fit {fw} {model} {precision}: budget "
-                  f"{'-' if have.bytes is None else f'{have.bytes / 2**30:.1f} GiB'} "
-                  f"({have.source}), start at batch {start}" + (f", refused: {why}" if why else ""),
-                  flush=True)
-            if args.dry_run or why or not importlib.util.find_spec(fw):
-                continue
-
-            def probe(batch: int, fw=fw, model=model, precision=precision) -> "fit.Probe":
-                where = out / f"{fw}-{model}-b{batch}"
-                where.mkdir(parents=True, exist_ok=True)
-                r = run_job(fw, model, "train", precision, batch, {}, 3, 1, where, args.timeout)
-                if r.error == "no result":  # run_job's timeout or a SIGKILL: no Result written
-                    r.error = "worker killed by SIGKILL or timed out"
-                verdict = fit.verdict(r, None) or "failed"
-                print(f"  {fw} {model} batch {batch}: {verdict} peak {fit.peak_mib(r)} MiB",
-                      flush=True)
-                return fit.Probe(batch, verdict, fit.peak_mib(r),
-                                 r.metrics.get("throughput_samples_per_s"))
-
-            probes = fit.search(probe, start, 4096, 8, 0.05)
-            m = fit.fit_metrics(probes, "batch_size", None, None, [])
-            failed |= not m["max_batch_size"] or any(p.fit == "failed" for p in probes)
-            print(f"fit {fw} {model} {precision}: largest batch {m['max_batch_size']:.0f} in "
-                  f"{len(probes)} probes, {m.get('throughput_at_max_samples_per_s', 0):.1f} "
-                  f"samples/s there, {m.get('memory_per_sample_mib', 0):.1f} MiB/sample",
-                  flush=True)
+        for model, scenario, precision, _, _ in FIT_JOBS:
+            line, *_, problems = fit_search(fw, model, scenario, precision, 8, args, out)
+            print(line, flush=True)
+            failed |= bool(problems)
     return 1 if failed else 0
+
+
+# ---- 2-process scaling: ResNet-50 at 1 and 2 GPUs, where a second one is visible -------------
+
+def gpu_count() -> Optional[int]:
+    """The GPUs a worker may use here: CUDA_VISIBLE_DEVICES's entries where it is set, else
+    NVML's device count; None where neither can tell (no NVML, e.g. a CPU machine)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    from fxtrack.measure import gpu_conditions
+
+    nvml, _ = gpu_conditions.load()
+    if nvml is None:
+        return None
+    try:
+        return int(nvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - a broken driver: unknown, said as such
+        return None
+
+
+def scaling_plan(fw: str, gpus: Optional[int]) -> str:
+    """What the scaling check does on this machine, or why it is skipped."""
+    model, _, precision, batch, _ = SCALING_CHECK
+    what = (f"scaling {fw} {model} train {precision} x{batch} per GPU at 1 and 2 GPUs "
+            f"({'torchrun, 2 DDP processes' if launcher(fw) == 'torchrun' else 'one process'})")
+    if gpus is None:
+        return f"{what}: skipped: no GPU count (no NVML, CUDA_VISIBLE_DEVICES unset)"
+    if gpus < 2:
+        return f"{what}: skipped: {'one GPU' if gpus == 1 else 'no GPU'}"
+    return f"{what}: runs ({gpus} GPUs visible)"
+
+
+def scaling_check(fw: str, rows: list, args: argparse.Namespace, out: Path,
+                  calibrated: dict[str, tuple[float, str]]) -> tuple[str, Optional[tuple]]:
+    """The x2 run beside the x1 one (FULL_CHECK's ResNet-50 train row, or run here), and its
+    speedup and efficiency (fxtrack.orchestrator.scaling): (line, the x2 row for the table), or
+    (why it was skipped, None) on one GPU."""
+    gpus = gpu_count()
+    plan = scaling_plan(fw, gpus)
+    if gpus is None or gpus < 2:
+        return plan, None
+    model, scenario, precision, batch, options = SCALING_CHECK
+    x1 = next((r for f, m, s, p, b, r, _ in rows if (f, m, s, p, b) == (fw, model, scenario,
+                                                                         precision, batch)), None)
+    if x1 is None or x1.status != "FINISHED":
+        x1 = run_job(fw, model, "scaling", precision, batch, options, args.steps, args.warmup,
+                     out, args.timeout)
+    x2 = run_job(fw, model, "scaling", precision, batch, options, args.steps, args.warmup, out,
+                 args.timeout, devices=2)
+    add_mfu(x2, precision, 2, calibrated)
+    problems = check(fw, model, precision, x2)
+    throughput = {n: r.metrics["throughput_samples_per_s"] for n, r in ((1, x1), (2, x2))
+                  if r.status == "FINISHED" and "throughput_samples_per_s" in r.metrics}
+    x2.metrics.update(scaling_metrics(throughput) if 2 in throughput else {})
+    x2.dump(out / f"{job_name(fw, model, 'scaling', precision, 2)}.json")
+    if "scaling_efficiency" not in x2.metrics:
+        return f"{plan}: no figure: {x2.error or x1.error or 'no throughput'}", (
+            fw, model, "scaling x2", precision, batch, x2, problems or ["scaling: no figure"])
+    return (f"scaling {fw} {model} {precision}: x2 speedup {x2.metrics['speedup_x2']:.2f}, "
+            f"efficiency {x2.metrics['scaling_efficiency']:.0%}"), (
+        fw, model, "scaling x2", precision, batch, x2, problems)
+
+
+def memory_legend(rows: list) -> str:
+    """Which counter each framework's dev / resv MiB columns read (fxtrack.peak_mem_device_kind):
+    only nvml MiB is the same kind of figure in every framework."""
+    kinds: dict[str, list[str]] = {}
+    for fw, *_, r, _ in rows:
+        for tag in ("peak_mem_device_kind", "peak_mem_device_reserved_kind"):
+            seen = kinds.setdefault(fw, [])
+            if r.tags.get(tag) and r.tags[tag] not in seen:
+                seen.append(r.tags[tag])
+    said = "; ".join(f"{fw}: {', '.join(k)}" for fw, k in kinds.items() if k) or "none read"
+    return (f"memory: dev / resv MiB are each framework's own counters ({said}); nvml MiB is "
+            "NVML's reading of the run's process, the same kind in every framework")
 
 
 if __name__ == "__main__":

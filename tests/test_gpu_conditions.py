@@ -1,6 +1,8 @@
 """The GPU conditions rules (fxtrack/measure/gpu_conditions.py) driven by a fake NVML: foreign
 processes before and during the window under hardware.gpu_isolation, the double-listed process,
-the condition tags, throttling, a MIG device, NVML missing; and a CPU run left unchanged."""
+the condition tags, throttling, a MIG device, NVML missing; a CPU run left unchanged; and a whole
+timed run on a fake GPU, where each rule reaches the Result (contended, throttled, error before
+the build, the memory readings and their kinds)."""
 
 from __future__ import annotations
 
@@ -239,3 +241,85 @@ def test_gpu_isolation_composes_with_warn_by_default_and_refuses_other_values():
         bad = compose(config_name="config", overrides=["hardware=gpu", "hardware.gpu_isolation=kill"])
     with pytest.raises(Exception, match="gpu_isolation must be warn, error or wait"):
         OmegaConf.to_object(bad.hardware)
+
+
+# ---- a whole timed run on a fake GPU: the rules reach the Result ------------------------------
+
+@pytest.fixture
+def gpu_run(fake, monkeypatch, tmp_path):
+    """run_timed on a stand-in GPU backend (tests/test_load.py's, on "gpu"), the host's CPU load
+    held quiet so that only the GPU's conditions can mark the run contended."""
+    from conftest import job_spec
+    from fxtrack.frameworks.base import PeakMemory
+    from fxtrack.job import Result
+    from fxtrack.measure import host_load
+    from tests.test_load import SpinBackend
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))  # the tuned-compile cache
+    monkeypatch.setattr(host_load, "window_figures", lambda before, during: ({}, False))
+
+    class GpuBackend(SpinBackend):
+        built = 0
+
+        def device_kind(self):
+            return "gpu"
+
+        def device_tags(self):
+            return {"device": "NVIDIA H200"}
+
+        def build(self, batch_size):
+            GpuBackend.built += 1
+
+        def peak_memory(self):
+            return PeakMemory("torch.max_memory_allocated", 2**30, "torch.max_memory_reserved",
+                              2 * 2**30)
+
+    def run(isolation="warn"):
+        spec = job_spec("torch", "vit", tmp_path, hardware="gpu", steps=6, warmup_steps=1,
+                        gpu_isolation=isolation)
+        result, backend = Result(spec.result_id), GpuBackend(spec, step_s=0.01)
+        timed.run_timed(backend, result, lambda: backend.train_step, 1)
+        return result
+
+    run.backend = GpuBackend
+    return run
+
+
+def test_a_gpu_run_shared_mid_window_is_contended_and_its_throttling_tagged(fake, gpu_run):
+    def arrive_and_throttle(f):
+        f.devices[1]["compute"][4242] = 2**30  # CUDA 0 is NVML 1
+        f.devices[1]["reasons"] = 0x4  # sw_power_cap
+
+    fake.on_sample.append((4, arrive_and_throttle))
+    result = gpu_run()
+    tags, m = result.tags, result.metrics
+    assert tags["gpu_foreign_processes"] == "4242:1024MiB" and tags["contended"] == "true"
+    assert "gpu_foreign_processes_before" not in tags  # it came after the pre-check
+    assert tags["gpu_throttled"] == "sw_power_cap" and tags["gpu.0.name"] == "NVIDIA H200"
+    assert m["peak_mem_device_mib"] == 1024 and m["peak_mem_device_reserved_mib"] == 2048
+    assert tags["peak_mem_device_kind"] == "torch.max_memory_allocated"
+    assert tags["peak_mem_device_reserved_kind"] == "torch.max_memory_reserved"
+
+
+def test_a_quiet_unthrottled_gpu_run_is_not_contended(fake, gpu_run):
+    result = gpu_run()
+    assert result.tags["contended"] == "false"
+    assert not {"gpu_foreign_processes", "gpu_throttled"} & set(result.tags)
+
+
+def test_gpu_isolation_error_fails_before_the_build(fake, gpu_run):
+    fake.devices[1]["compute"] = {4242: 2**30}
+    gpu_run.backend.built = 0
+    with pytest.raises(RuntimeError, match="gpu_isolation=error.*4242"):
+        gpu_run("error")
+    assert gpu_run.backend.built == 0  # no work was done
+
+
+def test_a_process_in_both_lists_is_tagged_once_through_the_window(fake):
+    fake.devices[1]["compute"] = {77: 2**30}
+    fake.devices[1]["graphics"] = {77: 2**30}
+    with window() as w:
+        time.sleep(0.01)
+    assert w.tags()["gpu_foreign_processes"] == "77:1024MiB"  # once, its memory not doubled

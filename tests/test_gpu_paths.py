@@ -346,10 +346,11 @@ def test_gpu_check_exits_non_zero_on_any_problem(gpu_check, monkeypatch, tmp_pat
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--frameworks", "jax"])
     monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
+    monkeypatch.setattr(gpu_check, "matmul_rate", lambda fw, precision: (None, "no GPU"))
     attention = {"vit": "cudnn", "bert": "cudnn"}
 
     def fake_run_job(fw, model, scenario, precision, batch, options, steps, warmup, out,
-                     timeout_s):
+                     timeout_s, devices=1):
         att = attention.get(model) if precision != "fp32" else "xla"
         return _ok(attention=att, matmul_precision=precision if precision != "bf16" else "fp32")
 
@@ -382,25 +383,162 @@ def test_run_figures_take_the_fullest_device_of_any_process(fake_nvml, monkeypat
 
 
 def test_gpu_check_all_dry_run_lists_every_gpu_path_on_a_cpu():
+    # one GPU named, as on a lent H200: the scaling check says it is skipped, on any machine
     out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py"), "--all",
                           "--dry-run"], capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="0"))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     for fw in ("torch", "jax"):
         for job in ("resnet50 train bf16", "resnet50 inference bf16", "bert train bf16",
                     "bert inference bf16", "vit train bf16", "vit inference bf16",
-                    "llama train bf16", "llama generate bf16"):
+                    "llama train bf16", "llama generate bf16", "llama serve bf16"):
             assert any(line.startswith(f"{fw} {job} ") for line in lines), (fw, job)
+        fit = next(line for line in lines if line.startswith(f"fit {fw} vit bf16: "))
+        assert "at most 5 probes" in fit and "refused" not in fit
+        scaling = next(line for line in lines if line.startswith(f"scaling {fw} resnet50 "))
+        assert "at 1 and 2 GPUs" in scaling and scaling.endswith("skipped: one GPU")
+    torch_scaling = next(line for line in lines if line.startswith("scaling torch"))
+    assert "torchrun, 2 DDP processes" in torch_scaling
     resnet = next(line for line in lines if line.startswith("torch resnet50 train"))
     assert "reference 312 samples/s" in resnet and "memory floor ~" in resnet
+    mfu = next(line for line in lines if line.startswith("MFU: "))
+    assert "datasheet" in mfu and "calibrated first at bf16" in mfu and "--matmul" in mfu
+    assert not any("not in this checkout" in line for line in lines)
 
 
-def test_gpu_check_registry_adds_a_scenario_only_where_it_exists(gpu_check, monkeypatch):
-    monkeypatch.setattr(gpu_check, "CHECKS", {})
-    gpu_check.register("train", [("mlp", "train", "bf16", 8, {})])
-    gpu_check.register("no_such_scenario", [("mlp", "no_such_scenario", "bf16", 8, {})])
-    assert gpu_check.available_checks() == [("mlp", "train", "bf16", 8, {})]
+def _fake_gpu_run_job(lm_keys, throughput_per_gpu=100.0, fits_up_to=300):
+    """run_job on a fake H200: every job on its fast path; a fit probe above ``fits_up_to``
+    runs out of memory; 2 GPUs give 1.8x one."""
+    calls = []
+
+    def run_job(fw, model, scenario, precision, batch, options, steps, warmup, out, timeout_s,
+                devices=1):
+        calls.append((fw, model, scenario, batch, devices))
+        if scenario == "fit" and batch > fits_up_to:
+            return Result("r", error="torch.OutOfMemoryError: CUDA out of memory")
+        attention = "sdpa:flash" if fw == "torch" else "cudnn"
+        metrics = {"throughput_samples_per_s": throughput_per_gpu * (1.8 if devices == 2 else 1),
+                   "achieved_tflops": 400.0 * devices, "peak_mem_device_mib": 10.0 * batch,
+                   "peak_mem_device_reserved_mib": 12.0 * batch}
+        metrics.update({k: 1.0 for k in (*lm_keys, "max_rate_under_slo_rps",
+                                         "serve_tpot_ms_p99")})
+        return Result("r", status="FINISHED", metrics=metrics, tags={
+            "device": "NVIDIA H200", "matmul_precision": "fp32", "attention": attention,
+            "compile_mode": "inductor:default" if fw == "torch" else "jit",
+            "peak_mem_device_kind": "torch.max_memory_allocated"})
+
+    return run_job, calls
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_gpu_check_all_runs_fit_serve_and_scaling_where_a_second_gpu_exists(
+        gpu_check, monkeypatch, tmp_path, capsys, gpus):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--all", "--frameworks", "torch"])
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
+    monkeypatch.setattr(gpu_check, "matmul_rate", lambda fw, precision: (800.0, "on H200"))
+    monkeypatch.setattr(gpu_check, "gpu_count", lambda: gpus)
+    run_job, calls = _fake_gpu_run_job(gpu_check.LM_GENERATE)
+    monkeypatch.setattr(gpu_check, "run_job", run_job)
+    assert gpu_check.main() == 0, capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert ("torch", "llama", "serve", 8, 1) in calls
+    probes = [c[3] for c in calls if c[2] == "fit"]
+    assert 1 < len(probes) <= gpu_check.FIT_CHECK_PROBES and all(c[1] == "vit" for c in calls
+                                                                 if c[2] == "fit")
+    assert "fit torch vit bf16: largest batch" in out
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    fit = next(e for e in summary if e["scenario"] == "fit")
+    assert 0 < fit["metrics"]["max_batch_size"] <= 300
+    scaling = [c for c in calls if c[2] == "scaling"]
+    if gpus == 1:
+        assert scaling == [] and "skipped: one GPU" in out
+        assert not any(e["scenario"].startswith("scaling") for e in summary)
+    else:  # x1 is the ResNet-50 train row; only the 2-GPU run is new
+        assert scaling == [("torch", "resnet50", "scaling", 256, 2)]
+        row = next(e for e in summary if e["scenario"] == "scaling x2")
+        assert row["metrics"]["speedup_x2"] == pytest.approx(1.8)
+        assert row["metrics"]["scaling_efficiency"] == pytest.approx(0.9)
+        assert row["metrics"]["mfu"] == pytest.approx(800.0 / (2 * 989.5))  # over both GPUs
+        assert "x2 speedup 1.80, efficiency 90%" in out
+    resnet = next(e for e in summary if (e["model"], e["scenario"]) == ("resnet50", "train"))
+    assert resnet["metrics"]["mfu"] == pytest.approx(400 / 989.5)  # the H200's datasheet
+    assert resnet["metrics"]["mfu_calibrated"] == pytest.approx(0.5)  # 400 of the measured 800
+    assert "MFU cal: against 800.0 TFLOP/s at bf16, torch's matmul on this GPU" in out
+    assert "torch: torch.max_memory_allocated" in out  # the memory columns say their kind
+
+
+def test_gpu_check_launches_two_gpus_as_the_orchestrator_does(gpu_check, monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(gpu_check.subprocess, "run", lambda cmd, **kw: ran.append(cmd))
+    result = gpu_check.run_job("torch", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path,
+                               60, devices=2)
+    assert result.error == "no result"  # nothing ran: no figure is made up
+    assert ran[0][1:5] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone"]
+    spec = JobSpec.read(tmp_path / "torch-resnet50-scaling-bf16-x2.spec.json")
+    assert (spec.devices, spec.launcher, spec.runner) == (2, "torchrun",
+                                                          "fxtrack.scenarios.train:run")
+    gpu_check.run_job("jax", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path, 60, devices=2)
+    assert ran[1][1:3] == ["-m", "fxtrack.worker"]  # JAX: one process drives both GPUs
+
+
+def test_gpu_check_counts_the_visible_gpus(gpu_check, monkeypatch):
+    from tests.fake_nvml import FakeNvml, MissingNvml, gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert gpu_check.gpu_count() == 2
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert gpu_check.gpu_count() == 0
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml([gpu("00000000:1A:00.0", "GPU-a")]))
+    assert gpu_check.gpu_count() == 1
+    assert gpu_check.scaling_plan("torch", 1).endswith("skipped: one GPU")
+    monkeypatch.setitem(sys.modules, "pynvml", MissingNvml())
+    assert gpu_check.gpu_count() is None
+
+
+def test_gpu_check_calibrates_with_each_frameworks_matmul_and_takes_the_best(
+        gpu_check, monkeypatch):
+    rates = {("torch", "bf16"): 700.0, ("jax", "bf16"): 760.0, ("torch", "fp32"): 51.0}
+    monkeypatch.setattr(gpu_check, "matmul_rate",
+                        lambda fw, p: (rates.get((fw, p)), "on H200" if (fw, p) in rates else
+                                       "not installed"))
+    peaks = gpu_check.calibrate(["torch", "jax"], ["bf16", "fp32", "tf32"])
+    assert peaks == {"bf16": (760.0, "measured:jax"), "fp32": (51.0, "measured:torch")}
+    r = Result("r", status="FINISHED", metrics={"achieved_tflops": 380.0},
+               tags={"device": "an unknown GPU"})
+    gpu_check.add_mfu(r, "bf16", 1, peaks)
+    assert "mfu" not in r.metrics  # no datasheet entry: no datasheet MFU
+    assert r.metrics["mfu_calibrated"] == pytest.approx(0.5)
+    assert r.tags["peak_calibrated_by"] == "measured:jax"
+    r = Result("r", status="FINISHED", metrics={"achieved_tflops": 380.0})
+    gpu_check.add_mfu(r, "tf32", 1, peaks)
+    assert "mfu_calibrated" not in r.metrics  # tf32 was not measured: none claimed
+
+
+def test_gpu_check_reads_the_matmul_probes_answer(gpu_check, monkeypatch):
+    seen = {}
+
+    def fake_run(cmd, **kw):
+        seen.update(cmd=cmd, env=kw["env"])
+        return types.SimpleNamespace(returncode=0, stderr="", stdout=answer)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    answer = 'noise\n{"installed": true, "device": "NVIDIA H200", "tflops": 712.5}\n'
+    assert gpu_check.matmul_rate("torch", "bf16") == (712.5, "on NVIDIA H200")
+    assert seen["cmd"][2:] == ["fxtrack.worker", "--matmul", "torch", "fxtrack.frameworks.torch",
+                               "bf16", "gpu"]
+    assert float(seen["env"]["FXTRACK_PROBE_DEADLINE"]) > 0
+    answer = '{"installed": false, "missing": "torch"}'
+    assert gpu_check.matmul_rate("torch", "bf16") == (None, "not installed")
+
+
+def test_gpu_check_flags_a_calibrated_mfu_above_one(gpu_check):
+    r = _ok(attention="cudnn")
+    r.metrics.update(mfu_calibrated=1.2, peak_tflops_calibrated=500.0)
+    assert gpu_check.check("jax", "vit", "bf16", r) == [
+        "calibrated MFU 120% > 100% (measured peak 500.0 TFLOP/s)"]
 
 
 def test_gpu_check_reference_prefers_the_jobs_precision(gpu_check):
@@ -411,3 +549,112 @@ def test_gpu_check_reference_prefers_the_jobs_precision(gpu_check):
     assert gpu_check.reference(refs, "tensorflow", "resnet50", "train", "bf16").startswith(
         "287 samples/s (A100 80GB, seed-resnet50-train-a100)")
     assert gpu_check.reference(refs, "jax", "vit", "train", "bf16") == "-"
+
+
+# ---- each framework's peak device memory, named by the counter it reads ----------------------
+
+def test_torch_reads_its_allocator_peak_and_its_reserved_pool(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from fxtrack.frameworks.base import PeakMemory
+    from fxtrack.frameworks.torch import devices
+
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 5 * 2**30)
+    assert devices.peak_memory(torch.device("cuda", 0)) == PeakMemory(
+        "torch.max_memory_allocated", 3 * 2**30, "torch.max_memory_reserved", 5 * 2**30)
+    assert devices.peak_memory(torch.device("cpu")) is None
+
+
+def test_jax_reads_peak_bytes_in_use_and_the_pool_where_reported():
+    pytest.importorskip("jax")
+    from fxtrack.frameworks.base import PeakMemory
+    from fxtrack.frameworks.jax import devices
+
+    def device(stats):
+        return types.SimpleNamespace(memory_stats=lambda: stats)
+
+    assert devices.peak_memory(device({"peak_bytes_in_use": 7, "peak_pool_bytes": 9})) == \
+        PeakMemory("jax.peak_bytes_in_use", 7, "jax.peak_pool_bytes", 9)
+    assert devices.peak_memory(device({"peak_bytes_in_use": 7})) == \
+        PeakMemory("jax.peak_bytes_in_use", 7)  # an allocator without a pool figure
+    assert devices.peak_memory(device(None)) is None  # CPU: no statistics
+
+
+def test_tensorflow_reads_get_memory_info_peak(monkeypatch):
+    tf = pytest.importorskip("tensorflow")
+    from fxtrack.frameworks.base import PeakMemory
+    from fxtrack.frameworks.tensorflow import devices
+
+    asked = []
+    monkeypatch.setattr(tf.config.experimental, "get_memory_info",
+                        lambda name: asked.append(name) or {"current": 1, "peak": 11})
+    assert devices.peak_memory("/GPU:1") == PeakMemory("tensorflow.get_memory_info.peak", 11)
+    assert asked == ["GPU:1"] and devices.peak_memory("/CPU:0") is None
+
+
+def test_the_fullest_device_of_a_process_and_none_without_a_counter():
+    from fxtrack.frameworks.base import PeakMemory
+
+    a, b = PeakMemory("k", 5, "r", 9), PeakMemory("k", 8, "r", 8)
+    assert PeakMemory.fullest([a, b]) == b
+    assert PeakMemory.fullest([a, None]) is None and PeakMemory.fullest([]) is None
+
+
+class _MemoryBackend:
+    """A backend with only what peak_memory_metrics asks: its reading and a 2-process max."""
+
+    def __init__(self, peak):
+        self.peak, self.reduced = peak, []
+
+    def peak_memory(self):
+        return self.peak
+
+    def reduce_max(self, value):
+        self.reduced.append(value)
+        return 2 * value  # another rank's device is fuller
+
+
+def test_peak_memory_metrics_log_each_kind_beside_its_tag():
+    from fxtrack.frameworks.base import PeakMemory
+
+    tags = {}
+    backend = _MemoryBackend(PeakMemory("torch.max_memory_allocated", 2**30,
+                                        "torch.max_memory_reserved", 3 * 2**30))
+    assert timed.peak_memory_metrics(backend, tags) == {
+        "peak_mem_device_mib": 2048.0, "peak_mem_device_reserved_mib": 6144.0}
+    assert tags == {"peak_mem_device_kind": "torch.max_memory_allocated",
+                    "peak_mem_device_reserved_kind": "torch.max_memory_reserved"}
+    tags = {}
+    metrics = timed.peak_memory_metrics(
+        _MemoryBackend(PeakMemory("tensorflow.get_memory_info.peak", 2**20)), tags)
+    assert metrics == {"peak_mem_device_mib": 2.0}
+    assert tags == {"peak_mem_device_kind": "tensorflow.get_memory_info.peak"}
+
+
+def test_a_cpu_run_has_no_device_memory_reading_nor_its_tag():
+    tags = {}
+    backend = _MemoryBackend(None)
+    assert timed.peak_memory_metrics(backend, tags) == {} and tags == {}
+    assert backend.reduced == []  # no collective either: every rank skips it alike
+
+
+def test_the_reports_memory_table_names_each_frameworks_device_counter():
+    import pandas as pd
+
+    from fxtrack.report.select import latest_runs
+    from fxtrack.report.tables import memory
+
+    base = {"status": "FINISHED", "start_time": pd.Timestamp("2026-12-01"),
+            "end_time": pd.Timestamp("2026-12-01"), "tags.fxtrack.model": "vit",
+            "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "bf16",
+            "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": "gpu", "tags.fxtrack.status": "ok",
+            "metrics.throughput_samples_per_s": 100.0, "metrics.peak_mem_device_mib": 900.0}
+    frame = pd.DataFrame([
+        {**base, "run_id": "a", "tags.fxtrack.framework": "torch",
+         "tags.fxtrack.peak_mem_device_kind": "torch.max_memory_allocated"},
+        {**base, "run_id": "b", "tags.fxtrack.framework": "jax",
+         "tags.fxtrack.peak_mem_device_kind": "jax.peak_bytes_in_use"}])
+    notes = memory(latest_runs(frame).runs)[0].notes
+    assert any("jax jax.peak_bytes_in_use; torch torch.max_memory_allocated" in n for n in notes)
+    cpu = frame.drop(columns="tags.fxtrack.peak_mem_device_kind")  # a CPU run: no such tag
+    assert not any("device counters" in n for n in memory(latest_runs(cpu).runs)[0].notes)

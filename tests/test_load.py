@@ -135,7 +135,7 @@ class SpinBackend:
                                      train_step_on=lambda backend, batch: self._spin(self.fed_s))
     def param_count(self): return 1
     def reduce_max(self, value): return value
-    def peak_memory_bytes(self): return None
+    def peak_memory(self): return None
     def loss_value(self, handle): return handle
 
 

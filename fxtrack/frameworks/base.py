@@ -5,6 +5,7 @@ every framework must do. Anything optional is a capability the framework declare
 from __future__ import annotations
 
 import abc
+import dataclasses
 from typing import Any, ClassVar, Optional
 
 from fxtrack.architectures import Arch
@@ -18,6 +19,25 @@ SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)  # lr for a global batch of 
 ADAMW = dict(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 LAYER_NORM_EPS = {"vit": 1e-6, "bert": 1e-12}
 BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-5, 0.1  # torch convention: new = 0.9 old + 0.1 batch
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakMemory:
+    """A framework's own peak device memory readings, named by what they count: each allocator
+    counts something else (torch's tensors, without its cache; JAX's and TensorFlow's buffers),
+    so a comparison across frameworks says which kind it compares."""
+
+    kind: str  # what ``bytes`` counts, e.g. "torch.max_memory_allocated"
+    bytes: int
+    reserved_kind: Optional[str] = None  # the allocator's pool peak, where it keeps one
+    reserved_bytes: Optional[int] = None
+
+    @staticmethod
+    def fullest(readings: list[Optional["PeakMemory"]]) -> Optional["PeakMemory"]:
+        """Of one process's devices, the fullest (None: a device without a counter)."""
+        if not readings or None in readings:
+            return None
+        return max(readings, key=lambda r: r.bytes)  # type: ignore[union-attr]
 
 
 def sgd_lr(global_batch: int) -> float:
@@ -85,8 +105,9 @@ class Backend(abc.ABC):
     def loss_value(self, handle: Any) -> float:
         """The loss behind a handle from ``train_step``, as a Python float."""
 
-    def peak_memory_bytes(self) -> Optional[int]:
-        """The framework's own peak device memory, or None where it has no such counter (CPU)."""
+    def peak_memory(self) -> Optional[PeakMemory]:
+        """The framework's own peak device memory on this process's fullest device, or None
+        where it has no such counter (CPU)."""
         return None
 
     def state_bytes_per_device(self) -> Optional[int]:

@@ -159,6 +159,13 @@ def memory(runs: pd.DataFrame) -> list[Table]:
 
     notes = ["device: the framework's own peak on the device (peak_mem_device_mib); RSS: the "
              "worker's peak resident memory (peak_rss_mib), shown where no device figure exists"]
+    kinds = sorted({(str(fw), str(kind)) for fw, kind in
+                    zip(runs.get("framework", []), runs.get("peak_mem_device_kind", []))
+                    if isinstance(kind, str) and kind})
+    if kinds:  # each allocator counts something else: the comparison says which it compares
+        notes.append("device counters: " + "; ".join(f"{fw} {kind}" for fw, kind in kinds)
+                     + ", not the same kind of figure: compare across frameworks NVML's "
+                     "peak_mem_nvml_mib")
     held = runs[runs.apply(_held_twice, axis=1)] if len(runs) else runs
     for name in sorted({str(f).split("-")[0] for f in held.get("framework", [])}):
         notes.append(f"2x = the training state was held twice: {_held_twice_of()[name].note}")

@@ -98,13 +98,27 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
         contended = contended or any(k in result.tags for k in (
             "gpu_foreign_processes", "gpu_foreign_processes_before"))
     result.tags["contended"] = "true" if contended else "false"
-    peak = backend.peak_memory_bytes()
-    if peak is not None:
-        m["peak_mem_device_mib"] = backend.reduce_max(peak / 2**20)  # the fullest device
+    m.update(peak_memory_metrics(backend, result.tags))
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
     result.series.update(system.series)  # system/... keys, with the times they were read at
     result.series_times_ms.update(system.times_ms)
     return times.loss_handles
+
+
+def peak_memory_metrics(backend: Backend, tags: dict[str, str]) -> dict[str, float]:
+    """The framework's own peak device memory on the fullest device of any process, each
+    reading beside the tag naming what it counts (``peak_mem_device_kind``, e.g.
+    torch.max_memory_allocated): allocators count different things, so a comparison across
+    frameworks says which kind it compares. Empty where the framework has no counter (CPU)."""
+    peak = backend.peak_memory()
+    if peak is None:
+        return {}
+    m = {"peak_mem_device_mib": backend.reduce_max(peak.bytes / 2**20)}
+    tags["peak_mem_device_kind"] = peak.kind
+    if peak.reserved_bytes is not None:  # the allocator's pool, its cache included
+        m["peak_mem_device_reserved_mib"] = backend.reduce_max(peak.reserved_bytes / 2**20)
+        tags["peak_mem_device_reserved_kind"] = str(peak.reserved_kind)
+    return m
 
 
 def timed_window(spec: Any, kind: str, step: Callable[[], Any], warmup: int, steps: int,

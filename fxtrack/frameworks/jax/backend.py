@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from fxtrack.frameworks.base import Backend, attention_tokens
+from fxtrack.frameworks.base import Backend, PeakMemory, attention_tokens
 from fxtrack.frameworks.jax import data, devices, models, parallel, train
 
 
@@ -115,6 +115,6 @@ class JaxBackend(Backend):
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 
-    def peak_memory_bytes(self) -> Optional[int]:
-        peaks = [devices.peak_memory_bytes(d) for _, d in parallel.local_devices(self.mesh)]
-        return None if None in peaks else max(peaks)  # the fullest of this process's devices
+    def peak_memory(self) -> Optional[PeakMemory]:
+        return PeakMemory.fullest([devices.peak_memory(d)
+                                   for _, d in parallel.local_devices(self.mesh)])

@@ -9,6 +9,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from fxtrack.frameworks.base import PeakMemory
 from fxtrack.measure import matmul_probe
 
 # tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
@@ -87,12 +88,17 @@ def kind(device: jax.Device) -> str:
     return "cpu" if device.platform == "cpu" else "gpu"
 
 
-def peak_memory_bytes(device: jax.Device) -> Optional[int]:
-    """The allocator's peak (``memory_stats()['peak_bytes_in_use']``); None where the device
-    keeps no statistics (CPU)."""
-    stats = device.memory_stats()
-    peak = (stats or {}).get("peak_bytes_in_use")
-    return None if peak is None else int(peak)
+def peak_memory(device: jax.Device) -> Optional[PeakMemory]:
+    """The allocator's peaks (``memory_stats()``): buffers in use (``peak_bytes_in_use``) and,
+    where the allocator reports it, the pool it grew for them (``peak_pool_bytes``); None where
+    the device keeps no statistics (CPU)."""
+    stats = device.memory_stats() or {}
+    if stats.get("peak_bytes_in_use") is None:
+        return None
+    pool = stats.get("peak_pool_bytes")
+    return PeakMemory("jax.peak_bytes_in_use", int(stats["peak_bytes_in_use"]),
+                      None if pool is None else "jax.peak_pool_bytes",
+                      None if pool is None else int(pool))
 
 
 def visible() -> list[str]:

@@ -10,7 +10,7 @@ import numpy as np
 
 from fxtrack import policy
 from fxtrack.frameworks import keras_models, keras_train
-from fxtrack.frameworks.base import Backend
+from fxtrack.frameworks.base import Backend, PeakMemory
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.keras import FRAMEWORK, ONE_DEVICE, data, devices, keras_backend, train
 
@@ -91,8 +91,8 @@ class KerasBackend(Backend):
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 
-    def peak_memory_bytes(self) -> Optional[int]:
-        return devices.peak_memory_bytes(self.device)
+    def peak_memory(self) -> Optional[PeakMemory]:
+        return devices.peak_memory(self.device)
 
     def state_bytes_per_device(self) -> Optional[int]:
         # One device: weights, BatchNorm statistics and optimiser slots, all held in full.

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 import keras
 
+from fxtrack.frameworks.base import PeakMemory
 from fxtrack.measure import matmul_probe
 
 
@@ -106,8 +107,9 @@ def sync(device: str, variables: list) -> None:
             tf.test.experimental.sync_devices()
 
 
-def peak_memory_bytes(device: str) -> Optional[int]:
-    """The backend allocator's peak bytes on the GPU; None on a CPU (no such counter)."""
+def peak_memory(device: str) -> Optional[PeakMemory]:
+    """The backend allocator's peaks on the GPU, named as that framework's own backend names
+    them (fxtrack/frameworks/<name>/devices.py); None on a CPU (no such counter)."""
     if "gpu" not in device:
         return None
     name = backend_name()
@@ -115,14 +117,21 @@ def peak_memory_bytes(device: str) -> Optional[int]:
         import jax
 
         stats = jax.local_devices(backend="gpu")[0].memory_stats() or {}
-        return stats.get("peak_bytes_in_use")
+        if stats.get("peak_bytes_in_use") is None:
+            return None
+        pool = stats.get("peak_pool_bytes")
+        return PeakMemory("jax.peak_bytes_in_use", int(stats["peak_bytes_in_use"]),
+                          None if pool is None else "jax.peak_pool_bytes",
+                          None if pool is None else int(pool))
     if name == "torch":
         import torch
 
-        return int(torch.cuda.max_memory_allocated())
+        return PeakMemory("torch.max_memory_allocated", int(torch.cuda.max_memory_allocated()),
+                          "torch.max_memory_reserved", int(torch.cuda.max_memory_reserved()))
     import tensorflow as tf
 
-    return int(tf.config.experimental.get_memory_info("GPU:0")["peak"])
+    return PeakMemory("tensorflow.get_memory_info.peak",
+                      int(tf.config.experimental.get_memory_info("GPU:0")["peak"]))
 
 
 def attention(device: str, causal_gqa: bool = False) -> str:

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from fxtrack import policy
 from fxtrack.frameworks import keras_models as models
-from fxtrack.frameworks.base import Backend
+from fxtrack.frameworks.base import Backend, PeakMemory
 from fxtrack.frameworks.tensorflow import data, devices, parallel, train
 
 
@@ -104,10 +104,9 @@ class TensorFlowBackend(Backend):
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 
-    def peak_memory_bytes(self) -> Optional[int]:
-        peaks = [devices.peak_memory_bytes(d)
-                 for d in parallel.replica_devices(self.strategy, self.device)]
-        return None if None in peaks else max(peaks)  # the fullest device
+    def peak_memory(self) -> Optional[PeakMemory]:
+        return PeakMemory.fullest([devices.peak_memory(d) for d in
+                                   parallel.replica_devices(self.strategy, self.device)])
 
     def _one_batch(self) -> dict[str, tf.Tensor]:
         """The first replica's resident batch (inference and the exports run on one device)."""

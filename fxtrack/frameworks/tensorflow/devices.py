@@ -6,6 +6,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from fxtrack.frameworks.base import PeakMemory
 from fxtrack.measure import matmul_probe
 
 # tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
@@ -57,11 +58,13 @@ def sync(device: str) -> None:
         tf.test.experimental.sync_devices()  # note: the CPU waits for every queued kernel
 
 
-def peak_memory_bytes(device: str) -> Optional[int]:
-    """TF allocator's peak bytes on a GPU; None on CPU (no such counter)."""
+def peak_memory(device: str) -> Optional[PeakMemory]:
+    """TF allocator's peak bytes on a GPU (``get_memory_info()["peak"]``; it reports no pool
+    peak); None on CPU (no such counter)."""
     if "GPU" not in device:
         return None
-    return int(tf.config.experimental.get_memory_info(device.lstrip("/"))["peak"])
+    info = tf.config.experimental.get_memory_info(device.lstrip("/"))
+    return PeakMemory("tensorflow.get_memory_info.peak", int(info["peak"]))
 
 
 def visible() -> list[str]:

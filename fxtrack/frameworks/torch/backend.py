@@ -9,7 +9,7 @@ from typing import Any, Optional
 import torch
 
 from fxtrack import policy
-from fxtrack.frameworks.base import Backend, attention_tokens
+from fxtrack.frameworks.base import Backend, PeakMemory, attention_tokens
 from fxtrack.frameworks.torch import FRAMEWORK, data, devices, models, parallel, train
 
 
@@ -87,5 +87,5 @@ class TorchBackend(Backend):
     def loss_value(self, handle: Any) -> float:
         return float(handle)
 
-    def peak_memory_bytes(self) -> Optional[int]:
-        return devices.peak_memory_bytes(self.device)
+    def peak_memory(self) -> Optional[PeakMemory]:
+        return devices.peak_memory(self.device)

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from fxtrack.frameworks.base import PeakMemory
 from fxtrack.frameworks.torch import parallel
 from fxtrack.measure import matmul_probe
 
@@ -55,8 +56,13 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # note: the CPU waits for every queued kernel
 
 
-def peak_memory_bytes(device: torch.device) -> Optional[int]:
-    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+def peak_memory(device: torch.device) -> Optional[PeakMemory]:
+    """The caching allocator's peaks: tensors (``max_memory_allocated``) and the blocks it held
+    from CUDA for them (``max_memory_reserved``, its cache included); None on a CPU."""
+    if device.type != "cuda":
+        return None
+    return PeakMemory("torch.max_memory_allocated", torch.cuda.max_memory_allocated(device),
+                      "torch.max_memory_reserved", torch.cuda.max_memory_reserved(device))
 
 
 def visible() -> list[str]:
