@@ -44,6 +44,11 @@ CAPABILITIES: dict[str, str] = {
                    "spec's precision (the peak FLOP/s yardstick for MFU)",
     "generate": "prepare(backend, prompt_len, new_tokens) -> Decoder: the built LM's greedy "
                 "decoding with a KV cache (scenario=generate; fxtrack.frameworks.decoding)",
+    "serve_buckets": "resident(backend, batch_size) -> context: the resident batch of another "
+                     "size while an inference step or a decoder is prepared on it; "
+                     "compiles(backend) -> int or None: compilations so far in this process "
+                     "(None: the framework cannot count them; the module's NOT_COUNTED says "
+                     "why) (scenario=serve's scenario.batch_buckets)",
     "user_serving_export": "export(backend, directory) -> step, export_error(backend) -> "
                            "float: model=custom's serving export (scenario=checkpoint), loaded "
                            "back and its outputs' relative error against the live model's",
