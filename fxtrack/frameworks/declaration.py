@@ -69,6 +69,8 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
                          "model's inputs",
     "scenario=checkpoint": "this framework's checkpoint and serving export of a user's model "
                            "is not written yet (framework=torch has one)",
+    "scenario=serve": "the serving batcher pads fxtrack's own synthetic batches to its "
+                      "buckets, not your model's inputs",
     "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",
     "quantize=dynamic_int8": "int8 quantisation of an arbitrary model is not generic yet",
 }
