@@ -177,15 +177,53 @@ def test_the_serving_section_ranks_max_rate_against_the_best():
 
     runs = pd.DataFrame([
         {"scenario": "serve", "model": "llama", "framework": "torch", "contended": "true",
-         "max_rate_under_slo_rps": 4.0, "serve_e2e_ms_p99": 900.0, "goodput_rps": 3.5},
+         "run_id": "t", "metrics.max_rate_under_slo_rps": 4.0,
+         "metrics.serve_e2e_ms_p99": 900.0, "metrics.goodput_rps": 3.5},
         {"scenario": "serve", "model": "llama", "framework": "jax", "contended": "false",
-         "max_rate_under_slo_rps": 8.0, "serve_e2e_ms_p99": 700.0, "goodput_rps": 7.0},
-        {"scenario": "train", "model": "vit", "framework": "jax"}])
+         "run_id": "j", "metrics.max_rate_under_slo_rps": 8.0,
+         "metrics.serve_e2e_ms_p99": 700.0, "metrics.goodput_rps": 7.0},
+        {"scenario": "train", "model": "vit", "framework": "jax", "run_id": "v"}])
     section = serving.section(runs)
-    assert section.title == "Serving" and len(section.tables) == 1
+    assert section.title == "Serving" and len(section.tables) == 2
     rows = {r[0]: r for r in section.tables[0].rows}
     assert rows["jax"][2] == "1.00x" and rows["torch (contended)"][2] == "0.50x"
+    assert rows["jax"][4] == "700.0" and rows["torch (contended)"][6] == "3.50"  # the logged figures
     assert serving.section(runs[runs["scenario"] == "train"]) is None
+
+
+def _probe(parent, rate, throughput, e2e, goodput, verdict):
+    return {"run_id": f"{parent}-{rate}", "tags.mlflow.parentRunId": parent,
+            "tags.fxtrack.serve_probe": verdict, "metrics.requested_rate_rps": rate,
+            "metrics.request_throughput_rps": throughput, "metrics.serve_e2e_ms_p99": e2e,
+            "metrics.goodput_rps": goodput, "metrics.slo_attained_fraction": goodput / throughput}
+
+
+def test_the_serving_section_charts_the_windows_and_compares_goodput_at_a_common_rate(tmp_path):
+    import pandas as pd
+
+    from fxtrack.report import serving
+
+    runs = pd.DataFrame([
+        {"scenario": "serve", "model": "vit", "framework": "torch", "run_id": "t",
+         "metrics.max_rate_under_slo_rps": 6.0},
+        {"scenario": "serve", "model": "vit", "framework": "jax", "run_id": "j",
+         "metrics.max_rate_under_slo_rps": 12.0}])
+    probes = pd.DataFrame([  # torch doubled 2, 4, 8 and bisected to 6; jax doubled 4, 8, 16
+        _probe("t", 2.0, 2.0, 50.0, 2.0, "pass"), _probe("t", 4.0, 4.0, 60.0, 4.0, "pass"),
+        _probe("t", 8.0, 6.5, 900.0, 1.0, "slo"), _probe("t", 6.0, 6.0, 80.0, 5.5, "pass"),
+        _probe("j", 4.0, 4.0, 30.0, 4.0, "pass"), _probe("j", 8.0, 8.0, 40.0, 8.0, "pass"),
+        _probe("j", 16.0, 12.0, 800.0, 2.0, "saturated")])
+    frame = pd.concat([runs, probes], ignore_index=True)
+    section = serving.section(runs, frame)
+    common = section.tables[1]
+    assert common.title == "Serving: vit, goodput at a common rate (8 req/s)"
+    assert {r[0]: r[1] for r in common.rows} == {"torch": "1.00", "jax": "8.00"}
+    drawn = serving.charts(frame, runs, tmp_path)
+    assert [c.path.name for c in drawn] == ["serve-vit-e2e.png"]  # no TPOT for a vision model
+    assert drawn[0].path.stat().st_size > 0
+    lines = {fw: serving.windows(frame, r) for fw, (_, r) in zip(("torch", "jax"), runs.iterrows())}
+    assert [w.passed for w in lines["torch"]] == [True, True, False, True]
+    assert serving.common_rate({"a": lines["torch"][:1], "b": lines["jax"]}) is None
 
 
 @pytest.mark.slow
@@ -285,7 +323,7 @@ def test_duration_s_bounds_the_window_open_and_closed():
     assert len(reqs) == 60 and max(r.arrival_s for r in reqs) < 3.0  # 30 batches of 2 in 3 s
 
 
-@pytest.mark.parametrize("framework", ["torch", "jax"])
+@pytest.mark.parametrize("framework", [pytest.param("torch", marks=pytest.mark.slow), "jax"])
 def test_no_compilation_inside_the_window_of_the_compiled_paths(framework, tmp_path):
     """Tiny Llama, compiled (inductor, jit), two buckets: every bucket is compiled in the
     warm-up, so the window counts none; the counter did count the warm-up's."""

@@ -476,10 +476,12 @@ def run(backend: Any, result: Any) -> None:
     if o["concurrency"] is not None:
         reported = window(None)
     elif o["rate"] == "search":
-        # a first rate from one unloaded batch: its service time bounds what one bucket serves
+        # a first rate from one unloaded batch (its service time bounds what one bucket
+        # serves), snapped down to a power of two: every framework's probes then lie on the
+        # same grid (doubling, halving, bisecting), so the report finds rates all measured
         t = time.perf_counter()
         server(buckets[-1], [new_tokens])
-        start = max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)
+        start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
         probes: list[Window] = []
 
         def passes(rate: float) -> bool:
