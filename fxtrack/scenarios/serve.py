@@ -38,7 +38,7 @@ RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested
 # A probe of the rate search fails, whatever its SLOs, when requests complete this much slower
 # than they arrive: the queue grows without bound (the server is saturated). Without it a
 # TPOT-only SLO never fails under static batching: queueing delays the first token, not the
-# gaps between tokens (docs/language-models.md#serving).
+# gaps between tokens (docs/serving.md#the-rate-search).
 SATURATED_FRACTION = 0.10
 MAX_TIMED_REQUESTS = 100_000  # scenario.duration_s: the most requests one window may hold
 
