@@ -375,3 +375,19 @@ def test_serve_without_a_path_is_refused_before_any_work():
     custom = rules.Combination("torch", "serve", "fp32", family="custom")
     assert "scenario=serve is not supported for model=custom" in rules.refusal(custom, torch)
     assert rules.refusal(rules.Combination("torch", "serve", "fp32", family="vit"), torch) is None
+
+
+def test_the_sweeps_closing_table_gives_each_serve_jobs_max_rate():
+    from fxtrack.report.serving import closing_table
+
+    def job(name, rate, stop):
+        return {"name": name, "status": "FINISHED",
+                "tags": {"fxtrack.scenario": "serve", "fxtrack.serve_search_stop": stop},
+                "metrics": {"max_rate_under_slo_rps": rate, "lowest_failing_rate_rps": rate * 1.25,
+                            "goodput_rps": rate * 0.9, "serve_recompiles": 0.0}}
+
+    table = closing_table([job("torch-llama-serve", 32.0, "saturated"),
+                           job("jax-llama-serve", 128.0, "slo"),
+                           {"name": "train", "status": "FINISHED", "tags": {}, "metrics": {}}])
+    assert "0.25x" in table and "1.00x" in table and "saturated" in table and "40.00" in table
+    assert "train" not in table and closing_table([]) == ""

@@ -132,6 +132,32 @@ def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list:
     return drawn
 
 
+def closing_table(jobs: list[dict]) -> str:
+    """The sweep's serve jobs as a text table (empty when there are none): the highest rate
+    under the SLOs with its ratio to the best, the bracket, why the search stopped, goodput and
+    p99 latencies of the reported window."""
+    served = [j for j in jobs if j.get("tags", {}).get("fxtrack.scenario") == "serve"
+              and j.get("status") == "FINISHED"]
+    if not served:
+        return ""
+    from fxtrack.report.render import text_table
+
+    best = max((j["metrics"].get("max_rate_under_slo_rps") or 0.0 for j in served), default=0.0)
+    rows = []
+    for j in served:
+        m, t = j["metrics"], j["tags"]
+        rate = m.get("max_rate_under_slo_rps")
+        rows.append([j["name"] + (" (contended)" if t.get("fxtrack.contended") == "true" else ""),
+                     fmt(rate, 2), f"{rate / best:.2f}x" if rate and best else "-",
+                     fmt(m.get("lowest_failing_rate_rps"), 2), t.get("fxtrack.serve_search_stop", "-"),
+                     fmt(m.get("goodput_rps"), 2), fmt(m.get("serve_e2e_ms_p99")),
+                     fmt(m.get("serve_tpot_ms_p99")), fmt(m.get("serve_recompiles"), 0)])
+    return "\n".join(["", text_table(Table(
+        "Serving (max rate under the SLOs; the reported window's figures):",
+        ["run", "max rate req/s", "vs best", "lowest failing", "stopped by", "goodput req/s",
+         "p99 E2E ms", "p99 TPOT ms", "recompiles"], rows)), ""])
+
+
 def section(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> Optional[Section]:
     found = tables(runs, frame)
     return Section("Serving", found) if found else None
