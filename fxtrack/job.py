@@ -69,6 +69,9 @@ class Result:
     # files the run leaves for the record, by role: "model" -> the exported deployment artefact
     # (ONNX or TFLite, its external data beside it), logged as an MLflow model
     artifacts: dict[str, str] = dataclasses.field(default_factory=dict)
+    # windows of this run the orchestrator logs as its child runs (scenario=serve's rate-search
+    # probes): each {"suffix": run-name suffix, "metrics", "tags", "series", "artifacts"}
+    children: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))

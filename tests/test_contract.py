@@ -29,7 +29,8 @@ PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on"),
              "sharded_state": (), "remat": (), "generate": ("prepare",),
              "user_model": ("build", "prepare_inference", "train_flops_per_sample",
                             "forward_flops_per_sample"),
-             "user_serving_export": ("export", "export_error")}
+             "user_serving_export": ("export", "export_error"),
+             "serve_buckets": ("resident", "compiles")}
 
 
 def _tree(module: str) -> ast.Module:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -176,12 +177,217 @@ def test_the_serving_section_ranks_max_rate_against_the_best():
 
     runs = pd.DataFrame([
         {"scenario": "serve", "model": "llama", "framework": "torch", "contended": "true",
-         "max_rate_under_slo_rps": 4.0, "serve_e2e_ms_p99": 900.0, "goodput_rps": 3.5},
+         "run_id": "t", "metrics.max_rate_under_slo_rps": 4.0,
+         "metrics.serve_e2e_ms_p99": 900.0, "metrics.goodput_rps": 3.5},
         {"scenario": "serve", "model": "llama", "framework": "jax", "contended": "false",
-         "max_rate_under_slo_rps": 8.0, "serve_e2e_ms_p99": 700.0, "goodput_rps": 7.0},
-        {"scenario": "train", "model": "vit", "framework": "jax"}])
+         "run_id": "j", "metrics.max_rate_under_slo_rps": 8.0,
+         "metrics.serve_e2e_ms_p99": 700.0, "metrics.goodput_rps": 7.0},
+        {"scenario": "train", "model": "vit", "framework": "jax", "run_id": "v"}])
     section = serving.section(runs)
-    assert section.title == "Serving" and len(section.tables) == 1
+    assert section.title == "Serving" and len(section.tables) == 2
     rows = {r[0]: r for r in section.tables[0].rows}
     assert rows["jax"][2] == "1.00x" and rows["torch (contended)"][2] == "0.50x"
+    assert rows["jax"][4] == "700.0" and rows["torch (contended)"][6] == "3.50"  # the logged figures
     assert serving.section(runs[runs["scenario"] == "train"]) is None
+
+
+def _probe(parent, rate, throughput, e2e, goodput, verdict):
+    return {"run_id": f"{parent}-{rate}", "tags.mlflow.parentRunId": parent,
+            "tags.fxtrack.serve_probe": verdict, "metrics.requested_rate_rps": rate,
+            "metrics.request_throughput_rps": throughput, "metrics.serve_e2e_ms_p99": e2e,
+            "metrics.goodput_rps": goodput, "metrics.slo_attained_fraction": goodput / throughput}
+
+
+def test_the_serving_section_charts_the_windows_and_compares_goodput_at_a_common_rate(tmp_path):
+    import pandas as pd
+
+    from fxtrack.report import serving
+
+    runs = pd.DataFrame([
+        {"scenario": "serve", "model": "vit", "framework": "torch", "run_id": "t",
+         "metrics.max_rate_under_slo_rps": 6.0},
+        {"scenario": "serve", "model": "vit", "framework": "jax", "run_id": "j",
+         "metrics.max_rate_under_slo_rps": 12.0}])
+    probes = pd.DataFrame([  # torch doubled 2, 4, 8 and bisected to 6; jax doubled 4, 8, 16
+        _probe("t", 2.0, 2.0, 50.0, 2.0, "pass"), _probe("t", 4.0, 4.0, 60.0, 4.0, "pass"),
+        _probe("t", 8.0, 6.5, 900.0, 1.0, "slo"), _probe("t", 6.0, 6.0, 80.0, 5.5, "pass"),
+        _probe("j", 4.0, 4.0, 30.0, 4.0, "pass"), _probe("j", 8.0, 8.0, 40.0, 8.0, "pass"),
+        _probe("j", 16.0, 12.0, 800.0, 2.0, "saturated")])
+    frame = pd.concat([runs, probes], ignore_index=True)
+    section = serving.section(runs, frame)
+    common = section.tables[1]
+    assert common.title == "Serving: vit, goodput at a common rate (8 req/s)"
+    assert {r[0]: r[1] for r in common.rows} == {"torch": "1.00", "jax": "8.00"}
+    drawn = serving.charts(frame, runs, tmp_path)
+    assert [c.path.name for c in drawn] == ["serve-vit-e2e.png"]  # no TPOT for a vision model
+    assert drawn[0].path.stat().st_size > 0
+    lines = {fw: serving.windows(frame, r) for fw, (_, r) in zip(("torch", "jax"), runs.iterrows())}
+    assert [w.passed for w in lines["torch"]] == [True, True, False, True]
+    assert serving.common_rate({"a": lines["torch"][:1], "b": lines["jax"]}) is None
+
+
+@pytest.mark.slow
+def test_a_tiny_rate_search_logs_each_probe_as_a_child_run(tmp_path):
+    """torch, tiny Llama, two buckets: the parent keeps the answer and the bracket; each probe
+    is a child run with its own figures, verdict and records; the report folds them in."""
+    mlflow = pytest.importorskip("mlflow")
+    from conftest import run_fxtrack, seed_peak_cache
+
+    env = seed_peak_cache(tmp_path / "cache")
+    proc = run_fxtrack(tmp_path, "scenario=serve", "framework=torch", "model=llama", "size=tiny",
+                       "hardware=cpu", "scenario.rate=search", "scenario.slo.e2e_ms=5000",
+                       "scenario.num_requests=6", "scenario.prompt_len=8",
+                       "scenario.new_tokens=3", "scenario.max_batch=2",
+                       "scenario.batch_buckets=[1,2]", "scenario.resolution=0.5",
+                       "warmup_steps=1", env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("fxtrack").experiment_id])
+    (parent,) = [r for r in runs if "fxtrack.serve_probes" in r.data.tags]
+    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(probes) == int(parent.data.tags["fxtrack.serve_probes"]) >= 2
+    verdicts = {float(r.data.tags["fxtrack.serve_probe_index"]): r.data.tags["fxtrack.serve_probe"]
+                for r in probes}
+    assert set(verdicts.values()) <= {"pass", "slo", "saturated"}
+    m = parent.data.metrics
+    passing = [r.data.metrics["requested_rate_rps"] for r in probes
+               if r.data.tags["fxtrack.serve_probe"] == "pass"]
+    failing = [r.data.metrics["requested_rate_rps"] for r in probes
+               if r.data.tags["fxtrack.serve_probe"] != "pass"]
+    assert m["max_rate_under_slo_rps"] == pytest.approx(max(passing, default=0.0))
+    if failing:
+        assert m["lowest_failing_rate_rps"] == pytest.approx(min(failing))
+    for r in probes:  # each probe's own figures and records
+        assert r.data.tags["fxtrack.serve_probe_of"] == parent.data.tags["fxtrack.result_id"]
+        assert r.data.metrics["serve_requests"] == 6 and "serve_e2e_ms_p99" in r.data.metrics
+        assert r.data.metrics["serve_recompiles"] == 0
+        assert [a.path for a in client.list_artifacts(r.info.run_id)] == ["serve_requests.json"]
+    assert m["serve_recompiles"] == 0
+    report = run_fxtrack(tmp_path, "report", "--out", str(tmp_path / "rep"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert "Serving: llama" in text and "1 kept" in report.stdout
+
+
+def test_a_tpot_only_search_stops_where_the_server_saturates():
+    """Static batching: queueing delays the first token, not the gaps between tokens, so a
+    TPOT-only SLO holds at any rate; the search still brackets capacity because a probe whose
+    completions fall behind its arrivals fails as saturated."""
+    capacity = 4 / (0.02 + 4 * 0.005)  # a batch of up to 4, 5 tokens each: 40 ms -> 100 req/s
+    slo = {"ttft_ms": None, "tpot_ms": 10.0, "e2e_ms": None}
+
+    def figures(rate):
+        clock = VirtualClock()
+        reqs = window(clock, fake_server(clock, 0.02, 0.005), rate, n=2000, tokens=[5] * 2000)
+        return serve.request_metrics(reqs, slo, True, rate)
+
+    overloaded = figures(5 * capacity)
+    assert serve.slo_passes(overloaded, slo)  # the SLO alone never fails ...
+    assert serve.probe_verdict(overloaded, slo) == "saturated"  # ... saturation does
+    assert overloaded["completion_rate_rps"] == pytest.approx(capacity, rel=0.02)
+    assert serve.probe_verdict(figures(0.5 * capacity), slo) == "pass"
+    found = serve.search_rate(lambda r: serve.probe_verdict(figures(r), slo) == "pass",
+                              start=5.0, resolution=0.05)
+    # passes up to capacity / (1 - SATURATED_FRACTION), plus the seeded gaps' ~2% sampling
+    assert 0.8 * capacity < found.max_rate_rps <= 1.03 * capacity / 0.9
+    assert found.lowest_failing_rps < 1.3 * capacity
+
+
+def test_each_batch_is_padded_to_the_smallest_bucket_that_holds_it():
+    clock = VirtualClock()
+    calls = []
+
+    def server(bucket, new_tokens):
+        calls.append((bucket, len(new_tokens)))
+        clock.t += 0.01
+        return [clock.t]
+
+    arrivals = np.cumsum(serve.arrival_gaps(150.0, 200, 1.0, 3))
+    reqs = serve.serve_window(server, max_batch=4, max_wait_ms=5.0, buckets=[1, 2, 4],
+                              tokens=[1] * 200, arrivals_s=arrivals - arrivals[0], clock=clock,
+                              sleep=clock.sleep)
+    assert {size for _, size in calls} >= {1, 2, 3}  # the load gives batches of several sizes
+    assert all(bucket == serve.bucket_for(size, [1, 2, 4]) for bucket, size in calls)
+    assert {r.bucket for r in reqs} == {1, 2, 4}
+
+
+def test_duration_s_bounds_the_window_open_and_closed():
+    times = serve.arrivals_within(40.0, 1.0, seed=5, duration_s=10.0)
+    assert times[0] == 0.0 and times[-1] <= 10.0 and abs(len(times) - 400) < 3 * 20  # ~Poisson sd
+    longer = serve.arrivals_within(40.0, 1.0, seed=5, duration_s=20.0)
+    assert list(longer[:len(times)]) == list(times)  # the same seeded process, cut later
+    clock = VirtualClock()
+    reqs = serve.serve_window(fake_server(clock, 0.1, 0.0), max_batch=2, max_wait_ms=0.0,
+                              buckets=[2], tokens=[1] * 10_000, concurrency=2, duration_s=3.0,
+                              clock=clock, sleep=clock.sleep)
+    assert len(reqs) == 60 and max(r.arrival_s for r in reqs) < 3.0  # 30 batches of 2 in 3 s
+
+
+@pytest.mark.parametrize("framework", [pytest.param("torch", marks=pytest.mark.slow), "jax"])
+def test_no_compilation_inside_the_window_of_the_compiled_paths(framework, tmp_path):
+    """Tiny Llama, compiled (inductor, jit), two buckets: every bucket is compiled in the
+    warm-up, so the window counts none; the counter did count the warm-up's."""
+    pytest.importorskip(framework)
+    from conftest import job_spec
+
+    from fxtrack.frameworks.declaration import declaration
+    from fxtrack.worker.__main__ import run
+
+    options = {"prompt_len": 8, "new_tokens": 3, "rate": "40", "num_requests": 8,
+               "max_batch": 2, "batch_buckets": [1, 2], "slo": {}}
+    spec = job_spec(framework, "llama", tmp_path, scenario="serve",
+                    runner="fxtrack.scenarios.serve:run", options=options, compile=True,
+                    batch_size=None, warmup_steps=1)
+    result = run(spec)
+    assert result.status == "FINISHED" and result.guard == "ok", result.error
+    assert result.metrics["serve_recompiles"] == 0
+    assert result.tags["serve_buckets"] == "1,2"
+    rows = json.loads(Path(result.artifacts["serve_requests"]).read_text())
+    assert {r["bucket"] for r in rows} <= {1, 2} and len(rows) == 8
+    counter = declaration(spec.package).capability("serve_buckets")
+    assert counter.compiles(None) > 0  # the warm-up's compilations were counted
+
+
+def test_tensorflow_says_it_cannot_count_compilations():
+    pytest.importorskip("tensorflow")
+    from fxtrack.frameworks.tensorflow import buckets
+
+    assert buckets.compiles(None) is None and buckets.NOT_COUNTED.startswith("not counted")
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"rate": "4", "duration_s": 0}, "scenario.duration_s must be > 0"),
+    ({"rate": "4", "batch_buckets": [0, 4]}, "do not cover"),
+])
+def test_more_bad_serve_input_is_refused_in_one_line(options, message):
+    why = serve.refusal(options, lm=False)
+    assert why is not None and message in why and "\n" not in why
+
+
+def test_serve_without_a_path_is_refused_before_any_work():
+    from fxtrack.frameworks.declaration import declaration
+    from fxtrack.scenarios import rules
+
+    torch = declaration("fxtrack.frameworks.torch")
+    runtime = rules.Combination("torch", "serve", "fp32", runtime="onnxruntime", family="vit")
+    assert rules.refusal(runtime, torch).startswith(
+        "scenario=serve with runtime=onnxruntime is not supported by torch: scenario=serve")
+    custom = rules.Combination("torch", "serve", "fp32", family="custom")
+    assert "scenario=serve is not supported for model=custom" in rules.refusal(custom, torch)
+    assert rules.refusal(rules.Combination("torch", "serve", "fp32", family="vit"), torch) is None
+
+
+def test_the_sweeps_closing_table_gives_each_serve_jobs_max_rate():
+    from fxtrack.report.serving import closing_table
+
+    def job(name, rate, stop):
+        return {"name": name, "status": "FINISHED",
+                "tags": {"fxtrack.scenario": "serve", "fxtrack.serve_search_stop": stop},
+                "metrics": {"max_rate_under_slo_rps": rate, "lowest_failing_rate_rps": rate * 1.25,
+                            "goodput_rps": rate * 0.9, "serve_recompiles": 0.0}}
+
+    table = closing_table([job("torch-llama-serve", 32.0, "saturated"),
+                           job("jax-llama-serve", 128.0, "slo"),
+                           {"name": "train", "status": "FINISHED", "tags": {}, "metrics": {}}])
+    assert "0.25x" in table and "1.00x" in table and "saturated" in table and "40.00" in table
+    assert "train" not in table and closing_table([]) == ""

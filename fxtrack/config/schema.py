@@ -204,6 +204,7 @@ class ScenarioConfig:
     max_wait_ms: float = 10.0
     batch_buckets: Optional[list[int]] = None  # None: [max_batch]
     num_requests: int = 32  # requests per window (each probe of a search)
+    duration_s: Optional[float] = None  # or: the requests arriving within this many seconds
     token_spread: int = 0  # serve LMs: new tokens uniform in new_tokens +- this (seeded)
     slo: SloConfig = dataclasses.field(default_factory=SloConfig)
 

@@ -44,6 +44,11 @@ CAPABILITIES: dict[str, str] = {
                    "spec's precision (the peak FLOP/s yardstick for MFU)",
     "generate": "prepare(backend, prompt_len, new_tokens) -> Decoder: the built LM's greedy "
                 "decoding with a KV cache (scenario=generate; fxtrack.frameworks.decoding)",
+    "serve_buckets": "resident(backend, batch_size) -> context: the resident batch of another "
+                     "size while an inference step or a decoder is prepared on it; "
+                     "compiles(backend) -> int or None: compilations so far in this process "
+                     "(None: the framework cannot count them; the module's NOT_COUNTED says "
+                     "why) (scenario=serve's scenario.batch_buckets)",
     "user_serving_export": "export(backend, directory) -> step, export_error(backend) -> "
                            "float: model=custom's serving export (scenario=checkpoint), loaded "
                            "back and its outputs' relative error against the live model's",
@@ -64,6 +69,8 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
                          "model's inputs",
     "scenario=checkpoint": "this framework's checkpoint and serving export of a user's model "
                            "is not written yet (framework=torch has one)",
+    "scenario=serve": "the serving batcher pads fxtrack's own synthetic batches to its "
+                      "buckets, not your model's inputs",
     "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",
     "quantize=dynamic_int8": "int8 quantisation of an arbitrary model is not generic yet",
 }

@@ -3,6 +3,7 @@ with MFU and code metrics, logged, and summed up in one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -70,6 +71,12 @@ def stop_if_interrupted() -> None:
     sys.exit(128 + sig)
 
 
+# The parent's tags a child window copies: what ran (device, versions, compile mode), so the
+# child reads as the same configuration in the UI.
+_CHILD_TAGS = ("device", "framework_version", "python", "cuda", "cudnn", "compile_rule",
+               "compile_mode", "compile_decision", "attention", "matmul_precision",
+               "cpu_threads", "serve_mode", "serve_batching", "serve_buckets", "contended")
+
 _LOADED: set[str] = set()  # tracking URIs whose MLflow client this process has opened
 
 
@@ -136,8 +143,30 @@ class Job:
             artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
         run_id, where = self.log(record, artifacts)
         print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
+        self.log_children(spec, result, config, name)
         stop_if_interrupted()
         return name, result, run_id
+
+    def log_children(self, spec: JobSpec, result: Result, config: dict, name: str) -> None:
+        """The run's windows (Result.children: scenario=serve's rate-search probes) as child
+        runs of it, each with its own figures, verdict and per-request records; tagged
+        ``fxtrack.serve_probe_of`` so the report counts them through their parent."""
+        from fxtrack.tracking import records
+
+        for child in result.children:
+            child_spec = dataclasses.replace(spec, result_id=uuid.uuid4().hex)
+            tags = {k: v for k, v in result.tags.items() if k in _CHILD_TAGS}
+            tags.update(child["tags"], serve_probe_of=spec.result_id)
+            child_result = Result(child_spec.result_id, status=result.status,
+                                  metrics=dict(child["metrics"]), series=dict(child["series"]),
+                                  tags=tags, resolved=result.resolved)
+            child_name = f"{name}-{child['suffix']}"
+            record = records.job_record(child_spec, child_result, config, self.uri,
+                                        self.conf.tracking.experiment, spec.result_id,
+                                        int(time.time() * 1000), child_name,
+                                        summary_line(child_name, child_result))
+            files = {f"{role}.json": Path(path) for role, path in child["artifacts"].items()}
+            self.log(record, files)
 
     def load_tracking(self) -> None:
         """MLflow imported and the store opened (the embedded store created or migrated) for
@@ -197,7 +226,9 @@ _HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p5
              ("compile_time_s", "compile {:.1f} s"), ("pipeline_samples_per_s", "loader {:.1f} samples/s"),
              ("input_bound_fraction", "input-bound {:.0%}"), ("checkpoint_save_s", "save {:.2f} s"),
              ("checkpoint_restore_s", "restore {:.2f} s"), ("checkpoint_mib", "checkpoint {:.0f} MiB"),
-             ("export_s", "export {:.2f} s"), ("peak_mem_device_mib", "device peak {:.0f} MiB"),
+             ("export_s", "export {:.2f} s"),
+             ("max_rate_under_slo_rps", "max rate under SLO {:.2f} req/s"),
+             ("goodput_rps", "goodput {:.2f} req/s"), ("serve_e2e_ms_p99", "E2E p99 {:.1f} ms"), ("peak_mem_device_mib", "device peak {:.0f} MiB"),
              ("peak_rss_mib", "RSS peak {:.0f} MiB"), ("mfu", "MFU {:.1%}")]
 
 

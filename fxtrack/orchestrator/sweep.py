@@ -86,9 +86,9 @@ class SweepRun(Callback):
                       for p in sorted((jobs_dir / AGGREGATES_DIR).glob("*.json"))]
         if aggregates:
             verdict += aggregate_table(aggregates)
-        from fxtrack.report import fit  # scenario=fit jobs: their answers, one table
+        from fxtrack.report import fit, serving  # scenario=fit / serve jobs: their answers
 
-        verdict += fit.closing_table(jobs)
+        verdict += fit.closing_table(jobs) + serving.closing_table(jobs)
         print(verdict, file=sys.stderr)
         frameworks = sorted({j["tags"]["fxtrack.framework"] for j in jobs
                              if j.get("tags", {}).get("fxtrack.framework")})

@@ -1,4 +1,5 @@
-"""PNG charts of the kept runs: throughput per scenario and precision, and scaling efficiency.
+"""PNG charts of the kept runs: throughput per scenario and precision, scaling efficiency, and
+serving's latency against throughput.
 
 matplotlib runs on its Agg backend (set before pyplot is imported) so that a report renders on a
 headless server; figures are closed after saving because a report may draw dozens.
@@ -179,6 +180,29 @@ def scaling_chart(runs: pd.DataFrame, out: Path) -> list[Chart]:
     fig.savefig(path, dpi=_DPI)
     plt.close(fig)
     return [Chart("Scaling efficiency", path)]
+
+
+def latency_throughput_chart(lines: dict[str, list[tuple[float, float, bool]]], title: str,
+                             ylabel: str, path: Path, caption: str = "") -> Chart:
+    """Serving: one line per framework through its windows, p99 latency against the achieved
+    throughput; a window that met its SLOs (and kept up) filled, one that failed hollow."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
+    for i, (label, points) in enumerate(sorted(lines.items())):
+        points = sorted(points)
+        colour = f"C{i}"
+        ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, label=label)
+        for x, y, ok in points:
+            ax.plot([x], [y], "o", color=colour, markerfacecolor=colour if ok else "white")
+    ax.set_xlabel("achieved throughput (requests/s)")
+    ax.set_ylabel(ylabel)
+    ax.set_yscale("log")  # past saturation the queue's wait grows by orders of magnitude
+    ax.set_title(title)
+    ax.legend(title="framework", fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=_DPI)
+    plt.close(fig)
+    return Chart(title, path, caption)
 
 
 def draw(runs: pd.DataFrame, out: Path) -> list[Chart]:

@@ -87,6 +87,7 @@ def main(argv: list[str]) -> int:
     from fxtrack.report import fit
 
     drawn = (charts.draw(runs, out) + trend.charts(frame, out) + fit.charts(frame, out)
+             + serving.charts(frame, runs, out)
              if {"md", "html"} & set(args.formats) else [])
     source = f"experiment {args.experiment!r} at {redact_uri(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
@@ -95,7 +96,7 @@ def main(argv: list[str]) -> int:
             "precision, device count and hardware"]
     verdict = verdicts.table(runs, args.min_repeats)
     sections = tables.sections(runs) + [s for s in [lm.section(frame, runs)] if s]
-    sections += [s for s in [serving.section(runs)] if s]  # scenario=serve
+    sections += [s for s in [serving.section(runs, frame)] if s]  # scenario=serve
     sections += levers.sections(frame)  # levers: every variant, raw frame
     sections += cost.section(runs) + [s for s in [claims.section(frame)] if s]
     sections += [s for s in [fit.section(frame)] if s]  # scenario=fit: parents and their probes

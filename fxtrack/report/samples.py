@@ -137,6 +137,8 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
                                       zip(runs.loc[aggregate, "result_id"],
                                           runs.loc[aggregate, "compile"])]
     benchmark = runs["framework"] != "-"
+    if "tags.fxtrack.serve_probe_of" in frame:  # a rate search's probes: their parent stands
+        benchmark &= frame["tags.fxtrack.serve_probe_of"].isna()
     ok = (runs["status"] == "FINISHED") & ~runs["check"].isin(["failed", "guard_failed"])
     return runs[benchmark & ok].sort_values("start_time", kind="stable")
 

@@ -83,8 +83,9 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
 
     # A repeat whose config has an aggregate run counts through that aggregate, not on its own.
     folded = runs["repeat_of"].fillna("").astype(str).str.len() > 0
-    if "tags.fxtrack.fit_of" in frame:  # a fit search's probes count through its parent
-        folded |= (frame["tags.fxtrack.fit_of"].fillna("").astype(str).str.len() > 0).to_numpy()
+    for probe_of in ("tags.fxtrack.fit_of", "tags.fxtrack.serve_probe_of"):
+        if probe_of in frame:  # a search's probes (fit, serve) count through their parent
+            folded |= (frame[probe_of].fillna("").astype(str).str.len() > 0).to_numpy()
     tagged = runs["framework"].fillna("").astype(str).str.len() > 0
     # A lever variant (runtime=onnxruntime, parallel=fsdp, ...) is a cell of the levers' tables
     # (report/levers.py), not a competitor of the default run in the main tables.

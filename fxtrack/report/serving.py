@@ -1,52 +1,163 @@
-"""The report's "Serving" section (scenario=serve, issue 32): per model, each framework's highest
-rate under the SLOs with its ratio to the best, and its latency and goodput at the rate reported.
-The chart of p99 latency against achieved throughput is not drawn yet."""
+"""The report's "Serving" section (scenario=serve, issue 32), per model: each framework's
+highest rate under the SLOs with its ratio to the best, its goodput at the highest rate every
+framework measured, and a chart of p99 latency against achieved throughput through the windows
+of each framework's rate search (its child runs; a fixed-rate run is one window)."""
 
 from __future__ import annotations
 
-import math
+import dataclasses
+from pathlib import Path
 from typing import Optional
 
 import pandas as pd
 
+from fxtrack.report.select import frameworks, metric
 from fxtrack.report.tables import Section, Table, fmt
 
 
-def _figure(row: pd.Series, key: str) -> Optional[float]:
-    value = row.get(key)
-    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+@dataclasses.dataclass
+class Window:
+    """One served window of a framework: a probe of its search, or a fixed-rate run."""
+
+    rate: Optional[float]  # requested requests/s (None: closed loop)
+    throughput: Optional[float]
+    e2e_p99: Optional[float]
+    tpot_p99: Optional[float]
+    goodput: Optional[float]
+    attained: Optional[float]
+    passed: bool
 
 
-def tables(runs: pd.DataFrame) -> list[Table]:
-    """One table per model of the kept scenario=serve runs."""
+def _served(runs: pd.DataFrame) -> pd.DataFrame:
     if "scenario" not in runs or runs.empty:
-        return []
-    served = runs[runs["scenario"] == "serve"]
+        return runs.iloc[0:0]
+    return runs[runs["scenario"] == "serve"]
+
+
+def windows(frame: pd.DataFrame, run: pd.Series) -> list[Window]:
+    """The windows behind a kept serve run: its rate-search probes (child runs tagged
+    ``fxtrack.serve_probe``), else the run's own window."""
+    rows = [run]
+    if {"tags.mlflow.parentRunId", "tags.fxtrack.serve_probe"} <= set(frame.columns):
+        children = frame[(frame["tags.mlflow.parentRunId"] == run["run_id"])
+                         & frame["tags.fxtrack.serve_probe"].notna()]
+        if not children.empty:
+            rows = [r for _, r in children.iterrows()]
+    return [Window(metric(r, "requested_rate_rps"), metric(r, "request_throughput_rps"),
+                   metric(r, "serve_e2e_ms_p99"), metric(r, "serve_tpot_ms_p99"),
+                   metric(r, "goodput_rps"), metric(r, "slo_attained_fraction"),
+                   str(r.get("tags.fxtrack.serve_probe", "pass")) in ("pass", "nan", "None"))
+            for r in rows]
+
+
+def common_rate(by_framework: dict[str, list[Window]]) -> Optional[float]:
+    """The highest requested rate every framework served a window at (the searches' probes
+    share a power-of-two grid), or None."""
+    rates = [{w.rate for w in ws if w.rate is not None} for ws in by_framework.values()]
+    shared = set.intersection(*rates) if rates else set()
+    return max(shared) if shared else None
+
+
+def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Table]:
+    """Per model: the max-rate table, and goodput at the common rate (two frameworks or more)."""
+    frame = runs if frame is None else frame
     out = []
-    for model, group in served.groupby("model", sort=True):
-        group = group.sort_values("framework", kind="stable")
-        rates = [_figure(r, "max_rate_under_slo_rps") for _, r in group.iterrows()]
+    for model, group in _served(runs).groupby("model", sort=True):
+        order = frameworks(group)
+        group = group.iloc[sorted(range(len(group)),
+                                  key=lambda i: order.index(group["framework"].iloc[i]))]
+        rates = [metric(r, "max_rate_under_slo_rps") for _, r in group.iterrows()]
         best = max((r for r in rates if r), default=None)
         rows = []
         for (_, row), rate in zip(group.iterrows(), rates):
             ratio = f"{rate / best:.2f}x" if rate and best else "-"
-            contended = " (contended)" if str(row.get("contended")) == "true" else ""
-            rows.append([f"{row['framework']}{contended}", fmt(rate, 2), ratio,
-                         fmt(_figure(row, "lowest_failing_rate_rps"), 2),
-                         fmt(_figure(row, "serve_e2e_ms_p99")),
-                         fmt(_figure(row, "serve_tpot_ms_p99")),
-                         fmt(_figure(row, "goodput_rps"), 2),
-                         fmt(_figure(row, "request_throughput_rps"), 2)])
+            rows.append([_label(row), fmt(rate, 2), ratio,
+                         fmt(metric(row, "lowest_failing_rate_rps"), 2),
+                         fmt(metric(row, "serve_e2e_ms_p99")),
+                         fmt(metric(row, "serve_tpot_ms_p99")),
+                         fmt(metric(row, "goodput_rps"), 2),
+                         fmt(metric(row, "request_throughput_rps"), 2)])
         out.append(Table(f"Serving: {model}",
                          ["framework", "max rate under SLO (req/s)", "vs best",
                           "lowest failing (req/s)", "p99 E2E ms", "p99 TPOT ms", "goodput (req/s)",
                           "achieved (req/s)"], rows,
                          ["latency and goodput are the reported window's (with rate=search: the "
-                          "highest passing probe's)", "static batching: a batch is prefilled and "
-                          "decoded together"]))
+                          "highest passing probe's)", "a probe fails when a p99 misses its SLO or "
+                          "when requests complete >10% slower than they arrive (saturated)",
+                          "static batching: a batch is prefilled and decoded together"]))
+        by_fw = {_label(r): windows(frame, r) for _, r in group.iterrows()}
+        rate = common_rate(by_fw) if len(by_fw) > 1 else None
+        if len(by_fw) > 1:
+            at = {fw: next(w for w in ws if w.rate == rate) for fw, ws in by_fw.items()} if rate else {}
+            out.append(Table(
+                f"Serving: {model}, goodput at a common rate"
+                + (f" ({rate:g} req/s)" if rate else ""),
+                ["framework", "goodput (req/s)", "SLO attained", "p99 E2E ms", "achieved (req/s)"],
+                [[fw, fmt(w.goodput, 2), "-" if w.attained is None else f"{w.attained:.0%}",
+                  fmt(w.e2e_p99), fmt(w.throughput, 2)] for fw, w in at.items()],
+                ["the highest requested rate every framework served a window at: the same "
+                 "offered load for each" if rate else
+                 "no rate was served by every framework (fixed rates differ, or a search "
+                 "started off the shared grid): no common-rate figure"]))
     return out
 
 
-def section(runs: pd.DataFrame) -> Optional[Section]:
-    found = tables(runs)
+def _label(row: pd.Series) -> str:
+    contended = " (contended)" if str(row.get("contended")) == "true" else ""
+    return f"{row['framework']}{contended}"
+
+
+def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list:
+    """Per model: p99 E2E (and for an LM p99 TPOT) against achieved throughput, one line per
+    framework through its windows."""
+    from fxtrack.report import charts as chart_module
+
+    drawn = []
+    for model, group in _served(runs).groupby("model", sort=True):
+        by_fw = {_label(r): windows(frame, r) for _, r in group.iterrows()}
+        for key, words in (("e2e_p99", "p99 E2E latency (ms)"), ("tpot_p99", "p99 TPOT (ms)")):
+            lines = {fw: [(w.throughput, getattr(w, key), w.passed) for w in ws
+                          if w.throughput is not None and getattr(w, key) is not None]
+                     for fw, ws in by_fw.items()}
+            lines = {fw: points for fw, points in lines.items() if points}
+            if not lines:
+                continue
+            name = key.split("_")[0]
+            drawn.append(chart_module.latency_throughput_chart(
+                lines, f"Serving: {model}, {words} against throughput", words,
+                out / f"serve-{chart_module._slug(model)}-{name}.png",
+                "One point per window (each probe of the rate search; a fixed-rate run is one "
+                "point); filled: met every SLO and kept up, hollow: failed; lower and further "
+                "right is better."))
+    return drawn
+
+
+def closing_table(jobs: list[dict]) -> str:
+    """The sweep's serve jobs as a text table (empty when there are none): the highest rate
+    under the SLOs with its ratio to the best, the bracket, why the search stopped, goodput and
+    p99 latencies of the reported window."""
+    served = [j for j in jobs if j.get("tags", {}).get("fxtrack.scenario") == "serve"
+              and j.get("status") == "FINISHED"]
+    if not served:
+        return ""
+    from fxtrack.report.render import text_table
+
+    best = max((j["metrics"].get("max_rate_under_slo_rps") or 0.0 for j in served), default=0.0)
+    rows = []
+    for j in served:
+        m, t = j["metrics"], j["tags"]
+        rate = m.get("max_rate_under_slo_rps")
+        rows.append([j["name"] + (" (contended)" if t.get("fxtrack.contended") == "true" else ""),
+                     fmt(rate, 2), f"{rate / best:.2f}x" if rate and best else "-",
+                     fmt(m.get("lowest_failing_rate_rps"), 2), t.get("fxtrack.serve_search_stop", "-"),
+                     fmt(m.get("goodput_rps"), 2), fmt(m.get("serve_e2e_ms_p99")),
+                     fmt(m.get("serve_tpot_ms_p99")), fmt(m.get("serve_recompiles"), 0)])
+    return "\n".join(["", text_table(Table(
+        "Serving (max rate under the SLOs; the reported window's figures):",
+        ["run", "max rate req/s", "vs best", "lowest failing", "stopped by", "goodput req/s",
+         "p99 E2E ms", "p99 TPOT ms", "recompiles"], rows)), ""])
+
+
+def section(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> Optional[Section]:
+    found = tables(runs, frame)
     return Section("Serving", found) if found else None

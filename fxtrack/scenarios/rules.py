@@ -68,6 +68,10 @@ def _is_deploy(c: Combination) -> bool:
 
 # The framework-neutral rules, in the order they are checked (the first that holds is reported).
 RULES: tuple[Rule, ...] = (
+    Rule(lambda c: f"scenario=serve with {_deploy_levers(c)}",
+         lambda c: _is_deploy(c) and c.scenario == "serve",
+         "scenario=serve feeds the framework's own compiled step; no exported runtime has a "
+         "serving path yet: drop the runtime/quantize override (scenario=inference measures it)"),
     Rule(lambda c: f"{_deploy_levers(c)} with scenario={c.scenario}",
          lambda c: _is_deploy(c) and c.scenario != "inference",
          "a deployment runtime or quantisation serves a model for inference only; add "
@@ -127,6 +131,8 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
             return str(framework.unsupported(needed, what, version))
     if c.scenario == "serve" and c.family == "llama" and not framework.has("generate"):
         return str(framework.unsupported("generate", "scenario=serve with model=llama", version))
+    if c.scenario == "serve" and c.family not in ("llama", "custom") and not framework.has("inference"):
+        return str(framework.unsupported("inference", "scenario=serve", version))
     if c.scenario == "generate" and not framework.has("generate"):
         return str(framework.unsupported("generate", "scenario=generate", version))
     for limit in framework.limits:

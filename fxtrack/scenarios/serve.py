@@ -35,6 +35,12 @@ from fxtrack.measure.timer import percentile
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LM_ONLY_SLOS = ("ttft_ms", "tpot_ms")
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
+# A probe of the rate search fails, whatever its SLOs, when requests complete this much slower
+# than they arrive: the queue grows without bound (the server is saturated). Without it a
+# TPOT-only SLO never fails under static batching: queueing delays the first token, not the
+# gaps between tokens (docs/serving.md#the-rate-search).
+SATURATED_FRACTION = 0.10
+MAX_TIMED_REQUESTS = 100_000  # scenario.duration_s: the most requests one window may hold
 
 
 @dataclasses.dataclass
@@ -109,13 +115,26 @@ def bucket_for(size: int, buckets: Sequence[int]) -> int:
     return min(b for b in buckets if b >= size)
 
 
+def arrivals_within(rate: float, burstiness: float, seed: int, duration_s: float) -> np.ndarray:
+    """The arrival times (s from the first) of the seeded gamma process that fall inside
+    ``duration_s``: the window of ``scenario.duration_s`` (the first arrival opens it)."""
+    n = int(rate * duration_s * 1.5) + 16
+    while True:
+        gaps = arrival_gaps(rate, n, burstiness, seed)
+        times = np.concatenate([[0.0], np.cumsum(gaps[1:])])
+        if times[-1] > duration_s or n >= MAX_TIMED_REQUESTS:
+            return times[times <= duration_s][:MAX_TIMED_REQUESTS]
+        n *= 2
+
+
 def serve_window(server: Server, *, max_batch: int, max_wait_ms: float, buckets: Sequence[int],
                  tokens: Sequence[int], arrivals_s: Optional[Sequence[float]] = None,
-                 concurrency: Optional[int] = None,
+                 concurrency: Optional[int] = None, duration_s: Optional[float] = None,
                  clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep) -> list[Request]:
     """Serve ``len(tokens)`` requests: open loop at ``arrivals_s`` (s from the start), or closed
-    loop with ``concurrency`` clients. Returns the records, times from the window's start."""
+    loop with ``concurrency`` clients (with ``duration_s``: a client sends no request after
+    that time, at most ``len(tokens)``). Returns the records, times from the window's start."""
     if (arrivals_s is None) == (concurrency is None):
         raise ValueError("give arrival times (open loop) or a concurrency (closed loop)")
     n = len(tokens)
@@ -150,9 +169,11 @@ def serve_window(server: Server, *, max_batch: int, max_wait_ms: float, buckets:
         batch_id += 1
         if concurrency is not None:  # each finished client sends its next request
             for r in batch:
-                if len(requests) < n:
+                if len(requests) < n and (duration_s is None or r.end_s < duration_s):
                     requests.append(Request(len(requests), r.end_s, int(tokens[len(requests)])))
-    return requests
+            if len(requests) == served:  # every client is past duration_s: the window is over
+                break
+    return requests[:served]
 
 
 def meets(r: Request, slo: dict[str, Optional[float]]) -> bool:
@@ -187,6 +208,9 @@ def request_metrics(requests: list[Request], slo: dict[str, Optional[float]], lm
     if rate is not None and len(arrivals) > 1:
         out["requested_rate_rps"] = float(rate)
         out["achieved_rate_rps"] = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    ends = sorted(r.end_s for r in requests)
+    if ends[-1] > ends[0]:  # all in one batch: no rate to tell
+        out["completion_rate_rps"] = (len(ends) - 1) / (ends[-1] - ends[0])
     out["batches"] = float(len({r.batch_id for r in requests}))
     out["mean_batch_size"] = len(requests) / out["batches"]
     return out
@@ -196,6 +220,20 @@ def slo_passes(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> bo
     """A probe passes when the p99 of every SLO that is set meets it."""
     return all(metrics.get(f"serve_{k}_p99", math.inf) <= v for k, v in slo.items()
                if v is not None)
+
+
+def saturated(metrics: dict[str, float]) -> bool:
+    """Requests completed more than SATURATED_FRACTION slower than they arrived: the queue
+    grew through the window, so the rate is past what the server sustains."""
+    done, came = metrics.get("completion_rate_rps"), metrics.get("achieved_rate_rps")
+    return done is not None and came is not None and done < (1 - SATURATED_FRACTION) * came
+
+
+def probe_verdict(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> str:
+    """A rate-search probe: ``pass``, ``slo`` (a p99 missed its SLO) or ``saturated``."""
+    if not slo_passes(metrics, slo):
+        return "slo"
+    return "saturated" if saturated(metrics) else "pass"
 
 
 @dataclasses.dataclass
@@ -280,7 +318,7 @@ def serve_options(scenario: Any) -> dict[str, Any]:
     """scenario=serve's knobs from the typed config's scenario, as plain values for the job's
     options (the orchestrator calls it)."""
     keys = ("rate", "burstiness", "concurrency", "max_batch", "max_wait_ms", "batch_buckets",
-            "num_requests", "resolution", "token_spread")
+            "num_requests", "duration_s", "resolution", "token_spread")
     out = {k: getattr(scenario, k) for k in keys}
     out["batch_buckets"] = None if out["batch_buckets"] is None else list(out["batch_buckets"])
     out["rate"] = str(out["rate"])
@@ -297,6 +335,8 @@ def options_of(options: dict[str, Any]) -> dict[str, Any]:
             "max_wait_ms": float(options.get("max_wait_ms", 10.0)),
             "batch_buckets": list(options.get("batch_buckets") or [int(options.get("max_batch", 4))]),
             "num_requests": int(options.get("num_requests", 32)),
+            "duration_s": (None if options.get("duration_s") is None
+                           else float(options["duration_s"])),
             "resolution": float(options.get("resolution", 0.25)),
             "token_spread": int(options.get("token_spread", 0)),
             "slo": {k: (None if slo.get(k) is None else float(slo[k])) for k in SLO_KEYS}}
@@ -332,14 +372,63 @@ def refusal(options: dict[str, Any], lm: bool) -> Optional[str]:
         return "scenario.burstiness must be > 0, max_wait_ms >= 0 and num_requests >= 2"
     if o["resolution"] <= 0:
         return f"scenario.resolution must be > 0, got {o['resolution']}"
+    if o["duration_s"] is not None and o["duration_s"] <= 0:
+        return f"scenario.duration_s must be > 0 s (or null: scenario.num_requests bounds the window), got {o['duration_s']}"
     return None
 
 
-def run(backend: Any, result: Any) -> None:
-    """The worker's runner: build at the largest bucket, warm every bucket, serve the window
-    (or search the rate), log the figures and the per-request records."""
-    from fxtrack.frameworks.declaration import NotSupported
+def _servers(backend: Any, buckets: Sequence[int], lm: bool, prompt_len: int,
+             longest: int) -> Server:
+    """One compiled step (or decoder) per bucket, each prepared on a resident batch of the
+    bucket's size (the ``serve_buckets`` capability); a single bucket is build()'s batch."""
     from fxtrack.scenarios import generate
+
+    def prepare() -> Any:
+        if lm:
+            return backend.capability("generate").prepare(backend, prompt_len, longest)
+        return backend.capability("inference").prepare(backend)
+
+    steps: dict[int, Any] = {}
+    for bucket in buckets:
+        if bucket == backend.spec.batch_size:
+            steps[bucket] = prepare()
+        else:
+            with backend.capability("serve_buckets").resident(backend, bucket):
+                steps[bucket] = prepare()
+    if lm:
+        prompts = {b: generate.prompts(backend, b, prompt_len) for b in buckets}
+        return decoder_server(steps, prompts.__getitem__)
+    return step_server(steps)
+
+
+def _compile_counter(backend: Any) -> tuple[Callable[[], Optional[int]], Optional[str]]:
+    """The framework's count of compilations so far, and why not where it cannot count."""
+    from fxtrack.frameworks.declaration import NotSupported
+
+    try:
+        module = backend.capability("serve_buckets")
+    except NotSupported as e:
+        return (lambda: None), f"not counted: {e}"
+    if module.compiles(backend) is None:
+        return (lambda: None), getattr(module, "NOT_COUNTED", "not counted")
+    return (lambda: module.compiles(backend)), None
+
+
+@dataclasses.dataclass
+class Window:
+    """One served window: its rate (None: closed loop), records, figures and, in a search,
+    its verdict."""
+
+    rate: Optional[float]
+    requests: list[Request]
+    figures: dict[str, float]
+    verdict: str = ""
+
+
+def run(backend: Any, result: Any) -> None:
+    """The worker's runner: build at the largest bucket, compile every bucket in the warm-up,
+    serve the window (or search the rate: one window per probe, each a child run of this one),
+    log the figures, the compilations inside the windows and the per-request records."""
     from fxtrack.scenarios.timed import build
 
     arch, options = backend.arch, backend.spec.options
@@ -348,78 +437,108 @@ def run(backend: Any, result: Any) -> None:
     if why is not None:
         raise ValueError(why)
     o = options_of(options)
-    if o["batch_buckets"] != [o["max_batch"]]:
-        # each framework's decoder and forward step are sized by build()'s batch
-        raise NotSupported("scenario.batch_buckets other than [max_batch] is not supported yet: "
-                           "the frameworks' steps are built for one batch; drop batch_buckets")
-    backend.spec.batch_size = o["max_batch"]
+    buckets = sorted(set(o["batch_buckets"]))
+    backend.spec.batch_size = max(buckets)
     build(backend, result)
-    bucket = o["max_batch"]
     prompt_len = int(options["prompt_len"])
     new_tokens = int(options["new_tokens"]) if lm else 1
-    if lm:
-        decoder = backend.capability("generate").prepare(backend, prompt_len, new_tokens
-                                                         + o["token_spread"])
-        prompt = generate.prompts(backend, bucket, prompt_len)
-        server = decoder_server({bucket: decoder}, lambda b: prompt)
-    else:
-        server = step_server({bucket: backend.capability("inference").prepare(backend)})
+    spread = o["token_spread"] if lm else 0
+    server = _servers(backend, buckets, lm, prompt_len, new_tokens + spread)
     for _ in range(max(1, int(result.resolved["warmup_steps"]))):  # every bucket compiled here
-        server(bucket, [new_tokens + o["token_spread"]])
+        for bucket in buckets:
+            server(bucket, [new_tokens + spread])
+    compiles, uncounted = _compile_counter(backend)
     seed = backend.spec.seed
-    tokens = token_counts(o["num_requests"], new_tokens, o["token_spread"] if lm else 0, seed)
+    bound = MAX_TIMED_REQUESTS if o["duration_s"] is not None else o["num_requests"]
+    tokens = token_counts(bound, new_tokens, spread, seed)
 
-    def window(rate: Optional[float]) -> tuple[list[Request], dict[str, float]]:
+    def window(rate: Optional[float]) -> Window:
+        before = compiles()
         if rate is None:
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
-                                buckets=o["batch_buckets"], tokens=tokens,
+                                buckets=buckets, tokens=tokens, duration_s=o["duration_s"],
                                 concurrency=int(o["concurrency"]))
         else:
-            arrivals = np.cumsum(arrival_gaps(rate, len(tokens), o["burstiness"], seed))
+            if o["duration_s"] is not None:
+                arrivals = arrivals_within(rate, o["burstiness"], seed, o["duration_s"])
+            else:
+                gaps = arrival_gaps(rate, len(tokens), o["burstiness"], seed)
+                arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
-                                buckets=o["batch_buckets"], tokens=tokens,
-                                arrivals_s=arrivals - arrivals[0])
-        return reqs, request_metrics(reqs, o["slo"], lm, rate)
+                                buckets=buckets, tokens=tokens[:len(arrivals)],
+                                arrivals_s=arrivals)
+        figures = request_metrics(reqs, o["slo"], lm, rate)
+        if before is not None:  # compilations inside the window: 0 when warm-up covered it
+            figures["serve_recompiles"] = float(compiles() - before)
+        return Window(rate, reqs, figures)
 
     m = result.metrics
     if o["concurrency"] is not None:
-        requests, figures = window(None)
+        reported = window(None)
     elif o["rate"] == "search":
-        # a first rate from one unloaded batch: its service time bounds what one bucket serves
+        # a first rate from one unloaded batch (its service time bounds what one bucket
+        # serves), snapped down to a power of two: every framework's probes then lie on the
+        # same grid (doubling, halving, bisecting), so the report finds rates all measured
         t = time.perf_counter()
-        server(bucket, [new_tokens])
-        start = max(0.5, bucket / (time.perf_counter() - t) / 4)
-        probes: list[tuple[float, dict[str, float], list[Request]]] = []
+        server(buckets[-1], [new_tokens])
+        start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
+        probes: list[Window] = []
 
         def passes(rate: float) -> bool:
-            reqs, fig = window(rate)
-            probes.append((rate, fig, reqs))
-            return slo_passes(fig, o["slo"])
+            w = window(rate)
+            w.verdict = probe_verdict(w.figures, o["slo"])
+            probes.append(w)
+            return w.verdict == "pass"
 
         found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
         m.update(max_rate_under_slo_rps=found.max_rate_rps,
                  highest_passing_rate_rps=found.max_rate_rps)
+        failing = [w for w in probes if w.rate == found.lowest_failing_rps]
         if math.isfinite(found.lowest_failing_rps):
             m["lowest_failing_rate_rps"] = found.lowest_failing_rps
-        result.series["serve_probe_rate_rps"] = [r for r, _, _ in probes]
-        result.series["serve_probe_achieved_rps"] = [f["request_throughput_rps"] for _, f, _ in probes]
+        result.tags["serve_search_stop"] = failing[-1].verdict if failing else "max_rate"
+        result.series["serve_probe_rate_rps"] = [w.rate for w in probes]
+        result.series["serve_probe_achieved_rps"] = [w.figures["request_throughput_rps"]
+                                                     for w in probes]
         for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
-            if k in probes[0][1]:
-                result.series[f"serve_probe_{k}"] = [f[k] for _, f, _ in probes]
+            if k in probes[0].figures:
+                result.series[f"serve_probe_{k}"] = [w.figures[k] for w in probes]
         # the figures of the highest passing probe (else the last)
-        passing = [p for p in probes if p[0] == found.max_rate_rps] or probes[-1:]
-        _, figures, requests = passing[-1]
+        reported = ([w for w in probes if w.rate == found.max_rate_rps] or probes[-1:])[-1]
         result.tags["serve_probes"] = str(len(probes))
+        result.children = [_child(backend, i, w) for i, w in enumerate(probes)]
+        # every window's compilations, the probes' included
+        if uncounted is None:
+            reported.figures["serve_recompiles"] = sum(w.figures["serve_recompiles"]
+                                                       for w in probes)
     else:
-        requests, figures = window(float(o["rate"]))
-    m.update(figures)
+        reported = window(float(o["rate"]))
+    m.update(reported.figures)
     m["param_count"] = float(backend.param_count())
-    if "achieved_rate_rps" in figures:
-        short = figures["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * figures["requested_rate_rps"]
+    if uncounted is not None:
+        result.tags["serve_recompiles_not_counted"] = uncounted
+    elif m["serve_recompiles"] > 0:  # a shape the warm-up did not compile: the window paid it
+        result.guard = (f"{m['serve_recompiles']:.0f} compilation(s) inside the serving "
+                        "window: a shape the warm-up did not compile")
+    if "achieved_rate_rps" in reported.figures:
+        f = reported.figures
+        short = f["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * f["requested_rate_rps"]
         result.tags["serve_rate_short"] = "true" if short else "false"
     result.tags.update(serve_mode="closed" if o["concurrency"] is not None else "open",
-                       serve_batching="static", contended="unknown")
-    result.series["serve_request_e2e_ms"] = [r.e2e_ms() for r in requests]
+                       serve_batching="static", serve_buckets=",".join(map(str, buckets)),
+                       contended="unknown")
+    result.series["serve_request_e2e_ms"] = [r.e2e_ms() for r in reported.requests]
     path = Path(backend.spec.result_path).with_name("serve_requests.json")
-    path.write_text(json.dumps([r.row() for r in requests]))
+    path.write_text(json.dumps([r.row() for r in reported.requests]))
     result.artifacts["serve_requests"] = str(path)
+
+
+def _child(backend: Any, index: int, w: Window) -> dict[str, Any]:
+    """A rate-search probe as the child run the orchestrator logs under this run: its own
+    figures, verdict and per-request records."""
+    path = Path(backend.spec.result_path).with_name(f"serve_requests_probe{index}.json")
+    path.write_text(json.dumps([r.row() for r in w.requests]))
+    return {"suffix": f"probe{index}-rate{w.rate:.3g}", "metrics": dict(w.figures),
+            "tags": {"serve_probe": w.verdict, "serve_probe_index": str(index)},
+            "series": {"serve_request_e2e_ms": [r.e2e_ms() for r in w.requests]},
+            "artifacts": {"serve_requests": str(path)}}

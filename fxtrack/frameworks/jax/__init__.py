@@ -57,6 +57,7 @@ FRAMEWORK = Framework(
         "calibration": "fxtrack.frameworks.jax.devices",
         "user_model": "fxtrack.frameworks.jax.user_model",
         "generate": "fxtrack.frameworks.jax.generate",
+        "serve_buckets": "fxtrack.frameworks.jax.buckets",
     },
     absent={
         "user_serving_export": "the checkpoint and serving export of a user's model (model=custom) "

@@ -74,6 +74,7 @@ FRAMEWORK = Framework(
         "calibration": "fxtrack.frameworks.keras.devices",
         "user_model": "fxtrack.frameworks.keras.user_model",
         "generate": "fxtrack.frameworks.keras.generate",
+        "serve_buckets": "fxtrack.frameworks.keras.buckets",
     },
     absent={
         "user_serving_export": "the checkpoint and serving export of a user's model (model=custom) "

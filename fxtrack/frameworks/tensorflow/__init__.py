@@ -56,6 +56,7 @@ FRAMEWORK = Framework(
         "calibration": "fxtrack.frameworks.tensorflow.devices",
         "user_model": "fxtrack.frameworks.tensorflow.user_model",
         "generate": "fxtrack.frameworks.tensorflow.generate",
+        "serve_buckets": "fxtrack.frameworks.tensorflow.buckets",
     },
     limits=(
         Limit("hardware.nodes > 1 with devices > 1 on a CPU",

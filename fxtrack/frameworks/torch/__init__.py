@@ -54,6 +54,7 @@ FRAMEWORK = Framework(
         "user_model": "fxtrack.frameworks.torch.user_model",
         "user_serving_export": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
+        "serve_buckets": "fxtrack.frameworks.torch.buckets",
     },
     limits=(
         Limit("quantize=dynamic_int8 with runtime=native on a GPU",
