@@ -324,3 +324,10 @@ def test_the_available_memory_can_be_replaced_or_the_check_skipped(monkeypatch):
     monkeypatch.setenv(memory.MEMORY_ENV, "off")
     assert memory.available("cpu", 1) is None
     assert memory.refusal(LLAMA, "train", "fp32", None, "cpu") is None  # skipped
+
+
+def test_serving_an_lm_holds_its_weights_and_kv_cache_as_generating_does_not_a_training_state():
+    serve = memory.estimate(LLAMA, "serve", "bf16", batch=8, prompt_len=128, new_tokens=128)
+    generate = memory.estimate(LLAMA, "generate", "bf16", batch=8, prompt_len=128, new_tokens=128)
+    assert serve.parts == generate.parts and "KV cache" in serve.parts
+    assert "gradients" not in serve.parts

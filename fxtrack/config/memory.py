@@ -35,7 +35,8 @@ from fxtrack.frameworks.base import optimizer_choice
 
 GIB = 2**30
 MEMORY_ENV = "FXTRACK_MEMORY_GIB"
-INFERENCE_SCENARIOS = ("inference", "generate")  # every other scenario trains
+INFERENCE_SCENARIOS = ("inference", "generate", "serve")  # every other scenario trains
+DECODING_SCENARIOS = ("generate", "serve")  # an LM holds a KV cache, not the logits of a batch
 MIXED = ("bf16", "fp16")  # compute in 2-byte floats, fp32 master weights
 OPTIMISER_BYTES = {"adamw": 8, "sgd": 4}  # per parameter: AdamW's m and v; SGD's momentum
 
@@ -88,7 +89,7 @@ def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int 
              else [f"the state only: activations not estimated for {arch.family}"])
     if scenario in INFERENCE_SCENARIOS:
         parts = {"weights": 4.0 * n, **copy}
-        if llama and scenario == "generate":
+        if llama and scenario in DECODING_SCENARIOS:
             head_dim = arch.hidden // arch.heads
             parts["KV cache"] = float(arch.layers * 2 * batch * arch.kv_heads
                                       * (prompt_len + new_tokens) * head_dim * act_bytes)
@@ -238,5 +239,5 @@ def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[
         out.append(f"a smaller batch_size ({batch} now)")
     if arch.family == "llama":
         out.append("a shorter " + ("scenario.prompt_len / scenario.new_tokens" if
-                                   scenario == "generate" else f"model.seq_len ({arch.seq_len} now)"))
+                                   scenario in DECODING_SCENARIOS else f"model.seq_len ({arch.seq_len} now)"))
     return out
