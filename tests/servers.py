@@ -100,6 +100,8 @@ class MlflowServer:
                "--artifacts-destination", str(self.root / "artifacts"),
                "--workers", str(self.workers)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+        # no GenAI job runner (four huey consumers per server, ~1 GiB): fxtrack uses no jobs
+        env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] = "false"
         if self.auth:
             ini = self.root / "auth.ini"
             ini.write_text(

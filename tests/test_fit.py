@@ -257,3 +257,47 @@ def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
     assert chart.path.exists() and chart.path.stat().st_size > 1000
     assert fit_report.charts(frame.iloc[0:0], tmp_path) == [] and fit_report.section(
         frame[frame["tags.fxtrack.scenario"] != "fit"]) is None
+
+
+def test_an_interrupted_fit_closes_its_parent_killed_with_what_it_probed(tmp_path, monkeypatch):
+    """A signal during the second probe: the probe's own run is KILLED (the worker's part); the
+    fit's parent is logged KILLED too, with the first probe's figures, not left RUNNING."""
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+    from fxtrack.config.validate import validate
+    from fxtrack.orchestrator import fit
+    from fxtrack.orchestrator.job import Job
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "scenario=fit", "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
+            "scenario.memory_gib=2", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+        conf, arch = validate(cfg)
+    job = Job(cfg, conf, arch, str(tmp_path))
+    logged: list[dict] = []
+    monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
+    calls = []
+
+    class Probing:
+        def __init__(self, value):
+            self.value = value
+
+        def run(self, child_dir, parent, devices, scenario=None, repeat=None, tags=None):
+            calls.append(self.value)
+            if len(calls) == 2:
+                raise SystemExit(130)  # as stop_if_interrupted ends the process
+            result = Result("r", status="FINISHED", metrics={"peak_rss_mib": 500.0,
+                                                             "throughput_samples_per_s": 9.0})
+            tags(result)
+            return "n", result, "id"
+
+    monkeypatch.setattr(fit, "_probe_job", lambda job, axis, value: Probing(value))
+    with pytest.raises(SystemExit):
+        fit.run_fit(job, tmp_path, None)
+    assert len(calls) == 2
+    last = logged[-1]
+    assert last["status"] == "KILLED" and last["tags"]["fxtrack.error"] == "interrupted"
+    assert last["metrics"]["max_batch_size"] == calls[0]

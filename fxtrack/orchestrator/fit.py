@@ -287,6 +287,12 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
                 repeats.append(extra.throughput)
     except _Stop:
         outcome.status, outcome.error = "FAILED", stopped[0]
+    except (KeyboardInterrupt, SystemExit):  # a signal stopped a probe (its run is KILLED):
+        # close this parent too, with what was probed, before the sweep exits
+        tags.update({"fxtrack.status": "failed", "fxtrack.error": "interrupted"})
+        log_parent("KILLED", fit_metrics(probes, s.axis, None, None if budget_mib is None
+                                         else budget_mib / 1024, repeats))
+        raise
     seq_len = getattr(arch, "seq_len", None) if arch.family in fit_config.LM_FAMILIES else None
     outcome.metrics = fit_metrics(probes, s.axis, seq_len,
                                   None if budget_mib is None else budget_mib / 1024, repeats)

@@ -57,6 +57,9 @@ def main(argv: list[str]) -> int:
     command = [str(mlflow_cli) if mlflow_cli.is_file() else "mlflow", "ui", "--backend-store-uri",
                uri, "--host", args.host, "--port", str(args.port)]
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    # MLflow 3's job runner (GenAI scorers) starts four huey consumers, ~1 GiB; fxtrack's runs
+    # use no jobs: off unless the user set it
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
     ui = subprocess.Popen(command, env=env, stdout=sys.stderr)  # stdout: the link alone
     base = f"http://{args.host}:{args.port}"
     try:
