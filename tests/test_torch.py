@@ -138,7 +138,10 @@ def test_pipeline_scenario_feeds_training_from_disk(spec_factory, model, tmp_pat
     assert result.status == "FINISHED", result.error
     m = result.metrics
     assert m["pipeline_samples_per_s"] > 0 and m["resident_samples_per_s"] > 0
-    assert -1 < m["input_bound_fraction"] < 1  # signed: a fed window may beat the resident one
+    # signed, from the two windows' own figures: a fed window may beat the resident one (and on
+    # a shared machine either window may be slowed), so its size is not asserted, its meaning is
+    assert m["input_bound_fraction"] == pytest.approx(
+        1 - m["throughput_samples_per_s"] / m["resident_samples_per_s"]) and m["input_bound_fraction"] < 1
     assert m["throughput_samples_per_s"] > 0
     files = list((tmp_path / "cache" / "datasets").iterdir())
     assert len(files) == 1 and (files[0] / "complete").exists()

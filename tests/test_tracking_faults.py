@@ -373,7 +373,9 @@ def test_log_record_reports_like_job_log(home, server):
     exp = f"rec-{uuid.uuid4().hex[:6]}"
     run_id, where, message = writer.log_record(dict(synthetic(server.url), experiment=exp),
                                                ARTIFACTS, server.url)
-    assert where == f"mlflow run {run_id}" and message is None
+    exp_id = mlflow.MlflowClient(server.url).get_experiment_by_name(exp).experiment_id
+    assert message is None and where == (f"mlflow run {run_id} at {server.url}/#/experiments/"
+                                         f"{exp_id}/runs/{run_id}?workflowType=machine_learning")
     dead = "http://127.0.0.1:9"
     run_id, where, message = writer.log_record(synthetic(dead), ARTIFACTS, dead)
     assert (run_id, where) == (None, "spooled") and "deliver later with `fxtrack sync --uri" in message

@@ -82,7 +82,7 @@ def unknown_keys(cfg: DictConfig) -> None:
         out = []
         for k in node:
             name = f"{prefix}{k}"
-            if name in nested and isinstance(node[k], DictConfig) and name not in valid:
+            if name in nested and isinstance(node[k], DictConfig):
                 out += names(f"{name}.", node[k])
             else:
                 out.append(name)

@@ -9,8 +9,8 @@ from typing import Optional
 
 from fxtrack.report.answer import NO_CLEAR, SINGLE, Block, Missing, fw_words, sentence
 from fxtrack.report.tables import Table
+from fxtrack.tracking.ui import experiment_link, run_link
 
-WORKFLOW = "workflowType=machine_learning"
 DEFAULT_UI = "http://127.0.0.1:5000"  # where `fxtrack ui` / `mlflow ui` serve by default
 
 
@@ -22,14 +22,6 @@ def ui_base(uri: str, override: Optional[str] = None) -> str:
     if uri.startswith(("http://", "https://")):
         return uri.rstrip("/")
     return DEFAULT_UI
-
-
-def experiment_link(base: str, experiment_id: str) -> str:
-    return f"{base}/#/experiments/{experiment_id}?{WORKFLOW}"
-
-
-def run_link(base: str, experiment_id: str, run_id: str) -> str:
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
 
 
 def _figure(value: float) -> str:

@@ -32,7 +32,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def experiment_link(base: str, experiment_id: str) -> str:
+    """The experiment's Runs table in the MLflow UI at ``base`` (every link fxtrack writes)."""
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}?{WORKFLOW}"
+
+
+def run_link(base: str, experiment_id: str, run_id: str) -> str:
+    """A run's page in the MLflow UI at ``base``."""
+    return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
 
 
 def main(argv: list[str]) -> int:

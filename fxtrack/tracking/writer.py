@@ -47,7 +47,6 @@ from fxtrack.tracking.target import (  # noqa: F401 - writer.tracking_uri, write
 )
 
 # The MLflow UI's switch to its Model training layout (Runs table), kept on every link fxtrack writes.
-UI_WORKFLOW = "workflowType=machine_learning"
 # An unreachable server should cost seconds, not the minutes of MLflow's default back-off.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
@@ -835,4 +834,6 @@ def _ui_link(uri: str, record: dict[str, Any], run_id: Optional[str]) -> str:
     exp_id = record.get("experiment_id") or _EXPERIMENTS.get((uri, record.get("experiment")))
     if exp_id is None:
         return ""
-    return f" at {redact_uri(uri).rstrip('/')}/#/experiments/{exp_id}/runs/{run_id}?{UI_WORKFLOW}"
+    from fxtrack.tracking.ui import run_link
+
+    return f" at {run_link(redact_uri(uri), exp_id, run_id)}"
