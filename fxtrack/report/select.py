@@ -30,6 +30,7 @@ TAGS = {
     "git_commit": "fxtrack.git_commit", "driver": "fxtrack.driver", "cuda": "fxtrack.cuda",
     "cudnn": "fxtrack.cudnn", "kind": "fxtrack.kind", "repeats": "fxtrack.repeats",
     "repeat_of": "fxtrack.repeat_of", "contended": "fxtrack.contended", "noisy": "fxtrack.noisy",
+    "model_kind": "fxtrack.model_kind", "seq_len": "fxtrack.seq_len",
 }
 # Per-step series: search_runs returns only their last step, which is not a summary figure.
 SERIES = {"step_time_ms", "loss"}

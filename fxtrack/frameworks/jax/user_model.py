@@ -26,6 +26,7 @@ def build(backend: Any, batch_size: int) -> None:
     backend.user_batch = batch_size * spec.devices
     with jax.default_device(backend.device):
         model, inputs, targets, user_loss = ub.call(arch, fw, backend.user_batch, spec.seed)
+        backend.seq_len = ub.sequence_length(arch, fw, inputs)
         ub.expect(isinstance(model, nnx.Module), arch, fw, "a model", "a flax.nnx.Module",
                   model)
         for x in ub.leaves(inputs) + ub.leaves(targets):

@@ -22,6 +22,7 @@ def build(backend: Any, batch_size: int) -> None:
     with backend._place():
         with train.precision_policy(spec.precision):  # layers read it when constructed
             model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed)
+            backend.seq_len = ub.sequence_length(arch, fw, inputs)
         ub.expect(isinstance(model, keras.Model), arch, fw, "a model", "a keras.Model", model)
         for x in ub.leaves(inputs) + ub.leaves(targets):
             ub.expect(isinstance(x, np.ndarray), arch, fw, "an input or target",

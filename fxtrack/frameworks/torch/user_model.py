@@ -19,6 +19,7 @@ def build(backend: Any, batch_size: int) -> None:
     torch.manual_seed(spec.seed)
     # Each data-parallel rank its own batch, as for fxtrack's models: seed offset by rank.
     model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed + parallel.rank())
+    backend.seq_len = ub.sequence_length(arch, fw, inputs)
     ub.expect(isinstance(model, nn.Module), arch, fw, "a model", "a torch.nn.Module", model)
     for x in ub.leaves(inputs) + ub.leaves(targets):
         ub.expect(isinstance(x, torch.Tensor), arch, fw, "an input or target", "torch.Tensor",
