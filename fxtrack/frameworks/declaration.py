@@ -52,7 +52,9 @@ CAPABILITIES: dict[str, str] = {
                   "batch and step set on the backend as its own build sets them; "
                   "prepare_inference(backend) -> step (scenario=inference); "
                   "train_flops_per_sample(backend), forward_flops_per_sample(backend) -> "
-                  "(flops, source) from the framework's own counter",
+                  "(flops, source) from the framework's own counter; "
+                  "abstract_param_count(backend) -> int: the trainable parameters of a "
+                  "shape-only build (the memory pre-check, python -m fxtrack.worker --params)",
 }
 
 # What model=custom supports, per lever or scenario the user's model cannot take generically:

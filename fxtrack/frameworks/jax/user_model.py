@@ -5,6 +5,7 @@ batch sharded over the mesh) as its own models are; FLOPs from XLA's
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -45,6 +46,15 @@ def build(backend: Any, batch_size: int) -> None:
     donate, backend.donation = train.donates(backend.device_kind())
     backend._step = train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
                                     backend.sharded, donate, loss_of=backend.loss_of)
+
+
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: the builder's model under ``nnx.eval_shape`` (every
+    variable a shape, nothing allocated) at batch 1, its ``nnx.Param`` elements."""
+    arch, fw = backend.arch, backend.framework
+    model = nnx.eval_shape(lambda: ub.call(arch, fw, 1, backend.spec.seed)[0])
+    ub.expect(isinstance(model, nnx.Module), arch, fw, "a model", "a flax.nnx.Module", model)
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def loss_of(user_loss: Callable[[Any, Any], Any], dtype: Any) -> Callable[[nnx.Module, tuple], jax.Array]:

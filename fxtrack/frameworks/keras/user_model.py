@@ -37,6 +37,11 @@ def _upcast(x: Any) -> Any:
     return keras.ops.cast(x, "float32") if keras.backend.is_float_dtype(x.dtype) else x
 
 
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: a shape-only Keras build (``keras_train``'s)."""
+    return keras_train.abstract_param_count(backend)
+
+
 def build(backend: Any, batch_size: int) -> None:
     spec, arch, fw = backend.spec, backend.arch, backend.framework
     keras.utils.set_random_seed(spec.seed)

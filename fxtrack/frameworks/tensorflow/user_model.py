@@ -11,9 +11,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from fxtrack.frameworks import keras_train
 from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.tensorflow import train
 from fxtrack.frameworks.tf_graph import graph_flops
+
+
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: a shape-only Keras build (``keras_train``'s)."""
+    return keras_train.abstract_param_count(backend)
 
 
 def build(backend: Any, batch_size: int) -> None:

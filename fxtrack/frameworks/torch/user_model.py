@@ -43,6 +43,16 @@ def build(backend: Any, batch_size: int) -> None:
                                     functools.partial(devices.sync, device))
 
 
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: the builder called under torch's ``meta`` device
+    (parameters with shapes and no storage) at batch 1, its trainable parameters."""
+    arch, fw = backend.arch, backend.framework
+    with torch.device("meta"):
+        model = ub.call(arch, fw, 1, backend.spec.seed)[0]
+    ub.expect(isinstance(model, nn.Module), arch, fw, "a model", "a torch.nn.Module", model)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
 def forward_loss(model: nn.Module, user_loss: Callable[[Any, Any], torch.Tensor],
                  precision: str, device: torch.device) -> Callable[[tuple], torch.Tensor]:
     """(inputs, targets) -> the user's loss in float32, the forward under autocast as fxtrack's
