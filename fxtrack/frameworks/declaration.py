@@ -64,8 +64,9 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
     "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
     "scenario=pipeline": "the loader writes fxtrack's synthetic images or tokens, not your "
                          "model's inputs",
-    "scenario=checkpoint": "this framework's checkpoint and serving export of a user's model "
-                           "is not written yet (framework=torch has one)",
+    "scenario=checkpoint": "this framework has no checkpoint and serving export of a user's "
+                           "model yet (framework=torch, tensorflow and jax have one; "
+                           "framework=keras has no checkpoint path for any model)",
     "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",
     "quantize=dynamic_int8": "int8 quantisation of an arbitrary model is not generic yet",
 }
