@@ -24,7 +24,10 @@ def build_torch(batch_size: int, seed: int, layers: int = 2, hidden: int = 64, h
 
     torch.manual_seed(seed)
     config = GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, n_positions=seq_len,
-                        vocab_size=vocab, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+                        vocab_size=vocab, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                        # no KV cache in the outputs: torch.export (scenario=checkpoint) takes
+                        # tensors, and training has no use for one
+                        use_cache=False)
     model = GPT2LMHeadModel(config)
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, vocab, (batch_size, seq_len + 1), generator=generator)

@@ -61,3 +61,35 @@ def test_kerashub_bert_with_dropout_on_tensorflow_and_keras_on_each_backend(tmp_
     for job in jobs:
         assert job["status"] == "FINISHED", job["error"]
         assert job["metrics"]["param_count"] == tf_result["metrics"]["param_count"]
+
+
+@pytest.mark.slow
+def test_hf_gpt2_as_an_lm_and_through_checkpoint_on_torch(tmp_path):
+    """Issue 30 items 2 and 6 on a real third-party model: tokens/s from its input_ids' length
+    (a dict input), and its state_dicts restored exactly and torch.export matching the live
+    model."""
+    pytest.importorskip("transformers")
+    (tmp_path / "lm").mkdir()
+    result = run_example(tmp_path / "lm", "framework=torch", "model.torch=hf_gpt2:build_torch",
+                         "model.kind=lm")
+    m = result["metrics"]
+    assert result["status"] == "FINISHED" and result["tags"]["seq_len"] == "32"
+    assert m["tokens_per_s"] == pytest.approx(m["throughput_samples_per_s"] * 32)
+    (tmp_path / "ckpt").mkdir()
+    result = run_example(tmp_path / "ckpt", "framework=torch", "scenario=checkpoint",
+                         "model.torch=hf_gpt2:build_torch")
+    assert result["status"] == "FINISHED" and result["guard"] == "ok", result["guard"]
+    assert result["metrics"]["checkpoint_restore_exact"] == 1.0
+    assert result["metrics"]["export_max_rel_err"] <= 1e-4
+
+
+@pytest.mark.slow
+def test_kerashub_gpt2_through_checkpoint_on_tensorflow(tmp_path):
+    """tf.train.Checkpoint restores the keras-hub GPT-2 exactly; its model.export SavedModel
+    (dict inputs: token_ids, padding_mask) matches the live model."""
+    pytest.importorskip("keras_hub")
+    result = run_example(tmp_path, "framework=tensorflow", "scenario=checkpoint",
+                         "model.keras=kerashub_model:build_keras")
+    assert result["status"] == "FINISHED" and result["guard"] == "ok", result["guard"]
+    assert result["metrics"]["checkpoint_restore_exact"] == 1.0
+    assert result["metrics"]["export_max_rel_err"] <= 1e-4

@@ -96,8 +96,8 @@ def test_torch_checkpoint_of_a_users_model_restores_exactly_and_exports(tmp_path
 
 
 def test_checkpoint_of_a_users_model_elsewhere_is_refused_before_any_work(tmp_path):
-    proc = run_fxtrack(tmp_path, "framework=jax", "scenario=checkpoint", "model=custom",
-                       BUILDERS[2], *TINY, env=env_for(tmp_path), timeout=120)
+    proc = run_fxtrack(tmp_path, "framework=keras", "scenario=checkpoint", "model=custom",
+                       BUILDERS[1], *TINY, env=env_for(tmp_path), timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "scenario=checkpoint is not supported for model=custom" in proc.stderr
     assert "[fxtrack] building" not in proc.stderr

@@ -28,7 +28,7 @@ PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on"),
              "native_int8": ("reference", "quantize_native"), "calibration": ("matmul_tflops",),
              "sharded_state": (), "remat": (), "generate": ("prepare",),
              "user_model": ("build", "prepare_inference", "train_flops_per_sample",
-                            "forward_flops_per_sample"),
+                            "forward_flops_per_sample", "abstract_param_count"),
              "user_serving_export": ("export", "export_error"),
              "serve_buckets": ("resident", "compiles")}
 

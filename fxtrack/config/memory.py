@@ -1,8 +1,10 @@
 """The memory pre-check: a config whose run cannot fit the device's memory stops before any
 worker builds it (``fxtrack.config.validate`` raises ``WontFit``; a sweep skips the cell).
 
-The estimate comes from the architecture table, not from building the model, and is a floor:
-what the run must hold at the least, so that a refusal is never a guess.
+The estimate comes from the architecture table, not from building the model (a user's model,
+model=custom: from the parameters of a shape-only build, counted by a short worker,
+``fxtrack.config.user_model.abstract_param_count``), and is a floor: what the run must hold at
+the least, so that a refusal is never a guess.
 
 - Training state per parameter: fp32 weights 4 B + fp32 gradients 4 B + the optimiser's state
   (AdamW: two fp32 moments, 8 B; SGD with momentum: 4 B). Every framework here keeps fp32 master
@@ -75,11 +77,13 @@ def param_count(arch: Arch) -> Optional[int]:
 
 
 def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int = 1,
-             memory: str = "none", prompt_len: int = 128, new_tokens: int = 128
-             ) -> Optional[Estimate]:
+             memory: str = "none", prompt_len: int = 128, new_tokens: int = 128,
+             params: Optional[int] = None) -> Optional[Estimate]:
     """One device's floor for a run of ``arch`` at per-device ``batch``; ``shards``: the devices
-    ``parallel=fsdp`` shards the training state over (1: replicated). None: not estimable."""
-    n = param_count(arch)
+    ``parallel=fsdp`` shards the training state over (1: replicated); ``params``: the count
+    where the table has none (a user's model, counted from a shape-only build). None: not
+    estimable."""
+    n = param_count(arch) if params is None else params
     if n is None:
         return None
     act_bytes = 2 if precision in MIXED else 4
@@ -180,14 +184,21 @@ def _gib(value: float) -> str:
 def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kind: Optional[str],
             devices: int = 1, nodes: int = 1, parallel: str = "ddp", memory: str = "none",
             size: str = "full", prompt_len: int = 128, new_tokens: int = 128,
-            source: Callable[[Optional[str], int], Optional[Available]] = available
+            source: Callable[[Optional[str], int], Optional[Available]] = available,
+            count: Optional[Callable[[], tuple[Optional[int], str]]] = None
             ) -> Optional[str]:
     """Why this run cannot fit (one line: the estimate and its parts, what is available, what
     to change), or None when it may. ``source``: where the available memory is read (tests
-    pass a fake device)."""
+    pass a fake device). ``count``: model=custom's (parameters, why not) from a shape-only
+    build, asked only once the available memory is known (it starts a short worker)."""
     have = source(kind, devices)
-    if have is None or arch.family == "custom":
+    if have is None:
         return None
+    params = None
+    if arch.family == "custom":
+        params = count()[0] if count is not None else None
+        if params is None:  # not counted: the run's worker reports a broken builder
+            return None
     per_device = batch or defaults.resolve(arch.name, kind or "gpu", None, None, None)[0]
     # scenario=scaling runs its x1 baseline on one device, then the full count
     counts = [1, devices] if scenario == "scaling" else [devices]
@@ -195,7 +206,7 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
     for count in counts:
         shards = count * nodes if parallel == "fsdp" else 1
         est = estimate(arch, scenario, precision, per_device, shards, memory, prompt_len,
-                       new_tokens)
+                       new_tokens, params)
         if est is None:
             return None
         on_host = count if have.shared_by > 1 else 1
@@ -211,7 +222,9 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
     needs = (f"~{_gib(est.total)} GiB per device x {on_host} devices on one host = "
              f"{_gib(need)} GiB" if on_host > 1 else f"~{_gib(need)} GiB")
     floor = "; ".join(("a floor: the framework's own footprint not counted", *est.notes))
-    return (f"model={arch.name} {what} at batch_size={per_device} needs {needs} ({parts}; "
+    model = (f"model=custom ({params:,} parameters, counted from a shape-only build)"
+             if params is not None else f"model={arch.name}")
+    return (f"{model} {what} at batch_size={per_device} needs {needs} ({parts}; "
             f"{floor}), more than the {_gib(have.bytes)} GiB of {have.source}; to fit: "
             + ", ".join(fixes(arch, scenario, precision, per_device, kind, parallel, memory, size,
                               est)))
@@ -220,10 +233,17 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
 def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[str],
           parallel: str, memory: str, size: str, est: Estimate) -> list[str]:
     """The changes that shrink this estimate, the largest levers first."""
+    training = scenario not in INFERENCE_SCENARIOS
+    if arch.family == "custom":  # fxtrack cannot shard or resize a user's model (yet)
+        out = ["a smaller model (its builder's model.kwargs)"]
+        if training and arch.dims.get("optimizer") == "adamw":
+            out.append("model.optimizer=sgd (one moment a parameter, not AdamW's two)")
+        if training:
+            out.append("scenario=inference (weights only)")
+        return out
     out = [] if size == "tiny" else ["size=tiny"]
     if getattr(arch, "layers", 1) > 1:
         out.append(f"fewer model.layers ({arch.layers} now)")
-    training = scenario not in INFERENCE_SCENARIOS
     if training:
         state = f"shards the {_gib(est.sharded_state)} GiB of weights, gradients and optimiser state"
         if kind == "cpu":  # one host's device processes share its RAM: only more hosts help

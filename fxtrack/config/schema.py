@@ -156,13 +156,20 @@ class CustomConfig:
     kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     optimizer: str = "adamw"  # adamw | sgd, built as for fxtrack's own models
     lr: float = 1e-3
+    kind: str = "plain"  # plain | lm: a language model, measured in tokens as model=llama is
+    seq_axis: int = 1  # model.kind=lm: the inputs' sequence axis (0 is the batch)
 
     def __post_init__(self) -> None:
-        from fxtrack.frameworks.user_builder import OPTIMIZERS
+        from fxtrack.frameworks.user_builder import KINDS, OPTIMIZERS
 
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}, "
                              f"got {self.optimizer!r}")
+        if self.kind not in KINDS:
+            raise ValueError(f"model.kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if self.seq_axis < 1:
+            raise ValueError(f"model.seq_axis must be 1 or more (axis 0 is the batch), got "
+                             f"{self.seq_axis}")
         _positive("model.", lr=self.lr)
 
 

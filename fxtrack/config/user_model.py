@@ -8,14 +8,22 @@ cell as not supported, with the reason, and runs the others."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import json
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any, Optional
 
+import fxtrack
 from fxtrack.architectures import Arch
+from fxtrack.environment import worker_environment
 from fxtrack.frameworks import user_builder
 from fxtrack.frameworks.declaration import NotSupported, declaration
+from fxtrack.job import JobSpec
 
 _FIND = ("import importlib.util, sys\n"
          "try:\n    found = importlib.util.find_spec(sys.argv[1]) is not None\n"
@@ -57,3 +65,48 @@ def missing_module(path: str, python: Optional[str]) -> Optional[str]:
         return f"cannot ask framework.python={python} for module {module!r}: {e}"
     return None if found else (f"no module named {module!r} is importable by {python} "
                                "(is it on PYTHONPATH?)")
+
+
+PROBE_TIMEOUT_S = 300  # a framework's import on a loaded machine, and a shape-only build
+
+
+def abstract_param_count(conf: Any, arch: Arch) -> tuple[Optional[int], str]:
+    """(trainable parameters, "") of the user's model from a shape-only build (torch ``meta``,
+    a Keras ``StatelessScope``, ``nnx.eval_shape``: nothing allocated) in a short worker,
+    ``python -m fxtrack.worker --params``, under the run's interpreter, so that no framework
+    is imported here; (None, why) where it cannot be counted (the check is then skipped and
+    the run's worker reports any builder error). Asked once per model and framework in this
+    process (a sweep's repeats and scenarios share the answer)."""
+    framework = declaration(conf.framework.package)
+    settings = {key: getattr(conf.framework, key) for key in framework.settings}
+    spec = JobSpec(result_id="params", framework=conf.framework.name,
+                   package=conf.framework.package, scenario="params", runner="",
+                   arch=arch.to_json(), precision=conf.precision.name, hardware="cpu",
+                   devices=1, compile=False, seed=conf.seed, batch_size=1, steps=None,
+                   warmup_steps=None, result_path="", framework_settings=settings)
+    # hardware=cpu: the build is abstract, no device is needed (nor initialised)
+    return _probe(conf.framework.python or sys.executable,
+                  json.dumps(dataclasses.asdict(spec), sort_keys=True))
+
+
+@functools.lru_cache(maxsize=64)
+def _probe(python: str, spec_json: str) -> tuple[Optional[int], str]:
+    with tempfile.TemporaryDirectory(prefix="fxtrack-params-") as tmp:
+        path = Path(tmp) / "spec.json"
+        path.write_text(spec_json)
+        env = worker_environment(os.environ)
+        root = str(Path(fxtrack.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        try:
+            out = subprocess.run([python, "-m", "fxtrack.worker", "--params", str(path)],
+                                 capture_output=True, text=True, env=env,
+                                 timeout=PROBE_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, f"the parameter probe did not run: {e}"
+    try:
+        answer = json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return None, f"the parameter probe gave no answer (exit {out.returncode})"
+    if "param_count" not in answer:
+        return None, str(answer.get("error", answer))
+    return int(answer["param_count"]), ""

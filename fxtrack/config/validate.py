@@ -174,15 +174,18 @@ def fit_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """Why the run cannot fit its device's memory, from the architecture table, or None."""
-    from fxtrack.config import memory
+    """Why the run cannot fit its device's memory, from the architecture table (model=custom:
+    from a shape-only build of the user's model in a short worker), or None."""
+    from fxtrack.config import memory, user_model
 
     s = conf.scenario
+    count = ((lambda: user_model.abstract_param_count(conf, arch))
+             if arch.family == architectures.CUSTOM else None)
     return memory.refusal(
         arch, s.name, conf.precision.name, conf.batch_size,
         expected_device_kind(conf.hardware.name), devices=conf.devices,
         nodes=conf.hardware.nodes, parallel=conf.parallel.value, memory=conf.memory.value,
-        size=conf.size.name, prompt_len=s.prompt_len, new_tokens=s.new_tokens)
+        size=conf.size.name, prompt_len=s.prompt_len, new_tokens=s.new_tokens, count=count)
 
 
 def user_model_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

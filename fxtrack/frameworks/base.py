@@ -69,6 +69,8 @@ class Backend(abc.ABC):
     ``build``, then ``train_step`` (or a capability's step) many times."""
 
     name: ClassVar[str]
+    # model=custom with model.kind=lm: the tokens per sample of its inputs (set when built)
+    seq_len: Optional[int] = None
 
     def __init__(self, spec: JobSpec) -> None:
         self.spec = spec

@@ -57,7 +57,9 @@ CAPABILITIES: dict[str, str] = {
                   "batch and step set on the backend as its own build sets them; "
                   "prepare_inference(backend) -> step (scenario=inference); "
                   "train_flops_per_sample(backend), forward_flops_per_sample(backend) -> "
-                  "(flops, source) from the framework's own counter",
+                  "(flops, source) from the framework's own counter; "
+                  "abstract_param_count(backend) -> int: the trainable parameters of a "
+                  "shape-only build (the memory pre-check, python -m fxtrack.worker --params)",
 }
 
 # What model=custom supports, per lever or scenario the user's model cannot take generically:
@@ -67,8 +69,9 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
     "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
     "scenario=pipeline": "the loader writes fxtrack's synthetic images or tokens, not your "
                          "model's inputs",
-    "scenario=checkpoint": "this framework's checkpoint and serving export of a user's model "
-                           "is not written yet (framework=torch has one)",
+    "scenario=checkpoint": "this framework has no checkpoint and serving export of a user's "
+                           "model yet (framework=torch, tensorflow and jax have one; "
+                           "framework=keras has no checkpoint path for any model)",
     "scenario=serve": "the serving batcher pads fxtrack's own synthetic batches to its "
                       "buckets, not your model's inputs",
     "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",

@@ -4,12 +4,14 @@ dtype policy per precision and the optimisers. Imports only ``keras``, like ``ke
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Iterator
 
 import keras
 from keras import ops
 
 from fxtrack.architectures import Arch
+from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 
 # Keras dtype policies: compute dtype / variable dtype. The mixed ones keep fp32 variables.
@@ -59,3 +61,15 @@ def optimizer(arch: Arch, precision: str, global_batch: int = 256) -> keras.opti
         # step (Keras' default is 2**15)
         opt = keras.optimizers.LossScaleOptimizer(opt, initial_scale=2.0**16)
     return opt
+
+
+def abstract_param_count(backend) -> int:
+    """The memory pre-check's count for a user's ``keras.Model`` (model=custom, either
+    Keras-based framework): the builder called in a ``keras.StatelessScope``, where Keras defers
+    every variable's initialiser (a shape-only build; left uninitialised on leaving it: this
+    process only counts), at batch 1; its trainable elements."""
+    arch, fw = backend.arch, backend.framework
+    with keras.StatelessScope(initialize_variables=False):
+        model = ub.call(arch, fw, 1, backend.spec.seed)[0]
+    ub.expect(isinstance(model, keras.Model), arch, fw, "a model", "a keras.Model", model)
+    return sum(math.prod(v.shape) for v in model.trainable_variables)

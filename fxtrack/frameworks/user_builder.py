@@ -19,6 +19,7 @@ from fxtrack.architectures import Arch
 from fxtrack.frameworks.declaration import CUSTOM_UNSUPPORTED, Framework, NotSupported
 
 OPTIMIZERS = ("adamw", "sgd")
+KINDS = ("plain", "lm")  # model.kind: lm is measured in tokens, as fxtrack's own LMs are
 
 
 def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: str,
@@ -99,6 +100,23 @@ def call(arch: Arch, framework: Framework, batch_size: int, seed: int) -> tuple[
             raise NotSupported(f"model.{key}={path} ignores batch_size: its inputs' leading "
                                f"axis is {shape[0]}, not batch_size={batch_size}")
     return model, data[0], data[1], loss_fn
+
+
+def sequence_length(arch: Arch, framework: Framework, inputs: Any) -> Optional[int]:
+    """model.kind=lm: the tokens per sample, the size of the first input's axis
+    ``model.seq_axis`` (a dict's first value, e.g. ``input_ids``); None for a plain model.
+    NotSupported when that input has no such axis (before any timed work)."""
+    if arch.dims.get("kind", "plain") != "lm":
+        return None
+    axis = int(arch.dims.get("seq_axis", 1))
+    first = leaves(inputs)[0] if leaves(inputs) else None
+    shape = tuple(getattr(first, "shape", ()))
+    if len(shape) <= axis:
+        key = framework.builder_key
+        raise NotSupported(f"model.kind=lm needs a sequence axis model.seq_axis={axis} in the "
+                           f"first input of model.{key}={arch.dims.get(key)}; its shape is "
+                           f"{shape}")
+    return int(shape[axis])
 
 
 def expect(ok: bool, arch: Arch, framework: Framework, what: str, wanted: str, got: Any) -> None:

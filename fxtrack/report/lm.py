@@ -1,4 +1,5 @@
-"""The language-model tables: the decoder LMs' runs (model=llama, llama_8b) with what LM people
+"""The language-model tables: the decoder LMs' runs (model=llama, llama_8b, and a user's model
+run with ``model.kind=lm``, tagged ``fxtrack.model_kind=lm``) with what LM people
 read side by side: tokens/s, MFU and peak memory for training (and inference), and for
 scenario=generate the time to the first token, the per-token decode latency, decode tokens/s
 and the KV cache's size. One table per (scenario, precision, devices, hardware) group, a row per
@@ -45,6 +46,9 @@ NOTES = {
                  "prompt's prefill to the first token; decode ms/token: one cached step; "
                  "decode tokens/s = batch x (new_tokens - 1) / the decode steps' time"],
 }
+CUSTOM_NOTE = ("model=custom (model.kind=lm): tokens/s = sequences/s x the length of its first "
+               "input along model.seq_axis (fxtrack.seq_len); MFU from the framework's own FLOP "
+               "counter (fxtrack.flops_source)")
 COMMON_NOTES = [
     "with repeats: the median [95% interval of the geometric mean over the repeats]",
     "peak memory: the device's peak (peak_mem_device_mib), else the worker's resident peak "
@@ -78,7 +82,8 @@ def cell(row: pd.Series, configs: pd.DataFrame, key: str,
 
 def tables(frame: pd.DataFrame, runs: pd.DataFrame) -> list[Table]:
     """The LM tables of the kept ``runs``; ``frame``: every run read (the repeats' figures)."""
-    lm = runs[runs["model"].isin(LM_MODELS)]
+    user_lm = (runs["model_kind"] == "lm") if "model_kind" in runs else False
+    lm = runs[runs["model"].isin(LM_MODELS) | user_lm]
     if lm.empty:
         return []
     configs = samples.configs(frame)
@@ -100,6 +105,8 @@ def tables(frame: pd.DataFrame, runs: pd.DataFrame) -> list[Table]:
                     cells.append(text + (suffix if text != "-" else ""))
             rows.append([row["model"], f"{row['framework']}{marks}", *cells])
         notes = NOTES.get(scenario, NOTES["train"]) + COMMON_NOTES
+        if (group["model"] == architectures.CUSTOM).any():
+            notes = [*notes[:1], CUSTOM_NOTE, *notes[1:]]
         out.append(Table(f"Language models: {group_title(key)}",
                          ["model", "framework", *[c[1] for c in columns]], rows, notes))
     return out

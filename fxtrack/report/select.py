@@ -31,6 +31,7 @@ TAGS = {
     "cudnn": "fxtrack.cudnn", "kind": "fxtrack.kind", "repeats": "fxtrack.repeats",
     "repeat_of": "fxtrack.repeat_of", "contended": "fxtrack.contended", "noisy": "fxtrack.noisy",
     "peak_mem_device_kind": "fxtrack.peak_mem_device_kind",
+    "model_kind": "fxtrack.model_kind", "seq_len": "fxtrack.seq_len",
 }
 # Per-step series: search_runs returns only their last step, which is not a summary figure.
 SERIES = {"step_time_ms", "loss"}

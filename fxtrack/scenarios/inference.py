@@ -27,6 +27,6 @@ def run(backend: Backend, result: Result) -> None:
             run_timed(backend, result, lambda: inference.prepare(backend),
                       flops.forward_flops_per_sample(backend.arch))
     result.metrics.update(deploy.latency_metrics(result.metrics))
-    result.metrics.update(lm_metrics(backend.arch, result.metrics))
+    result.metrics.update(lm_metrics(backend, result))
     if result.guard == "ok":
         result.guard = param_guard(backend.arch, int(result.metrics["param_count"]))

@@ -19,7 +19,7 @@ def run(backend: Backend, result: Result) -> None:
                         else flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
     result.metrics.update(loss_first=losses[0], loss_last=losses[-1])
-    result.metrics.update(lm_metrics(backend.arch, result.metrics))
+    result.metrics.update(lm_metrics(backend, result))
     state = backend.state_bytes_per_device()
     if state is not None:  # every process of the run takes this branch or none does
         result.metrics["state_mib_per_device"] = backend.reduce_max(state / 2**20)
@@ -32,12 +32,18 @@ def run(backend: Backend, result: Result) -> None:
         result.guard = "ok"
 
 
-def lm_metrics(arch: architectures.Arch, metrics: dict[str, float]) -> dict[str, float]:
+def lm_metrics(backend: Backend, result: Result) -> dict[str, float]:
     """A decoder LM's rate in what LM people read: ``tokens_per_s`` = sequences/s x seq_len
-    (every position is a predicted token); nothing for other families."""
-    if arch.family != "llama" or "throughput_samples_per_s" not in metrics:
+    (every position is a predicted token): model=llama's ``model.seq_len``, a user's LM
+    (``model.kind=lm``) its inputs' length along ``model.seq_axis``, tagged ``model_kind`` and
+    ``seq_len`` for the report's LM tables; nothing for other models."""
+    arch, metrics = backend.arch, result.metrics
+    seq_len = arch.seq_len if arch.family == "llama" else backend.seq_len
+    if seq_len is None or "throughput_samples_per_s" not in metrics:
         return {}
-    return {"tokens_per_s": metrics["throughput_samples_per_s"] * arch.seq_len}
+    if arch.family == "custom":
+        result.tags.update(model_kind="lm", seq_len=str(seq_len))
+    return {"tokens_per_s": metrics["throughput_samples_per_s"] * seq_len}
 
 
 def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], Optional[float]]:

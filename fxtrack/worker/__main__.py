@@ -188,12 +188,33 @@ def answer_probe(what: str, framework_name: str, package: str, precision: str,
     return 0
 
 
+def count_params(spec_path: Path) -> int:
+    """Answer ``--params SPEC.json`` with one JSON line: model=custom's trainable parameters
+    from an abstract build (the ``user_model`` capability's ``abstract_param_count``: shapes,
+    no weights), for the memory pre-check before any timed worker; ``{"error": ...}`` where the
+    builder cannot be built so (the run's own worker then reports it)."""
+    spec = JobSpec.read(spec_path)
+    prepare_environment(spec)
+    framework = declaration(spec.package)
+    try:
+        backend = import_path(framework.backend)(spec)
+        count = backend.capability("user_model").abstract_param_count(backend)
+        answer: dict[str, Any] = {"param_count": int(count)}
+    except Exception as e:  # noqa: BLE001  (any builder error: the pre-check is then skipped)
+        answer = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:500]}
+    print(json.dumps(answer))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 5 and argv[0] in ("--matmul", "--describe"):
         return answer_probe(argv[0], *argv[1:])
+    if len(argv) == 2 and argv[0] == "--params":
+        return count_params(Path(argv[1]))
     if len(argv) != 1:
         print("usage: python -m fxtrack.worker SPEC.json\n"
-              "       python -m fxtrack.worker --matmul|--describe FRAMEWORK PACKAGE PRECISION HARDWARE",
+              "       python -m fxtrack.worker --matmul|--describe FRAMEWORK PACKAGE PRECISION HARDWARE\n"
+              "       python -m fxtrack.worker --params SPEC.json",
               file=sys.stderr)
         return 2
     spec = JobSpec.read(Path(argv[0]))

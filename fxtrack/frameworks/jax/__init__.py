@@ -56,12 +56,11 @@ FRAMEWORK = Framework(
         "remat": "fxtrack.frameworks.jax.models",
         "calibration": "fxtrack.frameworks.jax.devices",
         "user_model": "fxtrack.frameworks.jax.user_model",
+        "user_serving_export": "fxtrack.frameworks.jax.user_model",
         "generate": "fxtrack.frameworks.jax.generate",
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
     },
     absent={
-        "user_serving_export": "the checkpoint and serving export of a user's model (model=custom) "
-                               "is written for framework=torch only so far",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "

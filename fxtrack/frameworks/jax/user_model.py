@@ -5,6 +5,7 @@ batch sharded over the mesh) as its own models are; FLOPs from XLA's
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -26,6 +27,7 @@ def build(backend: Any, batch_size: int) -> None:
     backend.user_batch = batch_size * spec.devices
     with jax.default_device(backend.device):
         model, inputs, targets, user_loss = ub.call(arch, fw, backend.user_batch, spec.seed)
+        backend.seq_len = ub.sequence_length(arch, fw, inputs)
         ub.expect(isinstance(model, nnx.Module), arch, fw, "a model", "a flax.nnx.Module",
                   model)
         for x in ub.leaves(inputs) + ub.leaves(targets):
@@ -44,6 +46,15 @@ def build(backend: Any, batch_size: int) -> None:
     donate, backend.donation = train.donates(backend.device_kind())
     backend._step = train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
                                     backend.sharded, donate, loss_of=backend.loss_of)
+
+
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: the builder's model under ``nnx.eval_shape`` (every
+    variable a shape, nothing allocated) at batch 1, its ``nnx.Param`` elements."""
+    arch, fw = backend.arch, backend.framework
+    model = nnx.eval_shape(lambda: ub.call(arch, fw, 1, backend.spec.seed)[0])
+    ub.expect(isinstance(model, nnx.Module), arch, fw, "a model", "a flax.nnx.Module", model)
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 
 
 def loss_of(user_loss: Callable[[Any, Any], Any], dtype: Any) -> Callable[[nnx.Module, tuple], jax.Array]:
@@ -114,3 +125,61 @@ def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
     if isinstance(cost, (list, tuple)):
         cost = cost[0]
     return float(cost["flops"]) / backend.user_batch, "jax.cost_analysis"
+
+
+
+def export(backend: Any, directory: Any) -> Callable[[], None]:
+    """scenario=checkpoint's serving export (capability ``user_serving_export``): the user's
+    model in inference mode as one jitted forward of (weights, inputs) through ``jax.export``
+    (serialised StableHLO) with its variables saved beside it by Orbax (``serving.save_program``,
+    as fxtrack's own models are exported), loaded back as a server would; a forward of the
+    loaded program on the resident inputs."""
+    from fxtrack.frameworks.jax import serving
+
+    stats, to_keys = _raw_keys(backend.state.batch_stats)
+    live = eval_forward(backend)
+
+    def forward(params: Any, raw_stats: Any, inputs: Any) -> Any:
+        return live(params, to_keys(raw_stats), inputs)
+
+    variables = (backend.state.params, stats)
+    inputs = backend.batch[0]
+    serving.save_program(jax.jit(forward), variables, inputs, directory)
+    backend.served = serving.load_program(directory, variables)
+    served = backend.served
+
+    def step() -> None:
+        jax.block_until_ready(served(inputs))
+
+    return step
+
+
+def export_error(backend: Any) -> float:
+    """The largest relative error of the loaded export's floating outputs against the live
+    model's (inference mode, the same inputs): ``max|a - b| / max|b|`` over every output."""
+    state, inputs = backend.state, backend.batch[0]
+    live = jax.jit(eval_forward(backend))(state.params, state.batch_stats, inputs)
+    worst = 0.0
+    for a, b in zip(jax.tree.leaves(backend.served(inputs)), jax.tree.leaves(live)):
+        if jnp.issubdtype(b.dtype, jnp.floating):
+            scale = max(float(jnp.max(jnp.abs(b.astype(jnp.float32)))), 1e-12)
+            diff = jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32))
+            worst = max(worst, float(jnp.max(diff)) / scale)
+    return worst
+
+
+def _raw_keys(tree: Any) -> tuple[Any, Callable[[Any], Any]]:
+    """``tree`` with each typed PRNG key (Dropout's RNG state) as its raw ``uint32`` data, which
+    ``jax.export`` and Orbax carry as plain arrays, and the function that wraps them back."""
+    leaves, treedef = jax.tree.flatten(tree)
+    impls = [jax.random.key_impl(x) if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+             else None for x in leaves]
+    raw = [x if impl is None else jax.random.key_data(x) for x, impl in zip(leaves, impls)]
+
+    def to_keys(raw_tree: Any) -> Any:
+        flat = jax.tree.leaves(raw_tree)
+        return jax.tree.unflatten(treedef, [x if impl is None else
+                                            jax.random.wrap_key_data(x, impl=impl)
+                                            for x, impl in zip(flat, impls)])
+
+    return jax.tree.unflatten(treedef, raw), to_keys

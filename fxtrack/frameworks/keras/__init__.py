@@ -77,8 +77,9 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.keras.buckets",
     },
     absent={
-        "user_serving_export": "the checkpoint and serving export of a user's model (model=custom) "
-                               "is written for framework=torch only so far",
+        "user_serving_export": "framework=keras has no checkpoint path yet, for any model; "
+                               "framework=tensorflow checkpoints and exports the same "
+                               "model.keras builder",
         "pipeline": "not implemented for keras yet",
         "checkpoint": "not implemented for keras yet",
         "serving_export": "not implemented for keras yet",

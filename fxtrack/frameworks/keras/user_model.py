@@ -37,11 +37,17 @@ def _upcast(x: Any) -> Any:
     return keras.ops.cast(x, "float32") if keras.backend.is_float_dtype(x.dtype) else x
 
 
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: a shape-only Keras build (``keras_train``'s)."""
+    return keras_train.abstract_param_count(backend)
+
+
 def build(backend: Any, batch_size: int) -> None:
     spec, arch, fw = backend.spec, backend.arch, backend.framework
     keras.utils.set_random_seed(spec.seed)
     with keras_train.precision_policy(spec.precision):  # layers read it when constructed
         model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed)
+        backend.seq_len = ub.sequence_length(arch, fw, inputs)
     ub.expect(isinstance(model, keras.Model), arch, fw, "a model", "a keras.Model", model)
     for x in ub.leaves(inputs) + ub.leaves(targets):
         ub.expect(isinstance(x, np.ndarray), arch, fw, "an input or target", "NumPy arrays", x)

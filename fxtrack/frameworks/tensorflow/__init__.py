@@ -55,6 +55,7 @@ FRAMEWORK = Framework(
         "tflite_export": "fxtrack.frameworks.tensorflow.deployment",
         "calibration": "fxtrack.frameworks.tensorflow.devices",
         "user_model": "fxtrack.frameworks.tensorflow.user_model",
+        "user_serving_export": "fxtrack.frameworks.tensorflow.user_model",
         "generate": "fxtrack.frameworks.tensorflow.generate",
         "serve_buckets": "fxtrack.frameworks.tensorflow.buckets",
     },
@@ -64,8 +65,6 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
-        "user_serving_export": "the checkpoint and serving export of a user's model (model=custom) "
-                               "is written for framework=torch only so far",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
                        "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "sharded_state": "tf.distribute has no sharded-state strategy (ParameterServerStrategy "

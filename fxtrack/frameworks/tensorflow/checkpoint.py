@@ -9,8 +9,12 @@ import tensorflow as tf
 
 
 def _state(backend) -> tf.train.Checkpoint:
-    # Weights, BatchNorm statistics, optimiser slots, step counter (and loss scale in fp16).
-    return tf.train.Checkpoint(model=backend.model, optimizer=backend.opt)
+    # Weights, BatchNorm statistics, optimiser slots, step counter (and loss scale in fp16);
+    # and the state tf.train.Checkpoint does not track through the model: Keras' seed
+    # generators (a Dropout's next draw), in model.variables but not in its weights.
+    weights = {id(v) for v in backend.model.weights}
+    seeds = [v.value for v in backend.model.variables if id(v) not in weights]
+    return tf.train.Checkpoint(model=backend.model, optimizer=backend.opt, seeds=seeds)
 
 
 def save(backend, directory: Path) -> None:

@@ -11,9 +11,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from fxtrack.frameworks import keras_train
 from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.tensorflow import train
 from fxtrack.frameworks.tf_graph import graph_flops
+
+
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: a shape-only Keras build (``keras_train``'s)."""
+    return keras_train.abstract_param_count(backend)
 
 
 def build(backend: Any, batch_size: int) -> None:
@@ -22,6 +28,7 @@ def build(backend: Any, batch_size: int) -> None:
     with backend._place():
         with train.precision_policy(spec.precision):  # layers read it when constructed
             model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed)
+            backend.seq_len = ub.sequence_length(arch, fw, inputs)
         ub.expect(isinstance(model, keras.Model), arch, fw, "a model", "a keras.Model", model)
         for x in ub.leaves(inputs) + ub.leaves(targets):
             ub.expect(isinstance(x, np.ndarray), arch, fw, "an input or target",
@@ -98,3 +105,35 @@ def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
 
     flops = graph_flops(forward, backend.one_batch, backend.device)
     return flops / backend.batch_size, "tf.compat.v1.profiler"
+
+
+def export(backend: Any, directory: Any) -> Callable[[], None]:
+    """scenario=checkpoint's serving export (capability ``user_serving_export``): the user's
+    Keras model as a SavedModel through Keras' ``model.export`` (one ``serve`` endpoint in
+    inference mode, any batch size, its inputs in the structure the model is called with),
+    loaded back with ``tf.saved_model.load`` as a server would; a synced forward of the loaded
+    endpoint on the first replica's inputs."""
+    inputs = ub.keras_inputs(backend.one_batch[0])
+    signature = tf.nest.map_structure(
+        lambda x: tf.TensorSpec((None, *x.shape[1:]), x.dtype), inputs)
+    backend.model.export(str(directory), format="tf_saved_model", input_signature=[signature],
+                         verbose=False)
+    backend.served = tf.saved_model.load(str(directory))  # kept: its functions read its variables
+    served = backend.served
+    return backend._synced(lambda: served.serve(inputs))
+
+
+def export_error(backend: Any) -> float:
+    """The largest relative error of the loaded SavedModel's floating outputs against the live
+    model's (inference mode, the same inputs): ``max|a - b| / max|b|`` over every output."""
+    inputs = ub.keras_inputs(backend.one_batch[0])
+    with tf.device(backend.device):
+        live = tf.nest.flatten(backend.model(inputs, training=False))
+        served = tf.nest.flatten(backend.served.serve(inputs))
+    worst = 0.0
+    for a, b in zip(served, live):
+        if b.dtype.is_floating:
+            a, b = tf.cast(a, tf.float32), tf.cast(b, tf.float32)
+            scale = max(float(tf.reduce_max(tf.abs(b))), 1e-12)
+            worst = max(worst, float(tf.reduce_max(tf.abs(a - b))) / scale)
+    return worst

@@ -19,6 +19,7 @@ def build(backend: Any, batch_size: int) -> None:
     torch.manual_seed(spec.seed)
     # Each data-parallel rank its own batch, as for fxtrack's models: seed offset by rank.
     model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed + parallel.rank())
+    backend.seq_len = ub.sequence_length(arch, fw, inputs)
     ub.expect(isinstance(model, nn.Module), arch, fw, "a model", "a torch.nn.Module", model)
     for x in ub.leaves(inputs) + ub.leaves(targets):
         ub.expect(isinstance(x, torch.Tensor), arch, fw, "an input or target", "torch.Tensor",
@@ -40,6 +41,16 @@ def build(backend: Any, batch_size: int) -> None:
     backend.batch_size = batch_size
     backend._step = train.make_step(backend.loss, backend.opt, spec.precision, device,
                                     functools.partial(devices.sync, device))
+
+
+def abstract_param_count(backend: Any) -> int:
+    """The memory pre-check's count: the builder called under torch's ``meta`` device
+    (parameters with shapes and no storage) at batch 1, its trainable parameters."""
+    arch, fw = backend.arch, backend.framework
+    with torch.device("meta"):
+        model = ub.call(arch, fw, 1, backend.spec.seed)[0]
+    ub.expect(isinstance(model, nn.Module), arch, fw, "a model", "a torch.nn.Module", model)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def forward_loss(model: nn.Module, user_loss: Callable[[Any, Any], torch.Tensor],
