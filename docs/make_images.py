@@ -24,8 +24,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
-import urllib.request
 from urllib.parse import quote
 from pathlib import Path
 
@@ -39,14 +37,6 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def run(*cmd: str, cwd: Path, env: dict) -> None:
     print("+", " ".join(cmd), flush=True)
     subprocess.run(cmd, cwd=cwd, env=env, check=True)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -75,19 +65,10 @@ def main() -> None:
         chart = sorted((work / "report").glob("*throughput*.png"))[0]
         shutil.copyfile(chart, DOCS / "report-throughput.png")
 
-        port = free_port()
-        ui = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "ui",
-                               "--backend-store-uri", f"sqlite:///{work / 'mlflow.db'}",
-                               "--host", "127.0.0.1", "--port", str(port)], cwd=work, env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
-        try:
-            for _ in range(120):
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-                    break
-                except OSError:
-                    time.sleep(1)
+        sys.path.insert(0, str(DOCS))
+        import mlflow_ui_shots
+
+        with mlflow_ui_shots.mlflow_ui(f"sqlite:///{work / 'mlflow.db'}", work) as base:
             import mlflow
 
             client = mlflow.MlflowClient(f"sqlite:///{work / 'mlflow.db'}")
@@ -99,15 +80,10 @@ def main() -> None:
             busy = sum(r.data.tags.get("fxtrack.contended") == "true" for r in runs
                        if "fxtrack.repeat" in r.data.tags)
             print(f"{len(ids)} configs x {args.repeats} repeats; {busy} repeats were contended")
-            url = (f"http://127.0.0.1:{port}/#/compare-runs?runs={quote(json.dumps(ids))}"
-                   f"&experiments={quote(json.dumps([exp]))}")
+            url = (f"{base}/#/compare-runs?runs={quote(json.dumps(ids))}"
+                   f"&experiments={quote(json.dumps([exp]))}&workflowType=machine_learning")
             run(chromium, *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium'}",
                 f"--screenshot={DOCS / 'mlflow-ui.png'}", url, cwd=work, env=env)
-        finally:
-            os.killpg(ui.pid, 15)
-        sys.path.insert(0, str(DOCS))
-        import mlflow_ui_shots
-
         mlflow_ui_shots.photograph(f"sqlite:///{work / 'mlflow.db'}", DOCS, cwd=work)
     print(f"wrote {DOCS / 'report-throughput.png'}, {DOCS / 'report-verdicts.txt'}, "
           f"{DOCS / 'mlflow-ui.png'} and {DOCS}/mlflow-ui-{{run,system-metrics}}.png")

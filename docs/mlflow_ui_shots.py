@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional, Sequence
 
-from fxtrack.tracking.ui import wait_until_up
+from fxtrack.tracking.ui import run_link, ui_env, wait_until_up
 
 DOCS = Path(__file__).resolve().parent
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -43,10 +43,9 @@ def free_port() -> int:
 def mlflow_ui(store_uri: str, cwd: Path, timeout_s: float = 120) -> Iterator[str]:
     """``mlflow ui`` over ``store_uri`` on a free loopback port; yields its base URL."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     ui = subprocess.Popen([str(Path(sys.executable).with_name("mlflow")), "ui",
                            "--backend-store-uri", store_uri, "--host", "127.0.0.1",
-                           "--port", str(port)], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+                           "--port", str(port)], cwd=cwd, env=ui_env(), stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -111,7 +110,7 @@ def photograph(store_uri: str, out: Path, cwd: Optional[Path] = None,
     work = Path(cwd or out)
     with mlflow_ui(store_uri, work) as base:
         for page in pages:
-            url = f"{base}/#/experiments/{exp}/runs/{run_id}{PAGES[page]}"
+            url = run_link(base, exp, run_id).replace("?", f"{PAGES[page]}?", 1)
             png = out / f"{prefix}{page}.png"
             profile = work / f"chromium-{page}"
             budget = f"--virtual-time-budget={VIRTUAL_MS}"

@@ -41,6 +41,15 @@ def run_link(base: str, experiment_id: str, run_id: str) -> str:
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
 
 
+def ui_env() -> dict[str, str]:
+    """The environment ``mlflow ui`` runs in: the store comes from --backend-store-uri, not a
+    tracking URI; MLflow 3's job runner (GenAI scorers: four huey consumers, ~1 GiB) is off
+    unless set, as fxtrack's runs use no jobs."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
+    return env
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from fxtrack.environment import redact_uri
@@ -62,11 +71,7 @@ def main(argv: list[str]) -> int:
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     command = [str(mlflow_cli) if mlflow_cli.is_file() else "mlflow", "ui", "--backend-store-uri",
                uri, "--host", args.host, "--port", str(args.port)]
-    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    # MLflow 3's job runner (GenAI scorers) starts four huey consumers, ~1 GiB; fxtrack's runs
-    # use no jobs: off unless the user set it
-    env.setdefault("MLFLOW_SERVER_ENABLE_JOB_EXECUTION", "false")
-    ui = subprocess.Popen(command, env=env, stdout=sys.stderr)  # stdout: the link alone
+    ui = subprocess.Popen(command, env=ui_env(), stdout=sys.stderr)  # stdout: the link alone
     base = f"http://{args.host}:{args.port}"
     try:
         if not wait_until_up(base, ui, 300):  # a loaded machine starts mlflow ui slowly
