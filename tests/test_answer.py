@@ -244,3 +244,11 @@ def test_the_end_of_run_line_links_the_run_page_on_a_server():
     line = writer._ui_link("http://mlflow.test:5000", {"experiment": "fxtrack"}, "abc")
     assert line == " at http://mlflow.test:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
     assert writer._ui_link("sqlite:///x.db", {"experiment": "fxtrack"}, "abc") == ""
+
+
+def test_a_lower_is_better_amount_reads_as_a_fraction_of_the_other(frame):
+    blocks, _ = answer.blocks(frame)
+    words = answer.sentence(_block(blocks, "memory", "vit"))
+    # torch holds 600 MiB, jax 800, tensorflow 900: "in 0.75x the peak memory of JAX"
+    assert f"trains ViT-B/16 in {600 / 800:.2f}x [" in words and "the peak memory of JAX" in words
+    assert f"in {600 / 900:.2f}x [" in words and "the peak memory of TensorFlow" in words

@@ -40,6 +40,9 @@ class Objective:
     phrase: tuple[str, str]  # sentence: "<fw> <verb> <model> <r>x <adjective> <other>"
     command: str  # what measures it; {model} is filled in
     lm_only: bool = False
+    # the best's figure as a fraction of the other's, "in 0.88x [..] the peak memory of": a
+    # lower-is-better amount reads wrongly as "1.14x less"
+    fraction: bool = False
 
 
 OBJECTIVES = (
@@ -74,9 +77,9 @@ OBJECTIVES = (
               "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
               "repeats=3", lm_only=True),
     Objective("memory", "Peak memory at equal batch", "train",
-              ("peak_mem_device_mib", "peak_rss_mib"), True, "common", ("trains", "with less peak memory than"),
+              ("peak_mem_device_mib", "peak_rss_mib"), True, "common", ("trains", "the peak memory of"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=train repeats=3"),
+              "scenario=train repeats=3", fraction=True),
     Objective("cost", "Cost per 1M samples", "train", ("cost_per_1m_samples",), True, "common",
               ("trains", "cheaper than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
@@ -300,9 +303,11 @@ def sentence(block: Block) -> str:
     parts = []
     for entry, r in clear:
         # the best's figure relative to the other's, always >= 1: "1.13x as fast as"
-        times = 1 / r.ratio if not ob.lower else r.ratio
-        low, high = sorted((1 / r.interval[0], 1 / r.interval[1]) if not ob.lower else r.interval)
-        parts.append(f"{times:.2f}x [{low:.2f}, {high:.2f}] {adjective} {fw_words(entry.framework)}")
+        inverse = ob.lower == ob.fraction  # the ratio is the other's over the best's
+        times = 1 / r.ratio if inverse else r.ratio
+        low, high = sorted((1 / r.interval[0], 1 / r.interval[1]) if inverse else r.interval)
+        parts.append(f"{'in ' if ob.fraction else ''}{times:.2f}x [{low:.2f}, {high:.2f}] "
+                     f"{adjective} {fw_words(entry.framework)}")
     words = f"{head}, {fw_words(best.framework)} ({best.mode}) {verb} {model}"
     if parts:
         words += " " + "; ".join(parts) + f" at {precision}"
