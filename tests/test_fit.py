@@ -166,6 +166,28 @@ def test_a_builder_that_ignores_batch_size_is_refused_in_one_line(tmp_path, monk
     assert np.shape(x)[0] == 8
 
 
+def test_a_fit_of_a_builder_that_ignores_batch_size_is_refused_before_any_probe(tmp_path):
+    """The shape-only build of the memory pre-check (a short worker, batch 2) sees the fixed
+    leading axis: one line, exit 2, no probe run, nothing logged."""
+    import os
+
+    from conftest import run_fxtrack
+
+    pytest.importorskip("torch")
+    (tmp_path / "fixed_torch.py").write_text(
+        "import torch\n"
+        "def build(batch_size, seed):\n"
+        "    x = torch.ones(8, 4)\n"
+        "    return torch.nn.Linear(4, 4), (x, x), torch.nn.functional.mse_loss\n")
+    proc = run_fxtrack(tmp_path, "scenario=fit", "framework=torch", "model=custom",
+                       "model.torch=fixed_torch:build", "hardware=cpu", timeout=300,
+                       env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "ignores batch_size: its inputs' leading axis is 8, not batch_size=2" in line
+    assert not (tmp_path / "mlflow.db").exists()  # nothing ran, nothing logged
+
+
 @pytest.mark.slow
 def test_a_tiny_fit_logs_probes_and_parent_and_the_report_shows_them(tmp_path):
     """Two real probes (torch, tiny ViT, budget 2 GiB of RSS); 0.4 GiB refuses nothing here

@@ -153,7 +153,7 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     if why is not None:
         raise Refused(why, conf, arch)
     if conf.scenario.name == "fit":  # the search finds what fits: its own checks, not the floor's
-        why = fit_refusal(conf, arch)
+        why = fit_refusal(conf, arch) or ignored_batch(conf, arch)
         if why is not None:
             raise ConfigError(why)
         return conf, arch
@@ -171,6 +171,17 @@ def fit_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
     have = fit.budget(s.memory_gib, kind, conf.devices)
     return fit.refusal(arch, s.axis, conf.precision.name, conf.batch_size, conf.memory.value,
                        have, s.max_batch)
+
+
+def ignored_batch(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
+    """model=custom under scenario=fit: the builder's inputs must have the batch_size it is
+    given as their leading axis (the search varies it), checked by the shape-only build."""
+    if arch.family != architectures.CUSTOM:
+        return None
+    from fxtrack.config import user_model
+
+    _, why = user_model.abstract_param_count(conf, arch)
+    return why.removeprefix("NotSupported: ") if "ignores batch_size" in why else None
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

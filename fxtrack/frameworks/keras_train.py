@@ -67,9 +67,9 @@ def abstract_param_count(backend) -> int:
     """The memory pre-check's count for a user's ``keras.Model`` (model=custom, either
     Keras-based framework): the builder called in a ``keras.StatelessScope``, where Keras defers
     every variable's initialiser (a shape-only build; left uninitialised on leaving it: this
-    process only counts), at batch 1; its trainable elements."""
+    process only counts), at ub.ABSTRACT_BATCH; its trainable elements."""
     arch, fw = backend.arch, backend.framework
     with keras.StatelessScope(initialize_variables=False):
-        model = ub.call(arch, fw, 1, backend.spec.seed)[0]
+        model = ub.call(arch, fw, ub.ABSTRACT_BATCH, backend.spec.seed)[0]
     ub.expect(isinstance(model, keras.Model), arch, fw, "a model", "a keras.Model", model)
     return sum(math.prod(v.shape) for v in model.trainable_variables)

@@ -79,6 +79,11 @@ def load(path: str, key: str) -> Callable[..., Any]:
     return func
 
 
+# The memory pre-check's shape-only build asks for this batch: not 1, so that a builder that
+# ignores batch_size (a fixed leading axis, 1 included) is caught there, before any work.
+ABSTRACT_BATCH = 2
+
+
 def call(arch: Arch, framework: Framework, batch_size: int, seed: int) -> tuple[Any, Any, Any, Any]:
     """Call the builder; (model, inputs, targets, loss_fn) once the shape of its answer is right."""
     key = framework.builder_key

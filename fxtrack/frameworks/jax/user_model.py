@@ -50,9 +50,9 @@ def build(backend: Any, batch_size: int) -> None:
 
 def abstract_param_count(backend: Any) -> int:
     """The memory pre-check's count: the builder's model under ``nnx.eval_shape`` (every
-    variable a shape, nothing allocated) at batch 1, its ``nnx.Param`` elements."""
+    variable a shape, nothing allocated) at ub.ABSTRACT_BATCH, its ``nnx.Param`` elements."""
     arch, fw = backend.arch, backend.framework
-    model = nnx.eval_shape(lambda: ub.call(arch, fw, 1, backend.spec.seed)[0])
+    model = nnx.eval_shape(lambda: ub.call(arch, fw, ub.ABSTRACT_BATCH, backend.spec.seed)[0])
     ub.expect(isinstance(model, nnx.Module), arch, fw, "a model", "a flax.nnx.Module", model)
     return sum(math.prod(x.shape) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
 

@@ -45,10 +45,10 @@ def build(backend: Any, batch_size: int) -> None:
 
 def abstract_param_count(backend: Any) -> int:
     """The memory pre-check's count: the builder called under torch's ``meta`` device
-    (parameters with shapes and no storage) at batch 1, its trainable parameters."""
+    (parameters with shapes and no storage) at ub.ABSTRACT_BATCH, its trainable parameters."""
     arch, fw = backend.arch, backend.framework
     with torch.device("meta"):
-        model = ub.call(arch, fw, 1, backend.spec.seed)[0]
+        model = ub.call(arch, fw, ub.ABSTRACT_BATCH, backend.spec.seed)[0]
     ub.expect(isinstance(model, nn.Module), arch, fw, "a model", "a torch.nn.Module", model)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
