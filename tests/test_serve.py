@@ -342,6 +342,9 @@ def test_no_compilation_inside_the_window_of_the_compiled_paths(framework, tmp_p
     assert result.status == "FINISHED" and result.guard == "ok", result.error
     assert result.metrics["serve_recompiles"] == 0
     assert result.tags["serve_buckets"] == "1,2"
+    # the host's load sampled through the windows decides the contended tag, as for training
+    from fxtrack.measure.host_load import is_contended
+    assert result.tags["contended"] == str(is_contended(result.metrics["host_other_cpu_frac"])).lower()
     rows = json.loads(Path(result.artifacts["serve_requests"]).read_text())
     assert {r["bucket"] for r in rows} <= {1, 2} and len(rows) == 8
     counter = declaration(spec.package).capability("serve_buckets")

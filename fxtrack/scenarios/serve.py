@@ -30,7 +30,8 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from fxtrack.measure.timer import percentile
+from fxtrack.measure import host_load as load
+from fxtrack.measure.timer import eprint, percentile
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 LM_ONLY_SLOS = ("ttft_ms", "tpot_ms")
@@ -473,6 +474,10 @@ def run(backend: Any, result: Any) -> None:
         return Window(rate, reqs, figures)
 
     m = result.metrics
+    # other processes' CPU use through every window, as the timed scenarios sample theirs
+    spec = backend.spec
+    load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
+    sampler = load.LoadSampler(spec.cpu_threads).start()
     if o["concurrency"] is not None:
         reported = window(None)
     elif o["rate"] == "search":
@@ -513,6 +518,8 @@ def run(backend: Any, result: Any) -> None:
                                                        for w in probes)
     else:
         reported = window(float(o["rate"]))
+    sampler.stop()
+    m.update(sampler.metrics())
     m.update(reported.figures)
     m["param_count"] = float(backend.param_count())
     if uncounted is not None:
