@@ -533,7 +533,7 @@ def run(backend: Any, result: Any) -> None:
         result.tags["serve_rate_short"] = "true" if short else "false"
     result.tags.update(serve_mode="closed" if o["concurrency"] is not None else "open",
                        serve_batching="static", serve_buckets=",".join(map(str, buckets)),
-                       contended="unknown")
+                       contended="true" if sampler.contended else "false")
     result.series["serve_request_e2e_ms"] = [r.e2e_ms() for r in reported.requests]
     path = Path(backend.spec.result_path).with_name("serve_requests.json")
     path.write_text(json.dumps([r.row() for r in reported.requests]))
