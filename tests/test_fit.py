@@ -55,6 +55,20 @@ def test_the_budget_line_still_finds_the_answer_of_a_model_that_is_not_linear():
     assert found <= truth and truth - found <= tolerance(found, 0.05)
 
 
+def test_a_peak_that_plateaus_below_the_line_is_bisected_not_crept_up_on():
+    """Torch's RSS on a CPU (measured 2026-12-02, tiny ViT): 589 MiB at batch 4, ~1890 MiB at
+    2056 and 2275 alike. The line through such probes meets the budget just above the last fit
+    each time; the search must still close the bracket, bisecting after a guess that fitted."""
+    def probe(batch: int) -> Probe:
+        peak = 589 + 1300 * min(1.0, batch / 2000) + 0.05 * batch
+        return Probe(batch, FITS if peak <= 2048 else OVER_BUDGET, peak, 1.0)
+    truth = int((2048 - 589 - 1300) / 0.05)  # 3180
+    probes = search(probe, 4, 4096, 16, 0.05, budget_mib=2048)
+    found = largest(probes)
+    assert found <= truth and truth - found <= tolerance(found, 0.05), [p.value for p in probes]
+    assert stop_reason(probes, 4096, 16, 0.05) == "resolution"
+
+
 @pytest.mark.parametrize("fail", [OVER_BUDGET, KILLED, OUT_OF_MEMORY])
 def test_a_killed_or_over_budget_probe_does_not_fit(fail):
     probes = search(linear_probe(0, 10, 100, [], fail), 4, 1024, 20, 1)

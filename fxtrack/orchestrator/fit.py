@@ -67,12 +67,15 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
 
     fit, miss = 0, None  # the largest value that fitted, the smallest that did not
     value = min(max(1, start), max_value)
+    guided = False  # the value came from the line (a hop to just past where it meets the budget)
     while len(probes) < max_probes:
         if run(value).fits:
             fit = value
             if value >= max_value or miss is not None:
                 break
-            meets = _meets(probes, budget_mib)
+            # a line whose guess past the budget still fitted underestimates: double instead
+            meets = None if guided else _meets(probes, budget_mib)
+            guided = meets is not None and meets <= 2 * value
             if meets is None:
                 value = 2 * value
             elif meets > 2 * value:
@@ -86,18 +89,24 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
                 break
             value = max(1, value // 2)
     step = tolerance(1, resolution) if resolution >= 1 else 1
+    trust_line = True  # off for one probe after the line's guess fitted: it underestimated
     while (miss is not None and fit and miss - fit > tolerance(fit, resolution)
            and len(probes) < max_probes):
         middle = (fit + miss) // 2
-        meets = _meets(probes, budget_mib)
-        if meets is not None and fit + 1 < int(0.99 * meets) < miss - 1:
+        meets = _meets(probes, budget_mib) if trust_line else None
+        guided = meets is not None and fit + 1 < int(0.99 * meets) < miss - 1
+        if guided:
             middle = int(0.99 * meets)  # just inside the budget: it should fit
         if step > 1 and (middle // step) * step > fit:  # on the step's grid where it can be
             middle = (middle // step) * step
         if run(middle).fits:
             fit = middle
+            # a peak that grows slower than the line (an allocator's plateau) keeps its
+            # guesses just under the budget, creeping: bisect the next probe instead
+            trust_line = not guided
         else:
             miss = middle
+            trust_line = True
     return probes
 
 
@@ -304,7 +313,7 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
         tags["fxtrack.error"] = outcome.error[:500]
     tags["fxtrack.fit_stop"] = stop_reason(probes, s.max_batch, s.max_probes, s.resolution)
     capped = {"max_batch": " (at scenario.max_batch)", "max_probes": " (a lower bound: "
-              "scenario.max_probes reached before a probe missed)"}.get(tags["fxtrack.fit_stop"], "")
+              "scenario.max_probes reached before the search closed its bracket)"}.get(tags["fxtrack.fit_stop"], "")
     line = (f"{name}: largest {s.axis} that fits: {best or '-'}{capped} in {len(probes)} probes "
             f"(budget {_gib(budget_mib)}, {have.source})")
     tags.update(records.note(line))
