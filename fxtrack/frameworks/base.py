@@ -33,6 +33,19 @@ class PeakMemory:
     reserved_bytes: Optional[int] = None
 
     @staticmethod
+    def from_jax_stats(stats: Optional[dict]) -> Optional["PeakMemory"]:
+        """A JAX device's ``memory_stats()`` (JAX itself, or Keras on its JAX backend): buffers
+        in use at their peak and, where the allocator reports it, the pool it grew for them;
+        None where the device keeps no statistics (CPU)."""
+        stats = stats or {}
+        if stats.get("peak_bytes_in_use") is None:
+            return None
+        pool = stats.get("peak_pool_bytes")
+        return PeakMemory("jax.peak_bytes_in_use", int(stats["peak_bytes_in_use"]),
+                          None if pool is None else "jax.peak_pool_bytes",
+                          None if pool is None else int(pool))
+
+    @staticmethod
     def fullest(readings: list[Optional["PeakMemory"]]) -> Optional["PeakMemory"]:
         """Of one process's devices, the fullest (None: a device without a counter)."""
         if not readings or None in readings:

@@ -92,13 +92,7 @@ def peak_memory(device: jax.Device) -> Optional[PeakMemory]:
     """The allocator's peaks (``memory_stats()``): buffers in use (``peak_bytes_in_use``) and,
     where the allocator reports it, the pool it grew for them (``peak_pool_bytes``); None where
     the device keeps no statistics (CPU)."""
-    stats = device.memory_stats() or {}
-    if stats.get("peak_bytes_in_use") is None:
-        return None
-    pool = stats.get("peak_pool_bytes")
-    return PeakMemory("jax.peak_bytes_in_use", int(stats["peak_bytes_in_use"]),
-                      None if pool is None else "jax.peak_pool_bytes",
-                      None if pool is None else int(pool))
+    return PeakMemory.from_jax_stats(device.memory_stats())
 
 
 def visible() -> list[str]:

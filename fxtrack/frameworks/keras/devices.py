@@ -116,13 +116,7 @@ def peak_memory(device: str) -> Optional[PeakMemory]:
     if name == "jax":
         import jax
 
-        stats = jax.local_devices(backend="gpu")[0].memory_stats() or {}
-        if stats.get("peak_bytes_in_use") is None:
-            return None
-        pool = stats.get("peak_pool_bytes")
-        return PeakMemory("jax.peak_bytes_in_use", int(stats["peak_bytes_in_use"]),
-                          None if pool is None else "jax.peak_pool_bytes",
-                          None if pool is None else int(pool))
+        return PeakMemory.from_jax_stats(jax.local_devices(backend="gpu")[0].memory_stats())
     if name == "torch":
         import torch
 
