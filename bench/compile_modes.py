@@ -6,6 +6,7 @@ on the machine at hand (a quiet CPU, a GPU).
     python bench/compile_modes.py --size tiny --rounds 3 --steps 3
     python bench/compile_modes.py --frameworks tensorflow --families vit,bert \\
         --set model.layers=4 --set model.image_size=64 --batch-size 8   # issue 26's setting
+    python bench/compile_modes.py --reference     # at bench/reference.py's configs (full widths)
 
 One fresh interpreter per framework (its environment is set before it is imported, as in the
 worker). Per family, the job spec is composed from fxtrack's own config (``--size``, ``--set``
@@ -63,9 +64,17 @@ def arms(framework: str, family: str, args: argparse.Namespace, workdir: Path
     model = FAMILIES[family]
     keys = architectures.USER_KEYS[family]
     sets = [s for s in args.set if s.partition("=")[0].removeprefix("model.") in keys]
-    overrides = [f"framework={framework}", f"model={model}", f"size={args.size}",
+    size, batch = args.size, args.batch_size
+    if args.reference:  # the reference bench's config of this model: its rows' sizes and batch
+        sys.path.insert(0, str(ROOT / "bench"))
+        import reference
+
+        size = "full"
+        sets = [f"model.{k}={v}" for k, v in reference.SIZES[model].items()] + sets
+        batch = batch or reference.BATCHES.get(model, reference.BATCH)
+    overrides = [f"framework={framework}", f"model={model}", f"size={size}",
                  f"precision={args.precision}", f"hardware={args.hardware}", f"seed={args.seed}",
-                 *sets, *([f"batch_size={args.batch_size}"] if args.batch_size else [])]
+                 *sets, *([f"batch_size={batch}"] if batch else [])]
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         conf, arch = validate(compose(config_name="config", overrides=overrides))
@@ -119,7 +128,7 @@ def measure(framework: str, family: str, args: argparse.Namespace) -> dict[str, 
         # a mode is faster only where the interval leaves out 1
         row["faster"] = (fw.compile_mode_tag(ci.high < 1) if ci.high < 1 or ci.low > 1
                          else "no clear difference")
-    auto, _ = fw.resolve_compile(kind, family, "auto")
+    auto, _ = fw.resolve_compile(kind, family, "auto", dims=next(iter(backends.values())).arch.dims)
     row["auto"] = fw.compile_mode_tag(auto)
     return row
 
@@ -158,6 +167,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per mode per round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per mode, first "
                                                               "(trace / compile) included")
+    parser.add_argument("--reference", action="store_true",
+                        help="each family at bench/reference.py's config (full widths, its "
+                             "sizes and batch) instead of --size/--batch-size")
     parser.add_argument("--all-modes", action="store_true",
                         help="time compiled and uncompiled even where a framework declares one")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -181,7 +193,8 @@ def main() -> None:
 
 def header(args: argparse.Namespace) -> str:
     sets = " ".join(args.set) or "-"
-    return (f"size={args.size} {sets} batch {args.batch_size or 'default'}, {args.precision}, "
+    size = "bench/reference.py's configs" if args.reference else f"size={args.size}"
+    return (f"{size} {sets} batch {args.batch_size or 'default'}, {args.precision}, "
             f"hardware={args.hardware}, {args.rounds} rotated rounds x {args.steps} steps; "
             "median ms/step [95% interval]; ratio = compiled / uncompiled step time, paired per "
             "round [95% interval]\n"

@@ -58,7 +58,8 @@ def bare(spec_path: str) -> None:
     backend = import_path(declaration(spec.package).backend)(spec)
     kind = backend.device_kind()
     spec.compile, _ = declaration(spec.package).resolve_compile(kind, spec.arch["family"],
-                                                                spec.compile_request)
+                                                                spec.compile_request,
+                                                                dims=spec.arch["dims"])
     batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
                                             spec.warmup_steps)
     backend.build(batch)

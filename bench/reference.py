@@ -1,6 +1,8 @@
 """fxtrack's models against the public implementation a user would pick in the same framework,
 each trained with the same batch, optimiser (AdamW / SGD as fxtrack uses) and precision, one
 process per arm, in rotated rounds; a ratio >= 1 means fxtrack trains at least as fast.
+``--precision bf16`` runs every arm in bf16 mixed precision (torch autocast, Keras'
+``mixed_bfloat16`` policy, fxtrack's ``precision=bf16``).
 
 Rows (model, framework) and their references, all built from explicit arguments (no download):
   vit / bert       torch       Hugging Face ``ViTForImageClassification`` / ``BertForMaskedLM``
@@ -13,6 +15,10 @@ Rows (model, framework) and their references, all built from explicit arguments 
                    jax         ``BertBackbone`` + its tied embedding as the masked-LM head, on the
                                Keras backend of that framework, ``compile(jit_compile="auto")``
                                (Keras' default) and ``jit_compile=True``
+  llama            torch       Hugging Face ``LlamaForCausalLM`` (SDPA), eager and ``torch.compile``
+  llama            tensorflow  keras-hub ``LlamaBackbone`` + its (reversible) token embedding as
+                   jax         the output projection, as keras-hub's ``Llama3CausalLM`` computes
+                               its logits, Keras' default and ``jit_compile=True``
 
 Every row times fxtrack at its default (``framework.compile=auto``) against the reference at its
 best mode (``--modes all`` adds fxtrack with ``framework.compile=true`` and the reference's
@@ -44,13 +50,19 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS, WARMUP, STEPS, BATCH = 5, 2, 8, 8
-# Small but real: full widths, 4 layers; BERT at 128 tokens, ViT and ResNet-50 at 128 pixels.
+BATCHES = {"llama": 4}  # a model's own default batch (issue 35's Llama config), else BATCH
+# Small but real: full widths, 4 layers; BERT at 128 tokens, ViT and ResNet-50 at 128 pixels;
+# the Llama at issue 35's config (4 layers, hidden 256, GQA 8/4 heads, 128 tokens).
 SIZES = {"vit": dict(layers=4, image_size=128), "bert": dict(layers=4, seq_len=128),
-         "resnet50": dict(image_size=128)}
+         "resnet50": dict(image_size=128),
+         "llama": dict(layers=4, hidden=256, heads=8, kv_heads=4, mlp_dim=512, vocab_size=4096,
+                       seq_len=128)}
 # --quick: tiny widths, to prove each row runs, not to measure it.
 QUICK = {"vit": dict(layers=1, image_size=32, hidden=64, heads=2, mlp_dim=128, num_classes=10),
          "bert": dict(layers=1, seq_len=16, hidden=64, heads=2, mlp_dim=128, vocab_size=512),
-         "resnet50": dict(image_size=32, width=8, num_classes=10)}
+         "resnet50": dict(image_size=32, width=8, num_classes=10),
+         "llama": dict(layers=1, hidden=64, heads=4, kv_heads=2, mlp_dim=128, vocab_size=256,
+                       seq_len=16)}
 
 # row -> (model, framework, reference, its default mode, its best mode, what it needs)
 ROWS = {
@@ -62,6 +74,9 @@ ROWS = {
     "bert-tensorflow": ("bert", "tensorflow", "keras-hub", "auto", "xla", "keras_hub"),
     "vit-jax": ("vit", "jax", "keras-hub", "auto", "xla", "keras_hub"),
     "bert-jax": ("bert", "jax", "keras-hub", "auto", "xla", "keras_hub"),
+    "llama-torch": ("llama", "torch", "hf", "eager", "compile", "transformers"),
+    "llama-tensorflow": ("llama", "tensorflow", "keras-hub", "auto", "xla", "keras_hub"),
+    "llama-jax": ("llama", "jax", "keras-hub", "auto", "xla", "keras_hub"),
 }
 KERAS_BACKEND = {"tensorflow": "tensorflow", "jax": "jax"}
 
@@ -83,7 +98,7 @@ def job(arm: dict):
     return arch, JobSpec(
         result_id=uuid.uuid4().hex, framework=arm["framework"],
         package=packages()[arm["framework"]], scenario="train",
-        runner="fxtrack.scenarios.train:run", arch=arch.to_json(), precision="fp32",
+        runner="fxtrack.scenarios.train:run", arch=arch.to_json(), precision=arm["precision"],
         hardware="auto", devices=1, compile=mode != "false", compile_request=mode, seed=0,
         batch_size=arm["batch"], steps=1, warmup_steps=0, result_path="", progress=False)
 
@@ -94,7 +109,8 @@ def fxtrack_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
     backend = import_path(declaration(spec.package).backend)(spec)
     kind = backend.device_kind()
     spec.compile, _ = declaration(spec.package).resolve_compile(kind, arch.family,
-                                                                spec.compile_request)
+                                                                spec.compile_request,
+                                                                dims=arch.dims)
     backend.build(arm["batch"])
     return backend.train_step, backend.framework.compile_mode_tag(spec.compile, spec.framework_settings)
 
@@ -117,6 +133,20 @@ def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
             memory_format=torch.channels_last)
         y = torch.from_numpy(data["labels"]).long()
         forward = lambda m: F.cross_entropy(m(x), y)  # noqa: E731
+    elif arch.family == "llama":
+        import transformers as hf
+
+        model = hf.LlamaForCausalLM(hf.LlamaConfig(
+            vocab_size=arch.vocab_size, hidden_size=arch.hidden, num_hidden_layers=arch.layers,
+            num_attention_heads=arch.heads, num_key_value_heads=arch.kv_heads,
+            intermediate_size=arch.mlp_dim, max_position_embeddings=arch.seq_len,
+            rope_theta=arch.rope_theta, rms_norm_eps=arch.norm_eps,
+            tie_word_embeddings=arch.tied_embeddings, attn_implementation="sdpa"))
+        ids = torch.from_numpy(data["input_ids"]).long()
+        labels = torch.from_numpy(data["labels"]).long()
+        # fxtrack's loss: the next token at every position (HF's own .loss shifts the labels)
+        forward = lambda m: F.cross_entropy(  # noqa: E731
+            m(input_ids=ids).logits.float().flatten(0, 1), labels.flatten())
     elif arch.family == "bert":
         import transformers as hf
 
@@ -145,9 +175,12 @@ def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
     opt = train.optimizer(model, arch, torch.device("cpu"), arm["batch"])  # fxtrack's, fused
     run = torch.compile(model) if arm["mode"] == "compile" else model
 
+    amp = train.AMP_DTYPES[arm["precision"]]
+
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = forward(run)
+        with torch.autocast("cpu", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = forward(run)
         loss.backward()
         opt.step()
         return loss.item()
@@ -162,6 +195,8 @@ def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
     from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 
     keras.utils.set_random_seed(0)
+    if arm["precision"] == "bf16":  # as fxtrack's Keras models run bf16
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
     data = synthetic.make_batch(arch, arm["batch"], 0)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if arm["reference"] == "keras-app":
@@ -178,6 +213,23 @@ def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
         logits = keras.layers.Dense(arch.num_classes)(backbone(images)[:, 0])  # class token
         model = keras.Model(images, logits)
         x, y, weights = data["images"], data["labels"], None
+    elif arch.family == "llama":
+        import keras_hub
+        import numpy as np
+
+        backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=arch.vocab_size, num_layers=arch.layers, num_query_heads=arch.heads,
+            num_key_value_heads=arch.kv_heads, hidden_dim=arch.hidden,
+            intermediate_dim=arch.mlp_dim, rope_max_wavelength=arch.rope_theta,
+            layer_norm_epsilon=arch.norm_eps, tie_word_embeddings=arch.tied_embeddings)
+        inputs = {name: keras.Input((arch.seq_len,), dtype="int32", name=name)
+                  for name in ("token_ids", "padding_mask")}
+        # Llama3CausalLM's logits: the reversible token embedding (tied or its own matrix)
+        logits = backbone.token_embedding(backbone(inputs), reverse=True)
+        model = keras.Model(inputs, logits)
+        ids = data["input_ids"]
+        x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+        y, weights = data["labels"], None
     else:
         import keras_hub
         import numpy as np
@@ -299,8 +351,9 @@ def measure_row(row: str, args: argparse.Namespace) -> dict:
     arms: list[Arm] = []
     try:
         for label, spec in arms_of(row, args.modes):  # one at a time: no overlapping warm-ups
-            arms.append(Arm(label, dict(spec, dims=dims, batch=args.batch, warmup=args.warmup),
-                            env))
+            batch = args.batch or (2 if args.quick else BATCHES.get(ROWS[row][0], BATCH))
+            arms.append(Arm(label, dict(spec, dims=dims, batch=batch, warmup=args.warmup,
+                                        precision=args.precision), env))
         for r in range(args.rounds):
             for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
                 arm.run(args.steps)
@@ -310,8 +363,8 @@ def measure_row(row: str, args: argparse.Namespace) -> dict:
     finally:
         for arm in arms:
             arm.close()
-    return {"row": row, "arms": [{"label": a.label, "mode": a.mode, "samples_per_s": a.samples}
-                                 for a in arms]}
+    return {"row": row, "batch": batch,
+            "arms": [{"label": a.label, "mode": a.mode, "samples_per_s": a.samples} for a in arms]}
 
 
 def table(rows: list[dict]) -> list[str]:
@@ -342,7 +395,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per arm per round")
     parser.add_argument("--warmup", type=int, default=WARMUP)
-    parser.add_argument("--batch", type=int, default=BATCH)
+    parser.add_argument("--batch", type=int, default=None,
+                        help=f"default: {BATCH}, the Llama {BATCHES['llama']}")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
     parser.add_argument("--only", default=",".join(ROWS), help="comma-separated rows: "
                         + ", ".join(ROWS))
     parser.add_argument("--modes", choices=("best", "all"), default="best",
@@ -361,7 +416,7 @@ def main() -> None:
         for model in ("vit", "resnet50"):
             SIZES[model]["image_size"] = args.image_size
     if args.quick:
-        args.rounds, args.steps, args.warmup, args.batch = 2, 2, 1, 2
+        args.rounds, args.steps, args.warmup = 2, 2, 1
     sys.path.insert(0, str(ROOT))
     rows = []
     for row in args.only.split(","):
@@ -370,9 +425,10 @@ def main() -> None:
         why = missing(row)
         rows.append({"row": row, "skipped": why} if why else measure_row(row, args))
     sizes = "tiny widths (--quick)" if args.quick else json.dumps(SIZES)
-    print(f"\n{sizes}, batch {args.batch}, {args.steps} timed steps per arm per round, "
-          f"{args.rounds} rotated rounds, fp32, {os.cpu_count()} cores; ratio = arm / the "
-          "reference's best, paired per round")
+    batches = sorted({str(r["batch"]) for r in rows if "batch" in r})
+    print(f"\n{sizes}, batch {'/'.join(batches)}, {args.steps} timed steps per arm per round, "
+          f"{args.rounds} rotated rounds, {args.precision}, {os.cpu_count()} cores; ratio = arm / "
+          "the reference's best, paired per round")
     print("\n".join(table(rows)))
 
 

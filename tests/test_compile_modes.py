@@ -44,6 +44,20 @@ def test_auto_resolves_per_device_kind_and_family(framework, kind, family, compi
     assert got is compiled and why.startswith("auto: ")
 
 
+@pytest.mark.parametrize("dims,compiled", [
+    ({"hidden": 256, "layers": 4}, True),  # bench/reference.py's Llama: where it was measured
+    ({"hidden": 767}, True), ({"hidden": 768}, False),  # [low, high): ViT-B widths tied
+    ({"hidden": 64}, False),  # size=tiny: no compile in the short CPU runs
+    (None, False),  # sizes unknown: the row does not hold, the next one does
+])
+def test_a_sized_row_holds_only_at_its_sizes(dims, compiled):
+    got, why = _declared("torch").resolve_compile("cpu", "llama", "auto", dims=dims)
+    assert got is compiled
+    assert ("hidden 256-767" in why) is compiled
+    # the other families keep their rows whatever the sizes
+    assert _declared("torch").resolve_compile("cpu", "vit", "auto", dims=dims)[0] is False
+
+
 def test_the_tensorflow_rows_name_their_family_and_mode():
     tf = _declared("tensorflow")
     assert tf.resolve_compile("cpu", "vit")[1].startswith("auto: XLA on CPU for ViT (measured ~1.4x")

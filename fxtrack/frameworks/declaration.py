@@ -104,9 +104,16 @@ class CompileRule:
     why: str
     device_kind: str = "*"
     family: str = "*"
+    # size key -> [low, high): the row holds only there (where it was measured); a run whose
+    # dims are unknown or outside falls through to the next row
+    sizes: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
 
-    def matches(self, device_kind: str, family: str) -> bool:
-        return self.device_kind in ("*", device_kind) and self.family in ("*", family)
+    def matches(self, device_kind: str, family: str,
+                dims: Optional[Mapping[str, Any]] = None) -> bool:
+        if not (self.device_kind in ("*", device_kind) and self.family in ("*", family)):
+            return False
+        return all(dims is not None and isinstance(dims.get(key), (int, float))
+                   and low <= dims[key] < high for key, (low, high) in self.sizes.items())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,11 +219,13 @@ class Framework:
 
     def resolve_compile(self, device_kind: str, family: str, request: str = "auto",
                         timings: Optional[Mapping[bool, float]] = None,
-                        settings: Optional[Mapping[str, Any]] = None) -> tuple[bool, str]:
+                        settings: Optional[Mapping[str, Any]] = None,
+                        dims: Optional[Mapping[str, Any]] = None) -> tuple[bool, str]:
         """(compile?, why) for ``framework.compile=request``: ``true`` / ``false`` as asked,
         ``auto`` the first matching row of ``compile_rules``, ``tune`` the fastest of
         ``timings`` ({compiled?: median step seconds} for each of ``tune_modes``, timed on the
-        run's model by fxtrack.scenarios.tune; a framework with one mode needs none)."""
+        run's model by fxtrack.scenarios.tune; a framework with one mode needs none). ``dims``:
+        the model's sizes, for the rows that hold at some sizes only."""
         if request not in COMPILE_REQUESTS:
             raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_REQUESTS)}, "
                              f"got {request!r}")
@@ -225,7 +234,7 @@ class Framework:
         if request != "auto":
             return request == "true", f"framework.compile={request}"
         for rule in self.compile_rules:
-            if rule.matches(device_kind, family):
+            if rule.matches(device_kind, family, dims):
                 return rule.compiled, f"auto: {rule.why}"
         raise ValueError(f"{self.name} declares no compile rule for {family} on {device_kind}")
 
