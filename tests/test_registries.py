@@ -121,7 +121,8 @@ def _torch_mlp(arch):
     class MLP(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.net = nn.Sequential(nn.Flatten(), nn.LazyLinear(arch.hidden), nn.ReLU(),
+            pixels = arch.image_size * arch.image_size * 3
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(pixels, arch.hidden), nn.ReLU(),
                                      nn.Linear(arch.hidden, arch.num_classes))
 
         def forward(self, images):

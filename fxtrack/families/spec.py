@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
-if TYPE_CHECKING:
-    from fxtrack.architectures import Arch
+Arch = Any  # fxtrack.architectures.Arch, which imports this package
 
 # Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
 # nothing L2 weight decay for ResNet-50 (Goyal et al. 2017), AdamW for the transformers.

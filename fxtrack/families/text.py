@@ -7,13 +7,12 @@ token at every position.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fxtrack.families.spec import Family
 from fxtrack.families.vision import check_heads, encoder_layer_flops
 
-if TYPE_CHECKING:
-    from fxtrack.architectures import Arch
+Arch = Any  # fxtrack.architectures.Arch, which imports this package
 
 BERT_MASK_TOKEN = 103  # [MASK] in the uncased BERT vocabulary
 BERT_MASK_FRACTION = 0.15  # share of positions the MLM task predicts (Devlin et al.)

@@ -5,12 +5,11 @@ formula: its builder makes its data, its framework counts FLOPs and parameters."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from fxtrack.families.spec import Family
 
-if TYPE_CHECKING:
-    from fxtrack.architectures import Arch
+Arch = Any  # fxtrack.architectures.Arch, which imports this package
 
 
 OPTIMIZERS = ("adamw", "sgd")  # model.optimizer: built as for fxtrack's own models

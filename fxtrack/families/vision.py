@@ -6,12 +6,11 @@ NHWC (PyTorch permutes). FLOPs count matrix multiplies and convolutions only (fx
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fxtrack.families.spec import Family, sgd_lr
 
-if TYPE_CHECKING:
-    from fxtrack.architectures import Arch
+Arch = Any  # fxtrack.architectures.Arch, which imports this package
 
 
 def conv_flops(c_in: int, c_out: int, k: int, out_hw: int) -> int:
