@@ -51,7 +51,7 @@ def arms(framework: str, family: str, args: argparse.Namespace, workdir: Path
     one family: the spec the CLI would write, one backend per mode, each warmed up."""
     from hydra import compose, initialize_config_dir
 
-    from fxtrack import architectures
+    from fxtrack import families
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.config.validate import validate
@@ -62,7 +62,7 @@ def arms(framework: str, family: str, args: argparse.Namespace, workdir: Path
     from fxtrack.worker.__main__ import prepare_environment
 
     model = FAMILIES[family]
-    keys = architectures.USER_KEYS[family]
+    keys = families.get(family).size_keys
     sets = [s for s in args.set if s.partition("=")[0].removeprefix("model.") in keys]
     size, batch = args.size, args.batch_size
     if args.reference:  # the reference bench's config of this model: its rows' sizes and batch

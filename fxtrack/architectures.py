@@ -20,7 +20,11 @@ framework (parity tests copy weights across frameworks and compare outputs).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable, Optional
+
+from fxtrack import families
+# re-exported: the frameworks' loaders mask as the synthetic batch does
+from fxtrack.families.text import BERT_MASK_FRACTION, BERT_MASK_TOKEN, llama_params  # noqa: F401
 
 _LLAMA_TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, mlp_dim=128, vocab_size=256,
                    seq_len=32)
@@ -96,28 +100,21 @@ PARAM_COUNTS = {
     "llama_8b": 8_030_261_248,
 }
 
+# How the report names a model in a sentence; another model goes by its name.
+DISPLAY_NAMES = {"vit": "ViT-B/16", "resnet50": "ResNet-50", "bert": "BERT-base",
+                 "bert_large": "BERT-large", "vit_large": "ViT-L/16", "llama": "Llama (1B dims)",
+                 "llama_8b": "Llama (8B dims)"}
+
 CUSTOM = "custom"  # model=custom: a user's model (docs/your-own-model.md)
 MODELS = tuple(name for name in _TABLE if name != CUSTOM)  # fxtrack's own architectures
 SIZES = ("full", "tiny")
-
-# The keys a user may override per family (docs/contract.md#keys).
-USER_KEYS = {
-    "resnet": ("image_size", "num_classes"),
-    "vit": ("image_size", "num_classes", "patch", "layers", "hidden", "heads", "mlp_dim"),
-    "bert": ("layers", "hidden", "heads", "mlp_dim", "seq_len", "vocab_size"),
-    "llama": ("layers", "hidden", "heads", "kv_heads", "mlp_dim", "seq_len", "vocab_size"),
-}
-
-BERT_MASK_TOKEN = 103  # [MASK] in the uncased BERT vocabulary
-BERT_MASK_FRACTION = 0.15  # share of positions the MLM task predicts (Devlin et al.)
-
 
 @dataclasses.dataclass(frozen=True)
 class Arch:
     """One resolved architecture: a model name, its family, and every size it needs."""
 
     name: str
-    family: str  # "resnet" | "vit" | "bert" | "llama" | "custom"
+    family: str  # a registered family's name (fxtrack.families)
     dims: dict[str, Any]
 
     def __getattr__(self, key: str) -> Any:
@@ -143,6 +140,27 @@ class Arch:
 
 def family(name: str) -> str:
     return _TABLE[name][0]
+
+
+def spec(name: str) -> Optional[families.Family]:
+    """The family spec of model ``name``; None for a name the table does not hold (a run
+    logged by another version)."""
+    return families.get(_TABLE[name][0]) if name in _TABLE else None
+
+
+def display_name(name: str) -> str:
+    return DISPLAY_NAMES.get(name, name)
+
+
+def models_where(test: Callable[[families.Family], bool]) -> tuple[str, ...]:
+    """The table's models whose family passes ``test``, e.g. the decoder LMs."""
+    return tuple(name for name, (fam, _, _) in _TABLE.items() if test(families.get(fam)))
+
+
+def is_user_model(name: str) -> bool:
+    """Whether model ``name`` is a user's (model=custom: its builder's, not fxtrack's)."""
+    found = spec(name)
+    return found is not None and found.user_model
 
 
 def size_default(name: str, size: str, key: str) -> Any:
@@ -173,33 +191,4 @@ def _check(name: str, fam: str, d: dict[str, Any]) -> None:
     for key, value in d.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
             raise ValueError(f"model.{key} must be positive, got {value}")
-    if fam in ("vit", "bert", "llama") and d["hidden"] % d["heads"]:
-        raise ValueError(f"model.hidden ({d['hidden']}) must be divisible by model.heads ({d['heads']})")
-    if fam == "vit" and d["image_size"] % d["patch"]:
-        raise ValueError(f"model.image_size ({d['image_size']}) must be divisible by model.patch ({d['patch']})")
-    if fam == "resnet" and d["image_size"] < 32:
-        raise ValueError(f"model.image_size must be at least 32 for {name} (it down-samples 32x)")
-    if fam == "bert" and d["seq_len"] > d["max_position"]:
-        raise ValueError(f"model.seq_len ({d['seq_len']}) exceeds the {d['max_position']} position embeddings")
-    if fam == "llama":
-        if d["heads"] % d["kv_heads"]:
-            raise ValueError(f"model.heads ({d['heads']}) must be a multiple of model.kv_heads "
-                             f"({d['kv_heads']}): each KV head serves a group of query heads")
-        if (d["hidden"] // d["heads"]) % 2:
-            raise ValueError(f"model.hidden / model.heads ({d['hidden'] // d['heads']}) must be "
-                             "even: RoPE rotates pairs of channels")
-
-
-def llama_params(a: Arch) -> dict[str, int]:
-    """A Llama's parameter count from its dims: ``total`` (what the model holds) and ``matmul``
-    (the weights of its matrix multiplies: every projection, and the output projection even when
-    it is tied to the embedding; not the embedding lookup nor the norms): FLOPs count the latter
-    (fxtrack.flops)."""
-    head_dim = a.hidden // a.heads
-    attention = 2 * a.hidden * a.hidden + 2 * a.hidden * a.kv_heads * head_dim  # q, o; k, v
-    mlp = 3 * a.hidden * a.mlp_dim  # gate, up, down (SwiGLU)
-    block = attention + mlp
-    embedding = a.vocab_size * a.hidden
-    norms = (2 * a.layers + 1) * a.hidden  # two RMSNorms per block and the final one
-    total = a.layers * block + norms + embedding * (1 if a.tied_embeddings else 2)
-    return {"total": total, "matmul": a.layers * block + embedding}
+    families.get(fam).check(name, d)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
+from fxtrack import families
 from fxtrack.architectures import Arch
 from fxtrack.synthetic import make_batch
 
@@ -31,17 +33,19 @@ def cache_root() -> Path:
 
 
 def ensure(arch: Arch, samples: int, seed: int) -> Path:
-    """The dataset directory for ``arch`` (its input shape), written on first use."""
-    if arch.family == "bert":
-        name = f"tokens-{arch.seq_len}-{arch.vocab_size}-{samples}-{seed}"
-    else:
-        name = f"jpeg-{arch.image_size}-{arch.num_classes}-{samples}-{seed}"
+    """The dataset directory for ``arch`` (its input shape), written on first use in its
+    family's format (``Family.dataset``)."""
+    form = families.of(arch).dataset
+    if form not in FORMATS:
+        raise ValueError(f"model family {arch.family!r} has no on-disk dataset")
+    shape, write = FORMATS[form]
+    name = f"{form}-{shape(arch)}-{samples}-{seed}"
     path = cache_root() / name
     if (path / "complete").exists():
         return path
     tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    (_write_tokens if arch.family == "bert" else _write_images)(arch, samples, seed, tmp)
+    write(arch, samples, seed, tmp)
     (tmp / "complete").write_text("ok\n")
     if not path.exists():
         tmp.rename(path)
@@ -69,3 +73,10 @@ def _write_tokens(arch: Arch, samples: int, seed: int, out: Path) -> None:
     for shard, start in enumerate(range(0, samples, SHARD)):
         batch = make_batch(arch, min(SHARD, samples - start), seed + start)
         np.save(out / f"tokens-{shard:03d}.npy", batch["mlm_labels"])  # the unmasked ids
+
+
+# format -> (the input shape in the directory's name, the writer)
+FORMATS: dict[str, tuple[Callable[[Arch], str], Callable[[Arch, int, int, Path], None]]] = {
+    "jpeg": (lambda a: f"{a.image_size}-{a.num_classes}", _write_images),
+    "tokens": (lambda a: f"{a.seq_len}-{a.vocab_size}", _write_tokens),
+}

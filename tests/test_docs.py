@@ -308,7 +308,7 @@ def schema_keys() -> set[str]:
     keys = set()
     for name, hint in fields(schema.FxtrackConfig).items():
         if name == "model":
-            members = list(schema._MODEL_SCHEMAS.values())
+            members = list(schema.model_schemas().values())
         elif dataclasses.is_dataclass(hint):
             members = [hint]
         else:
@@ -411,3 +411,23 @@ def test_the_system_metrics_are_in_the_contract():
     keys = {system.CPU_KEY, system.MEMORY_MB_KEY, system.MEMORY_PCT_KEY,
             *system.gpu_keys(0).values(), *system.gpu_keys(3).values()}
     assert not undocumented(keys, names), undocumented(keys, names)
+
+
+def test_every_compile_rule_links_the_docs_holding_its_figure_and_carries_none():
+    # Figures out of code (issue 29): a rule says why in one line; its figure, interval, machine
+    # and command live at its docs anchor, so that re-measuring changes the docs only.
+    from fxtrack.config.frameworks import declared
+
+    figure = re.compile(r"\d\s*(x\b|%)|\[\s*\d|\d+(\.\d+)?\s*(s|ms|min)\b|\d\.\d")
+    problems = []
+    for name, framework in declared().items():
+        for rule in framework.compile_rules:
+            path, _, anchor = rule.docs.partition("#")
+            page = ROOT / path
+            headings = (re.findall(r"^#+ (.+)$", page.read_text(encoding="utf-8"), re.MULTILINE)
+                        if path.startswith("docs/") and page.is_file() else [])
+            if not anchor or anchor not in {_anchor(h) for h in headings}:
+                problems.append(f"{name}: {rule.why!r} links {rule.docs!r}, no such anchor")
+            if figure.search(rule.why) or "\n" in rule.why:
+                problems.append(f"{name}: {rule.why!r} carries a figure (move it to {rule.docs})")
+    assert not problems, problems

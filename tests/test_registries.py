@@ -84,3 +84,105 @@ def test_keras_one_device_rule_is_a_declared_limit():
     assert [lim.what for lim in keras.limits if lim.when(Combination("keras", "train", "fp32",
                                                                      devices=2))] == ["devices > 1"]
     assert not any(lim.when(Combination("keras", "train", "fp32")) for lim in keras.limits)
+
+
+# A throwaway model family: a two-layer MLP on the vision models' synthetic images, declared
+# here only (its spec, one model of the table, that model's defaults, a torch builder and its
+# config option), never in a shared file.
+MLP_DIMS = dict(image_size=8, num_classes=4, hidden=16)
+
+
+def _mlp_flops(a) -> int:
+    return 2 * (a.image_size * a.image_size * 3 * a.hidden + a.hidden * a.num_classes)
+
+
+@pytest.fixture
+def mlp_family(monkeypatch):
+    from hydra.core.config_store import ConfigStore
+
+    from fxtrack import architectures, defaults, families
+    from fxtrack.families import spec as registry
+    from fxtrack.families.vision import image_batch, image_shapes
+
+    family = families.Family("mlp", size_keys=("image_size", "num_classes", "hidden"),
+                             batch=image_batch, describe=image_shapes, forward_flops=_mlp_flops,
+                             optimizer=lambda arch, batch: ("adamw", 1e-2))
+    monkeypatch.setitem(registry._REGISTRY, "mlp", family)
+    monkeypatch.setitem(architectures._TABLE, "mlp2", ("mlp", dict(MLP_DIMS), {}))
+    monkeypatch.setitem(defaults._DEFAULTS["cpu"], "mlp2", (4, 3, 1))
+    ConfigStore.instance().store(group="model", name="mlp2", node={
+        "defaults": ["/schema/model/mlp@_here_", "_self_"], "name": "mlp2"})
+    return family
+
+
+def _torch_mlp(arch):
+    import torch.nn as nn
+
+    class MLP(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            pixels = arch.image_size * arch.image_size * 3
+            self.net = nn.Sequential(nn.Flatten(), nn.Linear(pixels, arch.hidden), nn.ReLU(),
+                                     nn.Linear(arch.hidden, arch.num_classes))
+
+        def forward(self, images):
+            return self.net(images)
+
+    return MLP()
+
+
+def _row(record: dict, run_id: str, i: int) -> dict:
+    """One run as the report reads it from MLflow: tags., params., metrics. columns."""
+    return {"run_id": run_id, "status": record["status"],
+            "start_time": pd.Timestamp(T0 + i, unit="ms", tz="UTC"),
+            "end_time": pd.Timestamp(T0 + i + 1, unit="ms", tz="UTC"),
+            **{f"tags.{k}": v for k, v in record["tags"].items()},
+            **{f"params.{k}": str(v) for k, v in record["params"].items()},
+            **{f"metrics.{k}": v for k, v in record["metrics"].items()}}
+
+
+def test_a_registered_family_flows_through_config_run_name_report_and_compare(
+        mlp_family, monkeypatch, tmp_path):
+    pytest.importorskip("torch")
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+    from fxtrack.config.validate import validate
+    from fxtrack.frameworks.torch import models as torch_models
+    from fxtrack.orchestrator.job import job_spec as spec_of
+    from fxtrack.report import lm
+    from fxtrack.tracking.records import dataset_input, job_record
+    from fxtrack.worker.__main__ import run
+
+    monkeypatch.setitem(torch_models.BUILDERS, "mlp", _torch_mlp)
+    register()  # the family's schema: model.<size key> for each of its keys
+    overrides = ["framework=torch", "model=mlp2", "hardware=cpu", "framework.compile=false",
+                 "model.hidden=32"]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        conf, arch = validate(compose(config_name="config", overrides=overrides))
+    assert (arch.family, arch.hidden) == ("mlp", 32)
+
+    spec = spec_of(conf, arch, tmp_path)
+    spec.progress = False
+    result = run(spec)
+    assert (result.status, result.guard) == ("FINISHED", "ok"), result.error
+    m = result.metrics
+    assert m["throughput_samples_per_s"] > 0 and "tokens_per_s" not in m  # not an LM
+    assert m["achieved_tflops"] > 0  # from the family's FLOP formula
+
+    name = run_name(spec, "full")
+    assert name.startswith("torch-mlp2-train-fp32-x1") and "hidden32" in name
+    assert dataset_input(spec, result.resolved)["name"] == "synthetic-mlp2"
+
+    record = job_record(spec, result, {"framework": {"name": "torch"}}, "sqlite:///x.db",
+                        "fxtrack", None, T0)
+    faster = dict(record, metrics={**m, "throughput_samples_per_s": 2 * m["throughput_samples_per_s"]})
+    frame = pd.DataFrame([_row(record, "a", 0), _row(faster, "b", 1)])
+    runs = select.latest_runs(frame).runs
+    assert list(runs["model"]) == ["mlp2"]  # the later run of the same config supersedes
+    assert lm.tables(frame, runs) == []  # no LM table for a plain family
+    ident = samples.identity_columns(frame)
+    paired = compare.compare(frame.iloc[[0]], frame.iloc[[1]], "throughput_samples_per_s", False,
+                             ident)
+    assert [p.config["model"] for p in paired.pairs] == ["mlp2"]

@@ -10,11 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable, Optional
 
-from fxtrack import defaults
+from fxtrack import defaults, families
 from fxtrack.architectures import Arch
 from fxtrack.config import memory
-
-LM_FAMILIES = ("llama", "bert")  # the families with a seq_len to search
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +44,7 @@ def _estimate(arch: Arch, precision: str, batch: int, memory_lever: str,
 def refusal(arch: Arch, axis: str, precision: str, batch: Optional[int], memory_lever: str,
             have: Budget, max_value: int) -> Optional[str]:
     """Why this fit search cannot start (one line), or None."""
-    if axis == "seq_len" and arch.family not in LM_FAMILIES:
+    if axis == "seq_len" and not families.of(arch).seq_len_search:
         return (f"scenario.axis=seq_len searches a language model's sequence length; "
                 f"model={arch.name} ({arch.family}) has none: use scenario.axis=batch_size")
     if have.bytes is None:

@@ -31,9 +31,8 @@ import os
 from pathlib import Path
 from typing import Callable, Optional
 
-from fxtrack import architectures, defaults
+from fxtrack import architectures, defaults, families
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import optimizer_choice
 
 GIB = 2**30
 MEMORY_ENV = "FXTRACK_MEMORY_GIB"
@@ -68,11 +67,12 @@ class Available:
 
 
 def param_count(arch: Arch) -> Optional[int]:
-    """Parameters from the table: a Llama's from its dims, another family's only at its
-    canonical size (PARAM_COUNTS); None where unknown (a resized ResNet/BERT/ViT, a user's
-    model): then the check is skipped."""
-    if arch.family == "llama":
-        return architectures.llama_params(arch)["total"]
+    """Parameters from the table: from the dims where the family has a formula (a Llama's),
+    another family's only at its canonical size (PARAM_COUNTS); None where unknown (a resized
+    ResNet/BERT/ViT, a user's model): then the check is skipped."""
+    formula = families.of(arch).params
+    if formula is not None:
+        return formula(arch)
     return architectures.PARAM_COUNTS.get(arch.name) if arch.canonical else None
 
 
@@ -88,33 +88,24 @@ def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int 
         return None
     act_bytes = 2 if precision in MIXED else 4
     copy = {"bf16/fp16 weight copy": 2.0 * n} if precision in MIXED else {}
-    llama = arch.family == "llama"
-    notes = (["fused attention assumed"] if llama
-             else [f"the state only: activations not estimated for {arch.family}"])
+    spec = families.of(arch)
+    # beyond the state, what the family's spec counts (a decoder LM's activations, logits and
+    # KV cache); {} where it counts none
+    beyond = spec.activations or (lambda *args: {})
+    notes = [spec.memory_note] if spec.activations else [
+        f"the state only: activations not estimated for {arch.family}"]
     if scenario in INFERENCE_SCENARIOS:
-        parts = {"weights": 4.0 * n, **copy}
-        if llama and scenario in DECODING_SCENARIOS:
-            head_dim = arch.hidden // arch.heads
-            parts["KV cache"] = float(arch.layers * 2 * batch * arch.kv_heads
-                                      * (prompt_len + new_tokens) * head_dim * act_bytes)
-        elif llama:
-            parts["logits"] = 4.0 * batch * arch.seq_len * arch.vocab_size
+        phase = "decode" if scenario in DECODING_SCENARIOS else "forward"
+        parts = {"weights": 4.0 * n, **copy,
+                 **beyond(arch, phase, batch, act_bytes, memory, prompt_len, new_tokens)}
         return Estimate(parts, 0.0, tuple(notes))
-    opt = optimizer_choice(arch, batch)[0]  # the optimiser every framework builds
+    opt = spec.optimizer(arch, batch)[0]  # the optimiser every framework builds
     state = {"weights": 4.0 * n, "gradients": 4.0 * n,
              f"{'AdamW moments' if opt == 'adamw' else 'SGD momentum'}": OPTIMISER_BYTES[opt] * n}
     parts = {k: v / shards for k, v in state.items()}
     # fsdp casts and gathers one unit at a time: a floor counts the copy of the shard only
     parts.update({k: v / shards for k, v in copy.items()})
-    if llama:
-        tokens = batch * arch.seq_len
-        kv_dim = arch.kv_heads * (arch.hidden // arch.heads)
-        block = (6 * arch.hidden + 2 * kv_dim + 4 * arch.mlp_dim) * tokens * act_bytes
-        if memory == "checkpoint":  # block inputs, and one block recomputed at a time
-            parts["activations"] = float(arch.layers * arch.hidden * tokens * act_bytes + block)
-        else:
-            parts["activations"] = float(arch.layers * block)
-        parts["logits"] = 4.0 * 3 * tokens * arch.vocab_size
+    parts.update(beyond(arch, "train", batch, act_bytes, memory, prompt_len, new_tokens))
     return Estimate(parts, sum(state.values()), tuple(notes))
 
 
@@ -195,7 +186,7 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
     if have is None:
         return None
     params = None
-    if arch.family == "custom":
+    if families.of(arch).user_model:
         params = count()[0] if count is not None else None
         if params is None:  # not counted: the run's worker reports a broken builder
             return None
@@ -234,7 +225,7 @@ def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[
           parallel: str, memory: str, size: str, est: Estimate) -> list[str]:
     """The changes that shrink this estimate, the largest levers first."""
     training = scenario not in INFERENCE_SCENARIOS
-    if arch.family == "custom":  # fxtrack cannot shard or resize a user's model (yet)
+    if families.of(arch).user_model:  # fxtrack cannot shard or resize a user's model (yet)
         out = ["a smaller model (its builder's model.kwargs)"]
         if training and arch.dims.get("optimizer") == "adamw":
             out.append("model.optimizer=sgd (one moment a parameter, not AdamW's two)")
@@ -255,9 +246,10 @@ def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[
         out.append("precision=bf16 (halves the activations; the weights stay fp32)")
     if training and memory != "checkpoint" and "activations" in est.parts:
         out.append("memory=checkpoint (keeps each block's input only)")
-    if batch > 1 and arch.family == "llama":  # the other families' activations are not counted
+    counted = families.of(arch).activations is not None  # the others' activations are not
+    if batch > 1 and counted:
         out.append(f"a smaller batch_size ({batch} now)")
-    if arch.family == "llama":
+    if counted:
         out.append("a shorter " + ("scenario.prompt_len / scenario.new_tokens" if
                                    scenario in DECODING_SCENARIOS else f"model.seq_len ({arch.seq_len} now)"))
     return out

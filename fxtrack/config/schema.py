@@ -18,7 +18,7 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, II, OmegaConf
 
-from fxtrack import architectures
+from fxtrack import architectures, families
 from fxtrack.config import slurm
 from fxtrack.policy import COMPILE_REQUESTS
 
@@ -100,47 +100,18 @@ def _with_settings(name: str, settings: Any) -> type:
                                       namespace={"__post_init__": __post_init__})
 
 
-@dataclasses.dataclass
-class ResNetConfig:
-    name: str = MISSING
-    image_size: int = _arch("image_size")  # pixels, square
-    num_classes: int = _arch("num_classes")
+def sized_schema(family: families.Family) -> type:
+    """The schema of a family's ``model=<name>``: the model's name and one positive ``int`` field
+    per size key (``Family.size_keys``), defaulting to the architecture table at the chosen
+    ``size`` (e.g. ``VitConfig``: image_size, num_classes, patch, layers, hidden, heads,
+    mlp_dim)."""
+    def __post_init__(self: Any) -> None:
+        _positive("model.", **{key: getattr(self, key) for key in family.size_keys})
 
-    def __post_init__(self) -> None:
-        _positive("model.", image_size=self.image_size, num_classes=self.num_classes)
-
-
-@dataclasses.dataclass
-class ViTConfig(ResNetConfig):
-    patch: int = _arch("patch")  # pixels, square
-    layers: int = _arch("layers")
-    hidden: int = _arch("hidden")
-    heads: int = _arch("heads")
-    mlp_dim: int = _arch("mlp_dim")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _positive("model.", patch=self.patch, layers=self.layers, hidden=self.hidden,
-                  heads=self.heads, mlp_dim=self.mlp_dim)
-
-
-@dataclasses.dataclass
-class BertConfig:
-    name: str = MISSING
-    layers: int = _arch("layers")
-    hidden: int = _arch("hidden")
-    heads: int = _arch("heads")
-    mlp_dim: int = _arch("mlp_dim")
-    seq_len: int = _arch("seq_len")  # tokens per sequence
-    vocab_size: int = _arch("vocab_size")
-
-    def __post_init__(self) -> None:
-        _positive("model.", **dataclasses.asdict(self) | {"name": None})
-
-
-@dataclasses.dataclass
-class LlamaConfig(BertConfig):
-    kv_heads: int = _arch("kv_heads")  # grouped-query attention: key/value heads
+    fields = [(key, int, _arch(key)) for key in family.size_keys]
+    return dataclasses.make_dataclass(
+        f"{family.name.title()}Config", [("name", str, dataclasses.field(default=MISSING)), *fields],
+        namespace={"__post_init__": __post_init__})
 
 
 @dataclasses.dataclass
@@ -333,8 +304,18 @@ _GROUP_SCHEMAS = {
     "hardware": HardwareConfig,
     "size": SizeConfig,
 }
-_MODEL_SCHEMAS = {"resnet": ResNetConfig, "vit": ViTConfig, "bert": BertConfig,
-                  "llama": LlamaConfig, "custom": CustomConfig}
+# family -> its schema, made once per family so that register() stays idempotent
+_MODEL_SCHEMAS: dict[str, type] = {}
+
+
+def model_schemas() -> dict[str, type]:
+    """Each registered family's schema (``/schema/model/<family>``): a user's model takes its
+    declaration (CustomConfig), another family its size keys (``sized_schema``)."""
+    for name in families.names():
+        if name not in _MODEL_SCHEMAS:
+            family = families.get(name)
+            _MODEL_SCHEMAS[name] = CustomConfig if family.user_model else sized_schema(family)
+    return dict(_MODEL_SCHEMAS)
 
 
 def _open_kwargs(schema: type) -> Any:
@@ -357,7 +338,7 @@ def register() -> None:
     cs.store(name="fxtrack_schema", node=FxtrackConfig)
     for group, schema in _GROUP_SCHEMAS.items():
         cs.store(group=f"schema/{group}", name="base", node=schema)
-    for fam, schema in _MODEL_SCHEMAS.items():
+    for fam, schema in model_schemas().items():
         cs.store(group="schema/model", name=fam, node=_open_kwargs(schema))
     from fxtrack.config.frameworks import declared
 

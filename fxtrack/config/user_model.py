@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import fxtrack
+from fxtrack import families
 from fxtrack.architectures import Arch
 from fxtrack.environment import worker_environment
 from fxtrack.frameworks import user_builder
@@ -38,7 +39,7 @@ class CellNotSupported(ValueError):
 
 def check(conf: Any, arch: Arch) -> None:
     """Raise CellNotSupported with the one-line reason, or return when the cell can run."""
-    if arch.family != "custom":
+    if not families.of(arch).user_model:
         return
     framework = declaration(conf.framework.package)
     if not framework.has("user_model"):

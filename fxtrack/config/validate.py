@@ -13,7 +13,7 @@ from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from fxtrack import architectures
+from fxtrack import architectures, families
 from fxtrack.config import schema
 from fxtrack.config.frameworks import declared
 from fxtrack.config.schema import FxtrackConfig
@@ -51,7 +51,7 @@ def valid_keys(frameworks: Iterable[str]) -> set[str]:
     nested["framework"] = {f.name for name in frameworks
                            for f in dataclasses.fields(schema.framework_schema(name))}
     nested["tracking"] = {f.name for f in dataclasses.fields(schema.TrackingConfig)}
-    nested["model"] = {f.name for c in schema._MODEL_SCHEMAS.values()
+    nested["model"] = {f.name for c in schema.model_schemas().values()
                        for f in dataclasses.fields(c)}
     slo = {f"scenario.slo.{f.name}" for f in dataclasses.fields(schema.SloConfig)}  # serve
     return groups | {f"{g}.{k}" for g, keys in nested.items() for k in keys} | slo
@@ -59,7 +59,7 @@ def valid_keys(frameworks: Iterable[str]) -> set[str]:
 
 def open_prefixes() -> set[str]:
     """Keys that take any sub-key (a dict field, e.g. model=custom's ``model.kwargs.width``)."""
-    return {f"model.{f.name}." for c in schema._MODEL_SCHEMAS.values()
+    return {f"model.{f.name}." for c in schema.model_schemas().values()
             for f in dataclasses.fields(c) if "dict" in str(f.type).lower()}
 
 
@@ -146,7 +146,7 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     if conf.scenario.name == "serve":  # bad serve input, one line, before any work
         from fxtrack.scenarios import serve
 
-        why = serve.refusal(serve.serve_options(conf.scenario), arch.family == "llama")
+        why = serve.refusal(serve.serve_options(conf.scenario), families.of(arch).generates)
         if why is not None:
             raise ConfigError(why)
     why = refusal(conf, arch) or user_model_refusal(conf, arch)
@@ -176,7 +176,7 @@ def fit_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
 def ignored_batch(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
     """model=custom under scenario=fit: the builder's inputs must have the batch_size it is
     given as their leading axis (the search varies it), checked by the shape-only build."""
-    if arch.family != architectures.CUSTOM:
+    if not families.of(arch).user_model:
         return None
     from fxtrack.config import user_model
 
@@ -191,7 +191,7 @@ def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[st
 
     s = conf.scenario
     count = ((lambda: user_model.abstract_param_count(conf, arch))
-             if arch.family == architectures.CUSTOM else None)
+             if families.of(arch).user_model else None)
     return memory.refusal(
         arch, s.name, conf.precision.name, conf.batch_size,
         expected_device_kind(conf.hardware.name), devices=conf.devices,

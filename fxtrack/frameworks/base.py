@@ -8,15 +8,12 @@ import abc
 import dataclasses
 from typing import Any, ClassVar, Optional
 
+from fxtrack import families
 from fxtrack.architectures import Arch
-from fxtrack.frameworks import user_builder
+from fxtrack.families.spec import ADAMW, SGD, sgd_lr  # noqa: F401  (the families' optimisers)
 from fxtrack.frameworks.declaration import Framework, declaration
 from fxtrack.job import JobSpec
 
-# Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
-# nothing L2 weight decay for ResNet-50 (Goyal et al. 2017), AdamW for the transformers.
-SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)  # lr for a global batch of 256
-ADAMW = dict(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
 LAYER_NORM_EPS = {"vit": 1e-6, "bert": 1e-12}
 BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-5, 0.1  # torch convention: new = 0.9 old + 0.1 batch
 
@@ -53,21 +50,11 @@ class PeakMemory:
         return max(readings, key=lambda r: r.bytes)  # type: ignore[union-attr]
 
 
-def sgd_lr(global_batch: int) -> float:
-    """The linear scaling rule (Goyal et al. 2017): 0.1 per 256 images. Without it a small
-    CPU batch at lr 0.1 makes BatchNorm'd ResNet-50 diverge within a few steps."""
-    return SGD["lr"] * global_batch / 256
-
-
 def optimizer_choice(arch: Arch, global_batch: int) -> tuple[str, float]:
     """(``sgd`` | ``adamw``, learning rate), the same in every framework: SGD at the scaled rate
     for ResNet-50, AdamW for the transformers, and a user's model (model=custom) its own
-    ``model.optimizer`` and ``model.lr`` (the hyper-parameters above otherwise)."""
-    if arch.family == "custom":
-        return user_builder.optimizer_choice(arch)
-    if arch.family == "resnet":
-        return "sgd", sgd_lr(global_batch)
-    return "adamw", ADAMW["lr"]
+    ``model.optimizer`` and ``model.lr``: its family's choice (``Family.optimizer``)."""
+    return families.of(arch).optimizer(arch, global_batch)
 
 
 def attention_tokens(arch: Arch) -> int:

@@ -96,12 +96,15 @@ class NotSupported(Exception):
 @dataclasses.dataclass(frozen=True)
 class CompileRule:
     """One row of a framework's ``framework.compile=auto`` table: on ``device_kind`` (cpu | gpu
-    | ``*``) for model ``family`` (resnet | vit | bert | llama | custom | ``*``), compile or
-    not, and why (a documented best practice, or a measured figure with the command that gave
-    it: ``bench/compile_modes.py`` re-derives every row on the machine at hand)."""
+    | ``*``) for model ``family`` (a registered family's name, fxtrack.families, or ``*``),
+    compile or not, why in one line, and ``docs``: the docs anchor (``docs/<page>.md#<anchor>``)
+    holding the figure, its interval, the machine and the command behind a measured choice,
+    or the best practice's source, so that re-measuring changes the docs only
+    (``bench/compile_modes.py`` re-derives every row on the machine at hand)."""
 
     compiled: bool
-    why: str
+    why: str  # one line, no figure (the figures live at ``docs``)
+    docs: str = ""  # a declared framework's rules all have one (tests/test_compile_modes.py)
     device_kind: str = "*"
     family: str = "*"
     # size key -> [low, high): the row holds only there (where it was measured); a run whose
@@ -235,7 +238,7 @@ class Framework:
             return request == "true", f"framework.compile={request}"
         for rule in self.compile_rules:
             if rule.matches(device_kind, family, dims):
-                return rule.compiled, f"auto: {rule.why}"
+                return rule.compiled, f"auto: {rule.why}" + (f" ({rule.docs})" if rule.docs else "")
         raise ValueError(f"{self.name} declares no compile rule for {family} on {device_kind}")
 
     def _fastest(self, timings: Mapping[bool, float],

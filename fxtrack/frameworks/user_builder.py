@@ -16,9 +16,9 @@ import sys
 from typing import Any, Callable, Optional
 
 from fxtrack.architectures import Arch
+from fxtrack.families.user import OPTIMIZERS  # noqa: F401  (model.optimizer's choices)
 from fxtrack.frameworks.declaration import CUSTOM_UNSUPPORTED, Framework, NotSupported
 
-OPTIMIZERS = ("adamw", "sgd")
 KINDS = ("plain", "lm")  # model.kind: lm is measured in tokens, as fxtrack's own LMs are
 
 
@@ -166,11 +166,3 @@ def apply(model: Any, inputs: Any, **kwargs: Any) -> Any:
 def keras_inputs(inputs: Any) -> Any:
     """Keras takes several inputs as one list (or dict) argument."""
     return list(inputs) if isinstance(inputs, tuple) else inputs
-
-
-def optimizer_choice(arch: Arch) -> tuple[str, float]:
-    """(``adamw`` | ``sgd``, learning rate) of a user's model: its ``model.optimizer``, ``model.lr``."""
-    if arch.optimizer not in OPTIMIZERS:
-        raise NotSupported(f"model.optimizer must be one of {', '.join(OPTIMIZERS)}, "
-                           f"got {arch.optimizer!r}")
-    return arch.optimizer, float(arch.lr)

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Callable, Optional
 
+from fxtrack import families
 from fxtrack.job import Result
 
 FITS, OUT_OF_MEMORY, OVER_BUDGET, KILLED = "fits", "out_of_memory", "over_budget", "killed"
@@ -302,7 +303,7 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
         log_parent("KILLED", fit_metrics(probes, s.axis, None, None if budget_mib is None
                                          else budget_mib / 1024, repeats))
         raise
-    seq_len = getattr(arch, "seq_len", None) if arch.family in fit_config.LM_FAMILIES else None
+    seq_len = getattr(arch, "seq_len", None) if families.of(arch).seq_len_search else None
     outcome.metrics = fit_metrics(probes, s.axis, seq_len,
                                   None if budget_mib is None else budget_mib / 1024, repeats)
     best = largest(probes)

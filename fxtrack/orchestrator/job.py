@@ -14,7 +14,7 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from fxtrack import architectures
+from fxtrack import architectures, families
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
@@ -201,7 +201,7 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    if spec.arch["family"] == "custom":  # a user's model: its builder's module is its model code,
+    if families.of(spec.arch).user_model:  # a user's model: its builder's module is its model code,
         from fxtrack.measure import complexity  # which differs run to run (fxtrack's own does not)
 
         builder = spec.arch["dims"][declaration(spec.package).builder_key]

@@ -16,8 +16,10 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack import architectures
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import samples
+from fxtrack.report.lm import lm_models
 from fxtrack.report.select import LEVERS
 from fxtrack.report.verdicts import Ratio
 
@@ -25,8 +27,6 @@ NO_CLEAR, SINGLE = "no clear difference", "single runs: no verdict"
 # Friendly names for sentences; an unknown framework keeps its own name.
 FRAMEWORK_WORDS = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "keras": "Keras"}
 BACKEND_WORDS = {"jax": "Keras-on-JAX", "torch": "Keras-on-PyTorch", "tensorflow": "Keras-on-TensorFlow"}
-MODEL_WORDS = {"vit": "ViT-B/16", "resnet50": "ResNet-50", "bert": "BERT-base", "bert_large": "BERT-large",
-               "vit_large": "ViT-L/16", "llama": "Llama (1B dims)", "llama_8b": "Llama (8B dims)"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,6 @@ OBJECTIVES = (
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3"),
 )
-LM_MODELS = ("llama", "llama_8b")
 
 
 @dataclasses.dataclass
@@ -192,7 +191,7 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
     for model in sorted(configs["model"].unique()):
         of_model = configs[configs["model"] == model]
         for objective in OBJECTIVES:
-            if objective.lm_only and model not in LM_MODELS:
+            if objective.lm_only and model not in lm_models():
                 continue
             runs = of_model[of_model["scenario"] == objective.scenario]
             key = _metric_of(runs, objective)
@@ -293,7 +292,7 @@ def sentence(block: Block) -> str:
     hardware = block.machine.split(", ")[0]
     head = (f"On this {block.cpu[:-1]}, {hardware})" if block.cpu.endswith(")")
             else f"On this {block.cpu} ({hardware})")
-    model = MODEL_WORDS.get(block.model, block.model)
+    model = architectures.display_name(block.model)
     if len(block.entries) == 1:
         return f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of {model}."
     clear, tied, single = [], [], []

@@ -23,7 +23,13 @@ from fxtrack.report import samples
 from fxtrack.report.select import metric
 from fxtrack.report.tables import CONTENDED, FLAG, Section, Table, fmt, fmt_ms, group_title, groups
 
-LM_MODELS = tuple(m for m in architectures.MODELS if architectures.family(m) == "llama")
+
+
+def lm_models() -> tuple[str, ...]:
+    """fxtrack's own decoder LMs (a user's LM is told by its ``model_kind`` tag)."""
+    return architectures.models_where(lambda family: family.generates)
+
+
 MEMORY = "peak memory MiB"  # peak_mem_device_mib where a device counter exists, else peak_rss_mib
 
 
@@ -83,7 +89,7 @@ def cell(row: pd.Series, configs: pd.DataFrame, key: str,
 def tables(frame: pd.DataFrame, runs: pd.DataFrame) -> list[Table]:
     """The LM tables of the kept ``runs``; ``frame``: every run read (the repeats' figures)."""
     user_lm = (runs["model_kind"] == "lm") if "model_kind" in runs else False
-    lm = runs[runs["model"].isin(LM_MODELS) | user_lm]
+    lm = runs[runs["model"].isin(lm_models()) | user_lm]
     if lm.empty:
         return []
     configs = samples.configs(frame)

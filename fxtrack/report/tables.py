@@ -12,6 +12,7 @@ from typing import Callable, Iterator, Optional
 
 import pandas as pd
 
+from fxtrack import architectures
 from fxtrack.config.frameworks import declared
 from fxtrack.report.select import frameworks, metric
 
@@ -234,7 +235,8 @@ def code_size(runs: pd.DataFrame) -> list[Table]:
     from fxtrack.measure.complexity import code_metrics
 
     tables = []
-    own = runs[runs["model"] != "custom"]
+    user = runs["model"].map(architectures.is_user_model).astype(bool)
+    own = runs[~user]
     # keras-jax, keras-torch: one implementation, counted once
     fws = list(dict.fromkeys(fw.partition("-")[0] for fw in frameworks(own))) if len(own) else []
     if fws:
@@ -242,7 +244,7 @@ def code_size(runs: pd.DataFrame) -> list[Table]:
                                   {fw: code_metrics(fw) for fw in fws},
                                   f"source lines of each framework's implementation in fxtrack "
                                   f"{fxtrack.__version__}; fewer is less to maintain"))
-    custom = runs[runs["model"] == "custom"]
+    custom = runs[user]
     if len(custom):  # a user's model: its runs carry their builder module's figures
         figures = {row["framework"]: {k[len("metrics."):]: v for k, v in row.items()
                                       if str(k).startswith("metrics.code_") and pd.notna(v)}

@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from fxtrack import families
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.measure.memory import peak_rss_mib
@@ -26,7 +27,7 @@ def _mib(directory: Path) -> float:
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     # Asked for before the build, so that a framework without one costs nothing.
-    user_model = backend.arch.family == "custom"  # a user's model: its own forward and export
+    user_model = families.of(backend.arch).user_model  # a user's model: its own forward and export
     state, inference, serving = (backend.capability(name) for name in (
         "checkpoint", "user_model" if user_model else "inference",
         "user_serving_export" if user_model else "serving_export"))

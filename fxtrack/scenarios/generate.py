@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fxtrack import flops, synthetic
+from fxtrack import families, flops, synthetic
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.job import Result
@@ -28,7 +28,7 @@ def prompts(backend: Backend, batch: int, prompt_len: int) -> np.ndarray:
 
 def run(backend: Backend, result: Result) -> None:
     arch, options = backend.arch, backend.spec.options
-    if arch.family != "llama":  # the rules refuse it before any work; a backstop
+    if not families.of(arch).generates:  # the rules refuse it before any work; a backstop
         raise NotSupported(f"scenario=generate needs a decoder LM (model=llama), not {arch.name}")
     prompt_len, new_tokens = int(options["prompt_len"]), int(options["new_tokens"])
     ttft_s: list[float] = []  # one per generation, warm-up included

@@ -5,7 +5,7 @@ logged as ``latency_ms_p50|p90|p99``. With ``runtime`` other than native, or
 
 from __future__ import annotations
 
-from fxtrack import flops
+from fxtrack import families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.scenarios import deploy
@@ -18,7 +18,7 @@ def run(backend: Backend, result: Result) -> None:
         deploy.run(backend, result)
     else:
         result.tags.update(runtime="native", quantize="none")
-        if backend.arch.family == "custom":  # a user's model: its framework's own forward
+        if families.of(backend.arch).user_model:  # a user's model: its framework's own forward
             user = backend.capability("user_model")
             run_timed(backend, result, lambda: user.prepare_inference(backend),
                       user_flops(backend, result, "forward"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
+from fxtrack import families
 from fxtrack.frameworks import user_builder
 from fxtrack.frameworks.declaration import LEVERS, Framework
 
@@ -37,7 +38,7 @@ class Combination:
     devices: int = 1
     nodes: int = 1
     device_kind: Optional[str] = None
-    family: str = ""  # the model family: "custom" (a user's model) takes fewer levers
+    family: str = ""  # the model family (fxtrack.families); "": not known (no family rule)
 
     @classmethod
     def of(cls, spec: Any, device_kind: Optional[str]) -> "Combination":
@@ -55,6 +56,16 @@ class Rule:
     what: Callable[[Combination], str]
     when: Callable[[Combination], bool]
     why: str
+
+
+def _spec(c: Combination) -> Optional[families.Family]:
+    return families.get(c.family) if c.family else None
+
+
+def _generates(c: Combination) -> bool:
+    """A decoder LM, or a combination whose family is not known (the worker checks again)."""
+    spec = _spec(c)
+    return spec is None or spec.generates
 
 
 def _deploy_levers(c: Combination) -> str:
@@ -87,7 +98,7 @@ RULES: tuple[Rule, ...] = (
          lambda c: c.runtime == "tensorrt" and c.quantize == "dynamic_int8",
          "TensorRT's int8 is static (calibrated); use quantize=none"),
     Rule(lambda c: f"scenario=generate with a {c.family or 'non-LM'} model",
-         lambda c: c.scenario == "generate" and c.family not in ("llama", ""),
+         lambda c: c.scenario == "generate" and not _generates(c),
          "generation needs a decoder LM; use model=llama (or llama_8b)"),
     Rule(lambda c: f"scenario=generate with devices={c.devices * c.nodes}",
          lambda c: c.scenario == "generate" and c.devices * c.nodes > 1,
@@ -129,16 +140,19 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
             what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
                     else f"runtime={c.runtime}")
             return str(framework.unsupported(needed, what, version))
-    if c.scenario == "serve" and c.family == "llama" and not framework.has("generate"):
+    spec = _spec(c)
+    decodes = spec is not None and spec.generates  # served token by token
+    user = spec is not None and spec.user_model
+    if c.scenario == "serve" and decodes and not framework.has("generate"):
         return str(framework.unsupported("generate", "scenario=serve with model=llama", version))
-    if c.scenario == "serve" and c.family not in ("llama", "custom") and not framework.has("inference"):
+    if c.scenario == "serve" and not decodes and not user and not framework.has("inference"):
         return str(framework.unsupported("inference", "scenario=serve", version))
     if c.scenario == "generate" and not framework.has("generate"):
         return str(framework.unsupported("generate", "scenario=generate", version))
     for limit in framework.limits:
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"
-    if c.family == "custom":  # the levers fxtrack cannot apply to an arbitrary model
+    if user:  # the levers fxtrack cannot apply to an arbitrary model
         return user_builder.refusal(c.scenario, c.memory, c.parallel, c.runtime, c.quantize,
                                     framework.has("user_serving_export"))
     return None

@@ -30,6 +30,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
+from fxtrack import families
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import eprint, percentile
 
@@ -433,7 +434,7 @@ def run(backend: Any, result: Any) -> None:
     from fxtrack.scenarios.timed import build
 
     arch, options = backend.arch, backend.spec.options
-    lm = arch.family == "llama"
+    lm = families.of(arch).generates
     why = refusal(options, lm)
     if why is not None:
         raise ValueError(why)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional
 
-from fxtrack import architectures, flops
+from fxtrack import architectures, families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.scenarios.timed import run_timed
@@ -13,7 +13,7 @@ from fxtrack.scenarios.timed import run_timed
 
 def run(backend: Backend, result: Result) -> None:
     """Fill ``result`` with the training measurements (docs/contract.md, scenario=train)."""
-    user_model = backend.arch.family == "custom"
+    user_model = families.of(backend.arch).user_model
     handles = run_timed(backend, result, lambda: backend.train_step,
                         user_flops(backend, result, "train") if user_model
                         else flops.train_flops_per_sample(backend.arch))
@@ -37,11 +37,14 @@ def lm_metrics(backend: Backend, result: Result) -> dict[str, float]:
     (every position is a predicted token): model=llama's ``model.seq_len``, a user's LM
     (``model.kind=lm``) its inputs' length along ``model.seq_axis``, tagged ``model_kind`` and
     ``seq_len`` for the report's LM tables; nothing for other models."""
-    arch, metrics = backend.arch, result.metrics
-    seq_len = arch.seq_len if arch.family == "llama" else backend.seq_len
+    arch, metrics, spec = backend.arch, result.metrics, families.of(backend.arch)
+    if not spec.is_lm(arch):
+        return {}
+    # a user's LM: the length its inputs had, which only the built model knows
+    seq_len = backend.seq_len if spec.user_model else arch.seq_len
     if seq_len is None or "throughput_samples_per_s" not in metrics:
         return {}
-    if arch.family == "custom":
+    if spec.user_model:
         result.tags.update(model_kind="lm", seq_len=str(seq_len))
     return {"tokens_per_s": metrics["throughput_samples_per_s"] * seq_len}
 

@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any, Optional
 
+from fxtrack import families
 from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri, redact_uri_text
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
@@ -129,7 +130,7 @@ def _model_name(spec: JobSpec) -> str:
     """The model as the name says it: ``custom[build_t5]`` for a user's model (the function
     this framework's builder names, once), the architecture's name otherwise."""
     name = spec.arch["name"]
-    if name != "custom":
+    if not families.of(spec.arch).user_model:
         return name
     builder = spec.arch.get("dims", {}).get(declaration(spec.package).builder_key) or ""
     return f"custom[{str(builder).rpartition(':')[2]}]" if builder else name
@@ -151,10 +152,10 @@ def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
     """Model sizes set apart from ``size``'s (``model.layers=2``): they make another model."""
     from fxtrack import architectures
 
-    if spec.arch["name"] == "custom":  # the builder is in the model's name; its kwargs here
+    if families.of(spec.arch).user_model:  # the builder is in the model's name; its kwargs here
         dims = spec.arch.get("dims", {})
         kwargs = dict(dims.get("kwargs") or {})
-        default = architectures.resolve("custom").dims
+        default = architectures.resolve(spec.arch["name"]).dims
         plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
         # a plain model and an LM of one builder are two configs: kind shows where not plain
         shown = {k: plain(v) for k, v in dims.items()
@@ -183,8 +184,8 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
     (or, for scenario=pipeline, the files written from it that the loader read), named by model,
     with the seed and shapes as the digest so runs on the same data show the same dataset."""
     batch = resolved.get("batch_size")
-    if batch is None or spec.arch["family"] == "custom":  # a user's model: its builder's data,
-        return None  # whose shapes only the worker saw
+    if batch is None or families.of(spec.arch).describe is None:  # a user's model: its
+        return None  # builder's data, whose shapes only the worker saw
     from fxtrack import synthetic
     from fxtrack.architectures import Arch
 

@@ -26,13 +26,16 @@ def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
         append_xla_flag(env, "--xla_cpu_multi_thread_eigen=false")
 
 
+# Where each compile rule's figure, interval, machine and command live (or its source)
+AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksfw__init__py"
+
 FRAMEWORK = Framework(
     name="jax",
     backend="fxtrack.frameworks.jax.backend:JaxBackend",
     extra="jax",
     report_order=30,
     # op-by-op dispatch is JAX's debugging mode, never its fast path
-    compile_rules=(CompileRule(True, "jax always jits"),),
+    compile_rules=(CompileRule(True, "jax always jits", AUTO),),
     tune_modes=(True,),  # framework.compile=tune: jit is the one mode, nothing to time
     compiled_tag="jit",
     uncompiled_tag="op-by-op",

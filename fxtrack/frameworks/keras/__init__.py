@@ -52,6 +52,9 @@ def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
         env["KERAS_TORCH_DEVICE"] = "cpu"  # Keras' torch backend picks CUDA at import otherwise
 
 
+# Where each compile rule's figure, interval, machine and command live (or its source)
+AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksfw__init__py"
+
 FRAMEWORK = Framework(
     name="keras",
     backend="fxtrack.frameworks.keras.backend:KerasBackend",
@@ -62,7 +65,8 @@ FRAMEWORK = Framework(
     # not torch.compile unless asked). true / false force jit_compile=True / False; the
     # compile_mode tag (keras-<backend>:<mode>) says what ran, read back from model.jit_compile.
     compile_rules=(CompileRule(True, "keras chooses (compile(jit_compile='auto'): jit on jax, "
-                                     "XLA on tensorflow with a GPU, eager on torch)"),),
+                                     "XLA on tensorflow with a GPU, eager on torch)",
+                               AUTO),),
     compiled_tag=lambda s: f"keras-{s['keras_backend']}:{COMPILED_MODES[s['keras_backend']]}",
     uncompiled_tag=lambda s: f"keras-{s['keras_backend']}:{UNCOMPILED_MODES[s['keras_backend']]}",
     # Keras' first train_on_batch always builds: the optimiser's variables, a symbolic pass over

@@ -15,30 +15,31 @@ def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
 
 
+# Where each compile rule's figure, interval, machine and command live (or its source)
+PER_FAMILY = "docs/measurements.md#compileauto-per-model-family-and-compiletune-2026-12-01"
+TF_CPU = "docs/measurements.md#xla-on-a-cpu-tensorflow-2026-11-30"
+AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksfw__init__py"
+
 FRAMEWORK = Framework(
     name="tensorflow",
     backend="fxtrack.frameworks.tensorflow.backend:TensorFlowBackend",
     extra="tensorflow",
     report_order=20,
     # framework.compile=auto per device kind and model family, the first match wins; every
-    # measured row names its figure and command (docs/measurements.md, "compile=auto per family")
+    # row links the docs section holding its figure, interval, machine and command
     compile_rules=(
-        CompileRule(True, "XLA on GPU (Keras' own jit_compile='auto' there)", device_kind="gpu"),
-        CompileRule(False, "tf.function on CPU for ResNet-50 (XLA measured 1.55x slower, issue "
-                           "26; python bench/tf_compile.py)", device_kind="cpu", family="resnet"),
-        CompileRule(True, "XLA on CPU for ViT (measured ~1.4x faster than tf.function: ViT-B "
-                          "widths, 4 layers, 64 px, batch 8, issue 26; python "
-                          "bench/compile_modes.py --families vit)", device_kind="cpu",
-                    family="vit"),
-        CompileRule(True, "XLA on CPU for BERT (a transformer like ViT, issue 26's figure; "
-                          "tiny BERT's XLA step 0.63x [0.45, 0.85] tf.function's, contended: "
-                          "python bench/compile_modes.py --families bert)", device_kind="cpu",
-                    family="bert"),
-        CompileRule(True, "XLA on CPU for Llama (a transformer like ViT, issue 26's figure; "
-                          "not measured yet: python bench/compile_modes.py --families llama)",
-                    device_kind="cpu", family="llama"),
+        CompileRule(True, "XLA on GPU (Keras' own jit_compile='auto' there)", AUTO,
+                    device_kind="gpu"),
+        CompileRule(False, "tf.function on CPU for ResNet-50: XLA measured slower", PER_FAMILY,
+                    device_kind="cpu", family="resnet"),
+        CompileRule(True, "XLA on CPU for ViT: measured faster than tf.function", PER_FAMILY,
+                    device_kind="cpu", family="vit"),
+        CompileRule(True, "XLA on CPU for BERT: measured faster than tf.function (contended)",
+                    PER_FAMILY, device_kind="cpu", family="bert"),
+        CompileRule(True, "XLA on CPU for Llama: a transformer like ViT, not measured yet",
+                    PER_FAMILY, device_kind="cpu", family="llama"),
         CompileRule(False, "tf.function on CPU for a user's model, as Keras' jit_compile='auto' "
-                           "(framework.compile=tune times both)", device_kind="cpu",
+                           "(framework.compile=tune times both)", TF_CPU, device_kind="cpu",
                     family="custom"),
     ),
     compiled_tag="xla",

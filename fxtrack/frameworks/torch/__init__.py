@@ -2,11 +2,16 @@
 
 from fxtrack.frameworks.declaration import CompileRule, Framework, Limit, Setting
 
-# Why eager on a CPU: docs/measurements.md ("torch.compile on CPU"), with the figures and command.
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")  # torch.compile(mode=...)
-CPU_COMPILE_NOTE = "no consistent CPU step-time gain measured, 0.5-4 min compile"
 # Refused before any work (the Limit below) and by deployment.quantize_native as a backstop.
 INT8_CPU_ONLY = "its dynamic int8 kernels are CPU-only; use hardware=cpu or runtime=onnxruntime"
+
+# Where each compile rule's figure, interval, machine and command live (or its source)
+TORCH_CPU = "docs/measurements.md#torchcompile-on-cpu-2026-11-30"
+PER_FAMILY = "docs/measurements.md#compileauto-per-model-family-and-compiletune-2026-12-01"
+PEER = ("docs/measurements.md#pytorch-at-its-peer-the-llama-and-vit-rows-of-the-reference-bench"
+        "-2026-12-02")
+AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksfw__init__py"
 
 FRAMEWORK = Framework(
     name="torch",
@@ -14,32 +19,24 @@ FRAMEWORK = Framework(
     extra="torch",
     report_order=10,
     # framework.compile=auto per device kind and model family, the first match wins; every
-    # measured row names its figure and command (docs/measurements.md, "compile=auto per family")
+    # row links the docs section holding its figure, interval, machine and command
     compile_rules=(
-        CompileRule(True, "torch.compile on GPU", device_kind="gpu"),
-        CompileRule(False, "eager on CPU for ResNet-50 (measured: no consistent gain, 244 s "
-                           "compile, docs/measurements.md; python bench/compile_modes.py "
-                           "--families resnet)", device_kind="cpu", family="resnet"),
-        CompileRule(False, "eager on CPU for ViT (measured a tie: 15.4 eager vs 15.1 "
-                           "torch.compile samples/s, ViT-B widths, 4 layers, 64 px, batch 8, "
-                           "issue 26; python bench/compile_modes.py --families vit)",
-                    device_kind="cpu", family="vit"),
-        CompileRule(False, "eager on CPU for BERT (no clear gain: tiny BERT's torch.compile "
-                           "step 0.72x [0.17, 4.94] eager's after a 48 s compile, contended: "
-                           "python bench/compile_modes.py --families bert)",
-                    device_kind="cpu", family="bert"),
-        CompileRule(True, "torch.compile on CPU for a Llama of hidden 256-767 (measured 0.84x "
-                           "[0.82, 0.87] eager's step time at bench/reference.py's config, "
-                           "hidden 256, after a 7.5 s compile, docs/measurements.md; python "
-                           "bench/compile_modes.py --families llama --reference)",
-                    device_kind="cpu", family="llama", sizes={"hidden": (256, 768)}),
-        CompileRule(False, f"eager on CPU for Llama at other widths ({CPU_COMPILE_NOTE} on ViT "
-                           "at ViT-B widths and ResNet-50; tiny widths keep the short CPU runs "
-                           "free of a compile; python bench/compile_modes.py --families llama)",
-                    device_kind="cpu", family="llama"),
-        CompileRule(False, f"eager on CPU for a user's model ({CPU_COMPILE_NOTE}; "
-                           "framework.compile=tune times both)", device_kind="cpu",
-                    family="custom"),
+        CompileRule(True, "torch.compile on GPU", AUTO, device_kind="gpu"),
+        CompileRule(False, "eager on CPU for ResNet-50: no consistent gain, minutes of compile",
+                    TORCH_CPU, device_kind="cpu", family="resnet"),
+        CompileRule(False, "eager on CPU for ViT: measured a tie with torch.compile",
+                    PER_FAMILY, device_kind="cpu", family="vit"),
+        CompileRule(False, "eager on CPU for BERT: no clear gain from torch.compile",
+                    PER_FAMILY, device_kind="cpu", family="bert"),
+        CompileRule(True, "torch.compile on CPU for a Llama of hidden 256-767: faster at the "
+                          "reference config", PEER, device_kind="cpu", family="llama",
+                    sizes={"hidden": (256, 768)}),
+        CompileRule(False, "eager on CPU for a Llama at other widths: ties at ViT-B widths, and "
+                           "tiny runs are too short to repay a compile",
+                    PEER, device_kind="cpu", family="llama"),
+        CompileRule(False, "eager on CPU for a user's model: no consistent CPU gain measured "
+                           "(framework.compile=tune times both)",
+                    TORCH_CPU, device_kind="cpu", family="custom"),
     ),
     compiled_tag="inductor:{compile_mode}",
     uncompiled_tag="eager",

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -309,5 +309,11 @@ def checkpoint_blocks(model: nn.Module) -> None:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
+# model family -> its torch module: the framework's side of a family (fxtrack.families names no
+# framework); a new family runs in torch once it has a builder here.
+BUILDERS: dict[str, Callable[[Arch], nn.Module]] = {"resnet": ResNet, "vit": ViT, "bert": Bert,
+                                                    "llama": Llama}
+
+
 def build(arch: Arch) -> nn.Module:
-    return {"resnet": ResNet, "vit": ViT, "bert": Bert, "llama": Llama}[arch.family](arch)
+    return BUILDERS[arch.family](arch)

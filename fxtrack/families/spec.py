@@ -1,0 +1,84 @@
+"""``Family``, the spec of a model family, and the registry that holds one per name."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+Arch = Any  # fxtrack.architectures.Arch, which imports this package
+
+# Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
+# nothing L2 weight decay for ResNet-50 (Goyal et al. 2017), AdamW for the transformers.
+SGD = dict(lr=0.1, momentum=0.9, weight_decay=1e-4)  # lr for a global batch of 256
+ADAMW = dict(lr=1e-4, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.01)
+
+
+def sgd_lr(global_batch: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017): 0.1 per 256 images. Without it a small
+    CPU batch at lr 0.1 makes BatchNorm'd ResNet-50 diverge within a few steps."""
+    return SGD["lr"] * global_batch / 256
+
+
+def adamw(arch: "Arch", global_batch: int) -> tuple[str, float]:
+    return "adamw", ADAMW["lr"]
+
+
+def _no_check(name: str, dims: dict[str, Any]) -> None:
+    return None
+
+
+def _never(arch: "Arch") -> bool:
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """What shared code may ask about a model family. Optional parts are ``None`` where the
+    family has none (a user's model has no synthetic batch: its builder makes its data)."""
+
+    name: str
+    # model.<key> a user may override on the command line (docs/contract.md#keys); the schema
+    # (fxtrack.config.schema) gives each an int field defaulting to the architecture table
+    size_keys: tuple[str, ...] = ()
+    check: Callable[[str, dict[str, Any]], None] = _no_check  # (model, dims): raise ValueError
+    # (rng, arch, batch) -> NumPy arrays every framework copies (fxtrack.synthetic)
+    batch: Optional[Callable[[Any, "Arch", int], dict[str, Any]]] = None
+    describe: Optional[Callable[["Arch", int], dict[str, dict[str, Any]]]] = None  # shapes, dtypes
+    forward_flops: Optional[Callable[["Arch"], int]] = None  # per sample; None: the framework counts
+    generate_flops: Optional[Callable[["Arch", int, int], int]] = None  # (arch, prompt, new tokens)
+    dataset: Optional[str] = None  # scenario=pipeline's files: a format of fxtrack.datasets
+    params: Optional[Callable[["Arch"], int]] = None  # from the dims; None: the canonical table's
+    # Memory beyond the state (fxtrack.config.memory): (arch, phase, batch, bytes per value,
+    # memory lever, prompt_len, new_tokens) -> {part: bytes}; phase: train | forward | decode
+    activations: Optional[Callable[..., dict[str, float]]] = None
+    memory_note: str = ""  # what the estimate assumes, for the refusal's line
+    optimizer: Callable[["Arch", int], tuple[str, float]] = adamw  # (arch, global batch) -> (kind, lr)
+    generates: bool = False  # a decoder LM: scenario=generate, serve decodes tokens
+    seq_len_search: bool = False  # scenario=fit may search model.seq_len
+    is_lm: Callable[["Arch"], bool] = _never  # its rate is read in tokens/s (tokens_per_s)
+    user_model: bool = False  # model=custom: the user's builder; fewer levers apply
+
+
+_REGISTRY: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Add ``family`` (replacing one of its name): the one way a family joins."""
+    _REGISTRY[family.name] = family
+    return family
+
+
+def get(name: str) -> Family:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; registered: {', '.join(_REGISTRY)}") from None
+
+
+def of(arch: Any) -> Family:
+    """The spec of an ``Arch`` or of its JSON form (a JobSpec's ``arch``)."""
+    return get(arch["family"] if isinstance(arch, dict) else arch.family)
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)

@@ -1,0 +1,97 @@
+"""The image classifiers: ResNet (He et al. 2015) and ViT (Dosovitskiy et al. 2020).
+
+Their synthetic batch: a per-class prototype plus noise (the class is learnable from the pixels),
+NHWC (PyTorch permutes). FLOPs count matrix multiplies and convolutions only (fxtrack.flops).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxtrack.families.spec import Family, sgd_lr
+
+Arch = Any  # fxtrack.architectures.Arch, which imports this package
+
+
+def conv_flops(c_in: int, c_out: int, k: int, out_hw: int) -> int:
+    return 2 * c_in * c_out * k * k * out_hw * out_hw
+
+
+def encoder_layer_flops(tokens: int, hidden: int, mlp_dim: int) -> int:
+    """One transformer block: q/k/v + output projections, QK^T and AV, the two MLP matmuls."""
+    projections = 2 * tokens * hidden * 4 * hidden
+    attention = 2 * 2 * tokens * tokens * hidden
+    mlp = 2 * 2 * tokens * hidden * mlp_dim
+    return projections + attention + mlp
+
+
+def image_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]:
+    """``images`` (B, H, W, 3) float32 + ``labels`` (B,) int32."""
+    import numpy as np
+
+    s, c = arch.image_size, arch.num_classes
+    labels = rng.integers(0, c, size=batch_size)
+    prototypes = rng.standard_normal((c, 1, 1, 3)).astype(np.float32)
+    noise = rng.standard_normal((batch_size, s, s, 3)).astype(np.float32)
+    return {"images": prototypes[labels] + noise, "labels": labels.astype(np.int32)}
+
+
+def image_shapes(arch: "Arch", batch_size: int) -> dict[str, dict[str, Any]]:
+    s = arch.image_size
+    return {"images": {"shape": [batch_size, s, s, 3], "dtype": "float32"},
+            "labels": {"shape": [batch_size], "dtype": "int32"}}
+
+
+def _resnet_flops(a: "Arch") -> int:
+    hw = a.image_size // 2  # after the stride-2 7x7 stem
+    flops = conv_flops(3, a.width, 7, hw)
+    hw = (hw + 1) // 2  # 3x3 max pool, stride 2
+    in_ch = a.width
+    for i, blocks in enumerate(a.stage_sizes):
+        width = a.width * 2**i
+        for b in range(blocks):
+            stride = 2 if b == 0 and i > 0 else 1
+            out_hw = (hw + stride - 1) // stride
+            flops += conv_flops(in_ch, width, 1, hw) + conv_flops(width, width, 3, out_hw)
+            flops += conv_flops(width, 4 * width, 1, out_hw)
+            if b == 0:  # projection shortcut
+                flops += conv_flops(in_ch, 4 * width, 1, out_hw)
+            in_ch, hw = 4 * width, out_hw
+    return flops + 2 * in_ch * a.num_classes
+
+
+def _vit_flops(a: "Arch") -> int:
+    patches_per_side = a.image_size // a.patch
+    tokens = patches_per_side**2 + 1
+    flops = conv_flops(3, a.hidden, a.patch, patches_per_side)
+    flops += a.layers * encoder_layer_flops(tokens, a.hidden, a.mlp_dim)
+    return flops + 2 * a.hidden * a.num_classes  # the head reads the class token only
+
+
+def check_heads(d: dict[str, Any]) -> None:
+    if d["hidden"] % d["heads"]:
+        raise ValueError(f"model.hidden ({d['hidden']}) must be divisible by model.heads ({d['heads']})")
+
+
+def _check_resnet(name: str, d: dict[str, Any]) -> None:
+    if d["image_size"] < 32:
+        raise ValueError(f"model.image_size must be at least 32 for {name} (it down-samples 32x)")
+
+
+def _check_vit(name: str, d: dict[str, Any]) -> None:
+    check_heads(d)
+    if d["image_size"] % d["patch"]:
+        raise ValueError(f"model.image_size ({d['image_size']}) must be divisible by model.patch ({d['patch']})")
+
+
+def _sgd(arch: "Arch", global_batch: int) -> tuple[str, float]:
+    return "sgd", sgd_lr(global_batch)
+
+
+RESNET = Family("resnet", size_keys=("image_size", "num_classes"), check=_check_resnet,
+                batch=image_batch, describe=image_shapes, forward_flops=_resnet_flops,
+                dataset="jpeg", optimizer=_sgd)
+VIT = Family("vit", size_keys=("image_size", "num_classes", "patch", "layers", "hidden", "heads",
+                               "mlp_dim"),
+             check=_check_vit, batch=image_batch, describe=image_shapes, forward_flops=_vit_flops,
+             dataset="jpeg")
