@@ -238,9 +238,9 @@ def test_serve_blocks_and_their_trade_off_read_the_serve_metrics(frame, tmp_path
 
 
 def test_the_end_of_run_line_links_the_run_page_on_a_server():
-    from fxtrack.tracking import writer
+    from fxtrack.tracking import runs, writer
 
-    writer._EXPERIMENTS[("http://mlflow.test:5000", "fxtrack")] = "7"
+    runs._EXPERIMENTS[("http://mlflow.test:5000", "fxtrack")] = "7"
     line = writer._ui_link("http://mlflow.test:5000", {"experiment": "fxtrack"}, "abc")
     assert line == " at http://mlflow.test:5000/#/experiments/7/runs/abc?workflowType=machine_learning"
     assert writer._ui_link("sqlite:///x.db", {"experiment": "fxtrack"}, "abc") == ""

@@ -25,7 +25,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.entities import ViewType  # noqa: E402
 
 from fxtrack import environment  # noqa: E402
-from fxtrack.tracking import records, spool, sync, writer  # noqa: E402
+from fxtrack.tracking import health, records, runs, spool, sync, writer  # noqa: E402
 from servers import MlflowServer  # noqa: E402
 from test_tracking_trust import synthetic  # noqa: E402
 
@@ -45,11 +45,11 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
     for key in [k for k in os.environ if k.startswith("MLFLOW_TRACKING_")]:
         monkeypatch.delenv(key)
-    writer._DOWN.clear()
-    writer._UP.clear()
+    health._DOWN.clear()
+    health._UP.clear()
     yield tmp_path / "home"
-    writer._DOWN.clear()
-    writer._UP.clear()
+    health._DOWN.clear()
+    health._UP.clear()
 
 
 def experiment_runs(uri: str, experiment: str, deleted: bool = False):
@@ -222,7 +222,7 @@ def test_a_bad_entry_is_set_aside_and_the_good_ones_land(home, server, capsys, m
     assert any("metric 'throughput_samples_per_s' is not a number: 'fast'" in r for r in reasons)
     assert any("artifact worker.log cannot be read (PermissionError" in r for r in reasons)
     assert any("the record has no run_name" in r for r in reasons)
-    assert server.url not in writer._DOWN
+    assert server.url not in health._DOWN
     second = run_sync(capsys)
     assert second[0] == 1 and "nothing to upload" in second[1]  # bad/ still needs a human
 
@@ -246,7 +246,7 @@ def test_a_failure_after_the_run_was_created_leaves_no_running_run(home, server,
     with pytest.raises(writer.TrackingUnavailable, match="HTTP 500"):
         writer.deliver(entry)
     assert [r.info.status for r in experiment_runs(server.url, exp)] == []
-    assert server.url not in writer._DOWN  # a 500 is not a server that is gone
+    assert server.url not in health._DOWN  # a 500 is not a server that is gone
     exp_id = mlflow.MlflowClient(server.url).get_experiment_by_name(exp).experiment_id
     assert not list((server.root / "artifacts" / exp_id).glob(f"{calls[0]}/artifacts/*"))
     run_id = writer.deliver(spool.find(entry.name))
@@ -400,7 +400,7 @@ def test_a_result_costs_few_requests(home, server, capsys, monkeypatch):
     count: collections.Counter[str] = collections.Counter()
     sent = []
     real = requests.Session.request
-    real_urlopen = writer.urllib.request.urlopen
+    real_urlopen = health.urllib.request.urlopen
 
     def endpoint(method, url):
         if url.startswith(server.url):  # not MLflow's telemetry: it never reaches the server
@@ -416,7 +416,7 @@ def test_a_result_costs_few_requests(home, server, capsys, monkeypatch):
         endpoint("GET", url)
         return real_urlopen(url, *a, **kw)
     monkeypatch.setattr(requests.Session, "request", counted)
-    monkeypatch.setattr(writer.urllib.request, "urlopen", counted_urlopen)
+    monkeypatch.setattr(health.urllib.request, "urlopen", counted_urlopen)
     code, out, err = run_sync(capsys)
     assert code == 0 and "6 uploaded" in out, out + err
     # a child: create, search (for earlier runs of its result), 2 log_batch (150 params),
@@ -441,16 +441,16 @@ def test_a_result_costs_few_requests(home, server, capsys, monkeypatch):
 def test_a_long_sync_probes_health_once_not_per_entry(home, server, monkeypatch):
     """Each delivered run counts as an answer from the server: a sync slower than the probe's
     freshness window (a busy server, many entries) does not probe /health before each entry."""
-    monkeypatch.setattr(writer, "UP_FRESH_S", 3.0)
+    monkeypatch.setattr(health, "UP_FRESH_S", 3.0)
     first, second = spooled(server.url, f"probe-{uuid.uuid4().hex[:6]}", n=2)
     probes = []
-    real_urlopen = writer.urllib.request.urlopen
+    real_urlopen = health.urllib.request.urlopen
 
     def counted_urlopen(url, *a, **kw):
         probes.append(url)
         return real_urlopen(url, *a, **kw)
-    monkeypatch.setattr(writer.urllib.request, "urlopen", counted_urlopen)
-    writer._UP[server.url] = time.monotonic() - 2.0  # the sync's probe answered 2 s ago
+    monkeypatch.setattr(health.urllib.request, "urlopen", counted_urlopen)
+    health._UP[server.url] = time.monotonic() - 2.0  # the sync's probe answered 2 s ago
     writer.deliver(first)
     time.sleep(1.5)  # that answer is stale now; the run just delivered is not
     writer.deliver(second)
@@ -527,7 +527,7 @@ def test_a_dataset_insert_lost_to_a_concurrent_run_is_tried_again(server, monkey
         return real(rid, datasets=datasets, **kw)
 
     monkeypatch.setattr(client, "log_inputs", racing)
-    writer._log_inputs(client, run_id, datasets)
+    runs.log_inputs(client, run_id, datasets)
     assert len(calls) == 2
     assert [d.dataset.name for d in client.get_run(run_id).inputs.dataset_inputs] == \
         ["synthetic-vit"]
@@ -539,5 +539,5 @@ def test_a_dataset_insert_lost_to_a_concurrent_run_is_tried_again(server, monkey
     monkeypatch.setattr(client, "log_inputs", refused)
     calls.clear()
     with pytest.raises(MlflowException, match="too long"):
-        writer._log_inputs(client, run_id, datasets)
+        runs.log_inputs(client, run_id, datasets)
     assert len(calls) == 1

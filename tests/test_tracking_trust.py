@@ -25,7 +25,8 @@ from mlflow.entities import ViewType  # noqa: E402
 
 from fxtrack import environment  # noqa: E402
 from fxtrack.orchestrator import runner  # noqa: E402
-from fxtrack.tracking import records, spool, writer  # noqa: E402
+from fxtrack.tracking import health, records, spool, writer  # noqa: E402
+from fxtrack.tracking.runs import experiment_id  # noqa: E402
 from conftest import run_fxtrack  # noqa: E402
 
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
@@ -34,9 +35,9 @@ PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
-    writer._DOWN.clear()
+    health._DOWN.clear()
     yield tmp_path / "home"
-    writer._DOWN.clear()
+    health._DOWN.clear()
 
 
 def synthetic(uri: str, parent: str | None = None, kind: str = "job", status: str = "FINISHED",
@@ -191,7 +192,7 @@ def test_a_running_run_of_a_live_writer_is_never_deleted(home, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rec = synthetic(uri)
     client = writer.client_for(uri)
-    exp = writer._experiment_id(client, "fxtrack", uri)
+    exp = experiment_id(client, "fxtrack", uri)
     live = client.create_run(exp, tags={"fxtrack.result_id": rec["result_id"],
                                         writer.WRITER_TAG: f"{socket.gethostname()}:1:"
                                                            f"{int(time.time() * 1000)}"})
@@ -213,7 +214,7 @@ def test_an_entry_logged_completely_before_is_not_logged_again(home, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rec = synthetic(uri)
     client = writer.client_for(uri)
-    exp = writer._experiment_id(client, "fxtrack", uri)
+    exp = experiment_id(client, "fxtrack", uri)
     done = client.create_run(exp, tags={"fxtrack.result_id": rec["result_id"],
                                         writer.WRITER_TAG: f"{socket.gethostname()}:1:1"})
     client.set_terminated(done.info.run_id, "FINISHED")
@@ -373,7 +374,7 @@ def silent_server():
 
 
 def test_a_hanging_server_costs_one_short_probe(home, silent_server, monkeypatch):
-    monkeypatch.setattr(writer, "PROBE_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(health, "PROBE_TIMEOUT_S", 1.0)
     entries = [spool.write(synthetic(silent_server), {}) for _ in range(3)]
     started = time.monotonic()
     for entry in entries:
@@ -486,7 +487,7 @@ def test_report_finds_the_runs_mlflow_run_made_in_its_default_experiment(tmp_pat
     client.create_run("0", tags=dict(project, **{"fxtrack.framework": "torch"}))  # mlflow run
     client.create_run("0", tags=project)  # somebody else's project: not fxtrack's
     client.create_run("0", tags={"fxtrack.framework": "tensorflow"})  # not a project run
-    client.create_run(writer._experiment_id(client, "fxtrack", uri),
+    client.create_run(experiment_id(client, "fxtrack", uri),
                       tags={"fxtrack.framework": "jax"})
     frame = reader.load_runs(uri, "fxtrack")
     assert sorted(frame["tags.fxtrack.framework"]) == ["jax", "torch"]

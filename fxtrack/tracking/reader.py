@@ -18,6 +18,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from fxtrack.environment import redact_uri, redact_uri_text
+from fxtrack.tracking.health import mlflow_defaults
 
 _PAGE = 1000  # runs per search request; the file and SQL stores cap pages at 50,000
 
@@ -45,6 +46,7 @@ def load_runs(uri: str, experiment: str, filter_string: Optional[str] = None) ->
     """
     where = redact_uri(uri)
     _require_sqlite_file(uri, experiment)
+    mlflow_defaults()  # a server that is down fails the read in seconds, as it fails a write
     client = MlflowClient(uri)
     try:
         exp = client.get_experiment_by_name(experiment)
@@ -73,6 +75,7 @@ def experiment_names(uri: str) -> list[str]:
     sqlite, does not exist: listing must not create it)."""
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         return []
+    mlflow_defaults()
     try:
         return sorted(e.name for e in MlflowClient(uri).search_experiments())
     except (mlflow.exceptions.MlflowException, OSError, ConnectionError):

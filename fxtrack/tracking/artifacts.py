@@ -1,0 +1,94 @@
+"""A run's files: each artifact uploaded once, straight to the run's artifact location; a
+deployment run's ONNX model logged as an MLflow logged model; a replaced run's files deleted
+with it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from mlflow.tracking import MlflowClient
+
+def model_files(record: dict[str, Any], files: list[tuple[str, Path | str]]):
+    """The artifacts less the logged model's folder, and the model file in it (None: no model,
+    or its flavour is not in MLflow: the folder goes up as a plain artifact)."""
+    spec = record.get("logged_model")
+    if not spec or not spec.get("flavor"):
+        return files, None
+    folder = dict(files).get(spec["artifact"])
+    if not isinstance(folder, Path) or not (folder / spec["file"]).is_file():
+        return files, None
+    return [f for f in files if f[0] != spec["artifact"]], folder / spec["file"]
+
+
+def log_model(uri: str, exp_id: str, run_id: str, path: Path) -> None:
+    """Log a deployment run's ONNX artefact as an MLflow logged model (``mlflow.onnx``; records.
+    MODEL_FLAVORS) of the run, so the run's Models tab lists it with the run's metrics (latency
+    included). MLflow's model API logs through the global tracking URI and puts the model in the
+    active experiment: both pointed at this run's for this call only."""
+    import mlflow.onnx
+    import onnx
+    from mlflow.models import Model
+
+    previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
+    previous_exp = os.environ.get("MLFLOW_EXPERIMENT_ID")
+    mlflow.set_tracking_uri(uri)
+    os.environ["MLFLOW_EXPERIMENT_ID"] = exp_id
+    try:
+        Model.log(artifact_path=None, name="model", flavor=mlflow.onnx, run_id=run_id,
+                  onnx_model=onnx.load(str(path)))  # its external data, beside it, too
+    finally:
+        if previous:
+            mlflow.set_tracking_uri(previous)
+        if previous_exp is None:
+            os.environ.pop("MLFLOW_EXPERIMENT_ID", None)
+        else:
+            os.environ["MLFLOW_EXPERIMENT_ID"] = previous_exp
+
+
+def upload(client: MlflowClient, run_id: str, uri: str, artifact_uri: Optional[str],
+            files: list[tuple[str, Path | str]]) -> None:
+    """Each artifact once, straight to the run's artifact location (no get_run per file);
+    texts and renamed files go through a temporary directory."""
+    if not files:
+        return
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    repo = get_artifact_repository(artifact_uri, tracking_uri=uri) if artifact_uri else None
+    tmp: Optional[Path] = None
+    try:
+        for name, content in files:
+            if not (isinstance(content, Path) and content.name == name):
+                tmp = tmp or Path(tempfile.mkdtemp(prefix="fxtrack-upload-"))
+                path = tmp / name
+                if isinstance(content, Path):
+                    shutil.copyfile(content, path)
+                else:
+                    path.write_text(content)
+                content = path
+            if repo is None and content.is_dir():
+                client.log_artifacts(run_id, str(content), name)
+            elif repo is None:
+                client.log_artifact(run_id, str(content))
+            elif content.is_dir():
+                repo.log_artifacts(str(content), name)
+            else:
+                repo.log_artifact(str(content))
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def discard(client: MlflowClient, uri: str, run_id: str, artifact_uri: Optional[str]) -> None:
+    """Delete a run and its artifacts (MLflow's delete_run keeps them until `mlflow gc`)."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+    try:
+        if artifact_uri:
+            get_artifact_repository(artifact_uri, tracking_uri=uri).delete_artifacts()
+    except Exception:  # noqa: BLE001, S110 - a leftover folder costs disk space, never a result
+        pass
+    client.delete_run(run_id)
