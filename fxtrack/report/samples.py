@@ -17,6 +17,7 @@ from typing import Optional
 import pandas as pd
 
 from fxtrack import stats
+from fxtrack.metrics import lookup
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import fmt
@@ -42,23 +43,14 @@ def identity() -> dict[str, tuple]:
     }
 
 
-# Lower is better for these metric keys (times, memory, energy, cost, error, code size); higher
-# for rates, utilisation and scaling. A key matching neither needs --lower-is-better or not.
-LOWER = re.compile(r"^(step_time_ms|latency_ms|ttft_ms|decode_ms_per_token|compile_time_s|"
-                   r"first_step_time_s|peak_mem|peak_rss|state_mib|checkpoint_|export_|artefact_mib|"
-                   r"energy_j|power_w|cost_per_|output_.*err|code_|host_other_cpu|step_time_cv|"
-                   r"memory_ratio)")
-HIGHER = re.compile(r"(_per_s$|^throughput|^mfu$|^achieved_tflops|^scaling_efficiency|^speedup_x|"
-                    r"^top1_agreement|^resident_)")
 _SELECTED = re.compile(r"\b(params?|tags?|attributes?|metrics?)\.(`[^`]+`|\"[^\"]+\"|'[^']+'|[\w.]+)")
 
 
 def lower_is_better(key: str) -> bool:
     """Which way a metric improves; ValueError for a key fxtrack does not know."""
-    if LOWER.search(key):
-        return True
-    if HIGHER.search(key):
-        return False
+    metric = lookup(key)
+    if metric is not None and metric.direction != "neither":
+        return metric.direction == "lower"
     raise ValueError(f"which way is better for {key!r} is not known: pass --lower-is-better "
                      "or --higher-is-better")
 
