@@ -281,7 +281,7 @@ def test_mfu_over_1_reaches_the_mlflow_tags():
     from fxtrack.tracking.records import job_record
 
     spec = _spec()
-    spec.arch = {"name": "vit"}
+    spec.arch = {"name": "vit", "family": "vit", "dims": {}}
     record = job_record(spec, Result("r", status="FINISHED", tags={"mfu_over_1": "true"}), {},
                         "sqlite:///x.db", "fxtrack", None, 0)
     assert record["tags"]["fxtrack.mfu_over_1"] == "true"
