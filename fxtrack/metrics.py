@@ -1,58 +1,203 @@
-"""The metric registry: per metric (or name pattern for a family of keys) its unit, which way it
-improves and a one-line meaning. Pure data, no framework or mlflow import, so report, tracking and
-the worker can all read it. ``system/...`` metrics are MLflow's and not listed."""
+"""The metric registry: every metric key fxtrack logs, with its unit, which way it improves, a
+one-line meaning and the scenarios that log it. Pure data, no framework or mlflow import, so the
+report, ``compare``, ``claims`` and the answer page read direction and unit from one place.
+
+Names are written as ``docs/contract.md``'s Metrics tables write them: ``{a|b}`` is one of the
+alternatives, ``{N}`` a device count. ``tests/test_docs.py`` checks the registry against those
+tables and against every key the code writes, both ways, units included. MLflow's ``system/...``
+series are not metrics of fxtrack's and are not listed.
+"""
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
+
+LOWER, HIGHER, NEITHER = "lower", "higher", "neither"  # NEITHER: a figure, not a merit
+
+# The scenarios each group of keys is logged by (the contract's Metrics subsections).
+TIMED = ("train", "inference", "generate", "scaling", "pipeline")
+AGGREGATE = ("aggregate",)  # an aggregate run of repeats=N, any scenario
 
 
 @dataclass(frozen=True)
 class Metric:
-    pattern: str          # a regex searched in the key (anchored where the key is exact)
+    name: str  # the contract's notation: step_time_ms_{p50|p90}, speedup_x{N}
     unit: str
-    direction: str        # "lower" | "higher" | "neither"
+    direction: str  # LOWER | HIGHER | NEITHER
     meaning: str
+    scenarios: tuple[str, ...]
+
+    @functools.cached_property
+    def pattern(self) -> re.Pattern:
+        """The keys this entry names, as a regex matched against a whole key."""
+        out, pos = "", 0
+        for m in re.finditer(r"\{([^}]*)\}", self.name):
+            out += re.escape(self.name[pos:m.start()])
+            out += r"\d+" if m.group(1) == "N" else "(?:" + "|".join(
+                re.escape(a) for a in m.group(1).split("|")) + ")"
+            pos = m.end()
+        return re.compile(out + re.escape(self.name[pos:]))
+
+    @property
+    def lower_is_better(self) -> bool:
+        return self.direction == LOWER
 
 
-# Order matters: the first matching entry wins (lower-is-better keys are checked first, as the
-# report's regexes did before this table replaced them).
+def _m(name: str, unit: str, direction: str, meaning: str,
+       scenarios: tuple[str, ...] = TIMED) -> Metric:
+    return Metric(name, unit, direction, meaning, scenarios)
+
+
+_STEP = "step_time_ms_{p50|p90|p99|mean|std}"
 METRICS: tuple[Metric, ...] = (
-    Metric(r"^step_time_ms", "ms", "lower", "wall time of one training or inference step"),
-    Metric(r"^latency_ms", "ms", "lower", "request latency"),
-    Metric(r"^ttft_ms", "ms", "lower", "time to first token"),
-    Metric(r"^decode_ms_per_token", "ms", "lower", "decode time per generated token"),
-    Metric(r"^compile_time_s", "s", "lower", "time spent compiling"),
-    Metric(r"^first_step_time_s", "s", "lower", "wall time of the first step"),
-    Metric(r"^peak_mem", "MiB", "lower", "peak accelerator memory"),
-    Metric(r"^peak_rss", "MiB", "lower", "peak host resident memory"),
-    Metric(r"^state_mib", "MiB", "lower", "size of the training state"),
-    Metric(r"^checkpoint_", "s or MiB", "lower", "checkpoint save/restore time and size"),
-    Metric(r"^export_", "s or MiB", "lower", "export time and size"),
-    Metric(r"^artefact_mib", "MiB", "lower", "size of an exported artefact"),
-    Metric(r"^energy_j", "J", "lower", "energy used"),
-    Metric(r"^power_w", "W", "lower", "power drawn"),
-    Metric(r"^cost_per_", "USD", "lower", "cost per unit of work"),
-    Metric(r"^output_.*err", "1", "lower", "output error against the reference"),
-    Metric(r"^code_", "lines", "lower", "size of the code a run needed"),
-    Metric(r"^host_other_cpu", "%", "lower", "CPU taken by other host processes"),
-    Metric(r"^step_time_cv", "1", "lower", "coefficient of variation of step time"),
-    Metric(r"^memory_ratio", "1", "lower", "measured over estimated memory"),
-    Metric(r"_per_s$", "1/s", "higher", "a rate: samples, tokens or requests per second"),
-    Metric(r"^throughput", "1/s", "higher", "throughput"),
-    Metric(r"^mfu$", "1", "higher", "model FLOP utilisation"),
-    Metric(r"^achieved_tflops", "TFLOP/s", "higher", "achieved TFLOP/s"),
-    Metric(r"^scaling_efficiency", "1", "higher", "scaling efficiency over one device"),
-    Metric(r"^speedup_x", "x", "higher", "speed-up over the baseline"),
-    Metric(r"^top1_agreement", "1", "higher", "top-1 agreement with the reference"),
-    Metric(r"^resident_", "1", "higher", "share kept resident"),
+    # every timed run
+    _m("throughput_samples_per_s", "samples/s", HIGHER,
+       "global samples in the timed window / its wall time"),
+    _m(_STEP, "ms", LOWER, "per-step wall time over the timed steps"),
+    _m("step_time_cv", "ratio", LOWER, "step-time standard deviation / mean"),
+    _m("first_step_time_s", "s", LOWER, "the first step, compilation included"),
+    _m("compile_time_s", "s", LOWER, "first step minus the median timed step"),
+    _m("param_count", "parameters", NEITHER, "trainable parameters of the built model"),
+    _m("flops_per_sample", "FLOP", NEITHER, "model FLOPs per sample"),
+    _m("tokens_per_s", "tokens/s", HIGHER, "language models: samples/s x tokens per sample"),
+    _m("achieved_tflops", "TFLOP/s", HIGHER, "flops_per_sample x throughput"),
+    _m("peak_rss_mib", "MiB", LOWER, "peak resident memory of the worker's largest process"),
+    _m("peak_mem_device_mib", "MiB", LOWER, "the framework's own peak device memory"),
+    _m("peak_mem_device_reserved_mib", "MiB", LOWER, "GPU: the allocator pool's peak"),
+    _m("peak_mem_nvml_mib", "MiB", LOWER, "GPU: NVML's per-process peak"),
+    _m("energy_j_per_sample", "J/sample", LOWER, "GPU: NVML energy per sample"),
+    _m("power_w_mean", "W", LOWER, "GPU: mean power over the timed window"),
+    _m("host_other_cpu_frac", "fraction 0..1", LOWER,
+       "CPU other processes took on the run's cores in the window"),
+    _m("host_other_cpu_frac_before", "fraction 0..1", LOWER, "the same, just before the window"),
+    _m("host_steal_frac", "fraction 0..1", LOWER, "hypervisor steal time in the window"),
+    _m("host_loadavg_1m", "processes", LOWER, "1-minute load average at the window's end"),
+    _m("framework_matmul_tflops", "TFLOP/s", HIGHER, "this framework's large-matmul rate"),
+    _m("peak_tflops", "TFLOP/s", NEITHER, "the device's peak MFU is measured against"),
+    _m("mfu", "fraction", HIGHER, "achieved_tflops / (devices x peak_tflops)"),
+    _m("cost_per_1m_samples", "currency", LOWER, "price of a million samples"),
+    _m("cost_per_1m_tokens", "currency", LOWER, "price of a million tokens"),
+    _m("code_{sloc|lloc|cc}", "lines / lines / complexity", LOWER,
+       "size and complexity of the framework's implementation"),
+    _m("code_{sloc|lloc|cc}_{model|train|data|devices|checkpoint}", "as above", LOWER,
+       "the same per API dimension"),
+    # scenario=train (and scaling children)
+    _m("loss_first", "loss", NEITHER, "the first step's loss", ("train", "scaling")),
+    _m("loss_last", "loss", NEITHER, "the last step's loss", ("train", "scaling")),
+    _m("state_mib_per_device", "MiB", LOWER, "training state held by the fullest device",
+       ("train", "scaling")),
+    # scenario=inference
+    _m("latency_ms_{p50|p90|p99}", "ms", LOWER, "one batch's forward time", ("inference",)),
+    _m("output_max_abs_err", "logit units", LOWER, "largest difference from native fp32",
+       ("inference",)),
+    _m("output_rel_err", "ratio", LOWER, "that difference / the largest native logit",
+       ("inference",)),
+    _m("top1_agreement", "fraction", HIGHER, "share of samples whose top-1 matches native",
+       ("inference",)),
+    _m("artefact_mib", "MiB", LOWER, "the exported file the runtime serves", ("inference",)),
+    _m("export_time_s", "s", LOWER, "export, quantisation and load of the served model",
+       ("inference",)),
+    # scenario=generate
+    _m("ttft_ms_{p50|p90}", "ms", LOWER, "time to the first token", ("generate",)),
+    _m("decode_ms_per_token_{p50|p90}", "ms", LOWER, "one decode step through the cache",
+       ("generate",)),
+    _m("decode_tokens_per_s", "tokens/s", HIGHER, "tokens decoded per second", ("generate",)),
+    _m("kv_cache_mib", "MiB", LOWER, "the KV cache's bytes", ("generate",)),
+    # scenario=serve
+    _m("serve_e2e_ms_{p50|p90|p99}", "ms", LOWER, "arrival to last token", ("serve",)),
+    _m("serve_ttft_ms_{p50|p90|p99}", "ms", LOWER, "arrival to first token", ("serve",)),
+    _m("serve_tpot_ms_{p50|p90|p99}", "ms", LOWER, "time per output token after the first",
+       ("serve",)),
+    _m("serve_itl_ms_{p50|p90|p99}", "ms", LOWER, "gap between consecutive tokens", ("serve",)),
+    _m("serve_requests", "count", NEITHER, "requests in the window", ("serve",)),
+    _m("request_throughput_rps", "requests/s", HIGHER, "requests completed per second",
+       ("serve",)),
+    _m("output_tokens_per_s", "tokens/s", HIGHER, "output tokens per second", ("serve",)),
+    _m("goodput_rps", "requests/s", HIGHER, "requests meeting every SLO per second", ("serve",)),
+    _m("slo_attained_fraction", "fraction", HIGHER, "share of requests meeting every SLO",
+       ("serve",)),
+    _m("requested_rate_rps", "requests/s", NEITHER, "the arrival rate asked for", ("serve",)),
+    _m("achieved_rate_rps", "requests/s", NEITHER, "the arrival rate achieved", ("serve",)),
+    _m("completion_rate_rps", "requests/s", HIGHER, "how fast requests completed", ("serve",)),
+    _m("batches", "count", NEITHER, "batches served", ("serve",)),
+    _m("mean_batch_size", "count", NEITHER, "requests per batch", ("serve",)),
+    _m("serve_recompiles", "count", LOWER, "compilations inside the window", ("serve",)),
+    _m("max_rate_under_slo_rps", "requests/s", HIGHER, "the highest rate meeting every SLO",
+       ("serve",)),
+    _m("highest_passing_rate_rps", "requests/s", HIGHER, "the same", ("serve",)),
+    _m("lowest_failing_rate_rps", "requests/s", HIGHER, "the lowest rate that failed",
+       ("serve",)),
+    # scenario=pipeline
+    _m("pipeline_samples_per_s", "samples/s", HIGHER, "the loader alone", ("pipeline",)),
+    _m("resident_samples_per_s", "samples/s", HIGHER, "training on device-resident data",
+       ("pipeline",)),
+    _m("input_bound_fraction", "fraction, signed", LOWER, "the share of time lost to input",
+       ("pipeline",)),
+    # the resident window's own figures: unit and direction of the unprefixed key (lookup)
+    _m("resident_{" + "|".join(
+        [f"step_time_ms_{s}" for s in ("p50", "p90", "p99", "mean", "std")]
+        + ["step_time_cv", "first_step_time_s", "compile_time_s", "achieved_tflops",
+           "energy_j_per_sample", "power_w_mean", "host_other_cpu_frac", "host_steal_frac",
+           "host_loadavg_1m", "host_other_cpu_frac_before"]) + "}",
+       "as the unprefixed key", NEITHER, "the resident window's figures", ("pipeline",)),
+    # scenario=checkpoint
+    _m("checkpoint_save_s", "s", LOWER, "saving the full training state", ("checkpoint",)),
+    _m("checkpoint_restore_s", "s", LOWER, "restoring it", ("checkpoint",)),
+    _m("checkpoint_mib", "MiB", LOWER, "the checkpoint on disk", ("checkpoint",)),
+    _m("checkpoint_restore_exact", "0 or 1", HIGHER, "1: the restore replayed the step exactly",
+       ("checkpoint",)),
+    _m("loss_next_step", "loss", NEITHER, "the next step's loss before saving", ("checkpoint",)),
+    _m("loss_after_restore", "loss", NEITHER, "the same step's loss after restoring",
+       ("checkpoint",)),
+    _m("export_s", "s", LOWER, "exporting the model for serving", ("checkpoint",)),
+    _m("export_mib", "MiB", LOWER, "the exported model on disk", ("checkpoint",)),
+    _m("{live|export}_latency_ms_p50", "ms", LOWER, "median forward time, live and exported",
+       ("checkpoint",)),
+    _m("export_latency_ratio", "ratio", LOWER, "exported / live forward time", ("checkpoint",)),
+    _m("export_max_rel_err", "ratio", LOWER, "the export's largest relative error",
+       ("checkpoint",)),
+    # scenario=scaling (the parent)
+    _m("throughput_samples_per_s_x{N}", "samples/s", HIGHER, "throughput at N devices",
+       ("scaling",)),
+    _m("speedup_x{N}", "ratio", HIGHER, "throughput at N / at 1", ("scaling",)),
+    _m("scaling_efficiency_x{N}", "fraction", HIGHER, "throughput at N / (N x at 1)",
+       ("scaling",)),
+    _m("scaling_efficiency", "fraction", HIGHER, "the efficiency at the largest N",
+       ("scaling",)),
+    # scenario=fit (the parent)
+    _m("max_batch_size", "samples", HIGHER, "the largest batch that fitted", ("fit",)),
+    _m("max_seq_len", "tokens", HIGHER, "the longest sequence that fitted", ("fit",)),
+    _m("throughput_at_max_samples_per_s", "samples/s", HIGHER, "throughput at the found value",
+       ("fit",)),
+    _m("throughput_at_max_ci_{low|high}", "samples/s", HIGHER, "its 95% interval", ("fit",)),
+    _m("throughput_at_max_tokens_per_s", "tokens/s", HIGHER, "the same in tokens/s", ("fit",)),
+    _m("memory_per_sample_mib", "MiB", LOWER, "peak memory per sample (the line's slope)",
+       ("fit",)),
+    _m("fixed_memory_mib", "MiB", LOWER, "peak memory at batch 0 (the line's intercept)",
+       ("fit",)),
+    _m("memory_fit_r2", "fraction", NEITHER, "r^2 of that line", ("fit",)),
+    _m("memory_budget_gib", "GiB", NEITHER, "the budget each probe was held to", ("fit",)),
+    _m("fit_probes", "count", NEITHER, "probes the search ran", ("fit",)),
+    # aggregate runs
+    _m("repeats", "count", NEITHER, "how many repeats the figures stand on", AGGREGATE),
+    _m("throughput_ci_{low|high}", "samples/s", HIGHER, "95% interval of the throughput",
+       AGGREGATE),
+    _m("throughput_rel_ci", "fraction", LOWER, "interval width / median", AGGREGATE),
+    _m("throughput_log_mean", "log(samples/s)", HIGHER, "mean log throughput", AGGREGATE),
+    _m("throughput_log_sd", "log(samples/s)", LOWER, "sd of log throughput", AGGREGATE),
+    _m("step_time_ms_p50_ci_{low|high}", "ms", LOWER, "95% interval of step_time_ms_p50",
+       AGGREGATE),
 )
-_COMPILED = tuple((re.compile(m.pattern), m) for m in METRICS)
+_RESIDENT = "resident_"
 
 
 def lookup(key: str) -> Metric | None:
-    """The registry entry for a metric key, or None for a key fxtrack does not know."""
-    for rx, metric in _COMPILED:
-        if rx.search(key):
+    """The registry entry naming a metric key, or None for a key fxtrack does not log. A
+    resident window's figure (``resident_step_time_ms_p50``) reads as its unprefixed key."""
+    for metric in METRICS:
+        if metric.pattern.fullmatch(key):
+            if metric.name.startswith(_RESIDENT + "{"):
+                return lookup(key[len(_RESIDENT):])
             return metric
     return None

@@ -57,6 +57,24 @@ def test_a_claim_without_source_or_conditions_is_rejected(tmp_path):
         claims.load(bad)
 
 
+def test_a_claim_names_a_registered_metric_in_its_registered_unit(tmp_path):
+    good = ("- id: x\n  claim: fast\n  kind: memory\n  metric: peak_rss_mib\n  unit: GB\n"
+            "  source: {title: t, section: s}\n"
+            "  conditions: {model: vit, scenario: train, hardware: null, device: null,\n"
+            "    precision: null, batch_size: null, devices: 1, framework_versions: null}\n"
+            "  arms: [{framework: jax, value: 2}, {framework: torch, value: 3}]\n"
+            "  test: anywhere\n")
+    path = tmp_path / "claims.yaml"
+    path.write_text(good)
+    assert claims.load(path)[0].scale() == pytest.approx(1e9 / 2**20)  # GB -> MiB
+    path.write_text(good.replace("peak_rss_mib", "peak_rss_gb"))
+    with pytest.raises(ValueError, match="'peak_rss_gb' is not a metric fxtrack logs"):
+        claims.load(path)
+    path.write_text(good.replace("peak_rss_mib", "step_time_ms_p50"))  # ms, not MiB
+    with pytest.raises(ValueError, match="converts to MiB, but step_time_ms_p50 is in ms"):
+        claims.load(path)
+
+
 def test_an_empty_store_lists_every_claim_not_yet_measured_with_its_command(tmp_path, capsys):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # no database: nothing measured yet
     assert claims.main(["--uri", uri]) == 0

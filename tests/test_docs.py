@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import inspect
 import io
+import itertools
 import re
 import typing
 from pathlib import Path
@@ -70,6 +71,9 @@ def undocumented(keys: set[str], names: list[str]) -> list[str]:
 # functions that build metrics (``*metrics``, ``window_figures``), where they mean exactly that.
 METRIC_NAMES = {"m", "metrics", "result.metrics", "outcome.metrics", "checked"}
 LOCAL_NAMES = {"out", "totals"}
+# Names written into one key at a time only (scenario=serve's window figures; a whole dict of that
+# name is a request's own figures, not metrics).
+SUBSCRIPT_NAMES = {"figures", "reported.figures"}
 # Only readers of metrics (report), the schema and the transport to MLflow live here.
 NOT_WRITERS = {"report", "config", "tracking"}
 
@@ -123,9 +127,9 @@ def _key_nodes(fn: ast.FunctionDef) -> list[ast.AST]:
 
     keys: list[ast.AST] = []
     for n in ast.walk(fn):
-        if isinstance(n, ast.Assign):
-            for t in n.targets:
-                if isinstance(t, ast.Subscript) and ast.unparse(t.value) in names:
+        if isinstance(n, (ast.Assign, ast.AnnAssign)) and n.value is not None:
+            for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                if isinstance(t, ast.Subscript) and ast.unparse(t.value) in names | SUBSCRIPT_NAMES:
                     keys.append(t.slice)
                 elif isinstance(t, ast.Name) and t.id in names:
                     keys += dict_keys(n.value)
@@ -189,6 +193,89 @@ def test_every_metric_the_code_writes_is_in_the_contract():
     assert not missing, f"metric keys missing from docs/contract.md's Metrics tables: {missing}"
 
 
+# --- the metric registry (fxtrack/metrics.py) against the contract and the code ----------------
+
+def _keys(name: str) -> set[str]:
+    """A contract name's concrete keys: ``{a|b}`` each alternative, ``{N}`` the counts 1 and 8."""
+    parts = re.split(r"(\{[^}]*\})", name)
+    options = [[p] if not p.startswith("{") else ["1", "8"] if p == "{N}" else p[1:-1].split("|")
+               for p in parts]
+    return {"".join(c) for c in itertools.product(*options)}
+
+
+def _subsection_scenarios(title: str) -> set[str]:
+    """The scenarios a Metrics subsection's title names: 'scenario=train (and scaling
+    children)', 'Every timed run (train, inference, ...)', 'Aggregate runs'."""
+    if title.startswith("Aggregate"):
+        return {"aggregate"}
+    named = re.findall(r"scenario=(\w+)", title)
+    if "Every timed run" in title:
+        named = re.findall(r"(\w+)(?:,| children|\))", title.partition("(")[2])
+    return set(named) | ({"scaling"} if "scaling children" in title else set())
+
+
+def contract_metrics() -> dict[str, tuple[str, set[str]]]:
+    """Every concrete metric key of the contract's Metrics tables (MLflow's system series
+    left out) -> (the unit cell up to any parenthesis, the scenarios of its subsections)."""
+    out: dict[str, tuple[str, set[str]]] = {}
+    for block in re.split(r"^### ", section("Metrics"), flags=re.MULTILINE)[1:]:
+        title = block.splitlines()[0]
+        if title.startswith("System"):
+            continue
+        scenarios = _subsection_scenarios(title)
+        assert scenarios, f"cannot tell the scenarios of the Metrics subsection {title!r}"
+        for line in block.splitlines():
+            if not line.startswith("|") or re.fullmatch(r"[|\s:-]+", line):
+                continue
+            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            unit = cells[1].split(" (")[0]
+            for name in re.findall(r"`([^`]+)`", cells[0].replace("\\|", "|")):
+                if name != "metric":
+                    for key in _keys(name):
+                        _, before = out.get(key, (unit, set()))
+                        out[key] = (unit, before | scenarios)
+    return out
+
+
+def test_the_metric_registry_is_the_contracts_metrics_tables_units_and_scenarios_included():
+    from fxtrack import metrics
+
+    documented = contract_metrics()
+    assert len(documented) > 100 and "serve_tpot_ms_p99" in documented
+    registered = {key: m for m in metrics.METRICS for key in _keys(m.name)}
+    assert sorted(set(documented) - set(registered)) == [], "documented, not registered"
+    assert sorted(set(registered) - set(documented)) == [], "registered, not documented"
+    for key, (unit, scenarios) in documented.items():
+        entry = registered[key]
+        assert entry.direction in (metrics.LOWER, metrics.HIGHER, metrics.NEITHER), key
+        assert set(entry.scenarios) == scenarios, (key, entry.scenarios, scenarios)
+        if entry is not metrics.lookup(key):  # a resident_ key reads as its unprefixed key
+            assert unit == "as the unprefixed key" and metrics.lookup(key).unit != unit, key
+        else:
+            assert entry.unit == unit, (key, entry.unit, unit)
+
+
+def test_every_key_the_code_writes_is_registered_and_every_registered_key_is_written():
+    from fxtrack import metrics
+    from fxtrack.measure import cost
+
+    written = scanned_metric_keys() | set(cost.RATES.values())
+    assert sorted(k for k in written if metrics.lookup(k) is None) == []
+    never = [m.name for m in metrics.METRICS if not any(m.pattern.fullmatch(k) for k in written)]
+    assert never == [], f"registered, but no code writes them: {never}"
+
+
+def test_the_registry_knows_which_way_each_figure_improves():
+    from fxtrack.metrics import lookup
+
+    assert lookup("resident_step_time_ms_p50").lower_is_better  # as step_time_ms_p50
+    assert not lookup("resident_samples_per_s").lower_is_better
+    assert lookup("checkpoint_restore_exact").direction == "higher"  # 1: exact
+    assert lookup("serve_tpot_ms_p99").lower_is_better and lookup("throughput_rel_ci").lower_is_better
+    assert lookup("param_count").direction == "neither" and lookup("no_such_metric") is None
+    assert lookup("speedup_x16").direction == "higher" and lookup("speedup_xy") is None
+
+
 @pytest.fixture(scope="module")
 def worker_results(tmp_path_factory):
     """Real Results of a tiny torch ViT, 2 steps, in-process: train and inference."""
@@ -209,6 +296,7 @@ def worker_results(tmp_path_factory):
 
 
 def test_a_real_runs_metrics_and_series_are_in_the_contract(worker_results):
+    from fxtrack import metrics as registry
     from fxtrack.measure import complexity
 
     metrics = section("Metrics")
@@ -217,6 +305,9 @@ def test_a_real_runs_metrics_and_series_are_in_the_contract(worker_results):
         assert len(result.metrics) > 10
         keys = set(result.metrics) | set(complexity.code_metrics(spec.framework))
         assert not undocumented(keys, names), f"{spec.scenario}: {undocumented(keys, names)}"
+        assert sorted(k for k in keys if registry.lookup(k) is None) == [], spec.scenario
+        assert all(spec.scenario in registry.lookup(k).scenarios for k in result.metrics
+                   if not k.startswith("code_")), spec.scenario
         for series in result.series:
             assert f"`{series}`" in metrics, f"series {series} is not in the Metrics section"
 

@@ -17,6 +17,7 @@ from typing import Optional
 import pandas as pd
 
 from fxtrack import architectures
+from fxtrack import metrics as registry
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import samples
 from fxtrack.report.lm import lm_models
@@ -35,7 +36,6 @@ class Objective:
     title: str
     scenario: str
     metrics: tuple[str, ...]  # the first of these a run logged is the figure
-    lower: bool  # lower is better
     batch: str  # "common": the batch size most frameworks ran; "one": batch 1; "largest"
     phrase: tuple[str, str]  # sentence: "<fw> <verb> <model> <r>x <adjective> <other>"
     command: str  # what measures it; {model} is filled in
@@ -44,48 +44,53 @@ class Objective:
     # lower-is-better amount reads wrongly as "1.14x less"
     fraction: bool = False
 
+    @property
+    def lower(self) -> bool:
+        """Lower is better: the metric registry's direction of the objective's figure."""
+        return registry.lookup(self.metrics[0]).lower_is_better
+
 
 OBJECTIVES = (
-    Objective("train", "Training throughput", "train", ("throughput_samples_per_s",), False,
+    Objective("train", "Training throughput", "train", ("throughput_samples_per_s",),
               "common", ("trains", "as fast as"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3"),
     Objective("fit", "Largest batch that fits", "fit",
-              ("max_batch_size", "throughput_at_max_samples_per_s"), False, "largest",
+              ("max_batch_size", "throughput_at_max_samples_per_s"), "largest",
               ("fits", "as large a batch of"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=fit repeats=3"),
-    Objective("latency", "Inference latency at batch 1", "inference", ("latency_ms_p50",), True,
+    Objective("latency", "Inference latency at batch 1", "inference", ("latency_ms_p50",),
               "one", ("answers one sample of", "faster than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=inference batch_size=1 repeats=3"),
     Objective("inference", "Inference throughput at the largest batch", "inference",
-              ("throughput_samples_per_s",), False, "largest", ("infers", "as fast as"),
+              ("throughput_samples_per_s",), "largest", ("infers", "as fast as"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=inference repeats=3"),
     Objective("serve", "Serving capacity under the SLOs", "serve",
-              ("max_rate_under_slo_rps", "goodput_rps"), False, "common",
+              ("max_rate_under_slo_rps", "goodput_rps"), "common",
               ("serves", "as many requests/s of"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=serve repeats=3"),
-    Objective("ttft", "Generation: time to first token", "generate", ("ttft_ms_p50",), True,
+    Objective("ttft", "Generation: time to first token", "generate", ("ttft_ms_p50",),
               "common", ("starts generating", "faster than"),
               "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
               "repeats=3", lm_only=True),
-    Objective("decode", "Generation: decode tokens/s", "generate", ("decode_tokens_per_s",), False,
+    Objective("decode", "Generation: decode tokens/s", "generate", ("decode_tokens_per_s",),
               "common", ("decodes", "as fast as"),
               "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
               "repeats=3", lm_only=True),
     Objective("memory", "Peak memory at equal batch", "train",
-              ("peak_mem_device_mib", "peak_rss_mib"), True, "common", ("trains", "the peak memory of"),
+              ("peak_mem_device_mib", "peak_rss_mib"), "common", ("trains", "the peak memory of"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3", fraction=True),
-    Objective("cost", "Cost per 1M samples", "train", ("cost_per_1m_samples",), True, "common",
+    Objective("cost", "Cost per 1M samples", "train", ("cost_per_1m_samples",), "common",
               ("trains", "cheaper than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3 hardware.price_per_hour=<price>"),
     Objective("compile", "Compile / first-step time", "train", ("first_step_time_s", "compile_time_s"),
-              True, "common", ("starts training", "faster than"),
+              "common", ("starts training", "faster than"),
               "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
               "scenario=train repeats=3"),
 )

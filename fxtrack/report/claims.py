@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from fxtrack import metrics as registry
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report.claim_plans import REPEATS, config_keys, machine_kind, plan
 from fxtrack.report.samples import Sample, configs, identity_columns, ratio, sample
@@ -39,7 +40,8 @@ KINDS = ("absolute", "ratio", "memory", "lever")
 TESTS = ("on_device", "anywhere")
 CONSISTENT, CONTRADICTED = "consistent", "contradicted"
 UNTESTABLE, UNMEASURED = "not testable here", "not yet measured"
-UNITS = {"GB": 1e9 / 2**20}  # published unit -> MiB, the unit of fxtrack's memory metrics
+# published unit -> (the registry's unit of the metric it converts to, the factor)
+UNITS = {"GB": ("MiB", 1e9 / 2**20)}
 REQUIRED = ("id", "source", "claim", "kind", "metric", "arms", "conditions", "test")
 CONDITIONS = ("model", "scenario", "hardware", "device", "precision", "batch_size", "devices",
               "framework_versions")
@@ -77,7 +79,7 @@ class Claim:
 
     def scale(self) -> float:
         """Published unit -> the metric's unit."""
-        return UNITS[self.unit] if self.unit else 1.0
+        return UNITS[self.unit][1] if self.unit else 1.0
 
 
 def load(path: Path = CLAIMS) -> list[Claim]:
@@ -115,8 +117,16 @@ def load(path: Path = CLAIMS) -> list[Claim]:
             raise ValueError(f"{where}: a {claim.kind} claim has two arms and a ratio (or both values)")
         if claim.kind in ("absolute", "memory") and not all("value" in a for a in claim.arms):
             raise ValueError(f"{where}: an {claim.kind} claim gives every arm's value")
+        unknown = [m for m in (claim.metric, claim.fallback) if m and registry.lookup(m) is None]
+        if unknown:
+            raise ValueError(f"{where}: {unknown[0]!r} is not a metric fxtrack logs "
+                             "(fxtrack/metrics.py)")
+        registered = registry.lookup(claim.metric)
         if claim.unit is not None and claim.unit not in UNITS:
             raise ValueError(f"{where}: unit must be one of {', '.join(UNITS)}")
+        if claim.unit is not None and UNITS[claim.unit][0] != registered.unit:
+            raise ValueError(f"{where}: a figure in {claim.unit} converts to "
+                             f"{UNITS[claim.unit][0]}, but {claim.metric} is in {registered.unit}")
         claims.append(claim)
     return claims
 
