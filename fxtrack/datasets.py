@@ -5,13 +5,21 @@ does the same work on them (see ``augment`` below).
 
 Layout: ``images/000000.jpg ...`` + ``labels.npy`` (int32), or ``tokens-000.npy ...``
 (int32, (samples per shard, seq_len)).
+
+model=custom (``ensure_user``): the user's own ``(inputs, targets)`` batch, its rows repeated to
+the dataset's samples, written in the reading framework's own record format (``.npy`` arrays
+for PyTorch, TFRecord for TensorFlow, ArrayRecord for Grain) beside ``records.json``, which
+names every array (its structure, per-sample shape and dtype). The per-sample work is
+read + deserialize + collate: the user's arrays have nothing to decode or augment.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from fxtrack import families
 from fxtrack.architectures import Arch
@@ -39,17 +47,107 @@ def ensure(arch: Arch, samples: int, seed: int) -> Path:
     if form not in FORMATS:
         raise ValueError(f"model family {arch.family!r} has no on-disk dataset")
     shape, write = FORMATS[form]
-    name = f"{form}-{shape(arch)}-{samples}-{seed}"
+    return _cached(f"{form}-{shape(arch)}-{samples}-{seed}",
+                   lambda out: write(arch, samples, seed, out))
+
+
+def _cached(name: str, write: Callable[[Path], None]) -> Path:
+    """``cache_root() / name``, written by ``write`` into a private directory on first use and
+    renamed into place (concurrent writers of the same dataset do not read half a one)."""
     path = cache_root() / name
     if (path / "complete").exists():
         return path
     tmp = path.with_name(f"{name}.{os.getpid()}.tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    write(arch, samples, seed, tmp)
+    write(tmp)
     (tmp / "complete").write_text("ok\n")
     if not path.exists():
         tmp.rename(path)
     return path
+
+
+# model=custom: the user's own batch on disk (module docstring)
+MANIFEST = "records.json"
+# writer(out, manifest, leaves): every array of the batch (``manifest["leaves"]`` order), each
+# with ``manifest["samples"]`` rows, written in one framework's record format
+UserWriter = Callable[[Path, dict, list], None]
+
+
+def ensure_user(form: str, inputs: Any, targets: Any, samples: int, write: UserWriter) -> Path:
+    """The directory of the user's batch (NumPy ``inputs`` and ``targets``: one array, a tuple
+    or a dict each) repeated row by row to ``samples`` rows, in record format ``form``. Cached
+    per format, sample count and the batch itself (its structure, shapes, dtypes and bytes):
+    written once, read by every later run on the same data."""
+    import numpy as np
+
+    manifest = {"format": form, "samples": samples,
+                "inputs": _structure(inputs), "targets": _structure(targets), "leaves": []}
+    digest = hashlib.sha256()
+    leaves = []
+    for part, tree in (("inputs", inputs), ("targets", targets)):
+        for key, leaf in _items(tree):
+            leaf = np.ascontiguousarray(leaf)
+            manifest["leaves"].append({"name": f"{part}{key}", "dtype": leaf.dtype.name,
+                                       "shape": list(leaf.shape[1:])})
+            digest.update(leaf.tobytes())
+            leaves.append(leaf)
+    digest.update(json.dumps(manifest, sort_keys=True).encode())
+
+    def write_all(out: Path) -> None:
+        rows = np.arange(samples) % len(leaves[0])  # the builder's samples, in turn
+        write(out, manifest, [np.take(leaf, rows, axis=0) for leaf in leaves])
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+    return _cached(f"user-{form}-{digest.hexdigest()[:16]}-{samples}", write_all)
+
+
+def user_manifest(directory: Path) -> dict | None:
+    """The records' description when ``directory`` holds a user's batch (else None)."""
+    path = directory / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _structure(tree: Any) -> dict:
+    if isinstance(tree, dict):
+        return {"kind": "dict", "keys": list(tree)}
+    if isinstance(tree, (tuple, list)):
+        return {"kind": "tuple", "size": len(tree)}
+    return {"kind": "array"}
+
+
+def _items(tree: Any) -> list[tuple[str, Any]]:
+    """(name suffix, array) of each array of one array, a tuple or a dict."""
+    if isinstance(tree, dict):
+        return [(f".{k}", v) for k, v in tree.items()]
+    if isinstance(tree, (tuple, list)):
+        return [(f".{i}", v) for i, v in enumerate(tree)]
+    return [("", tree)]
+
+
+def unflatten(manifest: dict, leaves: list) -> tuple[Any, Any]:
+    """``(inputs, targets)`` in the user's structure from the arrays in ``leaves`` order (any
+    framework's arrays: the loaders rebuild each batch with it)."""
+    out, at = [], 0
+    for part in ("inputs", "targets"):
+        shape = manifest[part]
+        n = {"dict": len(shape.get("keys", ())), "tuple": shape.get("size", 0)}.get(shape["kind"], 1)
+        chunk, at = leaves[at:at + n], at + n
+        if shape["kind"] == "dict":
+            out.append(dict(zip(shape["keys"], chunk)))
+        elif shape["kind"] == "tuple":
+            out.append(tuple(chunk))
+        else:
+            out.append(chunk[0])
+    return out[0], out[1]
+
+
+def write_npy(out: Path, manifest: dict, leaves: list) -> None:
+    """Record format ``npy``: one ``leaf-<i>.npy`` per array (samples first), memory-mapped by
+    the reader, which copies one row per sample."""
+    import numpy as np
+
+    for i, leaf in enumerate(leaves):
+        np.save(out / f"leaf-{i}.npy", leaf)
 
 
 def _write_images(arch: Arch, samples: int, seed: int, out: Path) -> None:

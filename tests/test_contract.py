@@ -22,7 +22,7 @@ from fxtrack.frameworks.declaration import CAPABILITIES, NotSupported, declarati
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORK_MODULES = ("torch", "tensorflow", "jax", "keras", "flax", "mlflow")
 # What each capability's module must define (CAPABILITIES says what each function does).
-PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on"),
+PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on", "user_dataset"),
              "checkpoint": ("save", "restore"), "serving_export": ("export",),
              "onnx_export": ("reference", "to_onnx"), "tflite_export": ("reference", "to_tflite"),
              "native_int8": ("reference", "quantize_native"), "calibration": ("matmul_tflops",),

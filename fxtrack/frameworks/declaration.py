@@ -26,7 +26,9 @@ CAPABILITIES: dict[str, str] = {
                  "step on the resident batch (scenario=inference, the checkpoint scenario's "
                  "live model)",
     "pipeline": "loader(backend, directory, batch_size, workers) -> iterator of batches, "
-                "train_step_on(backend, batch) -> loss handle (scenario=pipeline)",
+                "train_step_on(backend, batch) -> loss handle, user_dataset(backend, samples) "
+                "-> (directory, record format): model=custom's batch written in the "
+                "framework's record format (scenario=pipeline)",
     "checkpoint": "save(backend, directory), restore(backend, directory): the full training "
                   "state (scenario=checkpoint)",
     "serving_export": "export(backend, directory) -> step: the model saved for serving in the "
@@ -67,8 +69,6 @@ CAPABILITIES: dict[str, str] = {
 CUSTOM_UNSUPPORTED: dict[str, str] = {
     "memory=checkpoint": "fxtrack cannot split an arbitrary model into blocks to recompute",
     "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
-    "scenario=pipeline": "the loader writes fxtrack's synthetic images or tokens, not your "
-                         "model's inputs",
     "scenario=checkpoint": "this framework has no checkpoint and serving export of a user's "
                            "model yet (framework=torch, tensorflow and jax have one; "
                            "framework=keras has no checkpoint path for any model)",

@@ -28,7 +28,7 @@ def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: s
     ``serving_export``: the framework declares ``user_serving_export`` (scenario=checkpoint for
     a user's model)."""
     asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
-             "scenario=pipeline": scenario == "pipeline", "scenario=serve": scenario == "serve",
+             "scenario=serve": scenario == "serve",
              "scenario=checkpoint": scenario == "checkpoint" and not serving_export,
              "runtime": runtime != "native", "quantize=dynamic_int8": quantize != "none"}
     for what, hit in asked.items():

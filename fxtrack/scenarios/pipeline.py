@@ -11,6 +11,11 @@ ROUNDS rounds of ``steps`` each) so that drift in the machine hits both equally.
 signed: 0.4 means training runs 40% slower because of input; a negative value means the fed
 window ran faster, i.e. the difference is within the noise, and is logged as measured, not
 clamped to 0.
+
+model=custom: the loader reads the user's own batch, written in the framework's record format
+(each pipeline module's ``user_dataset``; fxtrack.datasets.ensure_user), with the same step
+as scenario=train; FLOPs from the framework's counter, tokens/s for ``model.kind=lm``, and the
+tags ``pipeline_records`` (the format) and ``pipeline_work`` (what is done per sample).
 """
 
 from __future__ import annotations
@@ -18,15 +23,17 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from fxtrack import datasets, flops
+from fxtrack import datasets, families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import StepTimes, step_metrics, time_steps
 from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import guard
+from fxtrack.scenarios.train import lm_metrics, set_guard, user_flops
 
 ROUNDS = 2  # alternations of the resident and the fed window
+# model=custom: the user's arrays have nothing to decode or augment
+USER_WORK = "read + deserialize + collate"
 # Keys of the run_timed window that describe the resident window once the fed one owns the names.
 _WINDOW_KEYS = ("throughput_samples_per_s", "step_time_ms_p50", "step_time_ms_p90",
                 "step_time_ms_p99", "step_time_ms_mean", "step_time_ms_std", "step_time_cv",
@@ -47,8 +54,10 @@ def run(backend: Backend, result: Result) -> None:
     pipeline = backend.capability("pipeline")  # before the build: NotSupported costs nothing
     options = spec.options
     # Resident window 1: build, warm-up (the real compile), memory, load: run_timed's figures.
+    user = families.of(backend.arch).user_model
     handles = run_timed(backend, result, lambda: backend.train_step,
-                        flops.train_flops_per_sample(backend.arch))
+                        user_flops(backend, result, "train") if user
+                        else flops.train_flops_per_sample(backend.arch))
     m = result.metrics
     batch, steps, warmup = (result.resolved[k] for k in ("batch_size", "steps", "warmup_steps"))
     global_batch = batch * spec.devices * spec.nodes  # one draw is one step of every device
@@ -59,7 +68,12 @@ def run(backend: Backend, result: Result) -> None:
         if key in m:
             m[f"resident_{key}"] = m.pop(key)
 
-    directory = datasets.ensure(backend.arch, options["dataset_samples"], spec.seed)
+    if user:  # at least two batches, so that every draw is a full one
+        directory, result.tags["pipeline_records"] = pipeline.user_dataset(
+            backend, max(options["dataset_samples"], 2 * global_batch))
+        result.tags["pipeline_work"] = USER_WORK
+    else:
+        directory = datasets.ensure(backend.arch, options["dataset_samples"], spec.seed)
     loader = pipeline.loader(backend, directory, batch, options["loader_workers"])
     for _ in range(warmup):  # worker start-up, file-system cache, autotuning
         next(loader)
@@ -88,8 +102,10 @@ def run(backend: Backend, result: Result) -> None:
     m.update(sampler.metrics())
     result.tags["contended"] = "true" if contended or sampler.contended else "false"
     m["input_bound_fraction"] = 1.0 - m["throughput_samples_per_s"] / m["resident_samples_per_s"]
-    m["achieved_tflops"] = m["flops_per_sample"] * m["throughput_samples_per_s"] / 1e12
+    if "flops_per_sample" in m:  # absent where a user's model's counter could not count it
+        m["achieved_tflops"] = m["flops_per_sample"] * m["throughput_samples_per_s"] / 1e12
+    m.update(lm_metrics(backend, result))  # tokens/s of the fed window
     result.series["step_time_ms"] = [t * 1e3 for t in fed_times.step_times_s]
     losses = [backend.loss_value(h) for h in handles]
     m.update(loss_first=losses[0], loss_last=losses[-1])
-    result.guard = guard(backend, int(m["param_count"]), losses)
+    set_guard(backend, result, losses)

@@ -147,6 +147,8 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
         return str(framework.unsupported("generate", "scenario=serve with model=llama", version))
     if c.scenario == "serve" and not decodes and not user and not framework.has("inference"):
         return str(framework.unsupported("inference", "scenario=serve", version))
+    if c.scenario == "pipeline" and not framework.has("pipeline"):  # e.g. keras, any model
+        return str(framework.unsupported("pipeline", "scenario=pipeline", version))
     if c.scenario == "generate" and not framework.has("generate"):
         return str(framework.unsupported("generate", "scenario=generate", version))
     for limit in framework.limits:

@@ -24,8 +24,14 @@ def run(backend: Backend, result: Result) -> None:
     if state is not None:  # every process of the run takes this branch or none does
         result.metrics["state_mib_per_device"] = backend.reduce_max(state / 2**20)
     result.series["loss"] = losses
+    set_guard(backend, result, losses)
+
+
+def set_guard(backend: Backend, result: Result, losses: list[float]) -> None:
+    """``result.guard`` from the losses (``guard``); for a user's model a loss that does not
+    fall is a warning tag, not a failed guard."""
     result.guard = guard(backend, int(result.metrics["param_count"]), losses)
-    if user_model and result.guard.startswith("loss did not fall"):
+    if families.of(backend.arch).user_model and result.guard.startswith("loss did not fall"):
         # A user's data may be random (nothing to learn in a few steps): a warning tag, while
         # a loss that is not finite still fails the guard.
         result.tags["loss_not_falling"] = result.guard

@@ -103,11 +103,12 @@ def shard_batch(make: Callable[[int], dict[str, np.ndarray]], mesh: Mesh) -> dic
     return jax.block_until_ready(out)
 
 
-def put_local_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+def put_local_batch(batch: Any, mesh: Mesh) -> Any:
     """A host batch of this process's samples (per-device batch x local devices) split over
-    its mesh devices, as one global array across every process."""
+    its mesh devices, as one global array across every process (any tree of arrays: a dict,
+    a user's (inputs, targets))."""
     sharding = batch_sharding(mesh)
-    return {k: jax.make_array_from_process_local_data(sharding, v) for k, v in batch.items()}
+    return jax.tree.map(lambda v: jax.make_array_from_process_local_data(sharding, v), batch)
 
 
 def fsdp_shardings(tree: Any, mesh: Mesh) -> Any:

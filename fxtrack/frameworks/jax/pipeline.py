@@ -11,6 +11,12 @@ The pipeline: source -> shuffle -> repeat forever -> per-sample work (``random_m
 generator Grain derives from the seed and the sample's index) -> batch -> worker processes.
 The per-sample work is the one fxtrack.datasets fixes: decode the JPEG, flip with probability
 1/2, scale to (x - 128) / 64 float32 NHWC; or replace 15% of the tokens by [MASK].
+
+A user's own batch (model=custom) is written as ArrayRecord (Grain's native random-access
+format: one record per sample, its arrays' raw bytes one after another) and read back through
+``grain.sources.ArrayRecordDataSource``: the per-sample work is read + deserialize (the bytes
+viewed as the manifest's dtypes and shapes), then the batch is collated and rebuilt into the
+user's (inputs, targets) structure.
 """
 
 from __future__ import annotations
@@ -25,9 +31,12 @@ import numpy as np
 
 from fxtrack import datasets
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
+from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.jax import parallel
 
 PREFETCH_PER_WORKER = 4  # batches each worker keeps ready, as the PyTorch loader's prefetch
+RECORDS = "array_record"  # model=custom's record format
+RECORD_FILE = "records.array_record"
 
 
 class TokenRows(grain.sources.RandomAccessDataSource):
@@ -73,9 +82,54 @@ def mask_tokens(tokens: np.ndarray, rng: np.random.Generator) -> dict[str, np.nd
             "mlm_labels": tokens, "mlm_weights": masked.astype(np.float32)}
 
 
+def write_array_record(out: Path, manifest: dict, leaves: list) -> None:
+    """model=custom: one ArrayRecord record per sample, the bytes of its row of each array in
+    the manifest's order (``group_size:1``: each record readable alone, as random access
+    wants)."""
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(str(out / RECORD_FILE), "group_size:1")
+    try:
+        for row in range(manifest["samples"]):
+            writer.write(b"".join(np.ascontiguousarray(leaf[row]).tobytes() for leaf in leaves))
+    finally:
+        writer.close()
+
+
+class UserSample:
+    """model=custom's per-sample work: a record's bytes back to its arrays (a tuple in the
+    manifest's order; the loader rebuilds the user's structure per batch)."""
+
+    def __init__(self, manifest: dict) -> None:
+        self.leaves = [(np.dtype(jax.numpy.dtype(leaf["dtype"])), tuple(leaf["shape"]))
+                       for leaf in manifest["leaves"]]
+
+    def __call__(self, record: bytes) -> tuple[np.ndarray, ...]:
+        arrays, at = [], 0
+        for dtype, shape in self.leaves:
+            n = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            arrays.append(np.frombuffer(record, dtype, count=n // dtype.itemsize,
+                                        offset=at).reshape(shape))
+            at += n
+        return tuple(arrays)
+
+
+def user_dataset(backend, samples: int) -> tuple[Path, str]:
+    """model=custom: the user's batch (this process's host copy of the one on the mesh)
+    written as ``samples`` ArrayRecord records; (its directory, the record format)."""
+    inputs, targets = (ub.tree_map(np.asarray, t) for t in jax.device_get(backend.batch))
+    return (datasets.ensure_user(RECORDS, inputs, targets, samples, write_array_record),
+            RECORDS)
+
+
 def dataset(directory: Path, seed: int, shard: int = 0, shards: int = 1) -> grain.MapDataset:
     """Endless shuffled samples after the per-sample work; ``shard`` of ``shards`` (one per
     process of a multi-node run, each reading different samples)."""
+    manifest = datasets.user_manifest(directory)
+    if manifest is not None:
+        source = grain.sources.ArrayRecordDataSource([str(directory / RECORD_FILE)])
+        ds = grain.MapDataset.source(source)[shard::shards]
+        return ds.shuffle(seed=seed).repeat(None).map(UserSample(manifest))
     if any(directory.glob("tokens-*.npy")):
         source, work = TokenRows(directory), mask_tokens
     else:
@@ -98,6 +152,9 @@ def host_loader(directory: Path, batch_size: int, workers: int, seed: int, shard
     if workers > 0:
         it = it.mp_prefetch(grain.MultiprocessingOptions(
             num_workers=workers, per_worker_buffer_size=PREFETCH_PER_WORKER))
+    manifest = datasets.user_manifest(directory)
+    if manifest is not None:  # a batch of tuples is a tuple of stacked arrays: rebuild
+        return (datasets.unflatten(manifest, list(b)) for b in it)
     return iter(it)
 
 
@@ -110,6 +167,6 @@ def loader(backend, directory: Path, batch_size: int, workers: int
                        jax.process_index(), jax.process_count())
 
 
-def train_step_on(backend, batch: dict[str, np.ndarray]) -> jax.Array:
+def train_step_on(backend, batch) -> jax.Array:
     """The training step on a host batch, put on the mesh devices first."""
     return backend._train_on(parallel.put_local_batch(batch, backend.mesh))

@@ -1,6 +1,8 @@
 """The TensorFlow input pipeline: ``tf.data`` over the on-disk synthetic dataset
 (fxtrack.datasets): parallel read, cache of the raw file bytes, shuffle, parallel decode and
-augmentation, batching and prefetching, distributed over the replicas of a strategy."""
+augmentation, batching and prefetching, distributed over the replicas of a strategy. A user's
+own batch (model=custom) is written as TFRecord (one ``tf.train.Example`` per sample, each
+array a serialized tensor) and parsed back per sample, the rest of the pipeline the same."""
 
 from __future__ import annotations
 
@@ -12,9 +14,12 @@ import tensorflow as tf
 
 from fxtrack import datasets
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
+from fxtrack.frameworks import user_builder as ub
 
 AUTOTUNE = tf.data.AUTOTUNE
 SHUFFLE_BUFFER = 10_000  # samples; the whole dataset when it is smaller
+RECORDS = "tfrecord"  # model=custom's record format
+RECORD_FILE = "records.tfrecord"
 
 
 def _images(directory: Path, calls: int) -> tf.data.Dataset:
@@ -55,13 +60,56 @@ def _mask(tokens: tf.Tensor) -> dict[str, tf.Tensor]:
             "mlm_weights": tf.cast(masked, tf.float32)}
 
 
+def write_tfrecord(out: Path, manifest: dict, leaves: list) -> None:
+    """model=custom: one ``tf.train.Example`` per sample, feature ``leaf-<i>`` the i-th
+    array's row as ``tf.io.serialize_tensor`` bytes (dtype and shape kept)."""
+    with tf.io.TFRecordWriter(str(out / RECORD_FILE)) as writer:
+        for row in range(manifest["samples"]):
+            features = {f"leaf-{i}": tf.train.Feature(bytes_list=tf.train.BytesList(
+                value=[tf.io.serialize_tensor(leaf[row]).numpy()]))
+                for i, leaf in enumerate(leaves)}
+            writer.write(tf.train.Example(
+                features=tf.train.Features(feature=features)).SerializeToString())
+
+
+def _user_records(directory: Path, manifest: dict, calls: int) -> tf.data.Dataset:
+    """model=custom: the TFRecord file read, the serialized samples cached in memory after the
+    first epoch (as the JPEG bytes are), shuffled, each parsed back to its arrays (the
+    per-sample work: read + deserialize), in the user's (inputs, targets) structure."""
+    leaves = manifest["leaves"]
+    spec = {f"leaf-{i}": tf.io.FixedLenFeature([], tf.string) for i in range(len(leaves))}
+
+    def parse(record: tf.Tensor) -> tuple:
+        features = tf.io.parse_single_example(record, spec)
+        arrays = [tf.ensure_shape(tf.io.parse_tensor(features[f"leaf-{i}"],
+                                                     tf.as_dtype(leaf["dtype"])), leaf["shape"])
+                  for i, leaf in enumerate(leaves)]
+        return datasets.unflatten(manifest, arrays)
+
+    ds = tf.data.TFRecordDataset(str(directory / RECORD_FILE)).cache()
+    ds = ds.shuffle(min(manifest["samples"], SHUFFLE_BUFFER)).repeat()
+    return ds.map(parse, num_parallel_calls=calls, deterministic=False)
+
+
+def user_dataset(backend, samples: int) -> tuple[Path, str]:
+    """model=custom: the user's batch (the first replica's, as NumPy) written as ``samples``
+    TFRecord examples; (its directory, the record format)."""
+    inputs, targets = (ub.tree_map(lambda x: x.numpy(), t) for t in backend.one_batch)
+    return datasets.ensure_user(RECORDS, inputs, targets, samples, write_tfrecord), RECORDS
+
+
 def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator:
     """Endless batches of ``batch_size`` per replica (``workers`` parallel calls per map, or
     autotuned when 0), prefetched; per-replica values under a multi-device strategy."""
     strategy = backend.strategy
     calls = workers if workers > 0 else AUTOTUNE
-    tokens = any(directory.glob("tokens-*.npy"))
-    ds = _tokens(directory, calls) if tokens else _images(directory, calls)
+    manifest = datasets.user_manifest(directory)
+    if manifest is not None:
+        ds = _user_records(directory, manifest, calls)
+    elif any(directory.glob("tokens-*.npy")):
+        ds = _tokens(directory, calls)
+    else:
+        ds = _images(directory, calls)
     replicas = strategy.num_replicas_in_sync
     ds = ds.batch(batch_size * replicas, drop_remainder=True).prefetch(AUTOTUNE)
     if replicas == 1:

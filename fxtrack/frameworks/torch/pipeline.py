@@ -1,6 +1,7 @@
 """The PyTorch input pipeline (capability ``pipeline``): a map-style ``Dataset`` over the
-on-disk synthetic dataset and a
-``DataLoader`` with worker processes, pinned memory (CUDA) and prefetching."""
+on-disk synthetic dataset, or over a user's own batch written as memory-mapped ``.npy`` arrays
+(model=custom), and a ``DataLoader`` with worker processes, pinned memory (CUDA) and
+prefetching."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from fxtrack import datasets
+from fxtrack import families
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
+from fxtrack.frameworks import user_builder as ub
+from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.torch import data
+
+RECORDS = "npy"  # model=custom's record format (fxtrack.datasets.write_npy)
 
 
 class JpegImages(Dataset):
@@ -57,6 +63,28 @@ class TokenShards(Dataset):
                 "mlm_weights": torch.from_numpy(masked.astype(np.float32))}
 
 
+class UserRecords(Dataset):
+    """model=custom: the user's arrays (``leaf-<i>.npy``), memory-mapped lazily (each worker
+    process opens its own maps); a sample is one row of each, copied out, in the manifest's
+    order. The collated batch is rebuilt into the user's structure by the loader."""
+
+    def __init__(self, directory: Path, manifest: dict) -> None:
+        self.paths = [directory / f"leaf-{i}.npy" for i in range(len(manifest["leaves"]))]
+        self.samples = manifest["samples"]
+        self._maps: list[np.ndarray] | None = None
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        if self._maps is None:
+            self._maps = [np.load(p, mmap_mode="r") for p in self.paths]
+        return tuple(torch.from_numpy(np.array(m[i])) for m in self._maps)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_maps": None}  # memory maps do not cross processes
+
+
 def _rng() -> np.random.Generator:
     info = get_worker_info()  # one generator per worker process, seeded by torch per epoch
     seed = info.seed if info is not None else torch.initial_seed()
@@ -67,14 +95,41 @@ def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator[
     """Endless batches: shuffled, ``workers`` decoding processes, 4 batches prefetched each
     (pinned host memory when training on CUDA)."""
     pin = backend.device.type == "cuda"
-    dataset = TokenShards(directory) if any(directory.glob("tokens-*.npy")) else JpegImages(directory)
+    manifest = datasets.user_manifest(directory)
+    if manifest is not None:
+        dataset: Dataset = UserRecords(directory, manifest)
+    elif any(directory.glob("tokens-*.npy")):
+        dataset = TokenShards(directory)
+    else:
+        dataset = JpegImages(directory)
     dl = DataLoader(dataset, batch_size=batch_size, shuffle=True, drop_last=True,
                     num_workers=workers, pin_memory=pin, persistent_workers=workers > 0,
                     prefetch_factor=4 if workers else None)
     while True:
-        yield from dl
+        if manifest is None:
+            yield from dl
+        else:  # default_collate stacks each array of the tuple: rebuild (inputs, targets)
+            yield from (datasets.unflatten(manifest, list(b)) for b in dl)
 
 
-def train_step_on(backend, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The training step on a loader batch, moved to the device first."""
+def user_dataset(backend, samples: int) -> tuple[Path, str]:
+    """model=custom: the user's batch (the CPU copy of the one the backend holds) written as
+    ``samples`` rows of ``.npy`` arrays; (its directory, the record format)."""
+    def host(x: torch.Tensor) -> np.ndarray:
+        try:
+            return x.detach().cpu().numpy()
+        except TypeError as e:  # bfloat16 and the float8s have no NumPy dtype to write
+            raise NotSupported(f"scenario=pipeline cannot write a {x.dtype} input of a user's "
+                               f"model as NumPy records: {e}") from None
+
+    inputs, targets = (ub.tree_map(host, t) for t in backend.batch)
+    return datasets.ensure_user(RECORDS, inputs, targets, samples, datasets.write_npy), RECORDS
+
+
+def train_step_on(backend, batch) -> torch.Tensor:
+    """The training step on a loader batch, moved to the device first (a user's batch as it
+    is: its own dtypes and structure)."""
+    if families.of(backend.arch).user_model:
+        move = lambda x: x.to(backend.device, non_blocking=True)  # noqa: E731
+        return backend._step(tuple(ub.tree_map(move, t) for t in batch))
     return backend._step(data.to_device(batch, backend.device, backend.channels_last))
