@@ -95,3 +95,50 @@ def test_jax_refuses_a_users_runtime_before_any_work(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "runtime=onnxruntime with model=custom is not supported by jax" in proc.stderr
     assert "[fxtrack] building" not in proc.stderr
+
+
+def build_unconvertible(batch_size: int, seed: int):
+    """The byom MLP followed by a custom op with no ONNX translation: torch.export captures it,
+    the ONNX exporter cannot convert it."""
+    import torch
+
+    if not hasattr(torch.ops.fxtrack_test, "twice"):
+        @torch.library.custom_op("fxtrack_test::twice", mutates_args=(),
+                                 schema="(Tensor x) -> Tensor")
+        def twice(x):
+            return x * 2
+
+        @twice.register_fake
+        def _(x):
+            return torch.empty_like(x)
+
+    model, data, loss = models.build_torch(batch_size, seed)
+
+    class Twice(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.fxtrack_test.twice(x)
+
+    return torch.nn.Sequential(model, Twice()), data, loss
+
+
+def test_an_op_the_exporter_cannot_convert_is_a_not_supported_cell_with_its_reason(
+        tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).parent))
+    result = serve(tmp_path, monkeypatch, "torch", "test_byom_deploy:build_unconvertible",
+                   "onnxruntime")
+    assert result.status == "FAILED" and result.tags.get("unsupported") == "true", result.error
+    assert "runtime=onnxruntime is not supported by torch" in result.error
+    assert "ONNX exporter for model.torch=test_byom_deploy:build_unconvertible" in result.error
+    assert "fxtrack_test" in result.error or "twice" in result.error  # the exporter's own line
+
+
+def test_the_guard_fails_a_runtime_whose_outputs_differ(tmp_path, monkeypatch):
+    """The guard reads the served outputs: a reference that no longer matches fails the run."""
+    from fxtrack.frameworks.torch import user_deployment
+
+    real = user_deployment.reference
+    monkeypatch.setattr(user_deployment, "reference",
+                        lambda backend: (lambda x, refs: (x, [r * 1.5 for r in refs]))(*real(backend)))
+    result = serve(tmp_path, monkeypatch, "torch", "byom.models:build_torch", "onnxruntime")
+    assert result.status == "FINISHED", result.error
+    assert result.guard.startswith("output differs from native: relative error")
