@@ -30,6 +30,9 @@ PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on", 
              "user_model": ("build", "prepare_inference", "train_flops_per_sample",
                             "forward_flops_per_sample", "abstract_param_count"),
              "user_serving_export": ("export", "export_error"),
+             "user_onnx_export": ("reference", "to_onnx"),
+             "user_tflite_export": ("reference", "to_tflite"),
+             "user_native_int8": ("reference", "quantize_native"),
              "serve_buckets": ("resident", "compiles")}
 
 

@@ -54,6 +54,14 @@ CAPABILITIES: dict[str, str] = {
     "user_serving_export": "export(backend, directory) -> step, export_error(backend) -> "
                            "float: model=custom's serving export (scenario=checkpoint), loaded "
                            "back and its outputs' relative error against the live model's",
+    "user_onnx_export": "model=custom's onnx_export: reference(backend) -> (inputs by name, "
+                        "floating outputs), to_onnx(backend, path) -> path "
+                        "(runtime=onnxruntime|openvino|tensorrt)",
+    "user_tflite_export": "model=custom's tflite_export: reference(backend), "
+                          "to_tflite(backend, path, quantize) -> path (runtime=tflite)",
+    "user_native_int8": "model=custom's native_int8: reference(backend), "
+                        "quantize_native(backend) -> forward(inputs by name) -> outputs "
+                        "(quantize=dynamic_int8 runtime=native)",
     "user_model": "build(backend, batch_size): model=custom, the user's builder "
                   "(model.<Framework.model_key>) called and checked, its model, optimiser, "
                   "batch and step set on the backend as its own build sets them; "
@@ -74,8 +82,6 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
                            "framework=keras has no checkpoint path for any model)",
     "scenario=serve": "the serving batcher pads fxtrack's own synthetic batches to its "
                       "buckets, not your model's inputs",
-    "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",
-    "quantize=dynamic_int8": "int8 quantisation of an arbitrary model is not generic yet",
 }
 
 

@@ -26,15 +26,14 @@ def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: s
             serving_export: bool = False) -> Optional[str]:
     """Why model=custom cannot run with these levers (CUSTOM_UNSUPPORTED), or None.
     ``serving_export``: the framework declares ``user_serving_export`` (scenario=checkpoint for
-    a user's model)."""
+    a user's model). ``runtime`` and ``quantize`` are the framework's declared ``user_*``
+    deployment capabilities' to refuse (fxtrack.scenarios.rules)."""
     asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
              "scenario=serve": scenario == "serve",
-             "scenario=checkpoint": scenario == "checkpoint" and not serving_export,
-             "runtime": runtime != "native", "quantize=dynamic_int8": quantize != "none"}
+             "scenario=checkpoint": scenario == "checkpoint" and not serving_export}
     for what, hit in asked.items():
         if hit:
-            label = f"runtime={runtime}" if what == "runtime" else what
-            return f"{label} is not supported for model=custom: {CUSTOM_UNSUPPORTED[what]}"
+            return f"{what} is not supported for model=custom: {CUSTOM_UNSUPPORTED[what]}"
     return None
 
 
@@ -166,3 +165,27 @@ def apply(model: Any, inputs: Any, **kwargs: Any) -> Any:
 def keras_inputs(inputs: Any) -> Any:
     """Keras takes several inputs as one list (or dict) argument."""
     return list(inputs) if isinstance(inputs, tuple) else inputs
+
+
+def named_inputs(inputs: Any) -> dict[str, Any]:
+    """The inputs by the names an exported graph gives them: a dict's keys, ``input_0``,
+    ``input_1``, ... for a tuple, ``input`` for one array (model=custom's deployment exports)."""
+    if isinstance(inputs, dict):
+        return dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return {f"input_{i}": x for i, x in enumerate(inputs)}
+    return {"input": inputs}
+
+
+def exporter_refusal(what: str, exporter: str, arch: Arch, framework: Framework,
+                     error: BaseException) -> NotSupported:
+    """An exporter that cannot convert the user's model: a not-supported cell quoting the
+    exporter's own error (its innermost cause's first line: the op it stopped at), not a crash."""
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    key = framework.builder_key
+    return NotSupported(f"{what} is not supported by {exporter} for model.{key}="
+                        f"{arch.dims.get(key)}: {type(root).__name__}: "
+                        f"{(lines or [''])[0][:300]}")

@@ -6,6 +6,9 @@ One module per runtime, each importing only its runtime, each with the same smal
 
 ``path`` is the artefact the framework's ``deployment`` module wrote; the callable maps one input
 batch (host NumPy array, the exported shape) to the model's output (logits), synchronously.
+A user's model (model=custom) may take several inputs and give several outputs: its callable,
+``load(..., every_output=True)``, takes a dict of the graph's input names to arrays and returns
+the list of every output in the graph's order.
 The frameworks only export; what serves the file lives here, in its own layer
 (docs/deployment-and-levers.md).
 """

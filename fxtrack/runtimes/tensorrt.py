@@ -4,15 +4,13 @@ TensorRT execution provider (the engine build and cache are TensorRT's own)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Optional
-
-import numpy as np
+from typing import Any, Callable, Optional
 
 from fxtrack.runtimes import DEPLOY_EXTRA
 
 
-def load(path: Path, device_kind: str, threads: Optional[int] = None
-         ) -> Callable[[np.ndarray], np.ndarray]:
+def load(path: Path, device_kind: str, threads: Optional[int] = None,
+         every_output: bool = False) -> Callable[[Any], Any]:
     if device_kind != "gpu":
         raise RuntimeError("runtime=tensorrt needs an NVIDIA GPU (TensorRT has no CPU path); "
                            "on a CPU use runtime=onnxruntime or runtime=openvino")
@@ -30,4 +28,5 @@ def load(path: Path, device_kind: str, threads: Optional[int] = None
     providers = [("TensorrtExecutionProvider", {"trt_engine_cache_enable": True,
                                                 "trt_engine_cache_path": str(cache)}),
                  "CUDAExecutionProvider"]
-    return ort_runtime.load(path, device_kind, threads, providers=providers)
+    return ort_runtime.load(path, device_kind, threads, providers=providers,
+                            every_output=every_output)

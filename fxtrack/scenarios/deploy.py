@@ -30,12 +30,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fxtrack import flops
+from fxtrack import families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.measure.timer import eprint
 from fxtrack.scenarios import rules
 from fxtrack.scenarios.timed import run_timed
+from fxtrack.scenarios.train import user_flops
 
 FP32_REL_ERR = 1e-3
 INT8_REL_ERR = 0.1
@@ -68,15 +69,31 @@ def artefact_bytes(path: Path) -> int:
 
 def compare(ref: np.ndarray, out: np.ndarray, int8: bool) -> tuple[dict[str, float], str]:
     """Error figures of ``out`` against the native ``ref`` (same shape) and the guard verdict."""
-    out = np.asarray(out, np.float32).reshape(ref.shape)
-    abs_err = float(np.max(np.abs(out - ref)))
-    rel_err = abs_err / max(float(np.max(np.abs(ref))), 1e-12)  # of the output's scale
-    top1 = float(np.mean(np.argmax(out, -1) == np.argmax(ref, -1)))
-    metrics = {"output_max_abs_err": abs_err, "output_rel_err": rel_err, "top1_agreement": top1}
+    return compare_outputs([ref], [out], int8, scores=True)
+
+
+def compare_outputs(refs: list[np.ndarray], outs: list[np.ndarray], int8: bool, scores: bool
+                    ) -> tuple[dict[str, float], str]:
+    """The same figures over several outputs (a user's model's floating outputs, in order): the
+    worst relative error of any (each of its own scale); top-1 agreement over the last axis of
+    the first output when it is measured there (``scores``: the output is a score vector,
+    logits) and the last axis has more than one entry, and then required for int8."""
+    if len(outs) != len(refs):
+        return {}, f"the runtime gave {len(outs)} outputs, the native model {len(refs)}"
+    errs = [float(np.max(np.abs(np.asarray(out, np.float32).reshape(ref.shape) - ref)))
+            for ref, out in zip(refs, outs)]
+    rels = [err / max(float(np.max(np.abs(ref))), 1e-12) for err, ref in zip(errs, refs)]
+    abs_err, rel_err = float(np.max(errs)), float(np.max(rels))  # NaN if any is (of its scale)
+    metrics = {"output_max_abs_err": abs_err, "output_rel_err": rel_err}
+    ref, out = refs[0], np.asarray(outs[0], np.float32).reshape(refs[0].shape)
+    scores = scores and ref.ndim > 0 and ref.shape[-1] > 1
+    if scores:
+        metrics["top1_agreement"] = float(np.mean(np.argmax(out, -1) == np.argmax(ref, -1)))
     bound = INT8_REL_ERR if int8 else FP32_REL_ERR
     if not np.isfinite(abs_err) or rel_err > bound:
         return metrics, f"output differs from native: relative error {rel_err:.3g} > {bound:g}"
-    if int8 and top1 < INT8_TOP1:
+    if int8 and scores and metrics["top1_agreement"] < INT8_TOP1:
+        top1 = metrics["top1_agreement"]
         return metrics, f"int8 top-1 agrees with native on {top1:.0%} < {INT8_TOP1:.0%}"
     return metrics, "ok"
 
@@ -85,7 +102,8 @@ def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
     result.resolved["device_kind"] = backend.device_kind()
-    ex = backend.capability(rules.export_capability(spec))  # the worker checked the rules
+    user = families.of(backend.arch).user_model  # a user's model: its own exports and FLOPs
+    ex = backend.capability(rules.export_capability(spec, user))  # the worker checked the rules
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}
     exported: list[Path] = []  # the artefact served, kept for the record (Result.artifacts)
@@ -100,20 +118,27 @@ def run(backend: Backend, result: Result) -> None:
             checked["artefact_mib"] = artefact_bytes(path) / 2**20
             exported.append(path)
             runtime = importlib.import_module(f"fxtrack.runtimes.{spec.runtime}")
-            served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads)
+            served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads,
+                                  **({"every_output": True} if user else {}))
             # A runtime module's own version, where it has one (tensorrt runs through onnxruntime)
             version = getattr(runtime, "version", None)
             if version is not None:
                 result.tags[f"{spec.runtime}_version"] = version()
         checked["export_time_s"] = time.perf_counter() - t0  # export + quantise + load
-        metrics, checked["guard"] = compare(ref, served(x), spec.quantize == "dynamic_int8")
+        int8 = spec.quantize == "dynamic_int8"
+        metrics, checked["guard"] = (
+            compare_outputs(ref, served(x), int8, scores=user_scores(backend.arch)) if user
+            else compare(ref, served(x), int8))
         checked.update(metrics)
-        eprint(f"[fxtrack] {spec.runtime}/{spec.quantize}: relative error {metrics['output_rel_err']:.2g}"
-               f", top-1 agreement {metrics['top1_agreement']:.0%}")
+        top1 = metrics.get("top1_agreement")
+        eprint(f"[fxtrack] {spec.runtime}/{spec.quantize}: relative error "
+               f"{metrics.get('output_rel_err', float('nan')):.2g}"
+               + (f", top-1 agreement {top1:.0%}" if top1 is not None else ""))
         return lambda: served(x)  # each call returns once the runtime has the output on the host
 
     try:  # an exporter without a path for this model raises NotSupported too
-        run_timed(backend, result, prepare, flops.forward_flops_per_sample(backend.arch))
+        run_timed(backend, result, prepare, user_flops(backend, result, "forward") if user
+                  else flops.forward_flops_per_sample(backend.arch))
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -137,6 +162,14 @@ def _keep(artefact: Path, work: Path) -> Path:
     for path in [artefact, *extra]:
         shutil.move(str(path), keep / path.name)
     return keep / artefact.name
+
+
+def user_scores(arch: Any) -> bool:
+    """A user's model's first output is a score vector (logits over its last axis, top-1
+    agreement measured, and required for int8) when it is a language model
+    (``model.kind=lm``); a plain model's outputs may be any values (a regression), held to the
+    relative error bound alone."""
+    return arch.dims.get("kind", "plain") == "lm"
 
 
 def latency_metrics(metrics: dict[str, float]) -> dict[str, float]:

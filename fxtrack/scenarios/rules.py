@@ -113,14 +113,16 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def export_capability(c: Any) -> str:
-    """The deployment-export capability a deployment run (runtime, quantize) needs."""
+def export_capability(c: Any, user: bool = False) -> str:
+    """The deployment-export capability a deployment run (runtime, quantize) needs; ``user``:
+    for model=custom, the framework's ``user_`` one (a user's model, its inputs and outputs)."""
+    prefix = "user_" if user else ""
     if c.runtime == "native":  # quantize=dynamic_int8 in the framework itself
-        return "native_int8"
+        return prefix + "native_int8"
     if c.runtime == "tflite":
-        return "tflite_export"
+        return prefix + "tflite_export"
     if c.runtime in ONNX_RUNTIMES:
-        return "onnx_export"
+        return prefix + "onnx_export"
     raise ValueError(f"runtime={c.runtime}: no deployment export serves it")
 
 
@@ -134,15 +136,15 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
     for (field, value), capability in LEVERS.items():
         if getattr(c, field) == value and not framework.has(capability):
             return str(framework.unsupported(capability, f"{field}={value}", version))
-    if c.scenario == "inference" and _is_deploy(c):
-        needed = export_capability(c)
-        if not framework.has(needed):
-            what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
-                    else f"runtime={c.runtime}")
-            return str(framework.unsupported(needed, what, version))
     spec = _spec(c)
     decodes = spec is not None and spec.generates  # served token by token
     user = spec is not None and spec.user_model
+    if c.scenario == "inference" and _is_deploy(c):
+        needed = export_capability(c, user)
+        if not framework.has(needed):
+            what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
+                    else f"runtime={c.runtime}") + (" with model=custom" if user else "")
+            return str(framework.unsupported(needed, what, version))
     if c.scenario == "serve" and decodes and not framework.has("generate"):
         return str(framework.unsupported("generate", "scenario=serve with model=llama", version))
     if c.scenario == "serve" and not decodes and not user and not framework.has("inference"):

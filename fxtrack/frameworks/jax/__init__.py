@@ -66,6 +66,14 @@ FRAMEWORK = Framework(
     absent={
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
+        # jax2onnx (the deploy-jax extra) converts fxtrack's own models from their pure
+        # functions; a user's nnx.Module would need its own wiring, not written yet
+        "user_onnx_export": "exporting a user's nnx.Module to ONNX is not wired yet; use "
+                            "framework=torch or tensorflow for your model's runtimes",
+        "user_tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
+                              "TensorFlow); use framework=tensorflow",
+        "user_native_int8": "no maintained dynamic int8 path in the framework itself; use "
+                            "framework=torch",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
                        "runtime=onnxruntime quantize=dynamic_int8",
     },

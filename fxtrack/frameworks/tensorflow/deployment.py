@@ -36,6 +36,12 @@ def to_tflite(backend, path: Path, quantize: bool = False) -> Path:
     x = _input(backend)
     spec = tf.TensorSpec(x.shape, x.dtype, name="input")
     backend.model.export(str(saved), format="tf_saved_model", input_signature=[spec], verbose=False)
+    return convert_tflite(saved, path, quantize)
+
+
+def convert_tflite(saved: Path, path: Path, quantize: bool) -> Path:
+    """The SavedModel at ``saved`` through the TFLite converter into ``path`` (shared with
+    model=custom's ``user_deployment``)."""
     converter = tf.lite.TFLiteConverter.from_saved_model(str(saved))
     if quantize:
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -45,14 +51,20 @@ def to_tflite(backend, path: Path, quantize: bool = False) -> Path:
 
 def to_onnx(backend, path: Path) -> Path:
     """The model as ONNX through tf2onnx (opset 17), from the same inference-mode function."""
+    x = _input(backend)
+    spec = (tf.TensorSpec(x.shape, x.dtype, name="input"),)
+    fn = tf.function(lambda x: backend.model(x, training=False))
+    return onnx_from_function(fn, spec, path)
+
+
+def onnx_from_function(fn, spec: tuple, path: Path) -> Path:
+    """``fn`` (a ``tf.function``) at ``spec`` through tf2onnx (opset 17) into ``path``, checked
+    (shared with model=custom's ``user_deployment``)."""
     try:
         import tf2onnx
     except ImportError as e:
         raise ImportError("runtime=onnxruntime/openvino for tensorflow needs tf2onnx: "
                           "pip install 'fxtrack[deploy]'") from e
-    x = _input(backend)
-    spec = (tf.TensorSpec(x.shape, x.dtype, name="input"),)
-    fn = tf.function(lambda x: backend.model(x, training=False))
     tf2onnx.convert.from_function(fn, input_signature=spec, opset=17, output_path=str(path))
     import onnx
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -37,10 +37,17 @@ def reference(backend) -> tuple[np.ndarray, np.ndarray]:
 def to_onnx(backend, path: Path) -> Path:
     """The model as an ONNX graph for the resident batch's shape (opset chosen by the exporter)."""
     model, x = _eval_model(backend), model_input(backend.batch).contiguous()
+    return export_onnx(model, (x,), ["input"], ["logits"], path)
+
+
+def export_onnx(model: nn.Module, args: tuple, input_names: list[str],
+                output_names: Optional[list[str]], path: Path) -> Path:
+    """``model(*args)`` through the dynamo exporter, saved at ``path`` (shared with model=custom's
+    ``user_deployment``)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation chatter
-        program = torch.onnx.export(model, (x,), dynamo=True, input_names=["input"],
-                                    output_names=["logits"], verbose=False)
+        program = torch.onnx.export(model, args, dynamo=True, input_names=input_names,
+                                    output_names=output_names, verbose=False)
     program.save(str(path))
     return path
 
@@ -49,6 +56,18 @@ def quantize_native(backend) -> Callable[[np.ndarray], np.ndarray]:
     """Dynamic int8 in PyTorch: Linear weights int8, activations quantised per batch at run time
     (fbgemm / qnnpack CPU kernels only: a GPU run fails clearly). The model is copied, so the
     fp32 one stays the reference."""
+    quantized = quantize_linear(backend, _eval_model(backend))
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return quantized(torch.from_numpy(x)).float().numpy()
+
+    return run
+
+
+def quantize_linear(backend, model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with its Linear layers dynamic int8 (``quantize_dynamic``), on a CPU
+    only (shared with model=custom's ``user_deployment``)."""
     if backend.device.type != "cpu":
         raise NotSupported("quantize=dynamic_int8 with runtime=native on a GPU is not supported "
                            f"by torch {torch.__version__}: {INT8_CPU_ONLY}")
@@ -58,11 +77,4 @@ def quantize_native(backend) -> Callable[[np.ndarray], np.ndarray]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization's migration notice (to torchao)
-        quantized = quantize_dynamic(copy.deepcopy(_eval_model(backend)), {nn.Linear},
-                                     dtype=torch.qint8)
-
-    def run(x: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            return quantized(torch.from_numpy(x)).float().numpy()
-
-    return run
+        return quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)

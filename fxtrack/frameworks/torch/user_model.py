@@ -147,8 +147,8 @@ def export_error(backend: Any) -> float:
     model's (eval mode, fp32, the same inputs): ``max|a - b| / max|b|`` over every output."""
     inputs = backend.batch[0]
     with torch.inference_mode():
-        live = ub.leaves(_plain(ub.apply(backend.model, inputs)))
-        served = ub.leaves(_plain(ub.apply(backend.served, inputs)))
+        live = ub.leaves(plain(ub.apply(backend.model, inputs)))
+        served = ub.leaves(plain(ub.apply(backend.served, inputs)))
     worst = 0.0
     for a, b in zip(served, live):
         if isinstance(b, torch.Tensor) and b.is_floating_point():
@@ -157,7 +157,7 @@ def export_error(backend: Any) -> float:
     return worst
 
 
-def _plain(outputs: Any) -> Any:
+def plain(outputs: Any) -> Any:
     """A ``ModelOutput`` (Hugging Face) or any mapping as a plain dict of its tensors."""
     if hasattr(outputs, "items") and not isinstance(outputs, dict):
         return dict(outputs.items())
