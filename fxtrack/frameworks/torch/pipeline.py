@@ -77,4 +77,4 @@ def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator[
 
 def train_step_on(backend, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The training step on a loader batch, moved to the device first."""
-    return backend._step(data.to_device(batch, backend.device, backend.channels_last))
+    return backend.train_on(data.to_device(batch, backend.device, backend.channels_last))
