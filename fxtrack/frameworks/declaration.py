@@ -5,7 +5,8 @@ Framework(...)``: its Backend class, its ``framework.compile=auto`` rule, the na
 modes are tagged with, its own config keys, the environment it needs before import, and the
 optional capabilities it has. The orchestrator reads declarations to refuse impossible configs
 before any work; a scenario asks the backend for a capability by name (``Backend.capability``)
-and gets the framework's module for it, or ``NotSupported`` with the declared reason.
+and gets the framework's module for it, checked against the capability's protocol
+(``fxtrack.frameworks.capabilities``), or ``NotSupported`` with the declared reason.
 
 This module imports no framework and nothing above ``fxtrack.frameworks`` but the base module
 ``fxtrack.policy``.

@@ -83,7 +83,8 @@ class JaxBackend(Backend):
                 train.train_step, self.graphdef, tx), self.sharded, donate)
 
     def resolve_jit(self) -> bool:
-        """``spec.compile``, except where op-by-op dispatch cannot run: over several XLA:CPU
+        """Whether the step is jitted, once the mesh is made (this build's, or model=custom's
+        in the ``user_model`` capability): ``spec.compile``, except where op-by-op dispatch cannot run: over several XLA:CPU
         devices (jaxlib 0.10.2) eager primitives whose shardings need a collective deadlock
         at random in the in-process all-reduce rendezvous ("Expected 2 threads to join the
         rendezvous, but only 1 of them arrived"), which aborts the process. There the step is
