@@ -17,24 +17,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from conftest import PACKAGES, job_spec
-from fxtrack.frameworks.declaration import CAPABILITIES, NotSupported, declaration
+from fxtrack.frameworks import capabilities
+from fxtrack.frameworks.capabilities import PROTOCOLS, mismatches, source_functions
+from fxtrack.frameworks.declaration import CAPABILITIES, Framework, NotSupported, declaration
 
 ROOT = Path(__file__).resolve().parents[1]
 FRAMEWORK_MODULES = ("torch", "tensorflow", "jax", "keras", "flax", "mlflow")
-# What each capability's module must define (CAPABILITIES says what each function does).
-PROTOCOLS = {"inference": ("prepare",), "pipeline": ("loader", "train_step_on", "user_dataset"),
-             "checkpoint": ("save", "restore"), "serving_export": ("export",),
-             "onnx_export": ("reference", "to_onnx"), "tflite_export": ("reference", "to_tflite"),
-             "native_int8": ("reference", "quantize_native"), "calibration": ("matmul_tflops",),
-             "sharded_state": (), "remat": (), "generate": ("prepare",),
-             "user_model": ("build", "prepare_inference", "train_flops_per_sample",
-                            "forward_flops_per_sample", "abstract_param_count"),
-             "user_serving_export": ("export", "export_error"),
-             "user_onnx_export": ("reference", "to_onnx"),
-             "user_tflite_export": ("reference", "to_tflite"),
-             "user_native_int8": ("reference", "quantize_native"),
-             "serve_buckets": ("resident", "compiles")}
-
 
 def _tree(module: str) -> ast.Module:
     path = ROOT / (module.replace(".", "/") + ".py")
@@ -69,20 +57,92 @@ def test_base_backend_has_no_stub_and_scenarios_do_not_probe():
 @pytest.mark.parametrize("framework", sorted(PACKAGES))
 def test_every_declared_capability_module_has_its_protocol(framework):
     """Checked from the source, without importing the framework: every declared capability
-    names a module of the package defining the protocol's functions; absent ones say why."""
+    names a module of the package defining its protocol's functions with the protocol's
+    parameters; absent ones say why."""
     decl = declaration(PACKAGES[framework])
-    assert set(PROTOCOLS) == set(CAPABILITIES)
     assert set(decl.capabilities) | set(decl.absent) == set(CAPABILITIES)
     assert not set(decl.capabilities) & set(decl.absent)
     for name, module in decl.capabilities.items():
         assert module.startswith(PACKAGES[framework] + ".")
-        defined = {n.name for n in _tree(module).body if isinstance(n, ast.FunctionDef)}
-        missing = set(PROTOCOLS[name]) - defined
-        assert not missing, f"{module} lacks {sorted(missing)} for {name}"
-        # The protocol: the built backend first.
-        for fn in (n for n in _tree(module).body if isinstance(n, ast.FunctionDef)
-                   and n.name in PROTOCOLS[name]):
-            assert fn.args.args[0].arg == "backend", f"{module}.{fn.name}"
+        path = ROOT / (module.replace(".", "/") + ".py")
+        problems = mismatches(PROTOCOLS[name], source_functions(path.read_text()))
+        assert not problems, f"{module} as {name}: {'; '.join(problems)}"
+
+
+def test_no_module_reaches_into_a_backends_private_attributes():
+    """Capability modules (and scenarios, helpers) read the backend through what it documents,
+    never its private attributes (``backend._step``): the backend's internals stay its own."""
+    declared = {m for p in PACKAGES.values() for m in declaration(p).capabilities.values()}
+    paths = sorted((ROOT / "fxtrack").rglob("*.py"))
+    assert {ROOT / (m.replace(".", "/") + ".py") for m in declared} <= set(paths)
+    for path in paths:
+        private = [f"backend.{n.attr} (line {n.lineno})" for n in ast.walk(ast.parse(
+                       path.read_text())) if isinstance(n, ast.Attribute)
+                   and isinstance(n.value, ast.Name) and n.value.id == "backend"
+                   and n.attr.startswith("_")]
+        assert not private, f"{path.relative_to(ROOT)} reaches into {', '.join(private)}"
+
+
+def test_each_capability_is_a_protocol_whose_functions_take_the_backend_first():
+    assert set(CAPABILITIES) == set(PROTOCOLS)
+    for name, protocol in PROTOCOLS.items():
+        assert CAPABILITIES[name] and "\n" not in CAPABILITIES[name]  # its one-line meaning
+        for function, params in capabilities.functions(protocol).items():
+            assert params[0] == ("backend", False), f"{name}: {function}"
+    # the two levers used inside Backend.build are markers: nothing called through them
+    assert capabilities.functions(PROTOCOLS["remat"]) == {}
+    assert capabilities.functions(PROTOCOLS["checkpoint"]) == {
+        "save": (("backend", False), ("directory", False)),
+        "restore": (("backend", False), ("directory", False))}
+
+
+CHECKPOINT_MODULE = """
+from pathlib import Path
+
+def save(backend, directory: Path, compress=False) -> None:
+    pass
+
+def restore(backend, directory):
+    pass
+"""
+RESTORE = "def restore(backend, directory):\n    pass\n"
+
+
+@pytest.mark.parametrize("restore, problem", [
+    ("", "lacks restore(backend, directory)"),
+    ("def restore(backend, path):\n    pass\n",
+     "defines restore(backend, path), not restore(backend, directory)"),
+    ("def restore(directory, backend):\n    pass\n", "defines restore(directory, backend)"),
+    ("def restore(backend, directory, strict):\n    pass\n",
+     "defines restore(backend, directory, strict)"),
+    ("def restore(backend, *, directory):\n    pass\n", "defines restore(backend, *directory)"),
+    ("from shutil import copytree as restore\n",
+     "binds restore but defines no function restore(backend, directory)"),
+])
+def test_a_module_short_of_its_protocol_is_caught(restore, problem):
+    """The check fails a module that lacks a function or takes other parameters, and passes the
+    same module whole (an extra parameter with a default is allowed)."""
+    protocol = PROTOCOLS["checkpoint"]
+    assert mismatches(protocol, source_functions(CHECKPOINT_MODULE)) == []
+    problems = mismatches(protocol, source_functions(CHECKPOINT_MODULE.replace(RESTORE, restore)))
+    assert len(problems) == 1 and problems[0].startswith(problem), problems
+
+
+def test_asking_for_a_capability_checks_the_imported_module(tmp_path, monkeypatch):
+    """Framework.capability checks the module it imports: a broken declaration is a one-line
+    TypeError naming what is missing, before a scenario calls into it."""
+    (tmp_path / "fxtrack_fake_cap.py").write_text(CHECKPOINT_MODULE)
+    (tmp_path / "fxtrack_fake_short.py").write_text(CHECKPOINT_MODULE.replace(RESTORE, ""))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fake = Framework(name="fake", backend="x:Y", extra="fake", report_order=9, compile_rules=(),
+                     compiled_tag="c", uncompiled_tag="e",
+                     capabilities={"checkpoint": "fxtrack_fake_cap",
+                                   "serving_export": "fxtrack_fake_short"})
+    assert fake.capability("checkpoint").__name__ == "fxtrack_fake_cap"
+    with pytest.raises(TypeError, match=r"^fxtrack_fake_short does not provide capability "
+                                        r"'serving_export' of fake: lacks export\(backend, "
+                                        r"directory\)$"):
+        fake.capability("serving_export")
 
 
 def test_an_absent_capability_is_not_supported_with_the_declared_reason():

@@ -135,6 +135,7 @@ class Backend(abc.ABC):
 
     def capability(self, name: str) -> Any:
         """The framework's module for the optional capability ``name`` (a key of
-        ``fxtrack.frameworks.declaration.CAPABILITIES``); its functions take this backend
-        first. Raises ``NotSupported``, with the declared reason, where the framework has none."""
+        ``fxtrack.frameworks.declaration.CAPABILITIES``), checked against the capability's
+        protocol (``fxtrack.frameworks.capabilities``); its functions take this backend first.
+        Raises ``NotSupported``, with the declared reason, where the framework has none."""
         return self.framework.capability(name)

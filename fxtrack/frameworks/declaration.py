@@ -5,7 +5,8 @@ Framework(...)``: its Backend class, its ``framework.compile=auto`` rule, the na
 modes are tagged with, its own config keys, the environment it needs before import, and the
 optional capabilities it has. The orchestrator reads declarations to refuse impossible configs
 before any work; a scenario asks the backend for a capability by name (``Backend.capability``)
-and gets the framework's module for it, or ``NotSupported`` with the declared reason.
+and gets the framework's module for it, checked against the capability's protocol
+(``fxtrack.frameworks.capabilities``), or ``NotSupported`` with the declared reason.
 
 This module imports no framework and nothing above ``fxtrack.frameworks`` but the base module
 ``fxtrack.policy``.
@@ -17,60 +18,14 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Mapping, MutableMapping, Optional, Union
 
+from fxtrack.frameworks import capabilities
 from fxtrack.policy import COMPILE_REQUESTS
 
-# The optional capabilities a framework may declare, and what the module it names provides.
-# Every function takes the built Backend first.
-CAPABILITIES: dict[str, str] = {
-    "inference": "prepare(backend) -> step: the built model in inference mode, a forward-only "
-                 "step on the resident batch (scenario=inference, the checkpoint scenario's "
-                 "live model)",
-    "pipeline": "loader(backend, directory, batch_size, workers) -> iterator of batches, "
-                "train_step_on(backend, batch) -> loss handle, user_dataset(backend, samples) "
-                "-> (directory, record format): model=custom's batch written in the "
-                "framework's record format (scenario=pipeline)",
-    "checkpoint": "save(backend, directory), restore(backend, directory): the full training "
-                  "state (scenario=checkpoint)",
-    "serving_export": "export(backend, directory) -> step: the model saved for serving in the "
-                      "framework's own format, loaded back, a forward step (scenario=checkpoint)",
-    "onnx_export": "reference(backend) -> (input, output), to_onnx(backend, path) -> path "
-                   "(runtime=onnxruntime|openvino|tensorrt)",
-    "tflite_export": "reference(backend), to_tflite(backend, path, quantize) -> path "
-                     "(runtime=tflite)",
-    "native_int8": "reference(backend), quantize_native(backend) -> forward(x) "
-                   "(quantize=dynamic_int8 runtime=native)",
-    "sharded_state": "parallel=fsdp: parameters, gradients and optimiser state sharded over "
-                     "the devices (used inside Backend.build)",
-    "remat": "memory=checkpoint: activations recomputed per block (used inside Backend.build)",
-    "calibration": "matmul_tflops(backend) -> float: a large square matmul's TFLOP/s at the "
-                   "spec's precision (the peak FLOP/s yardstick for MFU)",
-    "generate": "prepare(backend, prompt_len, new_tokens) -> Decoder: the built LM's greedy "
-                "decoding with a KV cache (scenario=generate; fxtrack.frameworks.decoding)",
-    "serve_buckets": "resident(backend, batch_size) -> context: the resident batch of another "
-                     "size while an inference step or a decoder is prepared on it; "
-                     "compiles(backend) -> int or None: compilations so far in this process "
-                     "(None: the framework cannot count them; the module's NOT_COUNTED says "
-                     "why) (scenario=serve's scenario.batch_buckets)",
-    "user_serving_export": "export(backend, directory) -> step, export_error(backend) -> "
-                           "float: model=custom's serving export (scenario=checkpoint), loaded "
-                           "back and its outputs' relative error against the live model's",
-    "user_onnx_export": "model=custom's onnx_export: reference(backend) -> (inputs by name, "
-                        "floating outputs), to_onnx(backend, path) -> path "
-                        "(runtime=onnxruntime|openvino|tensorrt)",
-    "user_tflite_export": "model=custom's tflite_export: reference(backend), "
-                          "to_tflite(backend, path, quantize) -> path (runtime=tflite)",
-    "user_native_int8": "model=custom's native_int8: reference(backend), "
-                        "quantize_native(backend) -> forward(inputs by name) -> outputs "
-                        "(quantize=dynamic_int8 runtime=native)",
-    "user_model": "build(backend, batch_size): model=custom, the user's builder "
-                  "(model.<Framework.model_key>) called and checked, its model, optimiser, "
-                  "batch and step set on the backend as its own build sets them; "
-                  "prepare_inference(backend) -> step (scenario=inference); "
-                  "train_flops_per_sample(backend), forward_flops_per_sample(backend) -> "
-                  "(flops, source) from the framework's own counter; "
-                  "abstract_param_count(backend) -> int: the trainable parameters of a "
-                  "shape-only build (the memory pre-check, python -m fxtrack.worker --params)",
-}
+# The optional capabilities a framework may declare: name -> what it is for, one line (each is a
+# typing.Protocol in fxtrack.frameworks.capabilities, which the module a framework names for it
+# satisfies: its functions take the built Backend first).
+CAPABILITIES: dict[str, str] = {name: capabilities.meaning(protocol)
+                                for name, protocol in capabilities.PROTOCOLS.items()}
 
 # What model=custom supports, per lever or scenario the user's model cannot take generically:
 # refused at validation (fxtrack.config.user_model) and by the worker (NotSupported).
@@ -219,12 +174,19 @@ class Framework:
         return NotSupported(f"{what or capability} is not supported by {by}: {why}")
 
     def capability(self, name: str) -> Any:
-        """The module implementing ``name``, imported now; NotSupported when it is absent."""
+        """The module implementing ``name``, imported now and checked against the capability's
+        protocol (``fxtrack.frameworks.capabilities``); NotSupported when it is absent."""
         if name not in CAPABILITIES:
             raise KeyError(f"unknown capability {name!r} (one of {', '.join(CAPABILITIES)})")
         if name not in self.capabilities:
             raise self.unsupported(name)
-        return importlib.import_module(self.capabilities[name])
+        module = importlib.import_module(self.capabilities[name])
+        problems = capabilities.mismatches(capabilities.PROTOCOLS[name],
+                                           capabilities.module_functions(module))
+        if problems:  # a broken declaration: said before the scenario calls into it
+            raise TypeError(f"{module.__name__} does not provide capability {name!r} of "
+                            f"{self.name}: {'; '.join(problems)}")
+        return module
 
     def resolve_compile(self, device_kind: str, family: str, request: str = "auto",
                         timings: Optional[Mapping[bool, float]] = None,

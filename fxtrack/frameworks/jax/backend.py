@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -73,7 +73,7 @@ class JaxBackend(Backend):
         # Committed to the mesh, as the step's outputs are: else the second call recompiles.
         self.state = parallel.replicate(state, self.mesh)
         self.batch = data.mesh_batch(self.arch, batch_size, self.spec.seed, self.mesh)
-        self.jit = self._jit()
+        self.jit = self.resolve_jit()
         donate, self.donation = train.donates(self.device_kind(),
                                               self.framework.setting(self.spec, "donate"))
         self._step = train.make_step(self.graphdef, tx, self.jit, self.replicated, self.sharded,
@@ -82,8 +82,9 @@ class JaxBackend(Backend):
             self.state, self._step = parallel.fsdp(state, self.mesh, functools.partial(
                 train.train_step, self.graphdef, tx), self.sharded, donate)
 
-    def _jit(self) -> bool:
-        """``spec.compile``, except where op-by-op dispatch cannot run: over several XLA:CPU
+    def resolve_jit(self) -> bool:
+        """Whether the step is jitted, once the mesh is made (this build's, or model=custom's
+        in the ``user_model`` capability): ``spec.compile``, except where op-by-op dispatch cannot run: over several XLA:CPU
         devices (jaxlib 0.10.2) eager primitives whose shardings need a collective deadlock
         at random in the in-process all-reduce rendezvous ("Expected 2 threads to join the
         rendezvous, but only 1 of them arrived"), which aborts the process. There the step is
@@ -99,9 +100,16 @@ class JaxBackend(Backend):
         return sum(x.size for x in jax.tree.leaves(self.state.params))
 
     def train_step(self) -> jax.Array:
-        return self._train_on(self.batch)
+        return self.train_on(self.batch)
 
-    def _train_on(self, batch: dict[str, jax.Array]) -> jax.Array:
+    def use_step(self, step: Callable[..., Any]) -> None:
+        """Train with ``step`` ((state, batch) -> (state, loss)), made for a model this backend's
+        build did not make (model=custom: the ``user_model`` capability)."""
+        self._step = step
+
+    def train_on(self, batch: dict[str, jax.Array]) -> jax.Array:
+        """One training step on ``batch`` (on the mesh: the resident one, or a loader's put
+        there); the loss, once the step has finished."""
         self.state, loss = self._step(self.state, batch)
         if self.jit:  # one executable: its outputs (loss and new state) are ready together
             return loss.block_until_ready()  # note: the host waits for the whole step here

@@ -6,11 +6,14 @@ show it compiled none."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import jax
 
 from fxtrack.frameworks.jax import data
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.jax.backend import JaxBackend
 
 _COMPILES = [0]
 _BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"  # one per XLA compilation
@@ -25,7 +28,7 @@ jax.monitoring.register_event_duration_secs_listener(_count)
 
 
 @contextlib.contextmanager
-def resident(backend, batch_size: int) -> Iterator[None]:
+def resident(backend: JaxBackend, batch_size: int) -> Iterator[None]:
     """While open, ``backend.batch`` (and ``batch_size``, which sizes the decoder's cache) hold
     ``batch_size`` synthetic samples (the same seed)."""
     built, built_size = backend.batch, backend.batch_size
@@ -37,6 +40,6 @@ def resident(backend, batch_size: int) -> Iterator[None]:
         backend.batch, backend.batch_size = built, built_size
 
 
-def compiles(backend) -> int:
+def compiles(backend: JaxBackend) -> int:
     """XLA compilations in this process since this module was imported."""
     return _COMPILES[0]

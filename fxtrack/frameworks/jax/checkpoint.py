@@ -4,10 +4,13 @@ state pytree."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.jax.backend import JaxBackend
 
 
 def abstract(tree: Any) -> Any:
@@ -15,7 +18,7 @@ def abstract(tree: Any) -> Any:
     return jax.tree.map(ocp.utils.to_shape_dtype_struct, tree)
 
 
-def save(backend, directory: Path) -> None:
+def save(backend: JaxBackend, directory: Path) -> None:
     """Write the state (params, optimiser state, BatchNorm statistics, loss scale) under
     ``directory/state``; returns once the files are complete."""
     with ocp.StandardCheckpointer() as ckpt:
@@ -23,7 +26,7 @@ def save(backend, directory: Path) -> None:
         ckpt.wait_until_finished()  # Orbax writes in a background thread
 
 
-def restore(backend, directory: Path) -> None:
+def restore(backend: JaxBackend, directory: Path) -> None:
     """Replace the live state as a whole (the jitted step is a pure function of it) by the one
     saved under ``directory``, with the live structure, dtypes and shardings, so the step takes
     it without recompiling."""

@@ -8,7 +8,7 @@ donate the cache: XLA updates it in place instead of copying it each token."""
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,9 @@ import numpy as np
 from flax import nnx
 
 from fxtrack.frameworks.jax import train
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.jax.backend import JaxBackend
 
 
 def _prefill(graphdef: nnx.GraphDef, params: nnx.State, stats: nnx.State, cache: Any,
@@ -83,5 +86,5 @@ class JaxDecoder:
         return seq[:, p:]
 
 
-def prepare(backend: Any, prompt_len: int, new_tokens: int) -> JaxDecoder:
+def prepare(backend: JaxBackend, prompt_len: int, new_tokens: int) -> JaxDecoder:
     return JaxDecoder(backend, prompt_len, new_tokens)

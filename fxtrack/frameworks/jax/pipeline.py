@@ -169,4 +169,4 @@ def loader(backend, directory: Path, batch_size: int, workers: int
 
 def train_step_on(backend, batch) -> jax.Array:
     """The training step on a host batch, put on the mesh devices first."""
-    return backend._train_on(parallel.put_local_batch(batch, backend.mesh))
+    return backend.train_on(parallel.put_local_batch(batch, backend.mesh))

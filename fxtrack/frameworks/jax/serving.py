@@ -10,7 +10,7 @@ Deployment exports (ONNX) are ``deployment.py``'s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -18,6 +18,9 @@ from jax import export as jax_export
 
 from fxtrack.frameworks.jax import train
 from fxtrack.frameworks.jax.checkpoint import abstract
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.jax.backend import JaxBackend
 
 
 def save_program(forward: Callable[..., jax.Array], variables: tuple[Any, Any], x: jax.Array,
@@ -48,7 +51,7 @@ def load_program(directory: Path, like: tuple[Any, Any]) -> Callable[[jax.Array]
     return lambda x: exported.call(leaves, x)
 
 
-def export(backend, directory: Path) -> Callable[[], None]:
+def export(backend: JaxBackend, directory: Path) -> Callable[[], None]:
     """Export into ``directory``, load it back, and return a forward step of the loaded program
     on the resident batch (returns once the output is ready)."""
     graphdef = train.eval_graphdef(backend.graphdef, backend.state)

@@ -42,10 +42,10 @@ def build(backend: Any, batch_size: int) -> None:
     batch = (inputs, targets)
     backend.batch = jax.block_until_ready(jax.device_put(batch, backend.sharded))
     check_scalar(backend)
-    backend.jit = backend._jit()
+    backend.jit = backend.resolve_jit()
     donate, backend.donation = train.donates(backend.device_kind())
-    backend._step = train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
-                                    backend.sharded, donate, loss_of=backend.loss_of)
+    backend.use_step(train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
+                                     backend.sharded, donate, loss_of=backend.loss_of))
 
 
 def abstract_param_count(backend: Any) -> int:

@@ -61,7 +61,15 @@ class KerasBackend(Backend):
                 "keras.ops.dot_product_attention asks XLA:CPU for an fp16 x fp16 -> fp32 dot, "
                 "which it lacks (framework=jax computes those scores in fp32 there)")
         if self.arch.family == "custom":  # the user's model, through the same compile + step
-            return self.capability("user_model").build(self, batch_size)
+            self.capability("user_model").build(self, batch_size)
+        else:
+            self._build(batch_size)
+        # what a step updates, for sync: weights and BatchNorm statistics (optimiser slots are
+        # written by the same step; they exist only after the first one)
+        self._updated = self.model.weights
+
+    def _build(self, batch_size: int) -> None:
+        """fxtrack's own model for ``spec.arch``, its optimiser, compiled, and its batch."""
         # No keras.device scope: the backend's default device is already the one select()
         # named (hardware=cpu hid the GPUs before import; else each backend takes GPU 0), and
         # on torch, building and compiling inside one left train_on_batch without gradients
@@ -74,9 +82,6 @@ class KerasBackend(Backend):
                                             self.spec.compile_request)
         self.x, self.y, self.sample_weight = data.device_batch(self.arch, batch_size,
                                                                self.spec.seed)
-        # what a step updates, for sync: weights and BatchNorm statistics (optimiser slots are
-        # written by the same step; they exist only after the first one)
-        self._updated = self.model.weights
 
     def param_count(self) -> int:
         return sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)

@@ -9,7 +9,7 @@ compiled); eager on torch (Keras' default there)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import keras
 import numpy as np
@@ -18,6 +18,9 @@ from keras import ops
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.keras import devices
 from fxtrack.frameworks.keras_models import gqa_attention
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.keras.backend import KerasBackend
 
 
 def _compiled(fn: Callable[..., Any], model: keras.Model, compiled: bool) -> Callable[..., Any]:
@@ -133,6 +136,6 @@ def _argmax(logits: Any) -> Any:
     return ops.cast(ops.argmax(ops.cast(logits[:, -1], "float32"), axis=-1), "int32")
 
 
-def prepare(backend: Any, prompt_len: int, new_tokens: int) -> KerasDecoder:
+def prepare(backend: KerasBackend, prompt_len: int, new_tokens: int) -> KerasDecoder:
     """The decoder for the built model, its cache sized ``prompt_len + new_tokens``."""
     return KerasDecoder(backend, prompt_len, new_tokens)

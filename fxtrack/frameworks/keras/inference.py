@@ -5,10 +5,13 @@ to the host (large for BERT's (B, T, vocab) logits); that copy is also what make
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.keras.backend import KerasBackend
 
 
-def prepare(backend: Any) -> Callable[[], None]:
+def prepare(backend: KerasBackend) -> Callable[[], None]:
     """A forward-only step of the built model (``KerasBackend.build``) on its resident batch."""
     model, x = backend.model, backend.x
 

@@ -6,7 +6,7 @@ TensorFlow's profiler on TensorFlow)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import keras
 import numpy as np
@@ -14,6 +14,9 @@ import numpy as np
 from fxtrack.frameworks import keras_train
 from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.keras import devices, train
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.keras.backend import KerasBackend
 
 SOURCES = {"jax": "jax.cost_analysis", "torch": "torch.utils.flop_counter",
            "tensorflow": "tf.compat.v1.profiler"}
@@ -37,12 +40,12 @@ def _upcast(x: Any) -> Any:
     return keras.ops.cast(x, "float32") if keras.backend.is_float_dtype(x.dtype) else x
 
 
-def abstract_param_count(backend: Any) -> int:
+def abstract_param_count(backend: KerasBackend) -> int:
     """The memory pre-check's count: a shape-only Keras build (``keras_train``'s)."""
     return keras_train.abstract_param_count(backend)
 
 
-def build(backend: Any, batch_size: int) -> None:
+def build(backend: KerasBackend, batch_size: int) -> None:
     spec, arch, fw = backend.spec, backend.arch, backend.framework
     keras.utils.set_random_seed(spec.seed)
     with keras_train.precision_policy(spec.precision):  # layers read it when constructed
@@ -64,10 +67,9 @@ def build(backend: Any, batch_size: int) -> None:
     backend.compiled = train.compile_model(model, backend.opt, backend.loss_fn,
                                            spec.compile_request)
     backend.batch_size = batch_size
-    backend._updated = model.weights  # what a step updates, for sync (KerasBackend.build)
 
 
-def check_outputs(backend: Any) -> None:
+def check_outputs(backend: KerasBackend) -> None:
     """One untimed forward before any timed work: one output, and a scalar loss."""
     arch, fw = backend.arch, backend.framework
     outputs = backend.model(backend.x, training=False)
@@ -78,7 +80,7 @@ def check_outputs(backend: Any) -> None:
               f"loss_fn(outputs, targets) -> a scalar (shape ()), got shape {shape}", shape)
 
 
-def prepare_inference(backend: Any) -> Callable[[], None]:
+def prepare_inference(backend: KerasBackend) -> Callable[[], None]:
     """scenario=inference: Keras' own ``predict_on_batch`` on the resident inputs, as for
     fxtrack's models (fxtrack.frameworks.keras.inference): outputs copied to the host."""
     model, x = backend.model, backend.x
@@ -89,20 +91,20 @@ def prepare_inference(backend: Any) -> Callable[[], None]:
     return step
 
 
-def train_flops_per_sample(backend: Any) -> tuple[float, str]:
+def train_flops_per_sample(backend: KerasBackend) -> tuple[float, str]:
     """The backend's counter over one forward + backward (no optimiser update, as the native
     frameworks' counts), per sample."""
     name = devices.backend_name()
     return COUNTERS[name](backend, True) / backend.batch_size, SOURCES[name]
 
 
-def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
+def forward_flops_per_sample(backend: KerasBackend) -> tuple[float, str]:
     """The backend's counter over one inference-mode forward, per sample."""
     name = devices.backend_name()
     return COUNTERS[name](backend, False) / backend.batch_size, SOURCES[name]
 
 
-def _jax_flops(backend: Any, training: bool) -> float:
+def _jax_flops(backend: KerasBackend, training: bool) -> float:
     """XLA's count of the jitted forward (and gradient), run statelessly: nothing updated."""
     import jax
 
@@ -126,7 +128,7 @@ def _jax_flops(backend: Any, training: bool) -> float:
     return float(cost["flops"])
 
 
-def _torch_flops(backend: Any, training: bool) -> float:
+def _torch_flops(backend: KerasBackend, training: bool) -> float:
     """FlopCounterMode over the eager forward (and backward); the gradients cleared after."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
@@ -143,7 +145,7 @@ def _torch_flops(backend: Any, training: bool) -> float:
     return float(counter.get_total_flops())
 
 
-def _tf_flops(backend: Any, training: bool) -> float:
+def _tf_flops(backend: KerasBackend, training: bool) -> float:
     """TensorFlow's profiler on the frozen graph, as framework=tensorflow counts."""
     import tensorflow as tf
 

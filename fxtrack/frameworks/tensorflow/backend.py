@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 import keras
 import numpy as np
@@ -58,14 +58,16 @@ class TensorFlowBackend(Backend):
     def visible_devices(self) -> list[str]:
         return devices.visible()
 
-    def _place(self):
+    def placement(self) -> ContextManager[None]:
+        """Where variables are made and steps traced: under the strategy (mirrored on every
+        replica) or on the one device."""
         return parallel.placement(self.strategy, self.device)
 
     def build(self, batch_size: int) -> None:
         if self.arch.family == "custom":  # the user's model, through the same step
             return self.capability("user_model").build(self, batch_size)
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
-        with self._place():  # mirrored variables on every replica, or the one device
+        with self.placement():  # mirrored variables on every replica, or the one device
             with train.precision_policy(self.spec.precision):
                 # memory=checkpoint never gets here: TensorFlow declares no ``remat``.
                 self.model = models.build(self.arch)
@@ -81,8 +83,20 @@ class TensorFlowBackend(Backend):
     def param_count(self) -> int:
         return sum(int(np.prod(v.shape)) for v in self.model.trainable_variables)
 
-    def _train_on(self, batch: Any) -> np.ndarray:
-        with self._place():
+    @property
+    def step_made(self) -> bool:
+        """Whether the training step exists yet (the first ``train_step`` makes it, model=custom's
+        build before): until then the optimiser has no slots."""
+        return self._step is not None
+
+    def use_step(self, step: Callable[[Any], Any]) -> None:
+        """Train with ``step`` (batch -> loss), made for a model this backend's build did not
+        make (model=custom: the ``user_model`` capability)."""
+        self._step = step
+
+    def train_on(self, batch: Any) -> np.ndarray:
+        """One training step on ``batch`` (the resident one, or a loader's); the loss."""
+        with self.placement():
             if self._step is None:  # the first step: optimiser slots, tracing, compilation
                 self._step = train.make_step(self.model, self.opt, self.strategy,
                                              self.spec.compile)
@@ -94,7 +108,7 @@ class TensorFlowBackend(Backend):
         return loss.numpy()
 
     def train_step(self) -> np.ndarray:
-        return self._train_on(self.batch)
+        return self.train_on(self.batch)
 
     def state_bytes_per_device(self) -> Optional[int]:
         # Mirrored (or single-device) variables: every replica holds each one in full.
@@ -108,13 +122,15 @@ class TensorFlowBackend(Backend):
         return PeakMemory.fullest([devices.peak_memory(d) for d in
                                    parallel.replica_devices(self.strategy, self.device)])
 
-    def _one_batch(self) -> dict[str, tf.Tensor]:
+    def replica_batch(self) -> dict[str, tf.Tensor]:
         """The first replica's resident batch (inference and the exports run on one device)."""
         if self.strategy.num_replicas_in_sync > 1:
             return self.strategy.experimental_local_results(self.batch)[0]
         return self.batch
 
-    def _synced(self, forward: Callable[[], Any]) -> Callable[[], None]:
+    def synced(self, forward: Callable[[], Any]) -> Callable[[], None]:
+        """``forward`` as a step that runs on this backend's device and returns when the device
+        has finished."""
         def step() -> None:
             with tf.device(self.device):
                 forward()

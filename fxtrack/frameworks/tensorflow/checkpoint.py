@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import tensorflow as tf
 
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
 
-def _state(backend) -> tf.train.Checkpoint:
+
+def _state(backend: TensorFlowBackend) -> tf.train.Checkpoint:
     # Weights, BatchNorm statistics, optimiser slots, step counter (and loss scale in fp16);
     # and the state tf.train.Checkpoint does not track through the model: Keras' seed
     # generators (a Dropout's next draw), in model.variables but not in its weights.
@@ -17,15 +21,15 @@ def _state(backend) -> tf.train.Checkpoint:
     return tf.train.Checkpoint(model=backend.model, optimizer=backend.opt, seeds=seeds)
 
 
-def save(backend, directory: Path) -> None:
-    if backend._step is None:  # the optimiser's slots must exist to be saved
-        with backend._place():
+def save(backend: TensorFlowBackend, directory: Path) -> None:
+    if not backend.step_made:  # the optimiser's slots must exist to be saved
+        with backend.placement():
             backend.opt.build(backend.model.trainable_variables)
     _state(backend).write(str(directory / "state"))
 
 
-def restore(backend, directory: Path) -> None:
+def restore(backend: TensorFlowBackend, directory: Path) -> None:
     """Assign the saved values to the live variables, in place (a traced step keeps pointing at
     them); fails if a variable of the live state is missing from the checkpoint."""
-    with backend._place():
+    with backend.placement():
         _state(backend).read(str(directory / "state")).assert_existing_objects_matched()

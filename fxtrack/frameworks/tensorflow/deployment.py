@@ -14,7 +14,7 @@ from fxtrack.frameworks.declaration import NotSupported
 
 
 def _input(backend) -> tf.Tensor:
-    batch = backend._one_batch()  # the first replica's resident batch
+    batch = backend.replica_batch()  # the first replica's resident batch
     return batch["images"] if "images" in batch else batch["input_ids"]
 
 

@@ -11,13 +11,16 @@ with no host value but the token handle."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 from keras import ops
 
 from fxtrack.frameworks.keras_models import gqa_attention
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
 
 
 class TensorFlowDecoder:
@@ -26,7 +29,7 @@ class TensorFlowDecoder:
     def __init__(self, backend: Any, prompt_len: int, new_tokens: int) -> None:
         self.model, self.device = backend.model, backend.device
         self.prompt_len, self.length = prompt_len, prompt_len + new_tokens
-        batch = int(backend._one_batch()["input_ids"].shape[0])  # the built batch_size
+        batch = int(backend.replica_batch()["input_ids"].shape[0])  # the built batch_size
         block = self.model.blocks[0]
         shape = (batch, self.length, block.kv_heads, block.head_dim)
         with tf.device(self.device):
@@ -100,6 +103,6 @@ def _argmax(logits: Any) -> tf.Tensor:
     return tf.argmax(ops.cast(logits[:, -1], "float32"), axis=-1, output_type=tf.int32)
 
 
-def prepare(backend: Any, prompt_len: int, new_tokens: int) -> TensorFlowDecoder:
+def prepare(backend: TensorFlowBackend, prompt_len: int, new_tokens: int) -> TensorFlowDecoder:
     """The decoder for the built model, its cache sized ``prompt_len + new_tokens``."""
     return TensorFlowDecoder(backend, prompt_len, new_tokens)

@@ -121,4 +121,4 @@ def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator:
 
 def train_step_on(backend, batch) -> np.ndarray:
     """The training step on a loader batch (host tensors: the step copies them to the device)."""
-    return backend._train_on(batch)
+    return backend.train_on(batch)

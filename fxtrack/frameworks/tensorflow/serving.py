@@ -5,10 +5,13 @@ first replica's batch. Deployment exports (TFLite, ONNX) are ``deployment.py``'s
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import keras
 import tensorflow as tf
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
 
 
 def save_model(model: keras.Model, example: tf.Tensor, directory: Path) -> Path:
@@ -25,10 +28,10 @@ def load_model(path: Path) -> Callable[[tf.Tensor], tf.Tensor]:
     return lambda x: served.serve(x)
 
 
-def export(backend, directory: Path) -> Callable[[], None]:
+def export(backend: TensorFlowBackend, directory: Path) -> Callable[[], None]:
     """Export into ``directory``, load it back, and return a synced forward step of the loaded
     model on the resident batch."""
-    batch = backend._one_batch()
+    batch = backend.replica_batch()
     x = batch["images"] if "images" in batch else batch["input_ids"]
     served = load_model(save_model(backend.model, x, directory))
-    return backend._synced(lambda: served(x))
+    return backend.synced(lambda: served(x))

@@ -25,7 +25,7 @@ def abstract_param_count(backend: Any) -> int:
 def build(backend: Any, batch_size: int) -> None:
     spec, arch, fw = backend.spec, backend.arch, backend.framework
     keras.utils.set_random_seed(spec.seed)
-    with backend._place():
+    with backend.placement():
         with train.precision_policy(spec.precision):  # layers read it when constructed
             model, inputs, targets, user_loss = ub.call(arch, fw, batch_size, spec.seed)
             backend.seq_len = ub.sequence_length(arch, fw, inputs)
@@ -45,9 +45,9 @@ def build(backend: Any, batch_size: int) -> None:
     if backend.strategy.num_replicas_in_sync > 1:  # each replica trains on the same batch
         batch = backend.strategy.experimental_distribute_values_from_function(lambda _: batch)
     backend.batch, backend.batch_size = batch, batch_size
-    with backend._place():
-        backend._step = train.make_step(model, backend.opt, backend.strategy, spec.compile,
-                                        loss=backend.loss_of)
+    with backend.placement():
+        backend.use_step(train.make_step(model, backend.opt, backend.strategy, spec.compile,
+                                         loss=backend.loss_of))
 
 
 def loss_of(user_loss: Callable[[Any, Any], Any]) -> Callable[..., tf.Tensor]:
@@ -95,7 +95,7 @@ def prepare_inference(backend: Any) -> Callable[[], None]:
     with tf.device(backend.device):
         forward = tf.function(lambda: backend.model(inputs, training=False),
                               jit_compile=backend.spec.compile)
-    return backend._synced(forward)
+    return backend.synced(forward)
 
 
 def forward_flops_per_sample(backend: Any) -> tuple[float, str]:
@@ -120,7 +120,7 @@ def export(backend: Any, directory: Any) -> Callable[[], None]:
                          verbose=False)
     backend.served = tf.saved_model.load(str(directory))  # kept: its functions read its variables
     served = backend.served
-    return backend._synced(lambda: served.serve(inputs))
+    return backend.synced(lambda: served.serve(inputs))
 
 
 def export_error(backend: Any) -> float:

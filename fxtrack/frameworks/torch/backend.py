@@ -4,7 +4,7 @@ optional capabilities are modules of this package: fxtrack.frameworks.torch.FRAM
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -78,8 +78,18 @@ class TorchBackend(Backend):
     def param_count(self) -> int:
         return sum(p.numel() for p in self.model.parameters() if p.requires_grad)
 
+    def use_step(self, step: Callable[[Any], torch.Tensor]) -> None:
+        """Train with ``step`` (batch -> loss), made for a model this backend's build did not
+        make (model=custom: the ``user_model`` capability)."""
+        self._step = step
+
+    def train_on(self, batch: Any) -> torch.Tensor:
+        """One training step on ``batch`` (on the device: the resident one, or a loader's moved
+        there); the loss, once the step has finished."""
+        return self._step(batch)
+
     def train_step(self) -> torch.Tensor:
-        return self._step(self.batch)
+        return self.train_on(self.batch)
 
     def state_bytes_per_device(self) -> Optional[int]:
         return parallel.local_state_bytes(self.model, self.opt)  # one device per rank

@@ -5,13 +5,16 @@ count of the graphs it compiled, so a window can show it compiled none."""
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from fxtrack.frameworks.torch import data, parallel
 
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.torch.backend import TorchBackend
+
 
 @contextlib.contextmanager
-def resident(backend, batch_size: int) -> Iterator[None]:
+def resident(backend: TorchBackend, batch_size: int) -> Iterator[None]:
     """While open, ``backend.batch`` holds ``batch_size`` synthetic samples (the same seed);
     the inference step and the decoder read it when prepared."""
     built = backend.batch
@@ -24,7 +27,7 @@ def resident(backend, batch_size: int) -> Iterator[None]:
         backend.batch = built
 
 
-def compiles(backend) -> int:
+def compiles(backend: TorchBackend) -> int:
     """Graphs torch.compile (dynamo) has compiled in this process so far; 0 when eager."""
     from torch._dynamo.utils import counters
 

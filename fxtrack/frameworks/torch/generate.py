@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from fxtrack.frameworks.torch import FRAMEWORK, devices, train
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.torch.backend import TorchBackend
 
 
 class TorchDecoder:
@@ -89,5 +92,5 @@ def _context(device: torch.device, amp: Any) -> Iterator[None]:
         yield
 
 
-def prepare(backend, prompt_len: int, new_tokens: int) -> TorchDecoder:
+def prepare(backend: TorchBackend, prompt_len: int, new_tokens: int) -> TorchDecoder:
     return TorchDecoder(backend, prompt_len, new_tokens)

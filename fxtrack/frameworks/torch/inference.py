@@ -4,14 +4,17 @@ eval mode, compiled as its training step was, forward-only on the resident batch
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from fxtrack.frameworks.torch import FRAMEWORK, devices, train
 
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.torch.backend import TorchBackend
 
-def prepare(backend) -> Callable[[], None]:
+
+def prepare(backend: TorchBackend) -> Callable[[], None]:
     backend.model.eval()  # BatchNorm running statistics
     runnable = backend.model
     if backend.spec.compile:

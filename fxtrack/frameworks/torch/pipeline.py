@@ -131,5 +131,5 @@ def train_step_on(backend, batch) -> torch.Tensor:
     is: its own dtypes and structure)."""
     if families.of(backend.arch).user_model:
         move = lambda x: x.to(backend.device, non_blocking=True)  # noqa: E731
-        return backend._step(tuple(ub.tree_map(move, t) for t in batch))
-    return backend._step(data.to_device(batch, backend.device, backend.channels_last))
+        return backend.train_on(tuple(ub.tree_map(move, t) for t in batch))
+    return backend.train_on(data.to_device(batch, backend.device, backend.channels_last))

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import nn
 
 from fxtrack.frameworks.torch import devices, train
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.torch.backend import TorchBackend
 
 
 def save_program(model: nn.Module, example: torch.Tensor, directory: Path) -> Path:
@@ -28,7 +31,7 @@ def load_program(path: Path) -> Callable[[torch.Tensor], torch.Tensor]:
     return torch.export.load(path).module()
 
 
-def export(backend, directory: Path) -> Callable[[], None]:
+def export(backend: TorchBackend, directory: Path) -> Callable[[], None]:
     """Export into ``directory``, load it back, and return a synced forward step of the loaded
     program on the resident batch."""
     path = save_program(backend.model, train.model_input(backend.batch), directory)

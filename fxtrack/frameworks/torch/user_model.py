@@ -39,8 +39,8 @@ def build(backend: Any, batch_size: int) -> None:
     if spec.compile:
         backend.loss = train.compile_loss(backend.loss, FRAMEWORK.setting(spec, "compile_mode"))
     backend.batch_size = batch_size
-    backend._step = train.make_step(backend.loss, backend.opt, spec.precision, device,
-                                    functools.partial(devices.sync, device))
+    backend.use_step(train.make_step(backend.loss, backend.opt, spec.precision, device,
+                                     functools.partial(devices.sync, device)))
 
 
 def abstract_param_count(backend: Any) -> int:
