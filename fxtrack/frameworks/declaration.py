@@ -52,6 +52,10 @@ CAPABILITIES: dict[str, str] = {
     "user_serving_export": "export(backend, directory) -> step, export_error(backend) -> "
                            "float: model=custom's serving export (scenario=checkpoint), loaded "
                            "back and its outputs' relative error against the live model's",
+    "user_sharded_state": "parallel=fsdp for model=custom: the user's model sharded by a "
+                          "generic policy or model.shard_modules (used inside user_model.build)",
+    "user_remat": "memory=checkpoint for model=custom: the blocks of a generic policy or "
+                  "model.remat_modules recomputed in backward (used inside user_model.build)",
     "user_model": "build(backend, batch_size): model=custom, the user's builder "
                   "(model.<Framework.model_key>) called and checked, its model, optimiser, "
                   "batch and step set on the backend as its own build sets them; "
@@ -65,8 +69,10 @@ CAPABILITIES: dict[str, str] = {
 # What model=custom supports, per lever or scenario the user's model cannot take generically:
 # refused at validation (fxtrack.config.user_model) and by the worker (NotSupported).
 CUSTOM_UNSUPPORTED: dict[str, str] = {
-    "memory=checkpoint": "fxtrack cannot split an arbitrary model into blocks to recompute",
-    "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
+    "memory=checkpoint": "this framework has no rematerialisation policy for a user's model "
+                         "(framework=torch and jax have one)",
+    "parallel=fsdp": "this framework has no sharding policy for a user's model (framework=torch "
+                     "and jax have one)",
     "scenario=pipeline": "the loader writes fxtrack's synthetic images or tokens, not your "
                          "model's inputs",
     "scenario=checkpoint": "this framework has no checkpoint and serving export of a user's "
@@ -76,6 +82,13 @@ CUSTOM_UNSUPPORTED: dict[str, str] = {
                       "buckets, not your model's inputs",
     "runtime": "exporting an arbitrary model (ONNX, TFLite) and serving it is not generic yet",
     "quantize=dynamic_int8": "int8 quantisation of an arbitrary model is not generic yet",
+}
+
+# The CUSTOM_UNSUPPORTED entries a framework lifts by declaring a capability for a user's model.
+CUSTOM_LIFTED_BY: dict[str, str] = {
+    "scenario=checkpoint": "user_serving_export",
+    "parallel=fsdp": "user_sharded_state",
+    "memory=checkpoint": "user_remat",
 }
 
 

@@ -56,6 +56,8 @@ FRAMEWORK = Framework(
         "calibration": "fxtrack.frameworks.torch.devices",
         "user_model": "fxtrack.frameworks.torch.user_model",
         "user_serving_export": "fxtrack.frameworks.torch.user_model",
+        "user_sharded_state": "fxtrack.frameworks.torch.user_model",
+        "user_remat": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
         "serve_buckets": "fxtrack.frameworks.torch.buckets",
     },

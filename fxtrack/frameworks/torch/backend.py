@@ -59,12 +59,12 @@ class TorchBackend(Backend):
             model = model.to(memory_format=torch.channels_last)
         model.train()
         if self.spec.memory == "checkpoint":  # activations recomputed per block in backward
-            models.checkpoint_blocks(model)
+            models.checkpoint_blocks(model.blocks)
         self.model = model
         # Each data-parallel rank trains on its own shard: same seed, offset by rank.
         self.batch = data.device_batch(self.arch, batch_size, self.spec.seed + parallel.rank(),
                                        self.device, channels_last)
-        wrapped = parallel.wrap(model, self.device, self.spec.parallel)
+        wrapped = parallel.wrap(model, self.device, self.spec.parallel, model.blocks)
         # After wrapping: parallel=fsdp replaces the parameters by this rank's shards.
         self.opt = train.optimizer(model, self.arch, self.device,
                                    batch_size * parallel.world_size())
