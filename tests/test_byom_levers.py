@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import backend_class, job_spec, run_fxtrack
+from conftest import backend_class, job_spec, run_fxtrack, seed_peak_cache
 from test_memory_levers import TOL, ranks
 
 from fxtrack.worker.__main__ import prepare_environment, run
@@ -105,13 +105,28 @@ def test_a_policy_that_cannot_apply_is_a_not_supported_run_before_the_timed_wind
 
 
 def test_the_keys_reach_the_worker_through_the_cli(tmp_path):
-    """model.remat_modules from the command line, checked by the worker: a misnamed class is
-    the run's one-line error; a key that is no class name is refused at validation."""
-    env = {"PYTHONPATH": f"{ROOT / 'examples'}:{ROOT}"}
+    """model.remat_modules from the command line, one sweep: a named class runs to the end, a
+    misnamed one is its cell's one-line "not supported" from the worker; a value that is no
+    class name is refused at validation."""
+    # no memory pre-check (its own framework import; test_byom_memory.py covers it), the peak
+    # FLOP/s calibration cached
+    env = {"PYTHONPATH": f"{ROOT / 'examples'}:{ROOT}", "FXTRACK_MEMORY_GIB": "off",
+           **seed_peak_cache(tmp_path / "cache")}
     base = ["framework=torch", "model=custom", "model.torch=byom.blocks:build_torch",
             "memory=checkpoint", "batch_size=2", "steps=2", "warmup_steps=1", "hardware=cpu"]
-    proc = run_fxtrack(tmp_path, *base, "model.remat_modules=[Blok]", env=env, timeout=600)
-    assert "model.remat_modules names Blok, no class of the model" in proc.stderr, proc.stderr
+    proc = run_fxtrack(tmp_path, "-m", *base, "model.remat_modules=[Block],[Blok]", env=env,
+                       timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = [json.loads(p.read_text())
+            for p in sorted(tmp_path.glob("multirun/*/*/fxtrack_jobs/*.json"))]
+    by_names = {tuple(j["params"]["model.remat_modules"]): j for j in jobs}
+    assert by_names[("Block",)]["status"] == "FINISHED", by_names[("Block",)]["error"]
+    assert by_names[("Block",)]["params"]["memory"] == "checkpoint"
+    assert by_names[("Block",)]["metrics"]["param_count"] == blocks.param_count()
+    refused = by_names[("Blok",)]
+    assert refused["tags"]["fxtrack.unsupported"] == "true"
+    assert refused["error"].startswith("NotSupported: model.remat_modules names Blok, no class")
+    assert "step_time_ms_p50" not in refused["metrics"]
     proc = run_fxtrack(tmp_path, *base, "model.remat_modules=[blocks.0]", env=env, timeout=120)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "model.remat_modules takes class names, got 'blocks.0'" in proc.stderr
@@ -139,3 +154,21 @@ def test_tensorflow_keeps_its_declared_refusal_and_torch_jax_lift_the_custom_one
                                    lever.get("parallel", "ddp"), "native", "none")
         assert why == (f"{field}={value} is not supported for model=custom: "
                        f"{CUSTOM_UNSUPPORTED[f'{field}={value}']}")
+
+
+@pytest.mark.slow
+def test_hf_gpt2_through_fsdp_and_remat_in_torch(monkeypatch):
+    """examples/hf_gpt2.py, tiny: its transformer.h (an nn.ModuleList of GPT2Block) is what the
+    default policy finds; the tied embedding / output matrix stays in the root unit."""
+    pytest.importorskip("transformers")
+    arch = json.dumps({"torch": "hf_gpt2:build_torch"})
+    ddp = ranks("torch", "custom", "ddp", "none", 29581, arch)
+    fsdp = ranks("torch", "custom", "fsdp", "none", 29582, arch)
+    for rank, shard in fsdp.items():
+        assert shard["fsdp_units"] == 3  # each GPT2Block, then the root
+        assert shard["local"] == pytest.approx(shard["total"] / 2, rel=0.01)
+        assert shard["losses"] == pytest.approx(ddp[rank]["losses"], abs=TOL)
+    none, _ = _losses("torch", "hf_gpt2:build_torch", "none", monkeypatch)
+    remat, seen = _losses("torch", "hf_gpt2:build_torch", "checkpoint", monkeypatch)
+    assert seen == ["GPT2Block", "GPT2Block"]
+    assert remat == pytest.approx(none, abs=TOL)

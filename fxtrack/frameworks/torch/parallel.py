@@ -55,6 +55,10 @@ def shard(model: nn.Module, blocks: Iterable[nn.Module]) -> nn.Module:
 
     for p in model.parameters():  # FSDP2 shards dim 0 of contiguous tensors only: conv weights
         p.data = p.data.contiguous()  # go back from channels-last (the input may stay NHWC)
+    # Each rank keeps its own slice of its own tensors: rank 0's weights everywhere first, as
+    # DDP broadcasts them (a user's builder seeded per rank initialises each rank differently).
+    for t in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(t.data, src=0)
     for block in blocks:
         fully_shard(block)
     fully_shard(model)
