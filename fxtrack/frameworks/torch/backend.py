@@ -64,7 +64,7 @@ class TorchBackend(Backend):
         # Each data-parallel rank trains on its own shard: same seed, offset by rank.
         self.batch = data.device_batch(self.arch, batch_size, self.spec.seed + parallel.rank(),
                                        self.device, channels_last)
-        wrapped = parallel.wrap(model, self.device, self.spec.parallel, model.blocks)
+        wrapped = parallel.wrap(model, self.device, self.spec.parallel)
         # After wrapping: parallel=fsdp replaces the parameters by this rank's shards.
         self.opt = train.optimizer(model, self.arch, self.device,
                                    batch_size * parallel.world_size())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,13 +33,14 @@ def local_device(device_type: str) -> torch.device:
 
 
 def wrap(model: nn.Module, device: torch.device, mode: str = "ddp",
-         blocks: Iterable[nn.Module] = ()) -> nn.Module:
+         blocks: Optional[Iterable[nn.Module]] = None) -> nn.Module:
     """DDP when there is more than one process: gradients all-reduced during backward.
-    ``mode="fsdp"``: FSDP2 instead (``shard`` over ``blocks``). Build the optimiser after this."""
+    ``mode="fsdp"``: FSDP2 instead (``shard`` over ``blocks``, by default ``model.blocks``).
+    Build the optimiser after this."""
     if world_size() == 1:
         return model  # nothing to shard or all-reduce over
     if mode == "fsdp":
-        return shard(model, blocks)
+        return shard(model, model.blocks if blocks is None else blocks)
     ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
