@@ -79,11 +79,12 @@ _TABLE: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     # A user's own model (model=custom): no sizes, the builder decides. The dims carry what the
     # worker needs to call it: one "package.module:function" per builder key (torch, keras,
     # jax; a framework's declaration names its key), the builder's kwargs, the optimiser, its lr,
-    # and what kind of model it is (``lm``: measured in tokens along its inputs' ``seq_axis``).
+    # what kind of model it is (``lm``: measured in tokens along its inputs' ``seq_axis``), and
+    # the class names of its sharding units and recomputed blocks (parallel=fsdp, memory=checkpoint).
     "custom": (
         "custom",
         dict(torch=None, keras=None, jax=None, kwargs={}, optimizer="adamw", lr=1e-3,
-             kind="plain", seq_axis=1),
+             kind="plain", seq_axis=1, shard_modules=(), remat_modules=()),
         {},
     ),
 }

@@ -161,9 +161,9 @@ def test_an_unset_builder_and_an_unsupported_lever_are_refused(tmp_path):
     line = refused(tmp_path, env, "framework=jax", "model=custom",
                    "model.torch=mypkg.models:build_torch")
     assert "model.jax is not set" in line and "framework=jax" in line
-    line = refused(tmp_path, env, "framework=torch", "model=custom", *BUILDERS[:1],
+    line = refused(tmp_path, env, "framework=tensorflow", "model=custom", BUILDERS[1],
                    "memory=checkpoint")
-    assert "memory=checkpoint is not supported for model=custom" in line
+    assert "memory=checkpoint is not supported by tensorflow" in line
     line = refused(tmp_path, env, "framework=torch", "model=custom", *BUILDERS[:1],
                    "model.optimizer=adam")
     assert "model.optimizer must be one of adamw, sgd" in line

@@ -24,9 +24,11 @@ TOL = 1e-4
 
 
 @functools.lru_cache(maxsize=None)  # the jax ddp/none baseline serves two tests
-def ranks(framework: str, model: str, parallel: str, memory: str, port: int) -> dict[int, dict]:
-    """levers_ranks.py on 2 devices: torchrun's 2 gloo ranks, or one JAX process, 2 host devices."""
-    cmd = [sys.executable, str(RANKS), framework, model, parallel, memory, "2"]
+def ranks(framework: str, model: str, parallel: str, memory: str, port: int,
+          arch: str = "{}") -> dict[int, dict]:
+    """levers_ranks.py on 2 devices: torchrun's 2 gloo ranks, or one JAX process, 2 host devices.
+    ``arch``: JSON overrides of the model's dims (model=custom: its builder)."""
+    cmd = [sys.executable, str(RANKS), framework, model, parallel, memory, "2", arch]
     if framework == "torch":
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
                f"--master-port={port}", *cmd[1:]]

@@ -225,23 +225,24 @@ def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[
           parallel: str, memory: str, size: str, est: Estimate) -> list[str]:
     """The changes that shrink this estimate, the largest levers first."""
     training = scenario not in INFERENCE_SCENARIOS
-    if families.of(arch).user_model:  # fxtrack cannot shard or resize a user's model (yet)
+    state = f"shards the {_gib(est.sharded_state)} GiB of weights, gradients and optimiser state"
+    if kind == "cpu":  # one host's device processes share its RAM: only more hosts help
+        fsdp = (f"parallel=fsdp over hardware.nodes=N hosts ({state}; the devices of one CPU "
+                "host share its memory)")
+    else:
+        fsdp = f"parallel=fsdp devices=N ({state} N ways)"
+    if families.of(arch).user_model:  # fxtrack cannot resize a user's model
         out = ["a smaller model (its builder's model.kwargs)"]
         if training and arch.dims.get("optimizer") == "adamw":
             out.append("model.optimizer=sgd (one moment a parameter, not AdamW's two)")
-        if training:
-            out.append("scenario=inference (weights only)")
+        if training:  # sharded by the generic policy (docs/your-own-model.md)
+            out += [f"{fsdp} with framework=torch or jax", "scenario=inference (weights only)"]
         return out
     out = [] if size == "tiny" else ["size=tiny"]
     if getattr(arch, "layers", 1) > 1:
         out.append(f"fewer model.layers ({arch.layers} now)")
     if training:
-        state = f"shards the {_gib(est.sharded_state)} GiB of weights, gradients and optimiser state"
-        if kind == "cpu":  # one host's device processes share its RAM: only more hosts help
-            out.append(f"parallel=fsdp over hardware.nodes=N hosts ({state}; the devices of one "
-                       "CPU host share its memory)")
-        else:
-            out.append(f"parallel=fsdp devices=N ({state} N ways)")
+        out.append(fsdp)
     if precision not in MIXED and any(k in est.parts for k in ("activations", "KV cache")):
         out.append("precision=bf16 (halves the activations; the weights stay fp32)")
     if training and memory != "checkpoint" and "activations" in est.parts:

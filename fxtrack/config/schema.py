@@ -129,6 +129,10 @@ class CustomConfig:
     lr: float = 1e-3
     kind: str = "plain"  # plain | lm: a language model, measured in tokens as model=llama is
     seq_axis: int = 1  # model.kind=lm: the inputs' sequence axis (0 is the batch)
+    # class names of the model's submodules: parallel=fsdp's sharding units, memory=checkpoint's
+    # recomputed blocks; empty: the items of its first repeated container (docs/your-own-model.md)
+    shard_modules: list[str] = dataclasses.field(default_factory=list)
+    remat_modules: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         from fxtrack.frameworks.user_builder import KINDS, OPTIMIZERS
@@ -141,6 +145,10 @@ class CustomConfig:
         if self.seq_axis < 1:
             raise ValueError(f"model.seq_axis must be 1 or more (axis 0 is the batch), got "
                              f"{self.seq_axis}")
+        for key in ("shard_modules", "remat_modules"):
+            bad = [n for n in getattr(self, key) if not str(n).isidentifier()]
+            if bad:
+                raise ValueError(f"model.{key} takes class names, got {bad[0]!r}")
         _positive("model.", lr=self.lr)
 
 

@@ -148,6 +148,17 @@ class UserServingExport(Protocol):
         """The loaded model's outputs' relative error against the live model's."""
 
 
+class UserShardedState(Protocol):
+    """parallel=fsdp for model=custom: the user's model sharded by a generic policy or
+    model.shard_modules. A marker with no function: ``user_model.build`` shards."""
+
+
+class UserRemat(Protocol):
+    """memory=checkpoint for model=custom: the blocks of a generic policy or
+    model.remat_modules recomputed in backward. A marker with no function: ``user_model.build``
+    wraps them."""
+
+
 class UserOnnxExport(Protocol):
     """model=custom with runtime=onnxruntime|openvino|tensorrt: the user's model exported to
     ONNX by the framework's own exporter."""
@@ -210,6 +221,7 @@ PROTOCOLS: dict[str, type] = {
     "calibration": Calibration, "generate": Generate, "serve_buckets": ServeBuckets,
     "user_serving_export": UserServingExport, "user_onnx_export": UserOnnxExport,
     "user_tflite_export": UserTfliteExport, "user_native_int8": UserNativeInt8,
+    "user_sharded_state": UserShardedState, "user_remat": UserRemat,
     "user_model": UserModel,
 }
 

@@ -30,13 +30,22 @@ CAPABILITIES: dict[str, str] = {name: capabilities.meaning(protocol)
 # What model=custom supports, per lever or scenario the user's model cannot take generically:
 # refused at validation (fxtrack.config.user_model) and by the worker (NotSupported).
 CUSTOM_UNSUPPORTED: dict[str, str] = {
-    "memory=checkpoint": "fxtrack cannot split an arbitrary model into blocks to recompute",
-    "parallel=fsdp": "sharding an arbitrary model's parameters needs its own wrapping policy",
+    "memory=checkpoint": "this framework has no rematerialisation policy for a user's model "
+                         "(framework=torch and jax have one)",
+    "parallel=fsdp": "this framework has no sharding policy for a user's model (framework=torch "
+                     "and jax have one)",
     "scenario=checkpoint": "this framework has no checkpoint and serving export of a user's "
                            "model yet (framework=torch, tensorflow and jax have one; "
                            "framework=keras has no checkpoint path for any model)",
     "scenario=serve": "the serving batcher pads fxtrack's own synthetic batches to its "
                       "buckets, not your model's inputs",
+}
+
+# The CUSTOM_UNSUPPORTED entries a framework lifts by declaring a capability for a user's model.
+CUSTOM_LIFTED_BY: dict[str, str] = {
+    "scenario=checkpoint": "user_serving_export",
+    "parallel=fsdp": "user_sharded_state",
+    "memory=checkpoint": "user_remat",
 }
 
 

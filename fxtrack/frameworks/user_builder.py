@@ -13,26 +13,27 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from fxtrack.architectures import Arch
 from fxtrack.families.user import OPTIMIZERS  # noqa: F401  (model.optimizer's choices)
-from fxtrack.frameworks.declaration import CUSTOM_UNSUPPORTED, Framework, NotSupported
+from fxtrack.frameworks.declaration import (CUSTOM_LIFTED_BY, CUSTOM_UNSUPPORTED, Framework,
+                                            NotSupported)
 
 KINDS = ("plain", "lm")  # model.kind: lm is measured in tokens, as fxtrack's own LMs are
 
 
-def refusal(scenario: str, memory: str, parallel: str, runtime: str, quantize: str,
-            serving_export: bool = False) -> Optional[str]:
+def refusal(scenario: str, memory: str, parallel: str,
+            has: Callable[[str], bool] = lambda capability: False) -> Optional[str]:
     """Why model=custom cannot run with these levers (CUSTOM_UNSUPPORTED), or None.
-    ``serving_export``: the framework declares ``user_serving_export`` (scenario=checkpoint for
-    a user's model). ``runtime`` and ``quantize`` are the framework's declared ``user_*``
-    deployment capabilities' to refuse (fxtrack.scenarios.rules)."""
+    ``has``: whether the framework declares a capability; one named in CUSTOM_LIFTED_BY lifts
+    its entry (e.g. ``user_serving_export``: scenario=checkpoint for a user's model).
+    A runtime, int8 and scenario=pipeline are refused by the framework's declared ``user_*``
+    deployment capabilities and its ``pipeline`` (fxtrack.scenarios.rules)."""
     asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
-             "scenario=serve": scenario == "serve",
-             "scenario=checkpoint": scenario == "checkpoint" and not serving_export}
+             "scenario=serve": scenario == "serve", "scenario=checkpoint": scenario == "checkpoint"}
     for what, hit in asked.items():
-        if hit:
+        if hit and not (what in CUSTOM_LIFTED_BY and has(CUSTOM_LIFTED_BY[what])):
             return f"{what} is not supported for model=custom: {CUSTOM_UNSUPPORTED[what]}"
     return None
 
@@ -121,6 +122,66 @@ def sequence_length(arch: Arch, framework: Framework, inputs: Any) -> Optional[i
                            f"first input of model.{key}={arch.dims.get(key)}; its shape is "
                            f"{shape}")
     return int(shape[axis])
+
+
+# model.shard_modules / model.remat_modules: class names of the user's submodules (parallel=fsdp's
+# sharding units, memory=checkpoint's recomputed blocks); empty: the first repeated container.
+POLICY_KEYS = {"shard_modules": "parallel=fsdp", "remat_modules": "memory=checkpoint"}
+
+
+def policy_blocks(arch: Arch, framework: Framework, model: Any, key: str,
+                  children: Callable[[Any], Iterable[tuple[Any, Any]]],
+                  is_container: Callable[[Any], bool]) -> list[Any]:
+    """The submodules of the user's ``model`` that ``model.<key>`` names (every module of those
+    classes; remat_modules: the outermost ones, a block inside a recomputed block is recomputed
+    already), or by default the items of the first container (pre-order, ``is_container``) that
+    holds 2 or more submodules all of one class: a model's repeated blocks. ``children(m)``:
+    the (name, submodule) pairs under ``m``. NotSupported, in one line, for a class name the
+    model does not have, and for memory=checkpoint on a model with no blocks to recompute
+    (parallel=fsdp then shards the model as one unit)."""
+    modules = _submodules(model, children)
+    names = tuple(arch.dims.get(key) or ())
+    builder = f"model.{framework.builder_key}={arch.dims.get(framework.builder_key)}"
+    if names:
+        present = {type(m).__name__ for _, m in modules}
+        unknown = [n for n in names if n not in present]
+        if unknown:
+            raise NotSupported(f"model.{key} names {', '.join(unknown)}, no class of the model "
+                               f"of {builder} (its classes: {', '.join(sorted(present))})")
+        chosen = [(path, m) for path, m in modules if type(m).__name__ in names]
+    else:
+        chosen = next(([(path + (k,), c) for k, c in children(m)] for path, m in modules
+                       if is_container(m) and _repeated([c for _, c in children(m)])), [])
+    if key == "remat_modules":
+        paths = [path for path, _ in chosen]
+        chosen = [(path, m) for path, m in chosen
+                  if not any(p != path and path[:len(p)] == p for p in paths)]
+        if not chosen:
+            raise NotSupported(f"memory=checkpoint found no blocks to recompute in the model of "
+                               f"{builder}: no container of 2 or more submodules of one class; "
+                               f"name them with model.remat_modules=[ClassName]")
+    return [m for _, m in chosen]
+
+
+def _submodules(root: Any, children: Callable[[Any], Iterable[tuple[Any, Any]]]
+                ) -> list[tuple[tuple, Any]]:
+    """(path, module) for ``root`` and every submodule under it, pre-order, each once (a shared
+    module where it is first met)."""
+    out: list[tuple[tuple, Any]] = []
+    seen: set[int] = set()
+    stack: list[tuple[tuple, Any]] = [((), root)]
+    while stack:
+        path, module = stack.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        out.append((path, module))
+        stack.extend(reversed([(path + (k,), c) for k, c in children(module)]))
+    return out
+
+
+def _repeated(items: list[Any]) -> bool:
+    return len(items) >= 2 and len({type(x) for x in items}) == 1
 
 
 def expect(ok: bool, arch: Arch, framework: Framework, what: str, wanted: str, got: Any) -> None:

@@ -157,6 +157,5 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"
     if user:  # the levers fxtrack cannot apply to an arbitrary model
-        return user_builder.refusal(c.scenario, c.memory, c.parallel, c.runtime, c.quantize,
-                                    framework.has("user_serving_export"))
+        return user_builder.refusal(c.scenario, c.memory, c.parallel, framework.has)
     return None

@@ -159,7 +159,7 @@ def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
         plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
         # a plain model and an LM of one builder are two configs: kind shows where not plain
         shown = {k: plain(v) for k, v in dims.items()
-                 if k in ("optimizer", "lr", "kind", "seq_axis")
+                 if k in ("optimizer", "lr", "kind", "seq_axis", "shard_modules", "remat_modules")
                  and plain(default.get(k)) != plain(v)}
         return {**shown, **{k: plain(v) for k, v in kwargs.items()}}
     try:

@@ -60,6 +60,8 @@ FRAMEWORK = Framework(
         "calibration": "fxtrack.frameworks.jax.devices",
         "user_model": "fxtrack.frameworks.jax.user_model",
         "user_serving_export": "fxtrack.frameworks.jax.user_model",
+        "user_sharded_state": "fxtrack.frameworks.jax.user_model",
+        "user_remat": "fxtrack.frameworks.jax.user_model",
         "generate": "fxtrack.frameworks.jax.generate",
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
     },

@@ -68,7 +68,7 @@ class JaxBackend(Backend):
             models.per_device_batch_norm(model, self.mesh.devices.size)
             model.train()  # BatchNorm normalises with (and updates) batch statistics
             if self.spec.memory == "checkpoint":  # activations recomputed per block in backward
-                models.checkpoint_blocks(model)
+                models.checkpoint_blocks(model.blocks)
             self.graphdef, state = train.init_state(model, tx, self.spec.precision)
         # Committed to the mesh, as the step's outputs are: else the second call recompiles.
         self.state = parallel.replicate(state, self.mesh)

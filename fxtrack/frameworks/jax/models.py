@@ -9,7 +9,7 @@ though not in random values (each framework draws from its own generator).
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -425,12 +425,13 @@ class Llama(nnx.Module):
 _REMAT: dict[type, type] = {}  # block class -> its rematerialised subclass, made once
 
 
-def checkpoint_blocks(model: nnx.Module) -> None:
-    """memory=checkpoint: each transformer block / ResNet bottleneck becomes a subclass whose
+def checkpoint_blocks(blocks: Iterable[nnx.Module]) -> None:
+    """memory=checkpoint: each block (a transformer block / ResNet bottleneck, ``model.blocks``;
+    a user's model: its policy's blocks) becomes a subclass whose
     ``__call__`` is ``nnx.remat``'d (``jax.checkpoint``): the backward pass recomputes the
     block's activations from its input instead of keeping them. Same math; BatchNorm's
     statistics update is carried out of the remat as any nnx state."""
-    for block in model.blocks:
+    for block in blocks:
         cls = type(block)
         if cls not in _REMAT:
             _REMAT[cls] = type(f"Remat{cls.__name__}", (cls,), {"__call__": nnx.remat(cls.__call__)})

@@ -1,10 +1,12 @@
 """model=custom in JAX: the user's ``flax.nnx.Module`` with NumPy or JAX arrays and its loss,
 trained by fxtrack's step (the functional split, compute dtype, fp16 loss scaling, jit, the
-batch sharded over the mesh) as its own models are; FLOPs from XLA's
+batch sharded over the mesh, the state too under parallel=fsdp, ``nnx.remat`` on its policy's
+blocks) as its own models are; FLOPs from XLA's
 ``jax.jit(...).lower(...).compile().cost_analysis()`` of one forward + backward."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -14,7 +16,8 @@ import numpy as np
 from flax import nnx
 
 from fxtrack.frameworks import user_builder as ub
-from fxtrack.frameworks.jax import parallel, train
+from fxtrack.frameworks.declaration import NotSupported
+from fxtrack.frameworks.jax import models, parallel, train
 
 
 def build(backend: Any, batch_size: int) -> None:
@@ -34,6 +37,10 @@ def build(backend: Any, batch_size: int) -> None:
             ub.expect(isinstance(x, (np.ndarray, jax.Array)), arch, fw, "an input or target",
                       "NumPy or JAX arrays", x)
         model.train()
+        # the policy's blocks, checked before any work (a misnamed class: one line)
+        remat_units = blocks(backend, model)
+        if spec.memory == "checkpoint":  # activations recomputed per block in backward
+            models.checkpoint_blocks(remat_units)
         # the step carries parameters and every other variable (BatchNorm's statistics,
         # Dropout's RNG state) through each step
         backend.graphdef, state = train.init_state(model, tx, spec.precision)
@@ -46,6 +53,34 @@ def build(backend: Any, batch_size: int) -> None:
     donate, backend.donation = train.donates(backend.device_kind())
     backend.use_step(train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
                                      backend.sharded, donate, loss_of=backend.loss_of))
+    if spec.parallel == "fsdp":  # state sharded over the mesh, the step jitted for it
+        backend.state, step = parallel.fsdp(state, backend.mesh, functools.partial(
+            train.train_step, backend.graphdef, tx, loss_of=backend.loss_of), backend.sharded,
+            donate)
+        backend.use_step(step)
+
+
+def blocks(backend: Any, model: nnx.Module) -> list[nnx.Module]:
+    """memory=checkpoint's blocks of the user's model under ``user_builder``'s policy
+    (model.remat_modules, or the items of its first ``nnx.List`` / ``nnx.Sequential`` of 2 or
+    more modules of one class), found when asked or named. parallel=fsdp needs no units in JAX:
+    every array of the state is sharded by ``parallel.fsdp_shardings``' rule and XLA schedules
+    each gather, so model.shard_modules, which would pick units, is refused here."""
+    spec, arch, fw = backend.spec, backend.arch, backend.framework
+    if arch.dims.get("shard_modules"):
+        raise NotSupported("model.shard_modules is not supported by jax: it has no sharding "
+                           "units (every parameter is split along its largest axis the device "
+                           "count divides, XLA schedules the gathers); unset it for "
+                           "framework=jax")
+    if spec.memory != "checkpoint" and not arch.dims.get("remat_modules"):
+        return []
+    return ub.policy_blocks(arch, fw, model, "remat_modules", _submodules,
+                            lambda m: isinstance(m, (nnx.List, nnx.Sequential)))
+
+
+def _submodules(module: nnx.Module) -> list[tuple[Any, nnx.Module]]:
+    """(name, submodule) pairs directly under ``module`` (its variables left out)."""
+    return [(k, c) for k, c in nnx.iter_children(module) if isinstance(c, nnx.Module)]
 
 
 def abstract_param_count(backend: Any) -> int:

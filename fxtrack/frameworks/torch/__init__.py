@@ -58,6 +58,8 @@ FRAMEWORK = Framework(
         "user_serving_export": "fxtrack.frameworks.torch.user_model",
         "user_onnx_export": "fxtrack.frameworks.torch.user_deployment",
         "user_native_int8": "fxtrack.frameworks.torch.user_deployment",
+        "user_sharded_state": "fxtrack.frameworks.torch.user_model",
+        "user_remat": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
         "serve_buckets": "fxtrack.frameworks.torch.buckets",
     },

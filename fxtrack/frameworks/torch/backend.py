@@ -59,7 +59,7 @@ class TorchBackend(Backend):
             model = model.to(memory_format=torch.channels_last)
         model.train()
         if self.spec.memory == "checkpoint":  # activations recomputed per block in backward
-            models.checkpoint_blocks(model)
+            models.checkpoint_blocks(model.blocks)
         self.model = model
         # Each data-parallel rank trains on its own shard: same seed, offset by rank.
         self.batch = data.device_batch(self.arch, batch_size, self.spec.seed + parallel.rank(),

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -298,14 +298,15 @@ class Llama(nn.Module):
         return self.lm_head(x)
 
 
-def checkpoint_blocks(model: nn.Module) -> None:
-    """memory=checkpoint: each transformer block / ResNet bottleneck keeps only its input from
-    the forward and recomputes its activations in backward (``torch.utils.checkpoint``,
-    non-reentrant). Same math; BatchNorm's running statistics see each batch twice (the
-    recompute runs in training mode too), which changes no training-mode output."""
+def checkpoint_blocks(blocks: Iterable[nn.Module]) -> None:
+    """memory=checkpoint: each block (a transformer block / ResNet bottleneck, ``model.blocks``;
+    a user's model: its policy's blocks) keeps only its input from the forward and recomputes
+    its activations in backward (``torch.utils.checkpoint``, non-reentrant). Same math;
+    BatchNorm's running statistics see each batch twice (the recompute runs in training mode
+    too), which changes no training-mode output."""
     from torch.utils.checkpoint import checkpoint
 
-    for block in model.blocks:
+    for block in blocks:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 

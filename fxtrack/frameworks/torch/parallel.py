@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from typing import Iterable, Optional
 
 import torch
 import torch.distributed as dist
@@ -31,20 +32,23 @@ def local_device(device_type: str) -> torch.device:
     return torch.device("cpu")
 
 
-def wrap(model: nn.Module, device: torch.device, mode: str = "ddp") -> nn.Module:
+def wrap(model: nn.Module, device: torch.device, mode: str = "ddp",
+         blocks: Optional[Iterable[nn.Module]] = None) -> nn.Module:
     """DDP when there is more than one process: gradients all-reduced during backward.
-    ``mode="fsdp"``: FSDP2 instead (``shard``). Build the optimiser after this."""
+    ``mode="fsdp"``: FSDP2 instead (``shard`` over ``blocks``, by default ``model.blocks``).
+    Build the optimiser after this."""
     if world_size() == 1:
         return model  # nothing to shard or all-reduce over
     if mode == "fsdp":
-        return shard(model)
+        return shard(model, model.blocks if blocks is None else blocks)
     ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
 
-def shard(model: nn.Module) -> nn.Module:
+def shard(model: nn.Module, blocks: Iterable[nn.Module]) -> nn.Module:
     """parallel=fsdp: FSDP2's ``fully_shard`` on each block (transformer block / ResNet
-    bottleneck), then on the root (embeddings, stem, head): each rank keeps 1/world of every
+    bottleneck; a user's model: its policy's blocks, innermost first), then on the root
+    (embeddings, stem, head; all of a model with no blocks): each rank keeps 1/world of every
     parameter, gradient and optimiser state (dim-0 shards, DTensors); a block's full weights are
     all-gathered just before its forward and backward and freed after, gradients
     reduce-scattered. Works over gloo on CPU (torch 2.13) as over NCCL."""
@@ -52,7 +56,11 @@ def shard(model: nn.Module) -> nn.Module:
 
     for p in model.parameters():  # FSDP2 shards dim 0 of contiguous tensors only: conv weights
         p.data = p.data.contiguous()  # go back from channels-last (the input may stay NHWC)
-    for block in model.blocks:
+    # Each rank keeps its own slice of its own tensors: rank 0's weights everywhere first, as
+    # DDP broadcasts them (a user's builder seeded per rank initialises each rank differently).
+    for t in [*model.parameters(), *model.buffers()]:
+        dist.broadcast(t.data, src=0)
+    for block in blocks:
         fully_shard(block)
     fully_shard(model)
     # BERT's tied decoder (F.linear over (B, T, hidden)) returns a view, and FSDP2 warns on every

@@ -1,5 +1,6 @@
 """model=custom in PyTorch: the user's ``nn.Module``, its CPU tensors and loss, trained by
-fxtrack's step (device, autocast, GradScaler, torch.compile, DDP) as its own models are; FLOPs
+fxtrack's step (device, autocast, GradScaler, torch.compile, DDP, FSDP2 and activation
+checkpointing on its policy's blocks) as its own models are; FLOPs
 from ``torch.utils.flop_counter.FlopCounterMode`` over one forward + backward."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from fxtrack.frameworks import user_builder as ub
-from fxtrack.frameworks.torch import FRAMEWORK, devices, parallel, train
+from fxtrack.frameworks.torch import FRAMEWORK, devices, models, parallel, train
 
 
 def build(backend: Any, batch_size: int) -> None:
@@ -24,14 +25,18 @@ def build(backend: Any, batch_size: int) -> None:
     for x in ub.leaves(inputs) + ub.leaves(targets):
         ub.expect(isinstance(x, torch.Tensor), arch, fw, "an input or target", "torch.Tensor",
                   x)
+    # the policy's blocks, checked before anything is moved or timed (a misnamed class: one line)
+    shard_units, remat_units = blocks(backend, model)
     device = backend.device
     model = model.to(device)
     model.train()
+    if spec.memory == "checkpoint":  # activations recomputed per block in backward
+        models.checkpoint_blocks(remat_units)
     backend.model = model
     backend.channels_last = False
     move = lambda x: x.to(device, non_blocking=True)  # noqa: E731
     backend.batch = (ub.tree_map(move, inputs), ub.tree_map(move, targets))
-    wrapped = parallel.wrap(model, device, spec.parallel)
+    wrapped = parallel.wrap(model, device, spec.parallel, shard_units)
     backend.opt = train.optimizer(model, arch, device, batch_size * parallel.world_size())
     backend.eager_loss = forward_loss(wrapped, user_loss, spec.precision, device)
     check_scalar(backend, backend.eager_loss)
@@ -41,6 +46,19 @@ def build(backend: Any, batch_size: int) -> None:
     backend.batch_size = batch_size
     backend.use_step(train.make_step(backend.loss, backend.opt, spec.precision, device,
                                      functools.partial(devices.sync, device)))
+
+
+def blocks(backend: Any, model: nn.Module) -> tuple[list[nn.Module], list[nn.Module]]:
+    """(FSDP2 units, checkpointed blocks) of the user's model under ``user_builder``'s policy
+    (model.shard_modules / model.remat_modules, or the items of its first ``nn.ModuleList`` /
+    ``nn.Sequential`` of 2 or more modules of one class), each found when its lever is asked or
+    its key is set; the units innermost first, as FSDP2 wants them."""
+    spec, arch, fw = backend.spec, backend.arch, backend.framework
+    asked = {"shard_modules": spec.parallel == "fsdp", "remat_modules": spec.memory == "checkpoint"}
+    found = {key: ub.policy_blocks(arch, fw, model, key, nn.Module.named_children,
+                                   lambda m: isinstance(m, (nn.ModuleList, nn.Sequential)))
+             if on or arch.dims.get(key) else [] for key, on in asked.items()}
+    return found["shard_modules"][::-1], found["remat_modules"]
 
 
 def abstract_param_count(backend: Any) -> int:
