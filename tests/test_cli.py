@@ -215,17 +215,6 @@ def test_run_name_tells_config_variants_apart():
     assert run_name(keras) == "tensorflow-custom[build_keras]-train-fp32-x1-width64"
 
 
-def test_fxtrack_with_an_unknown_word_lists_the_sub_commands(tmp_path):
-    from fxtrack.cli import SUBCOMMANDS
-
-    for word in ("nonsense", "help"):
-        proc = subprocess.run([sys.executable, "-m", "fxtrack", word], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
-        assert proc.returncode == 2, proc.stderr
-        assert f"invalid choice: '{word}'" in proc.stderr
-        assert all(name in proc.stderr for name in SUBCOMMANDS), proc.stderr
-
-
 def test_a_server_that_refuses_connections_names_the_sync_command(tmp_path, capsys, monkeypatch):
     """Preflight: the result will be spooled, and `fxtrack sync --uri URI` (credentials removed)
     delivers it, since a plain `fxtrack sync` retries the URI each result was spooled with."""

@@ -1,4 +1,6 @@
-"""JAX backend: parameter counts, parity with PyTorch, training, FLOPs, worker runs (CPU, tiny)."""
+"""JAX backend: parameter counts, parity with PyTorch, training, FLOPs, worker runs, Grain's
+batches (CPU, tiny). The scenario contract every framework keeps (gpu without a GPU, checkpoint,
+inference, pipeline, two nodes) is tests/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -18,10 +20,9 @@ import optax  # noqa: E402
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks.jax import data, models, train  # noqa: E402
 from fxtrack.frameworks.jax.backend import JaxBackend  # noqa: E402
-from fxtrack.job import Result  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
 
-from conftest import job_spec, tiny_arch  # noqa: E402
+from conftest import tiny_arch  # noqa: E402
 
 CPU = jax.devices("cpu")[0]
 # ResNet-50 at 32 px ends on 1x1 maps, so with batch 4 its last BatchNorms normalise over four
@@ -166,8 +167,8 @@ def test_loss_scale_halves_on_overflow_and_grows_after_interval():
 
 
 @pytest.mark.parametrize("name", ["resnet50", "bert", "vit"])
-def test_loss_falls(name):
-    backend = JaxBackend(job_spec("jax", name, compile=True, batch_size=4))
+def test_loss_falls(spec_factory, name):
+    backend = JaxBackend(spec_factory("jax", name, compile=True, batch_size=4))
     assert backend.device_kind() == "cpu"
     backend.build(4)
     losses = [backend.loss_value(backend.train_step()) for _ in range(20)]
@@ -190,33 +191,16 @@ def test_training_flops_per_sample(name):
 
 
 @pytest.mark.parametrize("precision,compile", [("bf16", False), ("fp32", True), ("fp16", True)])
-def test_worker_runs_vit(tmp_path, precision, compile):
-    result = run(job_spec("jax", "vit", tmp_path, precision=precision, compile=compile, steps=2))
+def test_worker_runs_vit(spec_factory, precision, compile):
+    result = run(spec_factory("jax", "vit", precision=precision, compile=compile, steps=2))
     assert result.status == "FINISHED", result.error
     assert math.isfinite(result.metrics["loss_last"])
     assert result.metrics["param_count"] > 0
 
-
-def test_gpu_without_gpu_fails_clearly(tmp_path):
-    if any(d.platform == "gpu" for d in jax.devices()):
-        pytest.skip("this machine has a GPU")
-    result = run(job_spec("jax", "vit", tmp_path, hardware="gpu"))
-    assert result.status == "FAILED"
-    assert "hardware=gpu" in result.error and "no GPU" in result.error
-
-
 # ----------------------------------------------------------------------------- scenario hooks
-@pytest.mark.parametrize("name", ["vit", "resnet50"])
-def test_inference_scenario(tmp_path, name):
-    result = run(job_spec("jax", name, tmp_path, scenario="inference",
-                          runner="fxtrack.scenarios.inference:run", compile=True))
-    assert result.status == "FINISHED", result.error
-    assert result.guard == "ok" and result.metrics["throughput_samples_per_s"] > 0
-
-
-def test_inference_normalises_with_running_statistics():
+def test_inference_normalises_with_running_statistics(spec_factory):
     """In inference mode a sample's output does not depend on the rest of its batch."""
-    backend = JaxBackend(job_spec("jax", "resnet50", compile=True, batch_size=4))
+    backend = JaxBackend(spec_factory("jax", "resnet50", compile=True, batch_size=4))
     backend.device_kind()
     backend.build(4)
     forward = train.make_forward(train.eval_graphdef(backend.graphdef, backend.state))
@@ -238,63 +222,6 @@ def test_probes_print_devices_and_matmul_rate():
     assert described["devices"] and described["devices"][0] == "cpu:0"
     rate = json.loads(_worker("--matmul", "jax", package, "fp32", "cpu").stdout)["tflops"]
     assert 1e-4 < rate < 100  # TFLOP/s of a CPU
-
-
-def test_two_nodes_on_loopback_train_as_one_job(tmp_path):
-    """Two worker processes joined by jax.distributed on 127.0.0.1, one CPU device each: one
-    mesh of two devices, gradients all-reduced over gloo; node 0 reports the global batch."""
-    from servers import free_port
-
-    coordinator, procs = f"127.0.0.1:{free_port()}", []
-    for rank in (0, 1):
-        node = tmp_path / f"node{rank}"
-        node.mkdir()
-        job_spec("jax", "vit", node, nodes=2, node_rank=rank, coordinator=coordinator,
-                 devices=1, hardware="cpu", compile=True).dump(node / "spec.json")
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "fxtrack.worker", str(node / "spec.json")],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], [o[-3000:] for o in outs]
-    assert not (tmp_path / "node1" / "result.json").exists()  # node 0 speaks for both
-    result = Result.read(tmp_path / "node0" / "result.json")
-    assert result.status == "FINISHED" and result.guard == "ok"
-    step_s = result.metrics["step_time_ms_mean"] / 1e3
-    assert result.metrics["throughput_samples_per_s"] == pytest.approx(2 * 2 / step_s, rel=0.3)
-
-
-@pytest.mark.parametrize("name", ["resnet50", "bert", "vit"])
-def test_restored_checkpoint_reproduces_the_next_step(tmp_path, name):
-    result = run(job_spec("jax", name, tmp_path, scenario="checkpoint",
-                          runner="fxtrack.scenarios.checkpoint:run"))
-    assert result.status == "FINISHED", result.error
-    assert result.guard == "ok"
-    m = result.metrics
-    assert m["checkpoint_restore_exact"] == 1.0 and m["checkpoint_mib"] > 0
-    assert m["export_mib"] > 0 and m["export_latency_ms_p50"] > 0
-
-
-def test_restore_that_does_not_reproduce_fails_the_guard(tmp_path, monkeypatch):
-    from fxtrack.frameworks.jax import checkpoint
-
-    monkeypatch.setattr(checkpoint, "restore", lambda backend, directory: None)
-    result = run(job_spec("jax", "vit", tmp_path, scenario="checkpoint",
-                          runner="fxtrack.scenarios.checkpoint:run", compile=True))
-    assert result.metrics["checkpoint_restore_exact"] == 0.0
-    assert "did not reproduce" in result.guard
-
-
-@pytest.mark.parametrize("name", ["resnet50", "bert"])
-def test_pipeline_scenario_feeds_training_from_disk(tmp_path, monkeypatch, name):
-    pytest.importorskip("grain")
-    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
-    result = run(job_spec("jax", name, tmp_path, scenario="pipeline",
-                          runner="fxtrack.scenarios.pipeline:run", compile=True,
-                          options={"dataset_samples": 64, "loader_workers": 2}))
-    assert result.status == "FINISHED", result.error
-    m = result.metrics
-    assert m["pipeline_samples_per_s"] > 0 and -1 < m["input_bound_fraction"] < 1  # signed: a fed window may beat the resident one
-
 
 def test_pipeline_does_the_per_sample_work(tmp_path, monkeypatch):
     """Grain's batches: shapes, dtypes and scale of fxtrack.datasets; 15% dynamic masking."""

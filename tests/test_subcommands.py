@@ -4,22 +4,23 @@ override or option (the app), or neither (the list of sub-commands, exit status 
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
+from conftest import run_fxtrack
+from fxtrack.cli import SUBCOMMANDS
+
 
 def cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return run_fxtrack(cwd, *args, timeout=300)
 
 
 @pytest.mark.parametrize("word", ["nonsense", "help", "reprot"])
 def test_an_unknown_subcommand_lists_the_subcommands(tmp_path, word):
     proc = cli(word, cwd=tmp_path)
     assert proc.returncode == 2
-    assert "invalid choice" in proc.stderr and all(
-        name in proc.stderr for name in ("doctor", "report", "sync"))
+    assert f"invalid choice: '{word}'" in proc.stderr
+    assert all(name in proc.stderr for name in SUBCOMMANDS), proc.stderr
     assert "hydra" not in proc.stderr.lower()  # not Hydra's override parser error
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "mlflow.db").exists()
 
