@@ -64,15 +64,34 @@ def test_the_byom_mlp_is_served_and_matches_the_live_model(tmp_path, monkeypatch
         assert Path(result.artifacts["model"]).stat().st_size > 0
 
 
-def test_hf_gpt2_through_onnxruntime_with_top1_on_its_logits(tmp_path, monkeypatch):
-    """A Hugging Face GPT-2 (keyword input_ids, a ModelOutput) through torch's ONNX exporter:
-    its logits compared with the live model's, top-1 over the vocabulary measured (model.kind=lm)."""
+@pytest.mark.parametrize("quantize", ["none", "dynamic_int8"])
+def test_hf_gpt2_through_onnxruntime_with_top1_on_its_logits(tmp_path, monkeypatch, quantize):
+    """A Hugging Face GPT-2 (keyword input_ids, a ModelOutput) through torch's ONNX exporter,
+    fp32 and ONNX Runtime's dynamic int8: its logits compared with the live model's, top-1 over
+    the vocabulary measured and held to the int8 rule (model.kind=lm)."""
     pytest.importorskip("transformers")
     result = serve(tmp_path, monkeypatch, "torch", "hf_gpt2:build_torch", "onnxruntime",
-                   kind="lm", kwargs={"seq_len": 8, "vocab": 64, "layers": 1, "hidden": 32})
-    assert_served(result)
-    assert result.metrics["top1_agreement"] == 1.0
+                   quantize, kind="lm",
+                   kwargs={"seq_len": 8, "vocab": 64, "layers": 1, "hidden": 32})
+    assert_served(result, int8=quantize != "none")
+    if quantize == "none":
+        assert result.metrics["top1_agreement"] == 1.0
+    else:  # int8 moved the logits, within the bounds the guard holds it to
+        assert 0 < result.metrics["output_rel_err"]
+        assert result.metrics["top1_agreement"] >= deploy.INT8_TOP1
     assert result.metrics["tokens_per_s"] > 0
+
+
+@pytest.mark.slow  # keras-hub's import
+def test_kerashub_gpt2_through_tflite_int8_with_top1_on_its_logits(tmp_path, monkeypatch):
+    """examples/kerashub_model.py's GPT-2 (dict inputs token_ids, padding_mask) through Keras'
+    export and the TFLite converter at dynamic-range int8, held to the int8 rule on its logits."""
+    pytest.importorskip("keras_hub")
+    result = serve(tmp_path, monkeypatch, "tensorflow", "kerashub_model:build_keras", "tflite",
+                   "dynamic_int8", kind="lm", kwargs={"seq_len": 8, "vocab": 64, "layers": 1})
+    assert_served(result, int8=True)
+    assert 0 < result.metrics["output_rel_err"]
+    assert result.metrics["top1_agreement"] >= deploy.INT8_TOP1
 
 
 def test_compare_outputs_holds_every_output_and_top1_only_for_scores():

@@ -100,6 +100,10 @@ FRAMEWORK = Framework(
                          "JAX could shard it); use framework=torch or framework=jax",
         "remat": "not implemented for keras yet (keras.RematScope fails inside tf.function on "
                  "the TensorFlow backend); use framework=torch or framework=jax",
+        "user_sharded_state": "no sharded state for any model (see sharded_state); use "
+                              "framework=torch or framework=jax",
+        "user_remat": "no rematerialisation for any model (see remat); use framework=torch or "
+                      "framework=jax",
     },
     settings={
         "keras_backend": Setting("jax", KERAS_BACKENDS,

@@ -77,5 +77,9 @@ FRAMEWORK = Framework(
                          "removed); use framework=torch or framework=jax",
         "remat": "keras.RematScope's tf.custom_gradient rejects keyword arguments (training=) "
                  "inside tf.function; use framework=torch or framework=jax",
+        "user_sharded_state": "no sharded-state strategy for any model (see sharded_state); "
+                              "use framework=torch or framework=jax",
+        "user_remat": "no rematerialisation for any model (see remat); use framework=torch "
+                      "or framework=jax",
     },
 )
