@@ -128,7 +128,9 @@ def measure(framework: str, family: str, args: argparse.Namespace) -> dict[str, 
         # a mode is faster only where the interval leaves out 1
         row["faster"] = (fw.compile_mode_tag(ci.high < 1) if ci.high < 1 or ci.low > 1
                          else "no clear difference")
-    auto, _ = fw.resolve_compile(kind, family, "auto", dims=next(iter(backends.values())).arch.dims)
+    built = next(iter(backends.values()))
+    auto, _ = fw.resolve_compile(kind, family, "auto", dims=built.arch.dims,
+                                 precision=built.spec.precision)
     row["auto"] = fw.compile_mode_tag(auto)
     return row
 

@@ -59,7 +59,8 @@ def bare(spec_path: str) -> None:
     kind = backend.device_kind()
     spec.compile, _ = declaration(spec.package).resolve_compile(kind, spec.arch["family"],
                                                                 spec.compile_request,
-                                                                dims=spec.arch["dims"])
+                                                                dims=spec.arch["dims"],
+                                                                precision=spec.precision)
     batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
                                             spec.warmup_steps)
     backend.build(batch)

@@ -19,7 +19,8 @@ round; its ratio is fxtrack / bare (paired). Reported: the median ratio and a 95
 interval of the mean log ratio (fxtrack/stats.py), exponentiated. Rounds go on until that
 interval is narrower than --target (default 2%) or --max-rounds is reached.
 
-    python bench/overhead.py                      # every installed framework
+    python bench/overhead.py                      # every installed framework, ViT
+    python bench/overhead.py --model llama        # the Llama of issue 35's reference config
     python bench/overhead.py --frameworks torch --min-rounds 100 --max-rounds 1000
 
 Run it on a quiet machine: the share of the cores other processes took over the bench is in
@@ -42,33 +43,56 @@ from pathlib import Path
 from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
-# A small but real setting: ViT-B widths, 4 layers, 64-pixel images (17 tokens), batch 8.
-MODEL = {"layers": 4, "image_size": 64}
-BATCH, WARMUP, SEED = 8, 3, 0
-# The mode each bare loop runs in: what framework.compile=auto resolves to for ViT on a CPU.
-BARE_MODE = {"torch": "eager", "tensorflow": "xla", "jax": "jit"}
+# model -> (its size keys, the batch): ViT-B widths, 4 layers, 64-pixel images (17 tokens),
+# batch 8; the Llama of the reference bench (bench/reference.py: 4 layers, hidden 256, 8 heads /
+# 4 KV heads, MLP 512, vocabulary 4,096, 128 tokens), batch 4.
+MODELS = {"vit": ({"layers": 4, "image_size": 64}, 8),
+          "llama": ({"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "mlp_dim": 512,
+                     "vocab_size": 4096, "seq_len": 128}, 4)}
+WARMUP, SEED = 3, 0
+# The mode each bare loop runs in: what framework.compile=auto resolves to for the model on a
+# CPU (the bench stops where auto resolves to another).
+BARE_MODE = {"vit": {"torch": "eager", "tensorflow": "xla", "jax": "jit"},
+             "llama": {"torch": "inductor:default", "tensorflow": "xla", "jax": "jit"}}
 
 
-def bare_torch() -> Callable[[], Any]:
+def _batch(model: str) -> tuple[Any, int, dict[str, Any]]:
+    """(arch, batch size, one synthetic batch as NumPy) of ``model`` at the bench's setting."""
+    from fxtrack import architectures, synthetic
+
+    dims, batch = MODELS[model]
+    arch = architectures.resolve(model, **dims)
+    return arch, batch, synthetic.make_batch(arch, batch, SEED)
+
+
+def bare_torch(model_name: str) -> Callable[[], Any]:
     import torch
     import torch.nn.functional as F
 
-    from fxtrack import architectures, synthetic
     from fxtrack.frameworks.base import ADAMW
     from fxtrack.frameworks.torch.models import build
 
     torch.manual_seed(SEED)
-    arch = architectures.resolve("vit", **MODEL)
+    arch, _, data = _batch(model_name)
     model = build(arch).train()
     opt = torch.optim.AdamW(model.parameters(), lr=ADAMW["lr"], weight_decay=ADAMW["weight_decay"],
                             fused=True)
-    data = synthetic.make_batch(arch, BATCH, SEED)
-    x = torch.from_numpy(data["images"]).permute(0, 3, 1, 2).contiguous()
-    y = torch.from_numpy(data["labels"]).long()
+    if "images" in data:
+        x = torch.from_numpy(data["images"]).permute(0, 3, 1, 2).contiguous()
+        y = torch.from_numpy(data["labels"]).long()
+    else:  # a decoder LM: next-token cross-entropy at every position
+        x = torch.from_numpy(data["input_ids"]).long()
+        y = torch.from_numpy(data["labels"]).long().flatten()
+
+    def loss_of(x, y):
+        return F.cross_entropy(model(x).flatten(0, -2).float(), y)
+
+    if BARE_MODE[model_name]["torch"].startswith("inductor"):  # model and loss in one graph
+        loss_of = torch.compile(loss_of)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(x), y)
+        loss = loss_of(x, y)
         loss.backward()
         opt.step()
         return loss.item()
@@ -76,26 +100,25 @@ def bare_torch() -> Callable[[], Any]:
     return step
 
 
-def bare_tensorflow() -> Callable[[], Any]:
+def bare_tensorflow(model_name: str) -> Callable[[], Any]:
     import keras
     import tensorflow as tf
 
-    from fxtrack import architectures, synthetic
     from fxtrack.frameworks.base import ADAMW
     from fxtrack.frameworks.keras_models import build
 
     keras.utils.set_random_seed(SEED)
-    arch = architectures.resolve("vit", **MODEL)
+    arch, _, data = _batch(model_name)
     model = build(arch)
     opt = keras.optimizers.AdamW(ADAMW["lr"], weight_decay=ADAMW["weight_decay"])
-    data = synthetic.make_batch(arch, BATCH, SEED)
-    x, y = tf.constant(data["images"]), tf.constant(data["labels"])
+    x = tf.constant(data["images"] if "images" in data else data["input_ids"])
+    y = tf.constant(data["labels"])
     ce = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
-    @tf.function(jit_compile=True)  # XLA: what framework.compile=auto runs for ViT on a CPU
+    @tf.function(jit_compile=True)  # XLA: what framework.compile=auto runs for both on a CPU
     def step():
         with tf.GradientTape() as tape:
-            loss = ce(y, model(x, training=True))
+            loss = ce(y, tf.cast(model(x, training=True), tf.float32))
         opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
                                 model.trainable_variables))
         return loss
@@ -103,26 +126,25 @@ def bare_tensorflow() -> Callable[[], Any]:
     return lambda: step().numpy()
 
 
-def bare_jax() -> Callable[[], Any]:
+def bare_jax(model_name: str) -> Callable[[], Any]:
     import jax
     import optax
     from flax import nnx
 
-    from fxtrack import architectures, synthetic
     from fxtrack.frameworks.base import ADAMW
     from fxtrack.frameworks.jax.models import build
 
-    arch = architectures.resolve("vit", **MODEL)
+    arch, _, data = _batch(model_name)
     graphdef, params, rest = nnx.split(build(arch), nnx.Param, ...)
     tx = optax.adamw(ADAMW["lr"], weight_decay=ADAMW["weight_decay"])
     opt_state = tx.init(params)
-    data = synthetic.make_batch(arch, BATCH, SEED)
-    x, y = jax.device_put(data["images"]), jax.device_put(data["labels"])
+    x = jax.device_put(data["images"] if "images" in data else data["input_ids"])
+    y = jax.device_put(data["labels"])
 
     @jax.jit
     def step(params, opt_state):
         def loss_of(p):
-            logits = nnx.merge(graphdef, p, rest)(x)
+            logits = nnx.merge(graphdef, p, rest)(x).astype("float32")
             return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
 
         loss, grads = jax.value_and_grad(loss_of)(params)
@@ -138,7 +160,7 @@ def bare_jax() -> Callable[[], Any]:
     return run
 
 
-def fxtrack_arm(framework: str, workdir: Path, jax_donate: str = "false"
+def fxtrack_arm(framework: str, model: str, workdir: Path, jax_donate: str = "false"
                 ) -> tuple[Any, Callable[[int], float]]:
     """fxtrack's side: the spec the CLI would write for this setting, the worker's environment
     and build; returns (spec, run(steps) -> the samples/s its timed window reports)."""
@@ -154,8 +176,10 @@ def fxtrack_arm(framework: str, workdir: Path, jax_donate: str = "false"
     from fxtrack.worker.__main__ import prepare_environment
 
     register()
-    overrides = [f"framework={framework}", "model=vit", *(f"model.{k}={v}" for k, v in MODEL.items()),
-                 f"batch_size={BATCH}", f"warmup_steps={WARMUP}", "hardware=cpu", f"seed={SEED}"]
+    dims, batch_size = MODELS[model]
+    overrides = [f"framework={framework}", f"model={model}",
+                 *(f"model.{k}={v}" for k, v in dims.items()),
+                 f"batch_size={batch_size}", f"warmup_steps={WARMUP}", "hardware=cpu", f"seed={SEED}"]
     if framework == "jax":  # the bare loop does not donate its state: false is like with like;
         overrides.append(f"framework.donate={jax_donate}")  # auto shows what donation costs
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -167,9 +191,10 @@ def fxtrack_arm(framework: str, workdir: Path, jax_donate: str = "false"
     result = Result(result_id=spec.result_id)
     kind, batch, _, warmup = timed.build(backend, result)
     mode = backend.framework.compile_mode_tag(spec.compile, spec.framework_settings)
-    if mode != BARE_MODE[framework]:
-        raise SystemExit(f"{framework}: framework.compile=auto resolved to {mode} on {kind}, but the "
-                         f"bare loop runs {BARE_MODE[framework]}; this bench compares like with like")
+    if mode != BARE_MODE[model][framework]:
+        raise SystemExit(f"{framework}: framework.compile=auto resolved to {mode} on {kind} for "
+                         f"{model}, but the bare loop runs {BARE_MODE[model][framework]}; this "
+                         "bench compares like with like")
     for _ in range(warmup):
         backend.train_step()
 
@@ -182,9 +207,10 @@ def fxtrack_arm(framework: str, workdir: Path, jax_donate: str = "false"
     return spec, run
 
 
-def bare_arm(framework: str) -> Callable[[int], float]:
+def bare_arm(framework: str, model: str) -> Callable[[int], float]:
     """The bare loop's side: built once and warmed up; run(steps) -> samples/s."""
-    step = BARE[framework]()
+    step = BARE[framework](model)
+    batch = MODELS[model][1]
     for _ in range(WARMUP):
         step()
 
@@ -192,7 +218,7 @@ def bare_arm(framework: str) -> Callable[[int], float]:
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
-        return BATCH * steps / (time.perf_counter() - t0)
+        return batch * steps / (time.perf_counter() - t0)
 
     return run
 
@@ -215,8 +241,8 @@ def child(framework: str, args: argparse.Namespace) -> None:
     from fxtrack.measure import host_load as load
 
     with tempfile.TemporaryDirectory() as tmp:
-        spec, fx = fxtrack_arm(framework, Path(tmp), args.jax_donate)
-        arms = {"fxtrack": fx, "bare": bare_arm(framework)}
+        spec, fx = fxtrack_arm(framework, args.model, Path(tmp), args.jax_donate)
+        arms = {"fxtrack": fx, "bare": bare_arm(framework, args.model)}
         got: dict[str, list[float]] = {arm: [] for arm in arms}
         with load.LoadSampler(spec.cpu_threads) as host:  # other processes over the whole bench
             for r in range(args.max_rounds):
@@ -229,7 +255,7 @@ def child(framework: str, args: argparse.Namespace) -> None:
                           file=sys.stderr, flush=True)
                 if done:
                     break
-    print(json.dumps({"framework": framework, "mode": BARE_MODE[framework],
+    print(json.dumps({"framework": framework, "mode": BARE_MODE[args.model][framework],
                       "rounds": len(got["bare"]), "other_cpu_frac": host.other_cpu_frac,
                       "fxtrack": got["fxtrack"], "bare": got["bare"],
                       "ratio": ratio_interval(got["fxtrack"], got["bare"])}))
@@ -238,6 +264,7 @@ def child(framework: str, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frameworks", default=",".join(BARE))
+    parser.add_argument("--model", choices=sorted(MODELS), default="vit")
     parser.add_argument("--steps", type=int, default=1, help="steps per arm per round")
     parser.add_argument("--min-rounds", type=int, default=50)
     parser.add_argument("--max-rounds", "--rounds", type=int, default=600, dest="max_rounds")
@@ -260,7 +287,8 @@ def main() -> None:
         out = subprocess.run([sys.executable, __file__, "--child", fw, *sys.argv[1:]], env=env,
                              stdout=subprocess.PIPE, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"\nvit {MODEL}, batch {BATCH}, {args.steps} steps per arm per round, fp32, CPU, "
+    dims, batch_size = MODELS[args.model]
+    print(f"\n{args.model} {dims}, batch {batch_size}, {args.steps} steps per arm per round, fp32, CPU, "
           f"{os.cpu_count()} cores; ratio = fxtrack / bare per round, median [95% t interval of the "
           "mean log ratio]")
     print(f"{'framework':<11} {'mode':<12} {'rounds':>6} {'other CPU':>9}  {'fxtrack / bare':<26} "

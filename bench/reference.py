@@ -110,7 +110,8 @@ def fxtrack_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
     kind = backend.device_kind()
     spec.compile, _ = declaration(spec.package).resolve_compile(kind, arch.family,
                                                                 spec.compile_request,
-                                                                dims=arch.dims)
+                                                                dims=arch.dims,
+                                                                precision=spec.precision)
     backend.build(arm["batch"])
     return backend.train_step, backend.framework.compile_mode_tag(spec.compile, spec.framework_settings)
 

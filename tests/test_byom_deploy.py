@@ -82,7 +82,6 @@ def test_hf_gpt2_through_onnxruntime_with_top1_on_its_logits(tmp_path, monkeypat
     assert result.metrics["tokens_per_s"] > 0
 
 
-@pytest.mark.slow  # keras-hub's import
 def test_kerashub_gpt2_through_tflite_int8_with_top1_on_its_logits(tmp_path, monkeypatch):
     """examples/kerashub_model.py's GPT-2 (dict inputs token_ids, padding_mask) through Keras'
     export and the TFLite converter at dynamic-range int8, held to the int8 rule on its logits."""

@@ -58,6 +58,60 @@ def test_a_sized_row_holds_only_at_its_sizes(dims, compiled):
     assert _declared("torch").resolve_compile("cpu", "vit", "auto", dims=dims)[0] is False
 
 
+@pytest.mark.parametrize("precision,seq_len,compiled", [
+    ("bf16", 128, True),  # bench/reference.py's BERT, where it was measured
+    ("bf16", 512, True), ("bf16", 16, False),  # size=tiny: too short to repay a compile
+    ("fp32", 128, False), (None, 128, False),  # another or an unknown precision: the next row
+])
+def test_a_row_at_some_precisions_holds_only_there(precision, seq_len, compiled):
+    got, why = _declared("torch").resolve_compile("cpu", "bert", "auto",
+                                                  dims={"seq_len": seq_len}, precision=precision)
+    assert got is compiled and ("at bf16" in why) is compiled
+    assert _declared("torch").resolve_compile("gpu", "bert", "auto", precision="fp32")[0]
+    vit = {"image_size": 128}  # the reference bench's ViT: compiled at bf16 only
+    assert _declared("torch").resolve_compile("cpu", "vit", "auto", dims=vit, precision="bf16")[0]
+    assert not _declared("torch").resolve_compile("cpu", "vit", "auto", dims=vit,
+                                                  precision="fp32")[0]
+    assert not _declared("torch").resolve_compile("cpu", "vit", "auto", dims={"image_size": 32},
+                                                  precision="bf16")[0]  # size=tiny
+
+
+def test_a_run_resolves_auto_at_its_own_precision(tmp_path, monkeypatch):
+    """timed.build passes the run's precision to the table: bf16 BERT at 128 tokens compiles."""
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))  # no earlier tune's pick
+    from conftest import job_spec
+
+    from fxtrack.job import Result
+    from fxtrack.scenarios import timed
+
+    class Built(Exception):
+        pass
+
+    class Backend:
+        framework = _declared("torch")
+
+        def __init__(self, spec):
+            self.spec = spec
+
+        def device_kind(self):
+            return "cpu"
+
+        def device_tags(self):
+            return {}
+
+        def build(self, batch):
+            raise Built
+
+    for precision, compiled in (("bf16", True), ("fp32", False)):
+        spec = job_spec("torch", "bert", tmp_path, precision=precision, compile_request="auto",
+                        arch={"seq_len": 128})
+        result = Result(result_id=spec.result_id)
+        with pytest.raises(Built):
+            timed.build(Backend(spec), result)
+        assert result.resolved["compile"] is compiled, precision
+        assert result.tags["compile_decision"] == "table"
+
+
 def test_the_tensorflow_rows_name_their_family_and_mode():
     tf = _declared("tensorflow")
     assert tf.resolve_compile("cpu", "vit")[1].startswith("auto: XLA on CPU for ViT: measured faster")

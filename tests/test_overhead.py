@@ -19,12 +19,15 @@ ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 
-@pytest.mark.parametrize("script", ["bench/job_overhead.py", "bench/reference.py"])
-def test_bench_scripts_parse_their_options(script):
+@pytest.mark.parametrize("script,option", [("bench/job_overhead.py", "--rounds"),
+                                           ("bench/reference.py", "--rounds"),
+                                           ("bench/overhead.py", "--model"),
+                                           ("bench/profile_step.py", "vit-torch")])
+def test_bench_scripts_parse_their_options(script, option):
     out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "--rounds" in out.stdout
+    assert option in out.stdout
 
 
 # A stand-in for the worker: it waits at the real gate (fxtrack.worker.__main__.wait_for_go),

@@ -80,10 +80,15 @@ class CompileRule:
     # size key -> [low, high): the row holds only there (where it was measured); a run whose
     # dims are unknown or outside falls through to the next row
     sizes: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    # the precisions the row holds at (empty: every one); a run whose precision is unknown or
+    # another falls through to the next row
+    precisions: tuple[str, ...] = ()
 
     def matches(self, device_kind: str, family: str,
-                dims: Optional[Mapping[str, Any]] = None) -> bool:
+                dims: Optional[Mapping[str, Any]] = None, precision: Optional[str] = None) -> bool:
         if not (self.device_kind in ("*", device_kind) and self.family in ("*", family)):
+            return False
+        if self.precisions and precision not in self.precisions:
             return False
         return all(dims is not None and isinstance(dims.get(key), (int, float))
                    and low <= dims[key] < high for key, (low, high) in self.sizes.items())
@@ -200,12 +205,14 @@ class Framework:
     def resolve_compile(self, device_kind: str, family: str, request: str = "auto",
                         timings: Optional[Mapping[bool, float]] = None,
                         settings: Optional[Mapping[str, Any]] = None,
-                        dims: Optional[Mapping[str, Any]] = None) -> tuple[bool, str]:
+                        dims: Optional[Mapping[str, Any]] = None,
+                        precision: Optional[str] = None) -> tuple[bool, str]:
         """(compile?, why) for ``framework.compile=request``: ``true`` / ``false`` as asked,
         ``auto`` the first matching row of ``compile_rules``, ``tune`` the fastest of
         ``timings`` ({compiled?: median step seconds} for each of ``tune_modes``, timed on the
-        run's model by fxtrack.scenarios.tune; a framework with one mode needs none). ``dims``:
-        the model's sizes, for the rows that hold at some sizes only."""
+        run's model by fxtrack.scenarios.tune; a framework with one mode needs none). ``dims``
+        and ``precision``: the model's sizes and the run's precision, for the rows that hold
+        at some sizes or precisions only."""
         if request not in COMPILE_REQUESTS:
             raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_REQUESTS)}, "
                              f"got {request!r}")
@@ -214,7 +221,7 @@ class Framework:
         if request != "auto":
             return request == "true", f"framework.compile={request}"
         for rule in self.compile_rules:
-            if rule.matches(device_kind, family, dims):
+            if rule.matches(device_kind, family, dims, precision):
                 return rule.compiled, f"auto: {rule.why}" + (f" ({rule.docs})" if rule.docs else "")
         raise ValueError(f"{self.name} declares no compile rule for {family} on {device_kind}")
 

@@ -48,7 +48,8 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
         why = f"auto: tuned on this machine {earlier.get('date', '')} ({earlier.get('figures')})"
     else:
         spec.compile, why = declaration(spec.package).resolve_compile(
-            kind, spec.arch["family"], spec.compile_request, dims=spec.arch["dims"])
+            kind, spec.arch["family"], spec.compile_request, dims=spec.arch["dims"],
+            precision=spec.precision)
     result.resolved["compile"] = spec.compile
     result.tags["compile_rule"] = why
     result.tags["compile_decision"] = ("tuned" if tuned or earlier is not None else

@@ -12,6 +12,7 @@ PER_FAMILY = "docs/measurements.md#compileauto-per-model-family-and-compiletune-
 PEER = ("docs/measurements.md#pytorch-at-its-peer-the-llama-and-vit-rows-of-the-reference-bench"
         "-2026-12-02")
 AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksfw__init__py"
+BF16 = "docs/measurements.md#bf16-on-a-cpu-the-compile-rule-and-the-reference-rows-2026-12-03"
 
 FRAMEWORK = Framework(
     name="torch",
@@ -24,8 +25,14 @@ FRAMEWORK = Framework(
         CompileRule(True, "torch.compile on GPU", AUTO, device_kind="gpu"),
         CompileRule(False, "eager on CPU for ResNet-50: no consistent gain, minutes of compile",
                     TORCH_CPU, device_kind="cpu", family="resnet"),
+        CompileRule(True, "torch.compile on CPU for ViT at bf16 and 64-128 px: faster than "
+                          "eager at the reference config", BF16, device_kind="cpu",
+                    family="vit", sizes={"image_size": (64, 129)}, precisions=("bf16",)),
         CompileRule(False, "eager on CPU for ViT: measured a tie with torch.compile",
                     PER_FAMILY, device_kind="cpu", family="vit"),
+        CompileRule(True, "torch.compile on CPU for BERT at bf16 and 128-512 tokens: faster "
+                          "than eager at the reference config", BF16, device_kind="cpu",
+                    family="bert", sizes={"seq_len": (128, 513)}, precisions=("bf16",)),
         CompileRule(False, "eager on CPU for BERT: no clear gain from torch.compile",
                     PER_FAMILY, device_kind="cpu", family="bert"),
         CompileRule(True, "torch.compile on CPU for a Llama of hidden 256-767: faster at the "

@@ -1,0 +1,73 @@
+"""Profile one training step of an arm of bench/reference.py: fxtrack's model in a framework, or
+the public reference it is timed against, built exactly as that bench builds it (the same
+config, batch, optimiser, precision and mode), with ``torch.profiler``: ops per step and the top
+ops by self CPU time. For finding why one arm's step is slower than another's (issue 35).
+
+    PYTHONPATH=. python bench/profile_step.py --row vit-torch --arm fxtrack --precision bf16
+    PYTHONPATH=. python bench/profile_step.py --row vit-torch --arm reference --mode eager
+    PYTHONPATH=. python bench/profile_step.py --row llama-torch --arm fxtrack --mode false
+
+torch rows only (the profiler is torch's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def reference_bench():
+    spec = importlib.util.spec_from_file_location("reference", HERE / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    ref = reference_bench()
+    torch_rows = [r for r, row in ref.ROWS.items() if row[1] == "torch"]
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--row", choices=torch_rows, default="llama-torch")
+    parser.add_argument("--arm", choices=("fxtrack", "reference"), default="fxtrack")
+    parser.add_argument("--mode", default=None, help="fxtrack: auto (default), true, false; "
+                        "reference: eager (default) or compile")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--image-size", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=2, help="profiled steps (after 3 warm-up)")
+    parser.add_argument("--rows", type=int, default=16, help="table rows")
+    args = parser.parse_args()
+
+    model, framework, reference, default, _, _ = ref.ROWS[args.row]
+    dims = dict(ref.SIZES[model])
+    if args.image_size and "image_size" in dims:
+        dims["image_size"] = args.image_size
+    arm = dict(kind=args.arm, model=model, framework=framework, dims=dims,
+               batch=ref.BATCHES.get(model, ref.BATCH), warmup=3, precision=args.precision,
+               reference=reference, mode=args.mode or ("auto" if args.arm == "fxtrack" else default))
+
+    from fxtrack.worker.__main__ import prepare_environment
+
+    arch, spec = ref.job(arm)
+    prepare_environment(spec)  # threads, as every arm of the bench gets them
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    build = ref.fxtrack_step if args.arm == "fxtrack" else ref.torch_reference_step
+    step, mode = build(arm, arch, spec)
+    for _ in range(arm["warmup"]):
+        step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(args.steps):
+            step()
+    events = prof.key_averages()
+    print(f"{args.row} {args.arm} ({mode}, {args.precision}, batch {arm['batch']}, {dims}): "
+          f"{sum(e.count for e in events) // args.steps} ops/step, "
+          f"{torch.get_num_threads()} threads")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+
+
+if __name__ == "__main__":
+    main()
