@@ -31,17 +31,23 @@ class Metric:
     @functools.cached_property
     def pattern(self) -> re.Pattern:
         """The keys this entry names, as a regex matched against a whole key."""
-        out, pos = "", 0
-        for m in re.finditer(r"\{([^}]*)\}", self.name):
-            out += re.escape(self.name[pos:m.start()])
-            out += r"\d+" if m.group(1) == "N" else "(?:" + "|".join(
-                re.escape(a) for a in m.group(1).split("|")) + ")"
-            pos = m.end()
-        return re.compile(out + re.escape(self.name[pos:]))
+        return re.compile(notation(self.name))
 
     @property
     def lower_is_better(self) -> bool:
         return self.direction == LOWER
+
+
+def notation(name: str) -> str:
+    """The regex (source) of a name in the contract's notation: ``{a|b}`` one of the
+    alternatives, ``{N}`` a number, the rest literal."""
+    out, pos = "", 0
+    for m in re.finditer(r"\{([^{}]+)\}", name):
+        out += re.escape(name[pos:m.start()])
+        inner = m.group(1)
+        out += r"\d+" if inner == "N" else "(?:" + "|".join(map(re.escape, inner.split("|"))) + ")"
+        pos = m.end()
+    return out + re.escape(name[pos:])
 
 
 def _m(name: str, unit: str, direction: str, meaning: str,

@@ -30,30 +30,25 @@ def section(title: str) -> str:
     return match.group(1)
 
 
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of every table row (separator rows excluded), ``\\|`` kept inside a cell."""
+    return [re.split(r"(?<!\\)\|", line)[1:-1] for line in text.splitlines()
+            if line.startswith("|") and not re.fullmatch(r"[|\s:-]+", line)]
+
+
 def first_column_names(text: str) -> list[str]:
     """The backticked names in the first cell of every table row (header rows excluded)."""
-    names = []
-    for line in text.splitlines():
-        if not line.startswith("|") or re.fullmatch(r"[|\s:-]+", line):
-            continue
-        cell = re.split(r"(?<!\\)\|", line)[1]
-        names += [n.replace("\\|", "|") for n in re.findall(r"`([^`]+)`", cell)]
+    names = [n.replace("\\|", "|") for cells in table_rows(text)
+             for n in re.findall(r"`([^`]+)`", cells[0])]
     headers = {"metric", "tag", "key", "group", "option", "command", "variable"}
     return [n for n in names if n not in headers]
 
 
 def matcher(names: list[str]) -> re.Pattern:
-    """One regex for documented names: ``{a|b}`` is one of the alternatives, ``{N}`` a number."""
-    def one(name: str) -> str:
-        out, pos = "", 0
-        for m in re.finditer(r"\{([^{}]+)\}", name):
-            out += re.escape(name[pos:m.start()])
-            inner = m.group(1)
-            out += r"\d+" if inner == "N" else "(?:" + "|".join(map(re.escape, inner.split("|"))) + ")"
-            pos = m.end()
-        return out + re.escape(name[pos:])
+    """One regex for documented names in the contract's notation (fxtrack.metrics.notation)."""
+    from fxtrack.metrics import notation
 
-    return re.compile("|".join(f"(?:{one(n)})" for n in names))
+    return re.compile("|".join(f"(?:{notation(n)})" for n in names))
 
 
 def undocumented(keys: set[str], names: list[str]) -> list[str]:
@@ -220,10 +215,8 @@ def contract_metrics() -> dict[str, tuple[str, set[str]]]:
             continue
         scenarios = _subsection_scenarios(title)
         assert scenarios, f"cannot tell the scenarios of the Metrics subsection {title!r}"
-        for line in block.splitlines():
-            if not line.startswith("|") or re.fullmatch(r"[|\s:-]+", line):
-                continue
-            cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+        for row in table_rows(block):
+            cells = [c.strip().replace("\\|", "|") for c in row]
             unit = cells[1].split(" (")[0]
             for name in re.findall(r"`([^`]+)`", cells[0].replace("\\|", "|")):
                 if name != "metric":
