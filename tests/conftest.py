@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -23,6 +24,19 @@ def backend_class(spec: JobSpec):
     from fxtrack.frameworks.declaration import declaration, import_path
 
     return import_path(declaration(spec.package).backend)
+
+
+def hlo_dots(hlo: str) -> list[tuple[str, list[str], str]]:
+    """Every dot of an optimised HLO module's text: (result type, its two operands' types, the
+    left operand's contracting dimension), e.g. ("f32", ["bf16", "bf16"], "1")."""
+    types = dict(re.findall(r"%([\w.\-]+) = (\w+)\[", hlo))
+    found = []
+    for line in hlo.splitlines():
+        m = re.search(r"= (\w+)\[[\d,]*\]\S* dot\(%([\w.\-]+), %([\w.\-]+)\), "
+                      r"lhs_contracting_dims=\{(\d+)\}", line)
+        if m:
+            found.append((m.group(1), [types[m.group(2)], types[m.group(3)]], m.group(4)))
+    return found
 
 
 def tiny_arch(name: str, **overrides) -> architectures.Arch:

@@ -22,7 +22,7 @@ from fxtrack.frameworks.jax import data, models, train  # noqa: E402
 from fxtrack.frameworks.jax.backend import JaxBackend  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
 
-from conftest import tiny_arch  # noqa: E402
+from conftest import hlo_dots, tiny_arch  # noqa: E402
 
 CPU = jax.devices("cpu")[0]
 # ResNet-50 at 32 px ends on 1x1 maps, so with batch 4 its last BatchNorms normalise over four
@@ -242,3 +242,84 @@ def test_pipeline_does_the_per_sample_work(tmp_path, monkeypatch):
     assert batch["images"].shape == (4, arch.image_size, arch.image_size, 3)
     assert batch["images"].dtype == np.float32 and batch["labels"].dtype == np.int32
     assert np.abs(batch["images"]).max() <= 128 / datasets.PIXEL_SCALE + 1e-6
+
+
+@pytest.mark.parametrize("w_transposed", [False, True])
+def test_bf16_matmul_and_its_gradients_match_the_plain_dot(w_transposed):
+    """matmul's custom VJP: the same values and gradients as XLA's own dot of the same bf16
+    operands (to bf16's rounding), for w (K, N) and a tied projection's w (N, K)."""
+    from fxtrack.frameworks.jax import matmul
+
+    kx, kw, kg = jax.random.split(jax.random.key(0), 3)
+    x = jax.random.normal(kx, (2, 24, 32)).astype(jax.numpy.bfloat16)
+    w = jax.random.normal(kw, (48, 32) if w_transposed else (32, 48)).astype(jax.numpy.bfloat16)
+    g = jax.random.normal(kg, (2, 24, 48))
+
+    def loss(f, x, w):
+        return (f(x, w).astype(jax.numpy.float32) * g).sum()
+
+    def plain(x, w):  # float32 math on the bf16 values: the exact answer to compare with
+        x, w = x.astype(jax.numpy.float32), w.astype(jax.numpy.float32)
+        return (x @ (w.T if w_transposed else w)).astype(jax.numpy.bfloat16)
+
+    fast = jax.jit(jax.value_and_grad(lambda x, w: loss(
+        lambda a, b: matmul.matmul(a, b, w_transposed), x, w), argnums=(0, 1)))
+    exact = jax.jit(jax.value_and_grad(lambda x, w: loss(plain, x, w), argnums=(0, 1)))
+    (v1, (dx1, dw1)), (v2, (dx2, dw2)) = fast(x, w), exact(x, w)
+    assert dx1.dtype == x.dtype and dw1.dtype == w.dtype and dw1.shape == w.shape
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-2)
+    for a, b in ((dx1, dx2), (dw1, dw2)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max()
+
+
+def test_bf16_training_dots_compile_to_the_bf16_kernel_form(monkeypatch):
+    """On XLA:CPU every dot of a bf16 Linear's forward and backward reads bf16 operands,
+    accumulates in float32 and contracts the left operand's last axis, the only form XLA:CPU
+    runs on its bf16 kernels; XLA's own lowering of the same layer does not (the check can
+    fail), or the fast path would be pointless."""
+    from fxtrack.frameworks.jax import matmul
+
+    assert matmul.fast_path(jax.numpy.bfloat16, "cpu")[0]
+    assert not matmul.fast_path(jax.numpy.float32, "cpu")[0]
+    assert not matmul.fast_path(jax.numpy.bfloat16, "gpu")[0]
+
+    def compiled_dots() -> list[tuple[str, list[str], str]]:
+        layer = nnx.Linear(32, 48, dtype=jax.numpy.bfloat16, dot_general=matmul.dot_general,
+                           rngs=nnx.Rngs(0))
+        graphdef, params = nnx.split(layer)
+        x = jax.numpy.ones((16, 32), jax.numpy.bfloat16)
+
+        def loss(params, x):
+            return (nnx.merge(graphdef, params)(x).astype(jax.numpy.float32) ** 2).sum()
+
+        step = jax.jit(jax.grad(loss, argnums=(0, 1)))  # the weight's and the input's gradients
+        return hlo_dots(step.lower(params, x).compile().as_text())
+
+    dots = compiled_dots()
+    assert len(dots) == 3 and all(
+        result == "f32" and operands == ["bf16", "bf16"] and lhs == "1"
+        for result, operands, lhs in dots), dots
+    monkeypatch.setattr(matmul, "ENABLED", False)
+    assert not all(operands == ["bf16", "bf16"] and lhs == "1" for _, operands, lhs in
+                   compiled_dots())
+
+
+def test_bf16_run_takes_the_kernel_form_and_learns_alike(spec_factory, monkeypatch):
+    """fxtrack's JAX BERT at bf16 on a CPU: tagged with the kernel form, and its first losses
+    those of the same model with XLA's own dots."""
+    from fxtrack.frameworks.base import BF16_KERNEL_FORM
+    from fxtrack.frameworks.jax import matmul
+
+    def losses() -> tuple[list[float], dict]:
+        backend = JaxBackend(spec_factory("jax", "bert", precision="bf16", compile=True))
+        backend.device_kind()
+        backend.build(4)
+        return [float(backend.train_step()) for _ in range(3)], backend.device_tags()
+
+    fast, tags = losses()
+    monkeypatch.setattr(matmul, "ENABLED", False)
+    plain, plain_tags = losses()
+    assert tags["matmul_form"] == BF16_KERNEL_FORM != plain_tags["matmul_form"]
+    np.testing.assert_allclose(fast, plain, rtol=2e-2)
+    assert fast[-1] < fast[0]

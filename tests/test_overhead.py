@@ -22,12 +22,30 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 @pytest.mark.parametrize("script,option", [("bench/job_overhead.py", "--rounds"),
                                            ("bench/reference.py", "--rounds"),
                                            ("bench/overhead.py", "--model"),
-                                           ("bench/profile_step.py", "vit-torch")])
+                                           ("bench/profile_step.py", "vit-torch"),
+                                           ("bench/bf16_dots.py", "--frameworks")])
 def test_bench_scripts_parse_their_options(script, option):
     out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, env=ENV,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert option in out.stdout
+
+
+def test_bf16_dots_bench_times_every_form_in_each_framework():
+    pytest.importorskip("jax")
+    pytest.importorskip("tensorflow")
+    out = subprocess.run([sys.executable, "bench/bf16_dots.py", "--rounds", "1", "--m", "8",
+                          "--k", "16", "--n", "24"], cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    # fixed-width columns: framework (11), form (26), median ms, ratio, what
+    rows = {(line[:11].strip(), line[12:38].strip()): tuple(map(float, line[38:].split()[:2]))
+            for line in out.stdout.splitlines()[2:]}
+    forms = ("bf16 result", "f32 result", "dx, f32 result", "dw, lhs contracts axis 0",
+             "dw, x^T written out")
+    assert set(rows) == {(f, form) for f in ("jax", "tensorflow") for form in forms}
+    assert all(ms > 0 for ms, _ in rows.values())
+    assert rows["jax", "bf16 result"][1] == rows["tensorflow", "bf16 result"][1] == 1.0
 
 
 # A stand-in for the worker: it waits at the real gate (fxtrack.worker.__main__.wait_for_go),

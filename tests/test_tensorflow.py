@@ -21,7 +21,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from conftest import tiny_arch  # noqa: E402
+from conftest import hlo_dots, tiny_arch  # noqa: E402
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks import keras_models as models  # noqa: E402
 from fxtrack.frameworks.tensorflow import data, train  # noqa: E402
@@ -230,3 +230,100 @@ def test_pipeline_batches_follow_the_dataset_rules(tmp_path, monkeypatch):
     assert (ids[w == 1] == architectures.BERT_MASK_TOKEN).all()
     assert (ids[w == 0] == labels[w == 0]).all()
     assert (next(loader)["mlm_weights"].numpy() != w).any()  # masked afresh on every draw
+
+
+@pytest.mark.parametrize("w_transposed", [False, True])
+def test_bf16_matmul_under_xla_matches_the_plain_product(w_transposed):
+    """The bf16-kernel form's values and gradients under XLA equal float32 math on the same
+    bf16 operands (to bf16's rounding); outside XLA it is Keras' matmul (XLA's dot op has no
+    kernel there, so using it would fail)."""
+    from fxtrack.frameworks.tensorflow import matmul
+
+    rng = np.random.default_rng(0)
+    x = tf.cast(rng.normal(size=(2, 24, 32)), tf.bfloat16)
+    w = tf.cast(rng.normal(size=(48, 32) if w_transposed else (32, 48)), tf.bfloat16)
+    g = tf.constant(rng.normal(size=(2, 24, 48)), tf.float32)
+
+    def value_and_grads(product):
+        def run(x, w):
+            with tf.GradientTape() as tape:
+                tape.watch([x, w])
+                loss = tf.reduce_sum(tf.cast(product(x, w), tf.float32) * g)
+            return loss, tape.gradient(loss, [x, w])
+        return run
+
+    def exact(x, w):
+        x, w = tf.cast(x, tf.float32), tf.cast(w, tf.float32)
+        return tf.cast(tf.matmul(x, w, transpose_b=w_transposed), tf.bfloat16)
+
+    def fast(x, w):
+        return matmul.matmul(x, w, w_transposed)
+
+    v1, (dx1, dw1) = tf.function(value_and_grads(fast), jit_compile=True)(x, w)
+    v2, (dx2, dw2) = tf.function(value_and_grads(exact), jit_compile=True)(x, w)
+    v3, _ = tf.function(value_and_grads(fast))(x, w)  # a plain graph: Keras' matmul
+    assert dx1.dtype == tf.bfloat16 and dw1.dtype == tf.bfloat16 and dw1.shape == w.shape
+    np.testing.assert_allclose(float(v1), float(v2), rtol=1e-2)
+    np.testing.assert_allclose(float(v3), float(v2), rtol=1e-2)
+    for a, b in ((dx1, dx2), (dw1, dw2)):
+        a, b = np.asarray(tf.cast(a, tf.float32)), np.asarray(tf.cast(b, tf.float32))
+        assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max()
+
+
+def test_bf16_xla_dense_layers_compile_to_the_bf16_kernel_form():
+    """A Dense built in the bf16-kernel form: under XLA every dot of its forward and gradients
+    reads bf16 operands, accumulates in float32 and contracts the left operand's last axis
+    (the form XLA:CPU runs on its bf16 kernels); Keras' own Dense does not (the check can
+    fail)."""
+    from fxtrack.frameworks.tensorflow import matmul
+
+    assert matmul.fast_path("bf16", "cpu", xla=True)[0]
+    assert not matmul.fast_path("bf16", "cpu", xla=False)[0]
+    assert not matmul.fast_path("fp32", "cpu", xla=True)[0]
+
+    def compiled_dots(form) -> list:
+        with models.matmul_form(form):
+            dense = models.Dense(48, dtype="mixed_bfloat16")
+        x = tf.ones((16, 32), tf.bfloat16)
+        dense.build(x.shape)
+
+        def grads(x):
+            with tf.GradientTape() as tape:
+                tape.watch(x)
+                loss = tf.reduce_sum(tf.cast(dense(x), tf.float32) ** 2)
+            return tape.gradient(loss, [x, dense.kernel])
+
+        step = tf.function(grads, jit_compile=True)
+        return hlo_dots(step.experimental_get_compiler_ir(x)(stage="optimized_hlo"))
+
+    dots = compiled_dots(matmul.matmul)
+    assert len(dots) == 3 and all(
+        result == "f32" and operands == ["bf16", "bf16"] and lhs == "1"
+        for result, operands, lhs in dots), dots
+    assert not all(operands == ["bf16", "bf16"] and lhs == "1"
+                   for _, operands, lhs in compiled_dots(None))
+
+
+def test_bf16_xla_run_takes_the_kernel_form_and_learns_alike(spec_factory):
+    """fxtrack's TensorFlow model at bf16 under XLA on a CPU: tagged with the kernel form, and
+    its first losses those of the same model built with Keras' own matmuls."""
+    from fxtrack.frameworks.base import BF16_KERNEL_FORM
+    from fxtrack.frameworks.tensorflow import matmul
+
+    def losses(fast: bool) -> tuple[list[float], dict]:
+        backend = TensorFlowBackend(spec_factory("tensorflow", "bert", precision="bf16",
+                                                 compile=True))
+        backend.device_kind()
+        if not fast:
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr(matmul, "fast_path", lambda *a, **k: (False, "off"))
+                backend.build(4)
+        else:
+            backend.build(4)
+        return [float(backend.train_step()) for _ in range(3)], backend.device_tags()
+
+    fast, tags = losses(True)
+    plain, _ = losses(False)
+    assert tags["matmul_form"] == BF16_KERNEL_FORM
+    np.testing.assert_allclose(fast, plain, rtol=2e-2)
+    assert fast[-1] < fast[0]

@@ -7,10 +7,14 @@ builds the same model on every Keras backend.
 Layouts are Keras' defaults: images NHWC, conv kernels HWIO, dense kernels (in, out). Every layer
 is named after where it sits (``stage2_block1_conv2``, ``block0_attn_qkv``), so the weights map
 one to one onto the PyTorch modules (tests/convert_tensorflow.py). Precision comes from the
-Keras dtype policy that is global while a model is built.
+Keras dtype policy that is global while a model is built, and so does the matmul a framework
+may give its dense layers and tied projections (``matmul_form``).
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator, Optional
 
 import keras
 import numpy as np
@@ -106,8 +110,8 @@ def resnet(arch: Arch) -> keras.Model:
             x = bottleneck(x, arch.width * 2**i, 2 if b == 0 and i > 0 else 1,
                            f"stage{i + 1}_block{b + 1}")
     x = layers.GlobalAveragePooling2D(name="avg_pool")(x)  # (B, 2048)
-    logits = layers.Dense(arch.num_classes, kernel_initializer=torch_default_init(),
-                          bias_initializer=torch_bias_init(x.shape[-1]), name="head")(x)
+    logits = Dense(arch.num_classes, kernel_initializer=torch_default_init(),
+                   bias_initializer=torch_bias_init(x.shape[-1]), name="head")(x)
     return keras.Model(images, logits, name=arch.name)
 
 
@@ -165,9 +169,60 @@ class Bias(layers.Layer):
         return x + ops.cast(self.bias, x.dtype)
 
 
+# (x, w, w_transposed) -> x @ w or x @ w.T, for the layers built inside ``matmul_form``
+Matmul = Callable[..., "keras.KerasTensor"]
+_MATMUL: Optional[Matmul] = None
+
+
+@contextlib.contextmanager
+def matmul_form(matmul: Optional[Matmul]) -> Iterator[None]:
+    """Dense layers and tied output projections built inside use ``matmul`` (a framework's
+    faster form of the same product, e.g. tensorflow/matmul.py) instead of ``ops.matmul``."""
+    global _MATMUL
+    previous, _MATMUL = _MATMUL, matmul
+    try:
+        yield
+    finally:
+        _MATMUL = previous
+
+
+class Dense(layers.Dense):
+    """``layers.Dense`` whose product is the ``matmul_form`` it was built in, if any."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._matmul = _MATMUL
+
+    def call(self, inputs, training=None):
+        if self._matmul is None:
+            return super().call(inputs, training)
+        x = self._matmul(inputs, ops.cast(self.kernel, inputs.dtype))
+        if self.bias is not None:
+            x = ops.add(x, ops.cast(self.bias, x.dtype))
+        return x if self.activation is None else self.activation(x)
+
+
+class ReversibleEmbedding(layers.ReversibleEmbedding):
+    """``layers.ReversibleEmbedding`` whose reverse (the output projection) is the
+    ``matmul_form`` it was built in, if any, in the activations' dtype (or ``reverse_dtype``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._matmul = _MATMUL
+
+    def call(self, inputs, reverse=False):
+        if not reverse or self._matmul is None:
+            return super().call(inputs, reverse=reverse)
+        dtype = self.reverse_dtype or inputs.dtype
+        inputs = ops.cast(inputs, dtype)
+        if self.tie_weights:  # embeddings (vocab, C): x @ E^T
+            return self._matmul(inputs, ops.cast(self.embeddings, dtype), True)
+        return self._matmul(inputs, ops.cast(self.reverse_embeddings, dtype))  # (C, vocab)
+
+
 def _dense(units: int, name: str, activation=None) -> layers.Dense:
     """A dense layer with the transformers' N(0, 0.02) kernel and a zero bias."""
-    return layers.Dense(units, activation=activation, kernel_initializer=dense_init(), name=name)
+    return Dense(units, activation=activation, kernel_initializer=dense_init(), name=name)
 
 
 def self_attention(x, heads: int, name: str):
@@ -220,7 +275,7 @@ def bert(arch: Arch) -> keras.Model:
     """(B, T) token ids -> (B, T, vocab) logits; post-LN encoder, tied masked-LM decoder."""
     ids = keras.Input((arch.seq_len,), dtype="int32", name="input_ids")
     eps, h = LAYER_NORM_EPS["bert"], arch.hidden
-    word = layers.ReversibleEmbedding(arch.vocab_size, h, embeddings_initializer=dense_init(),
+    word = ReversibleEmbedding(arch.vocab_size, h, embeddings_initializer=dense_init(),
                                       name="word_embeddings")
     # A single segment: every token has type 0, so row 0 is broadcast (as torch and JAX do),
     # not gathered per token.
@@ -279,7 +334,7 @@ def gqa_attention(q, k, v, mask=None):
 
 def _proj(units: int, name: str) -> layers.Dense:
     """A bias-free projection with Llama's N(0, 0.02) kernel."""
-    return layers.Dense(units, use_bias=False, kernel_initializer=dense_init(), name=name)
+    return Dense(units, use_bias=False, kernel_initializer=dense_init(), name=name)
 
 
 class LlamaBlock(layers.Layer):
@@ -343,7 +398,7 @@ class Llama(keras.Model):
         super().__init__(name=arch.name, **kwargs)
         # The output projection in the compute dtype like every other matmul: left alone,
         # Keras multiplies bf16 activations by the (unautocast) fp32 embedding in fp32.
-        self.embed = layers.ReversibleEmbedding(arch.vocab_size, arch.hidden,
+        self.embed = ReversibleEmbedding(arch.vocab_size, arch.hidden,
                                                 tie_weights=bool(arch.tied_embeddings),
                                                 embeddings_initializer=dense_init(),
                                                 reverse_dtype=self.compute_dtype,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fxtrack.frameworks.base import Backend, PeakMemory, attention_tokens
-from fxtrack.frameworks.jax import data, devices, models, parallel, train
+from fxtrack.frameworks.jax import data, devices, matmul, models, parallel, train
 
 
 class JaxBackend(Backend):
@@ -35,6 +35,9 @@ class JaxBackend(Backend):
         if hasattr(self, "jit"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.jit)
             tags["jax_donation"] = self.donation
+            if self.arch.family != "custom":  # fxtrack's own models' layers
+                tags["matmul_form"] = matmul.fast_path(train.COMPUTE_DTYPES[self.spec.precision],
+                                                       self.device.platform)[1]
             if self.arch.family in ("vit", "bert", "llama"):
                 dtype = train.COMPUTE_DTYPES[self.spec.precision]
                 if dtype == jnp.float16 and self.device.platform == "cpu":

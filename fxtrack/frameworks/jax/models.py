@@ -17,7 +17,7 @@ from flax import nnx
 
 from fxtrack.architectures import Arch
 from fxtrack.frameworks.base import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS
-from fxtrack.frameworks.jax import devices
+from fxtrack.frameworks.jax import devices, matmul
 
 Dtype = Any
 
@@ -140,7 +140,8 @@ class ResNet(nnx.Module):
                 in_ch = width * Bottleneck.expansion
         self.blocks = nnx.List(blocks)
         self.fc = nnx.Linear(in_ch, arch.num_classes, kernel_init=_torch_default_init,
-                             bias_init=_torch_bias_init(in_ch), dtype=dtype, rngs=rngs)
+                             bias_init=_torch_bias_init(in_ch), dtype=dtype,
+                             dot_general=matmul.dot_general, rngs=rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # (B, H, W, 3) -> (B, classes)
         x = nnx.relu(self.bn1(self.conv1(x)))  # (B, H/2, W/2, 64)
@@ -153,7 +154,15 @@ class ResNet(nnx.Module):
 # ----------------------------------------------------------------------------- transformers
 def _dense(d_in: int, d_out: int, dtype: Dtype, rngs: nnx.Rngs) -> nnx.Linear:
     """A transformer Linear: N(0, 0.02) kernel, zero bias (as _init_transformer in torch)."""
-    return nnx.Linear(d_in, d_out, kernel_init=_normal_init, dtype=dtype, rngs=rngs)
+    return nnx.Linear(d_in, d_out, kernel_init=_normal_init, dtype=dtype,
+                      dot_general=matmul.dot_general, rngs=rngs)
+
+
+def _attend(embed: nnx.Embed, x: jax.Array) -> jax.Array:
+    """A tied output projection: x (..., hidden) @ the embedding (vocab, hidden) transposed, in
+    the compute dtype (as ``nnx.Embed.attend``), through ``matmul``'s bf16-kernel form."""
+    dtype = embed.dtype or x.dtype
+    return matmul.matmul(x.astype(dtype), embed.embedding[...].astype(dtype), w_transposed=True)
 
 
 class SelfAttention(nnx.Module):
@@ -264,7 +273,7 @@ class Bert(nnx.Module):
         for block in self.blocks:
             x = block(x)
         x = self.mlm_norm(nnx.gelu(self.mlm_dense(x), approximate=False))
-        logits = self.word_embeddings.attend(x)  # tied decoder: (B, T, hidden) @ (hidden, vocab)
+        logits = _attend(self.word_embeddings, x)  # tied decoder: (B, T, hidden) @ (hidden, vocab)
         return logits + self.mlm_bias[...].astype(logits.dtype)
 
 
@@ -289,7 +298,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def _linear(d_in: int, d_out: int, dtype: Dtype, rngs: nnx.Rngs) -> nnx.Linear:
     """A Llama projection: N(0, 0.02), no bias."""
     return nnx.Linear(d_in, d_out, use_bias=False, kernel_init=_normal_init, dtype=dtype,
-                      rngs=rngs)
+                      dot_general=matmul.dot_general, rngs=rngs)
 
 
 def _rms_norm(hidden: int, eps: float, rngs: nnx.Rngs) -> nnx.RMSNorm:
@@ -399,7 +408,7 @@ class Llama(nnx.Module):
     def _logits(self, x: jax.Array) -> jax.Array:
         x = self.norm(x).astype(x.dtype)
         if self.lm_head is None:
-            return self.embed_tokens.attend(x)  # tied: (B, T, hidden) @ (hidden, vocab)
+            return _attend(self.embed_tokens, x)  # tied: (B, T, hidden) @ (hidden, vocab)
         return self.lm_head(x)
 
     def init_cache(self, batch: int, length: int, dtype: Dtype) -> list[KV]:

@@ -13,7 +13,7 @@ import tensorflow as tf
 from fxtrack import policy
 from fxtrack.frameworks import keras_models as models
 from fxtrack.frameworks.base import Backend, PeakMemory
-from fxtrack.frameworks.tensorflow import data, devices, parallel, train
+from fxtrack.frameworks.tensorflow import data, devices, matmul, parallel, train
 
 
 class TensorFlowBackend(Backend):
@@ -46,6 +46,9 @@ class TensorFlowBackend(Backend):
                 **getattr(self, "policy_tags", {})}
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile)
+            if self.arch.family != "custom":
+                tags["matmul_form"] = matmul.fast_path(self.spec.precision, self.device_kind(),
+                                                       xla=bool(self.spec.compile))[1]
             if self.arch.family in ("vit", "bert"):
                 tags["attention"] = train.ATTENTION
             elif self.arch.family == "llama":
@@ -68,7 +71,11 @@ class TensorFlowBackend(Backend):
             return self.capability("user_model").build(self, batch_size)
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
         with self.placement():  # mirrored variables on every replica, or the one device
-            with train.precision_policy(self.spec.precision):
+            # bf16 on a CPU: dense layers in the form XLA:CPU's bf16 kernels take, where the
+            # step runs under XLA (the matmul decides as it is traced)
+            fast = matmul.fast_path(self.spec.precision, self.device_kind(), xla=True)[0]
+            with train.precision_policy(self.spec.precision), \
+                    models.matmul_form(matmul.matmul if fast else None):
                 # memory=checkpoint never gets here: TensorFlow declares no ``remat``.
                 self.model = models.build(self.arch)
             # num_replicas_in_sync already counts every worker's replicas
