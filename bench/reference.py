@@ -12,7 +12,9 @@ Rows (model, framework) and their references, all built from explicit arguments 
                                1x1 conv, ~3% fewer FLOPs, which flatters the reference slightly),
                                ``tf.function`` and XLA
   vit / bert       tensorflow  keras-hub ``ViTBackbone`` + a dense head on the class token /
-                   jax         ``BertBackbone`` + its tied embedding as the masked-LM head, on the
+                   jax         ``BertBackbone`` + keras-hub's ``MaskedLMHead`` (as ``BertMaskedLM``:
+                               dense, GELU, LayerNorm, the tied embedding, a bias) on every
+                               position, as fxtrack's and Hugging Face's heads score them, on the
                                Keras backend of that framework, ``compile(jit_compile="auto")``
                                (Keras' default) and ``jit_compile=True``
   llama            torch       Hugging Face ``LlamaForCausalLM`` (SDPA), eager and ``torch.compile``
@@ -241,14 +243,21 @@ def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
             max_sequence_length=arch.max_position)
         t = arch.seq_len
         inputs = {name: keras.Input((t,), dtype="int32", name=name)
-                  for name in ("token_ids", "segment_ids", "padding_mask")}
-        # fxtrack's BERT ties its masked-LM head to the token embedding; so does this one
-        logits = backbone.token_embedding(backbone(inputs)["sequence_output"], reverse=True)
+                  for name in ("token_ids", "segment_ids", "padding_mask", "mask_positions")}
+        # keras-hub's own masked-LM head, as BertMaskedLM builds it (dense + GELU + LayerNorm,
+        # the tied token embedding, a bias), over every position: fxtrack's BERT (as Hugging
+        # Face's) scores every token and weights the loss by the masked ones
+        head = keras_hub.layers.MaskedLMHead(
+            vocabulary_size=arch.vocab_size, token_embedding=backbone.token_embedding,
+            intermediate_activation="gelu", layer_norm_epsilon=1e-12)
+        features = {k: v for k, v in inputs.items() if k != "mask_positions"}
+        logits = head(backbone(features)["sequence_output"], mask_positions=inputs["mask_positions"])
         model = keras.Model(inputs, logits)
         # the pooler (for classification) is not on the masked-LM path: no gradient, no update
         backbone.get_layer("pooled_dense").trainable = False
         ids = data["input_ids"]
-        x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids)}
+        x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids),
+             "mask_positions": np.broadcast_to(np.arange(t, dtype=np.int32), ids.shape).copy()}
         y, weights = data["mlm_labels"], data["mlm_weights"]
     kind, lr = optimizer_choice(arch, arm["batch"])
     opt = (keras.optimizers.SGD(lr, momentum=SGD["momentum"], weight_decay=SGD["weight_decay"])

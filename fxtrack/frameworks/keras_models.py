@@ -276,7 +276,7 @@ def bert(arch: Arch) -> keras.Model:
     ids = keras.Input((arch.seq_len,), dtype="int32", name="input_ids")
     eps, h = LAYER_NORM_EPS["bert"], arch.hidden
     word = ReversibleEmbedding(arch.vocab_size, h, embeddings_initializer=dense_init(),
-                                      name="word_embeddings")
+                               name="word_embeddings")
     # A single segment: every token has type 0, so row 0 is broadcast (as torch and JAX do),
     # not gathered per token.
     x = TokenTypeZero(arch.type_vocab, name="token_type_embeddings")(word(ids))
@@ -399,10 +399,10 @@ class Llama(keras.Model):
         # The output projection in the compute dtype like every other matmul: left alone,
         # Keras multiplies bf16 activations by the (unautocast) fp32 embedding in fp32.
         self.embed = ReversibleEmbedding(arch.vocab_size, arch.hidden,
-                                                tie_weights=bool(arch.tied_embeddings),
-                                                embeddings_initializer=dense_init(),
-                                                reverse_dtype=self.compute_dtype,
-                                                name="embed_tokens")
+                                         tie_weights=bool(arch.tied_embeddings),
+                                         embeddings_initializer=dense_init(),
+                                         reverse_dtype=self.compute_dtype,
+                                         name="embed_tokens")
         self.blocks = [LlamaBlock(arch, name=f"layer{i}") for i in range(arch.layers)]
         self.norm = RMSNorm(arch.norm_eps, name="final_norm")
         self.hidden = arch.hidden

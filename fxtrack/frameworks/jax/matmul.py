@@ -3,7 +3,7 @@
 XLA:CPU (jaxlib 0.10, YNNPACK) runs a bf16 x bf16 dot on its bf16 kernels (AMX / AVX512-BF16)
 only when the dot asks for a float32 result and its left operand contracts its last axis. A
 bf16-result dot (what ``nnx.Linear`` and a plain ``x @ w`` ask for), and a weight gradient
-``x^T g`` (left operand contracting its first axis), are upcast to float32 instead and run 3-6x
+``x^T g`` (left operand contracting its first axis), are upcast to float32 instead and run 3-5x
 slower (docs/measurements.md#bf16-matmuls-on-xla-cpu-2026-12-03). ``matmul`` computes
 ``x @ w`` (or ``x @ w.T``) with a custom VJP whose three dots (forward, input gradient, weight
 gradient) are all in that form: bf16 operands, float32 accumulation, bf16 result, as a GPU's
@@ -22,7 +22,7 @@ from jax import lax
 
 from fxtrack.frameworks.base import BF16_KERNEL_FORM
 
-ENABLED = True  # bench/jax_bf16_dots.py turns it off in its "plain" arm
+ENABLED = True  # tests turn it off to compare with XLA's own dots
 
 
 def fast_path(dtype: Any, platform: str) -> tuple[bool, str]:

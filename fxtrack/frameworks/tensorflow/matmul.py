@@ -3,7 +3,7 @@
 As in JAX (frameworks/jax/matmul.py, which says why): XLA:CPU runs a bf16 x bf16 dot on its
 bf16 kernels (AMX / AVX512-BF16) only when the dot asks for a float32 result and its left
 operand contracts its last axis; Keras' bf16 ``ops.matmul`` and its weight gradient are upcast
-to float32 instead, 2-6x slower (docs/measurements.md#bf16-matmuls-on-xla-cpu-2026-12-03).
+to float32 instead, 3-5x slower (docs/measurements.md#bf16-matmuls-on-xla-cpu-2026-12-03).
 ``matmul`` computes ``x @ w`` (or ``x @ w.T``) with a custom gradient whose three dots are in
 that form, through XLA's own dot op, which exists only inside an XLA cluster: outside one (a
 plain ``tf.function`` graph, eager, an export) it is Keras' matmul. The TensorFlow backend
