@@ -35,11 +35,10 @@ class JaxBackend(Backend):
         if hasattr(self, "jit"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.jit)
             tags["jax_donation"] = self.donation
+            dtype = train.COMPUTE_DTYPES[self.spec.precision]
             if self.arch.family != "custom":  # fxtrack's own models' layers
-                tags["matmul_form"] = matmul.fast_path(train.COMPUTE_DTYPES[self.spec.precision],
-                                                       self.device.platform)[1]
+                tags["matmul_form"] = matmul.fast_path(dtype, self.device.platform)[1]
             if self.arch.family in ("vit", "bert", "llama"):
-                dtype = train.COMPUTE_DTYPES[self.spec.precision]
                 if dtype == jnp.float16 and self.device.platform == "cpu":
                     dtype = jnp.float32  # the attention layers' XLA:CPU fp16 workaround
                 shape = (self.batch_size, attention_tokens(self.arch), self.arch.heads,

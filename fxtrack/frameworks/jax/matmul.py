@@ -75,6 +75,11 @@ def matmul(x: jax.Array, w: jax.Array, w_transposed: bool = False) -> jax.Array:
     already in the compute dtype; in the bf16-kernel form where ``fast_path`` says so."""
     if x.dtype != w.dtype or not fast_path(x.dtype, jax.default_backend())[0]:
         return jnp.matmul(x, w.T if w_transposed else w)
+    return _kernel_form(x, w, w_transposed)
+
+
+def _kernel_form(x: jax.Array, w: jax.Array, w_transposed: bool) -> jax.Array:
+    """``_matmul`` over x's leading axes flattened into one."""
     n = w.shape[0 if w_transposed else 1]
     y = _matmul(x.reshape(-1, x.shape[-1]), w, w_transposed)
     return y.reshape(*x.shape[:-1], n)
@@ -89,6 +94,6 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any, precisio
             and rhs.ndim == 2 and lhs.dtype == rhs.dtype and preferred_element_type is None
             and kwargs.get("out_sharding") is None
             and fast_path(lhs.dtype, jax.default_backend())[0]):
-        return matmul(lhs, rhs)
+        return _kernel_form(lhs, rhs, False)
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type, **kwargs)
