@@ -34,7 +34,7 @@ SUBCOMMANDS = {
 _WORD = re.compile(r"^[A-Za-z][\w.-]*$")
 
 _USAGE = """\
-fxtrack: one model, measured the same way in PyTorch, TensorFlow and JAX, logged to MLflow.
+fxtrack: one model, measured the same way in {framework_words}, logged to MLflow.
 
 usage:
   python -m fxtrack [group=option ...] [key=value ...]      one run
@@ -66,10 +66,18 @@ def usage() -> str:
     for root in [CONF_DIR, *user_config_dirs()]:
         for group in (d for d in root.iterdir() if d.is_dir()) if root.is_dir() else ():
             options.setdefault(group.name, set()).update(p.stem for p in group.glob("*.yaml"))
+    from fxtrack import scenarios  # registered in Hydra's ConfigStore, not YAML files
+
+    options.setdefault("scenario", set()).update(scenarios.names())
     groups = "".join(f"  {name}: {', '.join(sorted(opts))}\n"
                      for name, opts in sorted(options.items()) if opts)
     commands = "".join(f"  fxtrack {name}: {text}\n" for name, (_, text) in SUBCOMMANDS.items())
+    from fxtrack.config.frameworks import declared
+
+    words = [f.said for f in sorted(declared().values(), key=lambda f: f.report_order)]
+    framework_words = ", ".join(words[:-1]) + f" and {words[-1]}" if len(words) > 1 else words[0]
     return _USAGE.format(subcommands="|".join(SUBCOMMANDS), groups=groups, commands=commands,
+                         framework_words=framework_words,
                          pathsep=os.pathsep, framework_keys=_framework_keys())
 
 
@@ -204,8 +212,8 @@ def run_app() -> None:
 def config_groups(extra: list[Path]) -> set[str]:
     """The config groups: ``<group>/`` in fxtrack's conf/, the user's config directories and
     ``extra`` (``--config-dir``, ``hydra.searchpath``)."""
-    return {d.name for root in [CONF_DIR, *user_config_dirs(), *extra] if root.is_dir()
-            for d in root.iterdir() if d.is_dir()}
+    return {"scenario"} | {d.name for root in [CONF_DIR, *user_config_dirs(), *extra]
+                           if root.is_dir() for d in root.iterdir() if d.is_dir()}
 
 
 def check_overrides(args: list[str]) -> None:

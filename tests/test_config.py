@@ -92,7 +92,10 @@ def test_canonical_models_are_recognised_as_canonical(monkeypatch):
     (["model=vit", "model.image_size=33"], "divisible by model.patch"),
     (["warmup_steps=-1"], "warmup_steps must be >= 0"),  # 0 is allowed (issue 14)
     (["timeout_s=0"], "timeout_s must be a positive number"),
-    (["scenario=checkpoint", "scenario.runner=null"], "scenario=checkpoint is not implemented yet"),
+    (["timeout_s=nan"], "timeout_s must be a positive number, got nan"),  # the watchdog
+    (["scenario=fit", "scenario.memory_gib=inf"], "scenario.memory_gib must be a positive"),
+    (["scenario=serve", "scenario.rate=nan"], "scenario.rate must be a positive number"),
+    (["scenario=serve", "scenario.rate=4", "scenario.duration_s=nan"], "duration_s must be"),
     (["scenario=pipeline", "scenario.loader_workers=-1"], "loader_workers must be >= 0"),
     (["hardware.nodes=2"], "hardware.coordinator .* is required"),
     (["hardware.node_rank=3"], r"hardware.node_rank must be in \[0, 1\)"),
@@ -132,7 +135,7 @@ def test_compile_mode_is_torchs_own_setting():
     ("batch_size=0", "batch_size must be a positive number, got 0"),
     ("steps=-1", "steps must be a positive number, got -1"),
     ("devices=0", "devices must be a positive number, got 0"),
-    ("scenario.runner=null", "scenario=train is not implemented yet"),
+    ("scenario=nonsense", "scenario=nonsense: no such option; scenario is one of checkpoint, fit,"),
 ])
 def test_bad_input_fails_before_any_work(tmp_path, override, message):
     """Every kind of config mistake: one line on stderr, exit status 2, nothing run."""

@@ -156,7 +156,7 @@ def test_achieved_rate_is_logged_beside_the_requested():
 @pytest.mark.parametrize("options, lm, message", [
     ({"slo": {"tpot_ms": 5}}, False, "scenario.slo.tpot_ms is a language-model figure"),
     ({"max_batch": 8, "batch_buckets": [2, 4], "slo": {"e2e_ms": 1}}, True, "do not cover"),
-    ({"rate": "0"}, True, "scenario.rate must be > 0"),
+    ({"rate": "0"}, True, "scenario.rate must be a positive number"),
     ({"rate": "fast"}, True, "must be a number"),
     ({"rate": "search"}, True, "needs an SLO"),
 ])
@@ -359,7 +359,7 @@ def test_tensorflow_says_it_cannot_count_compilations():
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"rate": "4", "duration_s": 0}, "scenario.duration_s must be > 0"),
+    ({"rate": "4", "duration_s": 0}, "scenario.duration_s must be a positive number"),
     ({"rate": "4", "batch_buckets": [0, 4]}, "do not cover"),
 ])
 def test_more_bad_serve_input_is_refused_in_one_line(options, message):

@@ -8,7 +8,7 @@ The budget: ``scenario.memory_gib`` when set; otherwise the memory the pre-check
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from fxtrack import defaults, families
 from fxtrack.architectures import Arch
@@ -82,3 +82,21 @@ def start_value(arch: Arch, axis: str, precision: str, batch: Optional[int], mem
     per = two.total - one.total
     fixed = one.total - per
     return max(1, min(int((have.bytes - fixed) // per) if per > 0 else fallback, max_value))
+
+
+def check(conf: Any, arch: Arch) -> Optional[str]:
+    """scenario=fit's own check before any work (its ``Scenario.config_check``): why the search
+    cannot start, or, for model=custom, a builder whose inputs ignore the batch_size the search
+    varies (a shape-only build); None when it may start."""
+    from fxtrack.config.validate import expected_device_kind
+
+    s, kind = conf.scenario, expected_device_kind(conf.hardware.name)
+    have = budget(s.memory_gib, kind, conf.devices)
+    why = refusal(arch, s.axis, conf.precision.name, conf.batch_size, conf.memory.value, have,
+                  s.max_batch)
+    if why is not None or not families.of(arch).user_model:
+        return why
+    from fxtrack.config import user_model
+
+    _, why = user_model.abstract_param_count(conf, arch)
+    return why.removeprefix("NotSupported: ") if "ignores batch_size" in why else None

@@ -31,13 +31,11 @@ import os
 from pathlib import Path
 from typing import Callable, Optional
 
-from fxtrack import architectures, defaults, families
+from fxtrack import architectures, defaults, families, scenarios
 from fxtrack.architectures import Arch
 
 GIB = 2**30
 MEMORY_ENV = "FXTRACK_MEMORY_GIB"
-INFERENCE_SCENARIOS = ("inference", "generate", "serve")  # every other scenario trains
-DECODING_SCENARIOS = ("generate", "serve")  # an LM holds a KV cache, not the logits of a batch
 MIXED = ("bf16", "fp16")  # compute in 2-byte floats, fp32 master weights
 OPTIMISER_BYTES = {"adamw": 8, "sgd": 4}  # per parameter: AdamW's m and v; SGD's momentum
 
@@ -77,7 +75,7 @@ def param_count(arch: Arch) -> Optional[int]:
 
 
 def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int = 1,
-             memory: str = "none", prompt_len: int = 128, new_tokens: int = 128,
+             memory: str = "none", prompt_len: int = 0, new_tokens: int = 0,
              params: Optional[int] = None) -> Optional[Estimate]:
     """One device's floor for a run of ``arch`` at per-device ``batch``; ``shards``: the devices
     ``parallel=fsdp`` shards the training state over (1: replicated); ``params``: the count
@@ -94,8 +92,9 @@ def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int 
     beyond = spec.activations or (lambda *args: {})
     notes = [spec.memory_note] if spec.activations else [
         f"the state only: activations not estimated for {arch.family}"]
-    if scenario in INFERENCE_SCENARIOS:
-        phase = "decode" if scenario in DECODING_SCENARIOS else "forward"
+    if not scenarios.get(scenario).trains:
+        # a decoding LM holds a KV cache, not the logits of a batch
+        phase = "decode" if scenarios.get(scenario).decodes else "forward"
         parts = {"weights": 4.0 * n, **copy,
                  **beyond(arch, phase, batch, act_bytes, memory, prompt_len, new_tokens)}
         return Estimate(parts, 0.0, tuple(notes))
@@ -174,7 +173,7 @@ def _gib(value: float) -> str:
 
 def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kind: Optional[str],
             devices: int = 1, nodes: int = 1, parallel: str = "ddp", memory: str = "none",
-            size: str = "full", prompt_len: int = 128, new_tokens: int = 128,
+            size: str = "full", prompt_len: int = 0, new_tokens: int = 0,
             source: Callable[[Optional[str], int], Optional[Available]] = available,
             count: Optional[Callable[[], tuple[Optional[int], str]]] = None
             ) -> Optional[str]:
@@ -191,8 +190,8 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
         if params is None:  # not counted: the run's worker reports a broken builder
             return None
     per_device = batch or defaults.resolve(arch.name, kind or "gpu", None, None, None)[0]
-    # scenario=scaling runs its x1 baseline on one device, then the full count
-    counts = [1, devices] if scenario == "scaling" else [devices]
+    # a device sweep (scenario=scaling) runs its x1 baseline on one device, then the full count
+    counts = [1, devices] if scenarios.get(scenario).sweeps_devices else [devices]
     worst: Optional[tuple[float, Estimate, int]] = None
     for count in counts:
         shards = count * nodes if parallel == "fsdp" else 1
@@ -209,7 +208,7 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
     if need <= have.bytes:
         return None
     parts = " + ".join(f"{name} {_gib(v)}" for name, v in est.parts.items())
-    what = "training" if scenario not in INFERENCE_SCENARIOS else scenario
+    what = "training" if scenarios.get(scenario).trains else scenario
     needs = (f"~{_gib(est.total)} GiB per device x {on_host} devices on one host = "
              f"{_gib(need)} GiB" if on_host > 1 else f"~{_gib(need)} GiB")
     floor = "; ".join(("a floor: the framework's own footprint not counted", *est.notes))
@@ -224,7 +223,7 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
 def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[str],
           parallel: str, memory: str, size: str, est: Estimate) -> list[str]:
     """The changes that shrink this estimate, the largest levers first."""
-    training = scenario not in INFERENCE_SCENARIOS
+    training = scenarios.get(scenario).trains
     state = f"shards the {_gib(est.sharded_state)} GiB of weights, gradients and optimiser state"
     if kind == "cpu":  # one host's device processes share its RAM: only more hosts help
         fsdp = (f"parallel=fsdp over hardware.nodes=N hosts ({state}; the devices of one CPU "
@@ -252,5 +251,5 @@ def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[
         out.append(f"a smaller batch_size ({batch} now)")
     if counted:
         out.append("a shorter " + ("scenario.prompt_len / scenario.new_tokens" if
-                                   scenario in DECODING_SCENARIOS else f"model.seq_len ({arch.seq_len} now)"))
+                                   scenarios.get(scenario).decodes else f"model.seq_len ({arch.seq_len} now)"))
     return out

@@ -21,6 +21,8 @@ from omegaconf import MISSING, II, OmegaConf
 from fxtrack import architectures, families
 from fxtrack.config import slurm
 from fxtrack.policy import COMPILE_REQUESTS
+from fxtrack.scenarios import SCENARIOS
+from fxtrack.scenarios.options import at_least, positive
 
 
 def _arch(key: str) -> Any:
@@ -32,10 +34,8 @@ def _arch_resolver(key: str, *, _root_: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-def _positive(owner: str, **values: Any) -> None:
-    for key, value in values.items():
-        if value is not None and value <= 0:
-            raise ValueError(f"{owner}{key} must be a positive number, got {value}")
+# the one check of a positive number, NaN and inf refused (shared with the scenarios' options)
+_positive = positive
 
 
 @dataclasses.dataclass
@@ -158,54 +158,6 @@ class PrecisionConfig:
 
 
 @dataclasses.dataclass
-class SloConfig:  # scenario=serve: latency objectives in ms; None: not set
-    ttft_ms: Optional[float] = None
-    tpot_ms: Optional[float] = None
-    e2e_ms: Optional[float] = None
-
-
-@dataclasses.dataclass
-class ScenarioConfig:
-    name: str = MISSING
-    runner: Optional[str] = None  # "module:function" run in the worker; None: not implemented yet
-    dataset_samples: int = 512  # pipeline: samples in the on-disk synthetic dataset
-    loader_workers: int = 2  # pipeline: loader processes / parallel calls
-    prompt_len: int = 128  # generate: prompt tokens per sequence (prefill)
-    new_tokens: int = 128  # generate: tokens decoded greedily after the prompt
-    # fit: what is searched (batch_size, or seq_len for a language model), how far, how finely,
-    # and the budget (None: the pre-check's memory; on a GPU only the framework's own OOM)
-    axis: str = "batch_size"
-    max_probes: int = 8
-    memory_gib: Optional[float] = None
-    # shared by fit and serve, each scenario's YAML sets its own (fit 4096 / 0.05, serve 4 / 0.25):
-    # fit: the largest value probed on either axis; serve: the most requests one batch serves
-    max_batch: int = 4096
-    # fit: below 1 a fraction of the found value, 1 or more a step; serve: the rate search stops
-    # when the bracket is this fraction of the passing rate
-    resolution: float = 0.05
-    # serve (fxtrack/scenarios/serve.py): requests/s or "search", gamma shape of the gaps
-    rate: str = "search"
-    burstiness: float = 1.0  # 1 = Poisson arrivals
-    concurrency: Optional[int] = None  # closed loop with this many clients (rate ignored)
-    max_wait_ms: float = 10.0
-    batch_buckets: Optional[list[int]] = None  # None: [max_batch]
-    num_requests: int = 32  # requests per window (each probe of a search)
-    duration_s: Optional[float] = None  # or: the requests arriving within this many seconds
-    token_spread: int = 0  # serve LMs: new tokens uniform in new_tokens +- this (seeded)
-    slo: SloConfig = dataclasses.field(default_factory=SloConfig)
-
-    def __post_init__(self) -> None:
-        _positive("scenario.", dataset_samples=self.dataset_samples, prompt_len=self.prompt_len,
-                  new_tokens=self.new_tokens, max_probes=self.max_probes,
-                  max_batch=self.max_batch, resolution=self.resolution,
-                  memory_gib=self.memory_gib)
-        if self.axis not in ("batch_size", "seq_len"):
-            raise ValueError(f"scenario.axis must be batch_size or seq_len, got {self.axis!r}")
-        if self.loader_workers < 0:
-            raise ValueError(f"scenario.loader_workers must be >= 0, got {self.loader_workers}")
-
-
-@dataclasses.dataclass
 class HardwareConfig:
     name: str = MISSING  # auto | cpu | gpu
     # Multi-node: each defaults, when not given, to SLURM's view of the job (SLURM_NNODES,
@@ -230,8 +182,7 @@ class HardwareConfig:
         if self.gpu_isolation not in ("warn", "error", "wait"):
             raise ValueError("hardware.gpu_isolation must be warn, error or wait, got "
                              f"{self.gpu_isolation!r}")
-        if self.wait_for_idle_s < 0:
-            raise ValueError(f"hardware.wait_for_idle_s must be >= 0, got {self.wait_for_idle_s}")
+        at_least("hardware.", 0, wait_for_idle_s=self.wait_for_idle_s)
         if not 0 <= self.node_rank < self.nodes:
             raise ValueError(f"hardware.node_rank must be in [0, {self.nodes}), got {self.node_rank}")
         if self.nodes > 1 and not self.coordinator:
@@ -279,7 +230,8 @@ class FxtrackConfig:
     framework: FrameworkConfig = MISSING
     model: Any = MISSING
     precision: PrecisionConfig = MISSING
-    scenario: ScenarioConfig = MISSING
+    # the chosen scenario's own options (fxtrack.scenarios.options), registered per scenario
+    scenario: Any = MISSING
     hardware: HardwareConfig = MISSING
     size: SizeConfig = MISSING
     batch_size: Optional[int] = None  # per device; None: the hardware's default for the model
@@ -308,7 +260,6 @@ class FxtrackConfig:
 _GROUP_SCHEMAS = {
     "framework": FrameworkConfig,
     "precision": PrecisionConfig,
-    "scenario": ScenarioConfig,
     "hardware": HardwareConfig,
     "size": SizeConfig,
 }
@@ -344,6 +295,8 @@ def register() -> None:
         OmegaConf.register_new_resolver("fx.slurm", slurm.setting)
     cs = ConfigStore.instance()
     cs.store(name="fxtrack_schema", node=FxtrackConfig)
+    for name, scenario in SCENARIOS.items():  # scenario=<name>: its options and their defaults
+        cs.store(group="scenario", name=name, node=scenario.options)
     for group, schema in _GROUP_SCHEMAS.items():
         cs.store(group=f"schema/{group}", name="base", node=schema)
     for fam, schema in model_schemas().items():

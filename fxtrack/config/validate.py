@@ -17,6 +17,7 @@ from fxtrack import architectures, families
 from fxtrack.config import schema
 from fxtrack.config.frameworks import declared
 from fxtrack.config.schema import FxtrackConfig
+from fxtrack import scenarios
 from fxtrack.scenarios import rules
 
 
@@ -53,8 +54,21 @@ def valid_keys(frameworks: Iterable[str]) -> set[str]:
     nested["tracking"] = {f.name for f in dataclasses.fields(schema.TrackingConfig)}
     nested["model"] = {f.name for c in schema.model_schemas().values()
                        for f in dataclasses.fields(c)}
-    slo = {f"scenario.slo.{f.name}" for f in dataclasses.fields(schema.SloConfig)}  # serve
-    return groups | {f"{g}.{k}" for g, keys in nested.items() for k in keys} | slo
+    return groups | {f"{g}.{k}" for g, keys in nested.items() for k in keys} | scenario_keys()
+
+
+def scenario_keys() -> set[str]:
+    """``scenario.<option>`` of every registered scenario, a nested dataclass's keys included
+    (``scenario.slo.e2e_ms``)."""
+    def keys(prefix: str, cls: type) -> set[str]:
+        out = set()
+        for f in dataclasses.fields(cls):
+            inner = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            out |= (keys(f"{prefix}{f.name}.", type(inner)) if dataclasses.is_dataclass(inner)
+                    else {f"{prefix}{f.name}"})
+        return out
+
+    return {key for s in scenarios.SCENARIOS.values() for key in keys("scenario.", s.options)}
 
 
 def open_prefixes() -> set[str]:
@@ -138,50 +152,31 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
                                      **{k: v for k, v in vars(conf.model).items() if k != "name"})
     except Exception as e:  # noqa: BLE001 - omegaconf wraps __post_init__ errors in its own types
         raise ConfigError(str(e).splitlines()[0]) from None
-    if conf.scenario.runner is None:
-        raise ConfigError(f"scenario={conf.scenario.name} is not implemented yet "
-                          "(implemented: scenario=train)")
+    scenario = scenarios.get(conf.scenario.name)
+    if not scenario.implemented:
+        raise ConfigError(f"scenario={scenario.name} is not implemented yet (implemented: "
+                          f"{', '.join(scenarios.where(implemented=True))})")
     if importlib.util.find_spec(conf.framework.package) is None:
         raise ConfigError(f"framework={conf.framework.name} is not implemented yet")
-    if conf.scenario.name == "serve":  # bad serve input, one line, before any work
-        from fxtrack.scenarios import serve
-
-        why = serve.refusal(serve.serve_options(conf.scenario), families.of(arch).generates)
-        if why is not None:
-            raise ConfigError(why)
+    # bad scenario input the options alone cannot see, one line, before any work
+    why = scenario.refusal(conf.scenario, families.of(arch), conf.batch_size)
+    if why is not None:
+        raise ConfigError(why)
     why = refusal(conf, arch) or user_model_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
-    if conf.scenario.name == "fit":  # the search finds what fits: its own checks, not the floor's
-        why = fit_refusal(conf, arch) or ignored_batch(conf, arch)
+    if scenario.config_check is not None:  # e.g. fit's budget: the search finds what fits
+        from fxtrack.environment import import_path
+
+        why = import_path(scenario.config_check)(conf, arch)
         if why is not None:
             raise ConfigError(why)
+    if not scenario.memory_floor:
         return conf, arch
     why = memory_refusal(conf, arch)
     if why is not None:
         raise WontFit(why, conf, arch)
     return conf, arch
-
-
-def fit_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """scenario=fit: why the search cannot start (fxtrack.config.fit), or None."""
-    from fxtrack.config import fit
-
-    s, kind = conf.scenario, expected_device_kind(conf.hardware.name)
-    have = fit.budget(s.memory_gib, kind, conf.devices)
-    return fit.refusal(arch, s.axis, conf.precision.name, conf.batch_size, conf.memory.value,
-                       have, s.max_batch)
-
-
-def ignored_batch(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """model=custom under scenario=fit: the builder's inputs must have the batch_size it is
-    given as their leading axis (the search varies it), checked by the shape-only build."""
-    if not families.of(arch).user_model:
-        return None
-    from fxtrack.config import user_model
-
-    _, why = user_model.abstract_param_count(conf, arch)
-    return why.removeprefix("NotSupported: ") if "ignores batch_size" in why else None
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
@@ -196,7 +191,9 @@ def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[st
         arch, s.name, conf.precision.name, conf.batch_size,
         expected_device_kind(conf.hardware.name), devices=conf.devices,
         nodes=conf.hardware.nodes, parallel=conf.parallel.value, memory=conf.memory.value,
-        size=conf.size.name, prompt_len=s.prompt_len, new_tokens=s.new_tokens, count=count)
+        size=conf.size.name, count=count,
+        # a decoding scenario's prompt and output lengths (its KV cache); 0: none
+        prompt_len=getattr(s, "prompt_len", 0), new_tokens=getattr(s, "new_tokens", 0))
 
 
 def user_model_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

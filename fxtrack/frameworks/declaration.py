@@ -159,6 +159,12 @@ class Framework:
     # prepare_environment(spec, env): sets in ``env`` (os.environ) what the framework reads when
     # it is imported (platform, XLA flags, allocator), before the worker imports it
     prepare_environment: Optional[Callable[[Any, MutableMapping[str, str]], None]] = None
+    words: str = ""  # how a sentence names it (PyTorch): the usage, the answer page; "": name
+
+    @property
+    def said(self) -> str:
+        """The framework as a sentence names it."""
+        return self.words or self.name
 
     def __post_init__(self) -> None:
         unknown = set(self.capabilities) - set(CAPABILITIES)

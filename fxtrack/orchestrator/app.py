@@ -11,6 +11,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from fxtrack import scenarios
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.config.validate import ConfigError, Refused, validate
 from fxtrack.orchestrator.job import Job, job_spec
@@ -49,18 +50,15 @@ def task(cfg: DictConfig) -> None:
         label = f"{conf.framework.name}-{arch.name}-{conf.scenario.name}"
         print(f"[fxtrack] job {hc.job.num + 1}/{os.environ.get(SWEEP_TOTAL_ENV, '?')}: {label}",
               file=sys.stderr, flush=True)
-    # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py).
-    # Not for scenario=scaling yet: a single scaling run is not repeated, and in a sweep each of
-    # its N jobs is a scaling run of its own (logged, not aggregated; the report shows the latest).
-    repeating = conf.repeats > 1 and conf.scenario.name not in ("scaling", "fit")
-    if conf.scenario.name == "fit":  # repeats=N: N runs at the found batch (orchestrator/fit.py)
-        from fxtrack.orchestrator.fit import run_fit
+    # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py);
+    # a scenario with its own driver (fit's probe search, scaling's device sweep) repeats its
+    # own way
+    scenario = scenarios.get(conf.scenario.name)
+    repeating = conf.repeats > 1 and scenario.repeatable
+    if scenario.driver is not None:
+        from fxtrack.frameworks.declaration import import_path
 
-        name, result, run_id = run_fit(job, job_dir, parent)
-    elif conf.scenario.name == "scaling":
-        from fxtrack.orchestrator.scaling import run_scaling
-
-        name, result, run_id = run_scaling(job, job_dir, parent)
+        name, result, run_id = import_path(scenario.driver)(job, job_dir, parent)
     elif repeating:
         from fxtrack.orchestrator import repeats
 

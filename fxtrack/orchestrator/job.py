@@ -14,13 +14,12 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from fxtrack import architectures, families
+from fxtrack import architectures, families, scenarios
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
-from fxtrack.scenarios.serve import serve_options
 from fxtrack.tracking.records import NOISY_CV
 
 
@@ -28,7 +27,8 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
     fw = conf.framework
     return JobSpec(
         result_id=uuid.uuid4().hex, framework=fw.name, package=fw.package,
-        scenario=conf.scenario.name, runner=conf.scenario.runner, arch=arch.to_json(),
+        scenario=conf.scenario.name, runner=scenarios.get(conf.scenario.name).runner,
+        arch=arch.to_json(),
         precision=conf.precision.name, hardware=conf.hardware.name, devices=conf.devices,
         compile=fw.compile != "false", compile_request=fw.compile,
         seed=conf.seed, batch_size=conf.batch_size, steps=conf.steps,
@@ -39,10 +39,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         wait_for_idle_s=conf.hardware.wait_for_idle_s,
         gpu_isolation=conf.hardware.gpu_isolation, parallel=conf.parallel.value,
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
-        options={"dataset_samples": conf.scenario.dataset_samples,
-                 "loader_workers": conf.scenario.loader_workers,
-                 "prompt_len": conf.scenario.prompt_len, "new_tokens": conf.scenario.new_tokens,
-                 **serve_options(conf.scenario)},
+        options=conf.scenario,  # the scenario's typed options; JSON across the boundary
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
     )
 

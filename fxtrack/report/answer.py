@@ -18,7 +18,7 @@ import pandas as pd
 
 from fxtrack import architectures
 from fxtrack import metrics as registry
-from fxtrack.config.frameworks import identity_settings
+from fxtrack.config.frameworks import declared, identity_settings
 from fxtrack.report import samples
 from fxtrack.report.lm import lm_models
 from fxtrack.report.select import LEVERS
@@ -26,8 +26,11 @@ from fxtrack.report.verdicts import Ratio
 
 NO_CLEAR, SINGLE = "no clear difference", "single runs: no verdict"
 # Friendly names for sentences; an unknown framework keeps its own name.
-FRAMEWORK_WORDS = {"torch": "PyTorch", "tensorflow": "TensorFlow", "jax": "JAX", "keras": "Keras"}
-BACKEND_WORDS = {"jax": "Keras-on-JAX", "torch": "Keras-on-PyTorch", "tensorflow": "Keras-on-TensorFlow"}
+# how a sentence names each framework, and a variant by its backend (keras[jax]: Keras-on-JAX),
+# from the declarations
+FRAMEWORK_WORDS = {name: f.said for name, f in declared().items()}
+BACKEND_WORDS = {name: f"{FRAMEWORK_WORDS.get('keras', 'Keras')}-on-{words}"
+                 for name, words in FRAMEWORK_WORDS.items() if name != "keras"}
 
 
 @dataclasses.dataclass(frozen=True)

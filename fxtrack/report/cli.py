@@ -9,6 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 FORMATS = ("md", "html", "csv")
 PROG = "fxtrack report"
@@ -96,10 +97,9 @@ def main(argv: list[str]) -> int:
             "precision, device count and hardware"]
     verdict = verdicts.table(runs, args.min_repeats)
     sections = tables.sections(runs) + [s for s in [lm.section(frame, runs)] if s]
-    sections += [s for s in [serving.section(runs, frame)] if s]  # scenario=serve
+    sections += scenario_sections(runs, frame)  # each scenario's own (fit's search, serving)
     sections += levers.sections(frame)  # levers: every variant, raw frame
     sections += cost.section(runs) + [s for s in [claims.section(frame)] if s]
-    sections += [s for s in [fit.section(frame)] if s]  # scenario=fit: parents and their probes
     if verdict:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
                                           .replace("\n", " ")))
@@ -172,3 +172,14 @@ def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> No
         return
     print(f"{PROG}: logged the files as MLflow run {run_id} (run name 'report') in experiment "
           f"{args.log!r}", file=sys.stderr)
+
+
+def scenario_sections(runs: Any, frame: Any) -> list[Any]:
+    """The report sections the scenarios declare (``Scenario.section``), in the registry's
+    order, each given the kept runs and the whole frame; a scenario without runs adds none."""
+    from fxtrack import scenarios
+    from fxtrack.frameworks.declaration import import_path
+
+    made = (import_path(s.section)(runs, frame) for s in scenarios.SCENARIOS.values()
+            if s.section is not None)
+    return [section for section in made if section]

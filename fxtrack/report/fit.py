@@ -9,6 +9,8 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack.scenarios import of_section
+
 from fxtrack.report.tables import Section, Table, fmt
 
 LEVER_TAGS = ("precision", "memory", "parallel", "devices")
@@ -27,7 +29,7 @@ def parents(frame: pd.DataFrame) -> pd.DataFrame:
     """The latest finished (or failed) fit parent per framework, model, budget and levers."""
     if frame.empty or "tags.fxtrack.scenario" not in frame:
         return frame.iloc[0:0]
-    fits = frame[(_col(frame, "tags.fxtrack.scenario") == "fit")
+    fits = frame[(_col(frame, "tags.fxtrack.scenario").isin(of_section(__name__)))
                  & _col(frame, "tags.fxtrack.fit_of").isna()
                  & (_col(frame, "tags.fxtrack.fit_axis").notna())].copy()
     if fits.empty:
@@ -47,7 +49,7 @@ def _largest(row: pd.Series) -> Optional[float]:
     return row.get("metrics.max_seq_len") if value is None or pd.isna(value) else value
 
 
-def section(frame: pd.DataFrame) -> Optional[Section]:
+def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
     found = parents(frame)
     if found.empty:
         return None

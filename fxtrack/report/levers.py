@@ -15,6 +15,8 @@ from typing import Callable, Optional
 
 import pandas as pd
 
+from fxtrack import scenarios
+
 from fxtrack.report.select import LEVERS, _rank, framework_order
 from fxtrack.report.tables import CONTENDED, FLAG, Section, Table, fmt, fmt_ms
 
@@ -93,7 +95,7 @@ def _baseline(runs: pd.DataFrame, row: pd.Series, levers: list[str]) -> Optional
 def deployment(frame: pd.DataFrame) -> list[Table]:
     """Inference runs that used a runtime or quantisation, beside their native fp32 baseline."""
     runs = cells(frame)
-    runs = runs[runs["scenario"] == "inference"]
+    runs = runs[runs["scenario"].isin(scenarios.where(deploys=True))]
     if not ((runs["runtime"] != "native") | (runs["quantize"] != "none")).any():
         return []
     tables = []

@@ -14,6 +14,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
+from fxtrack import scenarios
+
 from fxtrack.report import samples
 from fxtrack.report.answer import _framework, _mode, fw_words
 
@@ -69,7 +71,7 @@ def points(frame: pd.DataFrame, model: str, axes: tuple) -> list[Point]:
             continue
         config = group.iloc[-1]
         x_value = x.point
-        if scenario == "train":  # memory per sample: the batch's peak over its samples
+        if scenarios.get(scenario).trains:  # memory per sample: the batch's peak over its samples
             batch = int(config["batch_size"]) if str(config["batch_size"]).isdigit() else 1
             x_value /= max(batch, 1)
         fw = _framework(config)

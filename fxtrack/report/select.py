@@ -14,6 +14,8 @@ import dataclasses
 
 import pandas as pd
 
+from fxtrack import scenarios
+
 from fxtrack.config.frameworks import declared, identity_settings
 
 KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]
@@ -37,7 +39,7 @@ TAGS = {
 SERIES = {"step_time_ms", "loss"}
 # Report order of scenarios and precisions (frameworks: their declared report_order, frameworks()); any
 # other value follows alphabetically.
-SCENARIO_ORDER = ("train", "inference", "generate", "scaling", "pipeline", "checkpoint", "fit")
+SCENARIO_ORDER = scenarios.names()  # the registry's order
 PRECISION_ORDER = ("fp32", "bf16", "fp16")
 
 

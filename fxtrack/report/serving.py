@@ -11,6 +11,8 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack.scenarios import of_section
+
 from fxtrack.report.select import frameworks, metric
 from fxtrack.report.tables import Section, Table, fmt
 
@@ -31,7 +33,7 @@ class Window:
 def _served(runs: pd.DataFrame) -> pd.DataFrame:
     if "scenario" not in runs or runs.empty:
         return runs.iloc[0:0]
-    return runs[runs["scenario"] == "serve"]
+    return runs[runs["scenario"].isin(of_section(__name__))]
 
 
 def windows(frame: pd.DataFrame, run: pd.Series) -> list[Window]:
@@ -136,7 +138,7 @@ def closing_table(jobs: list[dict]) -> str:
     """The sweep's serve jobs as a text table (empty when there are none): the highest rate
     under the SLOs with its ratio to the best, the bracket, why the search stopped, goodput and
     p99 latencies of the reported window."""
-    served = [j for j in jobs if j.get("tags", {}).get("fxtrack.scenario") == "serve"
+    served = [j for j in jobs if j.get("tags", {}).get("fxtrack.scenario") in of_section(__name__)
               and j.get("status") == "FINISHED"]
     if not served:
         return ""

@@ -1,1 +1,18 @@
-"""Scenarios: what is run and measured (train, inference, ...), framework-neutral."""
+"""Scenarios: what is run and measured (train, inference, ...), framework-neutral. The registry
+(``SCENARIOS``, name -> ``Scenario``) declares each once (``fxtrack.scenarios.declared``)."""
+
+from fxtrack.scenarios.registry import (
+    SCENARIOS,
+    Scenario,
+    get,
+    names,
+    of_section,
+    options_of,
+    register,
+    unregister,
+    where,
+)
+from fxtrack.scenarios import declared as _declared  # noqa: F401 - registers fxtrack's own
+
+__all__ = ["SCENARIOS", "Scenario", "get", "names", "of_section", "options_of", "register", "unregister",
+           "where"]

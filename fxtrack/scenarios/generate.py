@@ -16,6 +16,7 @@ from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.job import Result
 from fxtrack.measure.timer import percentile
+from fxtrack.scenarios.registry import options_of
 from fxtrack.scenarios.timed import run_timed
 from fxtrack.scenarios.train import param_guard
 
@@ -27,10 +28,10 @@ def prompts(backend: Backend, batch: int, prompt_len: int) -> np.ndarray:
 
 
 def run(backend: Backend, result: Result) -> None:
-    arch, options = backend.arch, backend.spec.options
+    arch, options = backend.arch, options_of(backend.spec)
     if not families.of(arch).generates:  # the rules refuse it before any work; a backstop
         raise NotSupported(f"scenario=generate needs a decoder LM (model=llama), not {arch.name}")
-    prompt_len, new_tokens = int(options["prompt_len"]), int(options["new_tokens"])
+    prompt_len, new_tokens = options.prompt_len, options.new_tokens
     ttft_s: list[float] = []  # one per generation, warm-up included
     decode_s: list[list[float]] = []  # per generation: each decode step
     generated: list[np.ndarray] = []

@@ -28,6 +28,7 @@ from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import StepTimes, step_metrics, time_steps
+from fxtrack.scenarios.registry import options_of
 from fxtrack.scenarios.timed import run_timed
 from fxtrack.scenarios.train import lm_metrics, set_guard, user_flops
 
@@ -52,7 +53,7 @@ def _joined(windows: list[StepTimes]) -> StepTimes:
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     pipeline = backend.capability("pipeline")  # before the build: NotSupported costs nothing
-    options = spec.options
+    options = options_of(spec)
     # Resident window 1: build, warm-up (the real compile), memory, load: run_timed's figures.
     user = families.of(backend.arch).user_model
     handles = run_timed(backend, result, lambda: backend.train_step,
@@ -70,11 +71,11 @@ def run(backend: Backend, result: Result) -> None:
 
     if user:  # at least two batches, so that every draw is a full one
         directory, result.tags["pipeline_records"] = pipeline.user_dataset(
-            backend, max(options["dataset_samples"], 2 * global_batch))
+            backend, max(options.dataset_samples, 2 * global_batch))
         result.tags["pipeline_work"] = USER_WORK
     else:
-        directory = datasets.ensure(backend.arch, options["dataset_samples"], spec.seed)
-    loader = pipeline.loader(backend, directory, batch, options["loader_workers"])
+        directory = datasets.ensure(backend.arch, options.dataset_samples, spec.seed)
+    loader = pipeline.loader(backend, directory, batch, options.loader_workers)
     for _ in range(warmup):  # worker start-up, file-system cache, autotuning
         next(loader)
     t0 = time.perf_counter()

@@ -33,9 +33,8 @@ import numpy as np
 from fxtrack import families
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import eprint, percentile
+from fxtrack.scenarios.options import ServeOptions, from_json
 
-SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
-LM_ONLY_SLOS = ("ttft_ms", "tpot_ms")
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
 # A probe of the rate search fails, whatever its SLOs, when requests complete this much slower
 # than they arrive: the queue grows without bound (the server is saturated). Without it a
@@ -316,67 +315,22 @@ def step_server(steps: dict[int, Callable[[], Any]],
     return serve
 
 
-def serve_options(scenario: Any) -> dict[str, Any]:
-    """scenario=serve's knobs from the typed config's scenario, as plain values for the job's
-    options (the orchestrator calls it)."""
-    keys = ("rate", "burstiness", "concurrency", "max_batch", "max_wait_ms", "batch_buckets",
-            "num_requests", "duration_s", "resolution", "token_spread")
-    out = {k: getattr(scenario, k) for k in keys}
-    out["batch_buckets"] = None if out["batch_buckets"] is None else list(out["batch_buckets"])
-    out["rate"] = str(out["rate"])
-    out["slo"] = {k: getattr(scenario.slo, k) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
+def options_of(options: Any) -> dict[str, Any]:
+    """The serve knobs as plain values (``batch_buckets`` resolved, ``slo`` a dict), from the
+    typed options or a JobSpec's JSON dict: their defaults are ``ServeOptions``' alone."""
+    typed = from_json(ServeOptions, options)
+    out = {f.name: getattr(typed, f.name) for f in dataclasses.fields(typed)}
+    out.update(batch_buckets=typed.buckets, slo=typed.slo.as_dict())
     return out
 
 
-def options_of(options: dict[str, Any]) -> dict[str, Any]:
-    """The serve knobs from the job's options, with their defaults."""
-    slo = dict(options.get("slo") or {})
-    return {"rate": options.get("rate", "search"), "burstiness": float(options.get("burstiness", 1.0)),
-            "concurrency": options.get("concurrency"),
-            "max_batch": int(options.get("max_batch", 4)),
-            "max_wait_ms": float(options.get("max_wait_ms", 10.0)),
-            "batch_buckets": list(options.get("batch_buckets") or [int(options.get("max_batch", 4))]),
-            "num_requests": int(options.get("num_requests", 32)),
-            "duration_s": (None if options.get("duration_s") is None
-                           else float(options["duration_s"])),
-            "resolution": float(options.get("resolution", 0.25)),
-            "token_spread": int(options.get("token_spread", 0)),
-            "slo": {k: (None if slo.get(k) is None else float(slo[k])) for k in SLO_KEYS}}
-
-
-def refusal(options: dict[str, Any], lm: bool) -> Optional[str]:
+def refusal(options: Any, lm: bool) -> Optional[str]:
     """Bad serve input, one line, before any work (issue 32 item 7); None when it may run."""
-    o = options_of(options)
-    if not lm:
-        lm_set = [k for k in LM_ONLY_SLOS if o["slo"][k] is not None]
-        if lm_set:
-            return (f"scenario.slo.{lm_set[0]} is a language-model figure; this model has only "
-                    "scenario.slo.e2e_ms")
-    if o["max_batch"] < 1:
-        return f"scenario.max_batch must be >= 1, got {o['max_batch']}"
-    if max(o["batch_buckets"]) < o["max_batch"] or min(o["batch_buckets"]) < 1:
-        return (f"scenario.batch_buckets {o['batch_buckets']} do not cover "
-                f"scenario.max_batch={o['max_batch']}; add a bucket >= {o['max_batch']}")
-    if o["concurrency"] is None:
-        if o["rate"] == "search":
-            if all(v is None for v in o["slo"].values()):
-                return "scenario.rate=search needs an SLO to search under; set scenario.slo.e2e_ms"
-        else:
-            try:
-                rate = float(o["rate"])
-            except ValueError:
-                return f"scenario.rate must be a number of requests/s or 'search', got {o['rate']!r}"
-            if rate <= 0:
-                return f"scenario.rate must be > 0 requests/s (or 'search'), got {o['rate']}"
-    elif int(o["concurrency"]) < 1:
-        return f"scenario.concurrency must be >= 1, got {o['concurrency']}"
-    if o["burstiness"] <= 0 or o["max_wait_ms"] < 0 or o["num_requests"] < 2:
-        return "scenario.burstiness must be > 0, max_wait_ms >= 0 and num_requests >= 2"
-    if o["resolution"] <= 0:
-        return f"scenario.resolution must be > 0, got {o['resolution']}"
-    if o["duration_s"] is not None and o["duration_s"] <= 0:
-        return f"scenario.duration_s must be > 0 s (or null: scenario.num_requests bounds the window), got {o['duration_s']}"
-    return None
+    try:
+        typed = from_json(ServeOptions, options)
+    except ValueError as e:
+        return str(e)
+    return typed.refusal(lm)
 
 
 def _servers(backend: Any, buckets: Sequence[int], lm: bool, prompt_len: int,
@@ -442,8 +396,8 @@ def run(backend: Any, result: Any) -> None:
     buckets = sorted(set(o["batch_buckets"]))
     backend.spec.batch_size = max(buckets)
     build(backend, result)
-    prompt_len = int(options["prompt_len"])
-    new_tokens = int(options["new_tokens"]) if lm else 1
+    prompt_len = int(o["prompt_len"])
+    new_tokens = int(o["new_tokens"]) if lm else 1
     spread = o["token_spread"] if lm else 0
     server = _servers(backend, buckets, lm, prompt_len, new_tokens + spread)
     for _ in range(max(1, int(result.resolved["warmup_steps"]))):  # every bucket compiled here

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from fxtrack import families
+from fxtrack import families, scenarios
 from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri, redact_uri_text
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
@@ -68,7 +68,7 @@ def series_times(series: dict[str, list[float]], end_ms: int,
 
 
 # Config keys that name fxtrack's own modules (how it runs, not what ran): not params.
-INTERNAL_KEYS = ("framework.package", "scenario.runner")
+INTERNAL_KEYS = ("framework.package",)
 
 
 def params_from(config: dict[str, Any], resolved: dict[str, Any],
@@ -190,15 +190,16 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
     from fxtrack.architectures import Arch
 
     shapes = synthetic.describe(Arch.from_json(spec.arch), int(batch))
-    on_disk = spec.scenario == "pipeline"
+    scenario = scenarios.get(spec.scenario)
+    on_disk = scenario.reads_files
     name = f"{'files' if on_disk else 'synthetic'}-{spec.arch['name']}"
     digest = f"seed{spec.seed}-" + "-".join(f"{'x'.join(map(str, s['shape']))}"
                                              for s in shapes.values())
     return {"name": name, "digest": digest[:36],
             "source_type": "local" if on_disk else "code",
             "source": json.dumps({"generator": "fxtrack.synthetic", "seed": spec.seed,
-                                  "samples": spec.options.get("dataset_samples")
-                                  if on_disk else None}),
+                                  "samples": getattr(scenarios.options_of(spec),
+                                                     "dataset_samples", None)}),
             "schema": json.dumps({"mlflow_tensorspec": {
                 "features": json.dumps([{"name": k, "type": "tensor",
                                          "tensor-spec": {"dtype": s["dtype"],
@@ -206,7 +207,7 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
                                         for k, s in shapes.items()]),
                 "targets": None}}),
             "profile": json.dumps({"batch_size": int(batch)}),
-            "context": "training" if spec.scenario in ("train", "pipeline") else "inference"}
+            "context": "training" if scenario.trains else "inference"}
 
 
 def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,

@@ -19,6 +19,7 @@ from fxtrack.frameworks.declaration import (
 )
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.memory import peak_rss_mib
+from fxtrack import scenarios
 from fxtrack.scenarios import rules
 
 
@@ -117,6 +118,7 @@ def run(spec: JobSpec) -> Result:
         result.error = _not_installed(framework, e)
         return result
     try:
+        spec.options = scenarios.options_of(spec)  # typed again after the JSON boundary
         backend = backend_cls(spec)
         result.tags["framework_version"] = backend.version()
         # The orchestrator refused these before starting this worker; checked again (same rules,

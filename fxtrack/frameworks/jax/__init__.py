@@ -31,6 +31,7 @@ AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksf
 
 FRAMEWORK = Framework(
     name="jax",
+    words="JAX",
     backend="fxtrack.frameworks.jax.backend:JaxBackend",
     extra="jax",
     report_order=30,

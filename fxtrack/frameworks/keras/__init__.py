@@ -57,6 +57,7 @@ AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksf
 
 FRAMEWORK = Framework(
     name="keras",
+    words="Keras",
     backend="fxtrack.frameworks.keras.backend:KerasBackend",
     extra="keras",
     report_order=40,

@@ -24,6 +24,7 @@ AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksf
 
 FRAMEWORK = Framework(
     name="tensorflow",
+    words="TensorFlow",
     backend="fxtrack.frameworks.tensorflow.backend:TensorFlowBackend",
     extra="tensorflow",
     report_order=20,

@@ -16,6 +16,7 @@ BF16 = "docs/measurements.md#bf16-on-a-cpu-the-compile-rule-and-the-reference-ro
 
 FRAMEWORK = Framework(
     name="torch",
+    words="PyTorch",
     backend="fxtrack.frameworks.torch.backend:TorchBackend",
     extra="torch",
     report_order=10,

@@ -35,8 +35,13 @@ class TorchBackend(Backend):
                 dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
                 llama = self.arch.family == "llama"  # causal, grouped-query
                 tokens = attention_tokens(self.arch)
-                if self.spec.scenario == "generate":  # the prompt's prefill, not seq_len
-                    tokens = int(self.spec.options["prompt_len"])
+                # a decoding scenario prefills its prompt, not seq_len (the worker types the
+                # options; a spec made by hand may hold the JSON dict)
+                options = self.spec.options
+                prompt = (options.get("prompt_len") if isinstance(options, dict)
+                          else getattr(options, "prompt_len", None))
+                if prompt is not None:
+                    tokens = int(prompt)
                 tags["attention"] = devices.sdpa_backend(
                     self.arch.heads, tokens, self.arch.hidden // self.arch.heads,
                     dtype, self.device, self.arch.kv_heads if llama else None, causal=llama)

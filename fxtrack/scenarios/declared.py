@@ -1,0 +1,52 @@
+"""fxtrack's own scenarios, each registered once (``fxtrack.scenarios.registry``). The order is
+the report's. A scenario's refusal here is what needs its options and the model family only;
+its values were checked by its options' ``__post_init__``."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from fxtrack.scenarios import options as o
+from fxtrack.scenarios.registry import Scenario, register
+
+
+def serve_refusal(options: o.ServeOptions, family: Any, batch_size: Optional[int]) -> Optional[str]:
+    """Bad serve input the values alone cannot show, one line, before any work."""
+    why = options.refusal(family.generates)
+    largest = options.buckets[-1]
+    if why is None and batch_size is not None and batch_size != largest:
+        # the model is built at the largest bucket: another batch_size would be dropped
+        return (f"scenario=serve builds the model at its largest batch bucket ({largest}, from "
+                f"scenario.max_batch / scenario.batch_buckets); batch_size={batch_size} would "
+                f"be ignored: drop it, or set scenario.max_batch={batch_size}")
+    return why
+
+
+TRAIN = register(Scenario(
+    "train", "training steps on synthetic data: throughput, step time, memory, MFU",
+    o.TrainOptions, "fxtrack.scenarios.train:run"))
+INFERENCE = register(Scenario(
+    "inference", "forward-only latency per batch, in the framework or a deployment runtime",
+    o.InferenceOptions, "fxtrack.scenarios.inference:run", trains=False, deploys=True))
+GENERATE = register(Scenario(
+    "generate", "greedy decoding with a KV cache: time to first token, decode tokens/s",
+    o.GenerateOptions, "fxtrack.scenarios.generate:run", trains=False, decodes=True))
+SCALING = register(Scenario(
+    "scaling", "training throughput at 1, 2, 4, ... devices and the scaling efficiency",
+    o.ScalingOptions, "fxtrack.scenarios.train:run",
+    driver="fxtrack.orchestrator.scaling:run_scaling", sweeps_devices=True))
+PIPELINE = register(Scenario(
+    "pipeline", "each framework's input pipeline from files on disk, then training on it",
+    o.PipelineOptions, "fxtrack.scenarios.pipeline:run", reads_files=True))
+CHECKPOINT = register(Scenario(
+    "checkpoint", "saving, restoring and exporting the training state",
+    o.CheckpointOptions, "fxtrack.scenarios.checkpoint:run"))
+FIT = register(Scenario(
+    "fit", "the largest batch (or sequence) that trains within a memory budget",
+    o.FitOptions, "fxtrack.scenarios.train:run",  # each probe is a short training run
+    config_check="fxtrack.config.fit:check", memory_floor=False,
+    driver="fxtrack.orchestrator.fit:run_fit", section="fxtrack.report.fit:section"))
+SERVE = register(Scenario(
+    "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
+    o.ServeOptions, "fxtrack.scenarios.serve:run", refusal=serve_refusal, trains=False,
+    decodes=True, serves=True, section="fxtrack.report.serving:section"))

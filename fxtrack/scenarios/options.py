@@ -1,0 +1,203 @@
+"""Each scenario's typed options (``scenario.<key>``): one dataclass per scenario, each option and
+its default written once, here. The config layer registers them in Hydra's ConfigStore as
+``scenario/<name>`` (``fxtrack.config.schema.register``), so a typo or a wrong type fails while
+Hydra composes; ``__post_init__`` checks the values (NaN and inf included) when the orchestrator
+turns the composed config into objects, and again when the worker reads its JobSpec.
+
+Plain dataclasses: no Hydra, no OmegaConf, no framework (the worker reads them too).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Optional
+
+
+def positive(owner: str, **values: Any) -> None:
+    """Raise ValueError unless each value that is set is a finite number above 0: NaN and inf
+    pass a bare ``value <= 0`` and would turn off a watchdog or divide by zero later."""
+    for key, value in values.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{owner}{key} must be a number, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{owner}{key} must be a positive number, got {value}")
+
+
+def at_least(owner: str, floor: float, **values: Any) -> None:
+    """Raise ValueError unless each value that is set is finite and >= ``floor``."""
+    for key, value in values.items():
+        if value is not None and (not math.isfinite(value) or value < floor):
+            raise ValueError(f"{owner}{key} must be >= {floor:g}, got {value}")
+
+
+@dataclasses.dataclass
+class Options:
+    """What every scenario's options have: the scenario's name (``scenario=<name>``)."""
+
+    name: str = ""
+
+
+@dataclasses.dataclass
+class TrainOptions(Options):
+    name: str = "train"
+
+
+@dataclasses.dataclass
+class InferenceOptions(Options):
+    name: str = "inference"
+
+
+@dataclasses.dataclass
+class CheckpointOptions(Options):
+    name: str = "checkpoint"
+
+
+@dataclasses.dataclass
+class ScalingOptions(Options):
+    """Throughput at 1, 2, 4, ... up to ``devices``: each device count a training run."""
+
+    name: str = "scaling"
+
+
+@dataclasses.dataclass
+class PipelineOptions(Options):
+    name: str = "pipeline"
+    dataset_samples: int = 512  # samples in the on-disk synthetic dataset ($FXTRACK_CACHE)
+    loader_workers: int = 2  # loader processes / parallel calls
+
+    def __post_init__(self) -> None:
+        positive("scenario.", dataset_samples=self.dataset_samples)
+        at_least("scenario.", 0, loader_workers=self.loader_workers)
+
+
+@dataclasses.dataclass
+class GenerateOptions(Options):
+    """Greedy decoding with a KV cache (model=llama): prefill ``prompt_len`` tokens, then decode
+    ``new_tokens`` one at a time; batch_size sequences at once."""
+
+    name: str = "generate"
+    prompt_len: int = 128  # prompt tokens per sequence (prefill)
+    new_tokens: int = 128  # tokens decoded greedily after the prompt
+
+    def __post_init__(self) -> None:
+        positive("scenario.", prompt_len=self.prompt_len, new_tokens=self.new_tokens)
+
+
+@dataclasses.dataclass
+class FitOptions(Options):
+    """The largest batch_size (or, with axis=seq_len, the longest sequence of a language model)
+    that trains within the memory budget: one parent run, one isolated worker per probe."""
+
+    name: str = "fit"
+    axis: str = "batch_size"  # or seq_len (language models)
+    max_probes: int = 8
+    max_batch: int = 4096  # the largest value probed on either axis
+    # below 1: stop when the largest fit and the smallest miss are within this fraction of the
+    # fit; 1 or more: a step
+    resolution: float = 0.05
+    memory_gib: Optional[float] = None  # None: the pre-check's memory; on a GPU its total
+
+    def __post_init__(self) -> None:
+        positive("scenario.", max_probes=self.max_probes, max_batch=self.max_batch,
+                 resolution=self.resolution, memory_gib=self.memory_gib)
+        if self.axis not in ("batch_size", "seq_len"):
+            raise ValueError(f"scenario.axis must be batch_size or seq_len, got {self.axis!r}")
+
+
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+
+@dataclasses.dataclass
+class SloOptions:
+    """scenario=serve's latency objectives in ms; None: not set."""
+
+    ttft_ms: Optional[float] = None
+    tpot_ms: Optional[float] = None
+    e2e_ms: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        positive("scenario.slo.", ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms, e2e_ms=self.e2e_ms)
+
+    def as_dict(self) -> dict[str, Optional[float]]:
+        return {k: getattr(self, k) for k in SLO_KEYS}
+
+
+@dataclasses.dataclass
+class ServeOptions(Options):
+    """Requests arriving at ``rate`` (or a closed loop of ``concurrency`` clients), batched by
+    one policy for every framework; per-request latency and goodput under ``slo``. The model is
+    built at the largest batch bucket: batch_size is the serving policy's, not a free key."""
+
+    name: str = "serve"
+    prompt_len: int = 128  # language models: prompt tokens per request
+    new_tokens: int = 128  # language models: tokens decoded per request (the mean)
+    rate: str = "search"  # requests/s, or "search": the highest rate under the SLOs
+    burstiness: float = 1.0  # gamma shape of the arrival gaps; 1 = Poisson
+    concurrency: Optional[int] = None  # closed loop with this many clients (rate ignored)
+    max_batch: int = 4  # the most requests one batch serves
+    max_wait_ms: float = 10.0  # the batcher waits this long for a batch to fill
+    batch_buckets: Optional[list[int]] = None  # padded batch sizes compiled; None: [max_batch]
+    num_requests: int = 32  # requests per window (each probe of a search)
+    duration_s: Optional[float] = None  # or: the requests arriving within this many seconds
+    resolution: float = 0.25  # the rate search stops when the bracket is this fraction of the rate
+    token_spread: int = 0  # language models: new tokens uniform in new_tokens +- this (seeded)
+    slo: SloOptions = dataclasses.field(default_factory=SloOptions)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.slo, dict):  # read back from a JobSpec's JSON
+            self.slo = SloOptions(**self.slo)
+        self.rate = str(self.rate)
+        positive("scenario.", prompt_len=self.prompt_len, new_tokens=self.new_tokens,
+                 burstiness=self.burstiness, max_batch=self.max_batch,
+                 concurrency=self.concurrency, resolution=self.resolution,
+                 duration_s=self.duration_s)
+        at_least("scenario.", 0, max_wait_ms=self.max_wait_ms, token_spread=self.token_spread)
+        at_least("scenario.", 2, num_requests=self.num_requests)
+        if self.rate != "search":
+            try:
+                rate = float(self.rate)
+            except ValueError:
+                raise ValueError("scenario.rate must be a number of requests/s or 'search', "
+                                 f"got {self.rate!r}") from None
+            positive("scenario.", rate=rate)
+        buckets = self.buckets
+        if min(buckets) < 1 or max(buckets) < self.max_batch:
+            raise ValueError(f"scenario.batch_buckets {buckets} do not cover "
+                             f"scenario.max_batch={self.max_batch}; add a bucket >= "
+                             f"{self.max_batch}")
+
+    def refusal(self, lm: bool) -> Optional[str]:
+        """What the values alone cannot say: an SLO this model has no figure for, a search
+        with nothing to search under; None when it may run."""
+        if not lm:
+            lm_set = [k for k in ("ttft_ms", "tpot_ms") if getattr(self.slo, k) is not None]
+            if lm_set:
+                return (f"scenario.slo.{lm_set[0]} is a language-model figure; this model has "
+                        "only scenario.slo.e2e_ms")
+        if (self.concurrency is None and self.rate == "search"
+                and all(v is None for v in self.slo.as_dict().values())):
+            return "scenario.rate=search needs an SLO to search under; set scenario.slo.e2e_ms"
+        return None
+
+    @property
+    def buckets(self) -> list[int]:
+        """The batch sizes compiled, smallest first (``batch_buckets``, else ``[max_batch]``)."""
+        return sorted(set(self.batch_buckets or [self.max_batch]))
+
+
+def from_json(cls: type, values: Any) -> Options:
+    """``cls`` from a JobSpec's options (a dict read back from JSON, or already ``cls``); keys
+    ``cls`` does not have are an error, so that a misspelt option never silently defaults."""
+    if isinstance(values, cls):
+        return values
+    values = dict(values or {})
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ValueError(f"scenario={values.get('name', cls.name)} has no option "
+                         f"{unknown[0]!r} (options: {', '.join(sorted(names - {'name'}))})")
+    values.setdefault("name", cls.name)
+    return cls(**values)

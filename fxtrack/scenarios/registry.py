@@ -1,0 +1,118 @@
+"""The scenario registry: one typed spec per scenario (``Scenario``), registered once and looked
+up by name, as the model families are (``fxtrack.families``) and as optimum-benchmark declares a
+config class per scenario. Shared code asks the spec what a scenario is and does (its options,
+its worker runner, whether it trains, how it is orchestrated, its report section), never the
+scenario's name: a new scenario is one module plus one ``register`` call, and no module outside
+this package compares a scenario's name (``tests/test_scenarios.py`` greps for it).
+
+Parts that live in layers above this one (the orchestrator's driver, the config layer's own
+check, the report's section) are named as ``"module:function"`` strings, imported where they
+are used, so this module imports nothing above it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Optional
+
+from fxtrack.scenarios import options as opts
+
+
+def _no_refusal(options: Any, family: Any, batch_size: Optional[int]) -> Optional[str]:
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """What shared code may ask about a scenario."""
+
+    name: str
+    summary: str  # one line: what it measures (the CLI usage, the contract's Groups table)
+    options: type  # its typed options (fxtrack.scenarios.options), ConfigStore scenario/<name>
+    runner: Optional[str]  # "module:function" the worker runs; None: not implemented yet
+    # (options, family, batch_size) -> why it cannot run, one line, before any work; or None
+    refusal: Callable[[Any, Any, Optional[int]], Optional[str]] = _no_refusal
+    # "module:function" (conf, arch) -> Optional[str]: a check that needs the config layer
+    # (fit's memory budget); None: none
+    config_check: Optional[str] = None
+    memory_floor: bool = True  # refused when the architecture cannot fit the device (fit: no)
+    trains: bool = True  # the memory check and the dataset context: a training step, or a forward
+    decodes: bool = False  # a language model holds a KV cache, not a batch's logits
+    reads_files: bool = False  # its data comes from files on disk (the logged dataset's source)
+    deploys: bool = False  # runtime= and quantize= apply (the report's deployment table)
+    serves: bool = False  # requests under load (the report's serving section and closing table)
+    # "module:function" of the orchestrator's driver (job, job_dir, parent) -> (name, result,
+    # run id): a probe search or a device sweep; None: one job (repeats=N aggregate N of them)
+    driver: Optional[str] = None
+    sweeps_devices: bool = False  # runs at 1, 2, ..., devices (the memory check takes each)
+    # "module:function" (runs, frame) -> Optional[Section] of fxtrack.report; None: the tables
+    section: Optional[str] = None
+
+    @property
+    def repeatable(self) -> bool:
+        """repeats=N aggregates N runs of one job; a driver repeats in its own way."""
+        return self.driver is None
+
+    @property
+    def implemented(self) -> bool:
+        return self.runner is not None
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        """The metric keys it logs (the registry ``fxtrack.metrics``, the contract's notation)."""
+        from fxtrack import metrics
+
+        return tuple(m.name for m in metrics.METRICS if self.name in m.scenarios)
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def register(scenario: Scenario) -> Scenario:
+    """Add ``scenario`` (the same spec again is a no-op; another under a taken name is an error)."""
+    held = SCENARIOS.get(scenario.name)
+    if held is not None and held != scenario:
+        raise ValueError(f"scenario {scenario.name!r} is registered already")
+    if not (dataclasses.is_dataclass(scenario.options)
+            and issubclass(scenario.options, opts.Options)):
+        raise TypeError(f"scenario {scenario.name!r}: options must be a dataclass subclassing "
+                        "fxtrack.scenarios.options.Options")
+    SCENARIOS[scenario.name] = scenario
+    return scenario
+
+
+def unregister(name: str) -> None:
+    """Remove a scenario (a test's toy scenario)."""
+    SCENARIOS.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """The registered scenarios, in registration order (the report's order)."""
+    return tuple(SCENARIOS)
+
+
+def get(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise KeyError(f"scenario={name} is not a registered scenario (registered: "
+                       f"{', '.join(SCENARIOS)})") from None
+
+
+def where(**flags: Any) -> tuple[str, ...]:
+    """The names of the scenarios whose attributes equal ``flags`` (``where(serves=True)``)."""
+    return tuple(s.name for s in SCENARIOS.values()
+                 if all(getattr(s, k) == v for k, v in flags.items()))
+
+
+def of_section(module: str) -> tuple[str, ...]:
+    """The scenarios whose report section lives in ``module`` (``fxtrack.report.fit``): the
+    runs that section reads."""
+    return tuple(s.name for s in SCENARIOS.values()
+                 if s.section is not None and s.section.partition(":")[0] == module)
+
+
+def options_of(spec: Any) -> opts.Options:
+    """A JobSpec's typed options: the scenario's dataclass, from the JSON dict it crossed the
+    process boundary as (idempotent)."""
+    return opts.from_json(get(spec.scenario).options, spec.options)
