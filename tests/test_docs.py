@@ -434,6 +434,82 @@ def test_every_sub_command_and_option_is_in_the_contract():
     assert "`fxtrack --version`" in text and "python -m fxtrack -m" in text
 
 
+# --- the declarations in the contract and the README --------------------------------------------
+
+def _group_options(group: str) -> str:
+    """The options cell of the contract's Groups row for ``group``."""
+    rows = [cells for cells in table_rows(section("Configuration keys"))
+            if cells[0].strip() == f"`{group}`"]
+    assert rows, f"docs/contract.md's Groups table has no `{group}` row"
+    return rows[0][1]
+
+
+def _readme_part(start: str, end: str) -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text[text.index(start):text.index(end, text.index(start))]
+
+
+def _layout_entry(layout: str, path: str) -> str:
+    """The README layout's entry for ``path``: its line and the indented lines continuing it."""
+    match = re.search(rf"^{re.escape(path)}.*\n(?:^ {{10,}}.*\n)*", layout, re.MULTILINE)
+    assert match, f"the README's layout has no {path} entry"
+    return match.group(0)
+
+
+def undocumented_declarations() -> list[str]:
+    """What is registered or declared (scenarios, model families and their models, frameworks,
+    sub-commands) but missing from the contract's Groups or Commands tables, or from the
+    README's intro or layout, as ``kind=name``."""
+    from fxtrack import architectures, families, scenarios
+    from fxtrack.cli import SUBCOMMANDS
+    from fxtrack.config.frameworks import declared
+
+    intro = _readme_part("# fxtrack", "## Run it")
+    layout = (ROOT / "README.md").read_text(encoding="utf-8").split("## Layout", 1)[1]
+    commands = section("Commands")
+    missing = []
+    for name in scenarios.names():
+        if f"`{name}`" not in _group_options("scenario") or not re.search(
+                rf"\b{name}\b", _layout_entry(layout, "fxtrack/scenarios/")):
+            missing.append(f"scenario={name}")
+    models = _group_options("model")
+    for model in [*architectures.MODELS, *(f for f in families.names()
+                                           if families.get(f).user_model)]:
+        if f"`{model}`" not in models:
+            missing.append(f"model={model}")
+    for family in families.names():
+        if not re.search(rf"\b{family}\b", _layout_entry(layout, "fxtrack/families/")):
+            missing.append(f"family={family}")
+    for name, framework in declared().items():
+        if f"`{name}`" not in _group_options("framework") or framework.said not in intro:
+            missing.append(f"framework={name}")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for command in SUBCOMMANDS:
+        if f"`{command}`" not in commands or f"fxtrack {command}" not in readme:
+            missing.append(f"command={command}")
+    return missing
+
+
+def test_every_declaration_is_in_the_contract_and_the_readme():
+    assert not undocumented_declarations()
+
+
+def test_docs_index_links_every_page():
+    index = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    # docs/results/ has its own index, which this one links
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "index.md")
+    assert pages
+    missing = [p for p in pages if f"({p})" not in index and f"({p}#" not in index]
+    assert not missing, f"docs/index.md does not link: {missing}"
+
+
+def test_no_stale_sentence_stays():
+    stale = {"fxtrack/config/validate.py": "(implemented: scenario=train)",
+             "docs/mlflow-ui.md": "predate the UI"}
+    for path, text in stale.items():
+        assert text not in (ROOT / path).read_text(encoding="utf-8"), (path, text)
+
+
 # --- the README, dangling references, links -----------------------------------------------------
 
 def test_readme_keeps_the_commands_ci_runs():

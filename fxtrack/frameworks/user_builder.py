@@ -30,9 +30,12 @@ def refusal(scenario: str, memory: str, parallel: str,
     its entry (e.g. ``user_serving_export``: scenario=checkpoint for a user's model).
     A runtime, int8 and scenario=pipeline are refused by the framework's declared ``user_*``
     deployment capabilities and its ``pipeline`` (fxtrack.scenarios.rules)."""
+    # the table names the scenarios it refuses (scenario=serve): looked up, never compared
     asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
-             "scenario=serve": scenario == "serve", "scenario=checkpoint": scenario == "checkpoint"}
+             f"scenario={scenario}": True}
     for what, hit in asked.items():
+        if what not in CUSTOM_UNSUPPORTED:
+            continue
         if hit and not (what in CUSTOM_LIFTED_BY and has(CUSTOM_LIFTED_BY[what])):
             return f"{what} is not supported for model=custom: {CUSTOM_UNSUPPORTED[what]}"
     return None

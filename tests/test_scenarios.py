@@ -1,0 +1,218 @@
+"""The scenario registry (fxtrack.scenarios.SCENARIOS): a scenario declared once is validated,
+run by the worker, reported and asked for by the docs, and no module outside
+fxtrack/scenarios/ compares a scenario's name."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from fxtrack import scenarios
+from fxtrack.frameworks.base import Backend
+from fxtrack.frameworks.declaration import CompileRule, Framework
+from fxtrack.scenarios.options import Options, positive
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# --- a toy scenario, declared in this test only ------------------------------------------------
+
+@dataclasses.dataclass
+class ToyOptions(Options):
+    name: str = "toy"
+    widgets: int = 3  # how many steps the runner takes
+    gain: float = 1.0  # a float option: NaN and inf must be refused
+
+    def __post_init__(self) -> None:
+        positive("scenario.", widgets=self.widgets, gain=self.gain)
+
+
+def toy_refusal(options, family, batch_size):
+    return "scenario=toy takes no model=llama" if family.generates else None
+
+
+def toy_run(backend, result) -> None:
+    """The toy's worker runner: reads its typed options, steps the stand-in backend."""
+    options = scenarios.options_of(backend.spec)
+    backend.build(2)
+    for _ in range(options.widgets):
+        backend.train_step()
+    result.metrics["toy_widgets"] = float(options.widgets)
+    result.metrics["toy_loss"] = backend.loss
+
+
+def toy_section(runs, frame):
+    from fxtrack.report.tables import Section, Table
+
+    toys = runs[runs["scenario"].isin(scenarios.of_section(__name__))] if "scenario" in runs \
+        else runs.iloc[0:0]
+    if toys.empty:
+        return None
+    return Section("Toy widgets", [Table("widgets", ["framework"],
+                                         [[f] for f in toys["framework"]])], "the toy's own")
+
+
+TOY = scenarios.Scenario("toy", "widgets made per step (a test's toy)", ToyOptions,
+                         f"{__name__}:toy_run", refusal=toy_refusal,
+                         section=f"{__name__}:toy_section")
+
+# a stand-in framework whose worker backend counts steps: the worker imports it by this module
+FRAMEWORK = Framework(name="toyfw", backend=f"{__name__}:ToyBackend", extra="toyfw",
+                      report_order=9, compile_rules=(CompileRule(False, "nothing to compile"),),
+                      compiled_tag="compiled", uncompiled_tag="eager")
+
+
+class ToyBackend(Backend):
+    name = "toyfw"
+
+    def version(self): return "0.1"
+    def device_kind(self): return "cpu"
+    def build(self, batch_size): self.loss = 8.0
+    def param_count(self): return 1
+    def loss_value(self, handle): return handle
+
+    def train_step(self):
+        self.loss /= 2
+        return self.loss
+
+
+@pytest.fixture
+def toy():
+    from fxtrack.config.schema import register
+
+    scenarios.register(TOY)
+    register()  # its options in Hydra's ConfigStore as scenario/toy
+    yield TOY
+    scenarios.unregister("toy")
+
+
+def composed(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.config.schema import register
+    from fxtrack.paths import CONF_DIR
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_a_registered_scenario_is_validated_with_its_own_options(toy):
+    from fxtrack.config.validate import ConfigError, validate
+
+    conf, _ = validate(composed("scenario=toy", "scenario.widgets=5", "model=vit", "size=tiny"))
+    assert isinstance(conf.scenario, ToyOptions) and conf.scenario.widgets == 5
+    with pytest.raises(ConfigError, match="scenario.widgets must be a positive number, got 0"):
+        validate(composed("scenario=toy", "scenario.widgets=0", "size=tiny"))
+    for bad in ("nan", "inf", "-inf"):
+        with pytest.raises(ConfigError, match=f"scenario.gain must be a positive number, got {bad}"):
+            validate(composed("scenario=toy", f"scenario.gain={bad}", "size=tiny"))
+    with pytest.raises(ConfigError, match="scenario=toy takes no model=llama"):  # its refusal
+        validate(composed("scenario=toy", "model=llama", "size=tiny"))
+    # another scenario's option is not the toy's
+    with pytest.raises(Exception, match="rate"):
+        composed("scenario=toy", "scenario.rate=4")
+
+
+def test_the_worker_runs_a_registered_scenario_with_a_stand_in_backend(toy, tmp_path):
+    from conftest import job_spec
+
+    from fxtrack.worker.__main__ import run
+
+    def toy_spec(options):
+        return dataclasses.replace(
+            job_spec("torch", "vit", tmp_path, package=__name__, scenario="toy",
+                     runner=TOY.runner, options=options), framework="toyfw")
+
+    spec = toy_spec({"widgets": 4})
+    result = run(spec)
+    assert result.status == "FINISHED", result.error
+    assert result.metrics["toy_widgets"] == 4.0 and result.metrics["toy_loss"] == 0.5
+    assert isinstance(spec.options, ToyOptions)  # typed again after the JSON boundary
+    # a misspelt option never defaults silently
+    bad = run(toy_spec({"widget": 4}))
+    assert bad.status == "FAILED" and "has no option 'widget'" in bad.error
+
+
+def test_the_report_shows_a_registered_scenarios_section(toy):
+    import pandas as pd
+
+    from fxtrack.report.cli import scenario_sections
+
+    runs = pd.DataFrame({"scenario": ["toy", "train"], "framework": ["toyfw", "torch"],
+                         "model": ["vit", "vit"], "precision": ["fp32"] * 2,
+                         "hardware": ["cpu"] * 2, "devices": ["1"] * 2,
+                         "status": ["FINISHED"] * 2})
+    titles = [s.title for s in scenario_sections(runs, runs)]
+    assert "Toy widgets" in titles
+    scenarios.unregister("toy")
+    assert "Toy widgets" not in [s.title for s in scenario_sections(runs, runs)]
+
+
+def test_the_docs_ask_for_a_registered_scenarios_row(toy):
+    from test_docs import undocumented_declarations
+
+    assert "scenario=toy" in undocumented_declarations()
+    scenarios.unregister("toy")
+    assert "scenario=toy" not in undocumented_declarations()
+
+
+def test_a_name_taken_or_options_untyped_is_refused():
+    with pytest.raises(ValueError, match="registered already"):
+        scenarios.register(dataclasses.replace(scenarios.get("train"), summary="other"))
+    with pytest.raises(TypeError, match="must be a dataclass"):
+        scenarios.register(scenarios.Scenario("plain", "x", dict, None))
+    with pytest.raises(KeyError, match="not a registered scenario"):
+        scenarios.get("nonsense")
+
+
+def test_every_serve_and_fit_option_has_its_default_written_once():
+    """Each default lives in the scenario's options dataclass: no other module of fxtrack
+    (the old dict of serve's knobs, options_of's fallbacks, the YAML files) writes it again."""
+    from fxtrack.scenarios.options import FitOptions, ServeOptions
+
+    assert not (ROOT / "conf" / "scenario").exists()
+    serve = (ROOT / "fxtrack" / "scenarios" / "serve.py").read_text()
+    for opts in (ServeOptions, FitOptions):
+        for f in dataclasses.fields(opts):
+            # a fallback default reads as .get("key", value) or getattr(x, "key", value)
+            assert not re.search(rf"""(get|getattr)\([^)]*["']{f.name}["']\s*,""", serve), f.name
+    assert ServeOptions().max_batch == 4 and FitOptions().max_batch == 4096
+
+
+# --- no scenario name compared outside fxtrack/scenarios/ --------------------------------------
+
+def _name_comparisons(text: str, names: tuple[str, ...]) -> list[str]:
+    """Lines comparing something scenario-like with a scenario's name: ``scenario == "serve"``,
+    ``tags["fxtrack.scenario"] != 'fit'``, ``spec.scenario in ("train", "pipeline")``."""
+    q = r"""["'](?:%s)["']""" % "|".join(map(re.escape, names))
+    patterns = [re.compile(r"(?:==|!=)\s*" + q), re.compile(q + r"\s*(?:==|!=)"),
+                re.compile(r"\bin\s*[\(\[\{][^\)\]\}\n]*" + q)]
+    out = []
+    for line in text.splitlines():
+        code = line.split("#", 1)[0]
+        if "scenario" in code.lower() and any(p.search(code) for p in patterns):
+            out.append(line.strip())
+    return out
+
+
+def test_the_name_scan_finds_what_it_must():
+    found = _name_comparisons('if spec.scenario == "serve":\n'
+                              'x = runs[runs["scenario"] != "fit"]\n'
+                              'ok = scenario in ("train", "pipeline")\n'
+                              'fine = memory == "checkpoint"\n', scenarios.names())
+    assert len(found) == 3 and not any("memory" in f for f in found)
+
+
+def test_no_module_outside_the_scenarios_package_compares_a_scenarios_name():
+    offenders = {}
+    for path in sorted((ROOT / "fxtrack").rglob("*.py")):
+        if (ROOT / "fxtrack" / "scenarios") in path.parents:
+            continue
+        hits = _name_comparisons(path.read_text(encoding="utf-8"), scenarios.names())
+        if hits:
+            offenders[str(path.relative_to(ROOT))] = hits
+    assert not offenders, offenders
