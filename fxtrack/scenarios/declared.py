@@ -30,14 +30,15 @@ INFERENCE = register(Scenario(
     o.InferenceOptions, "fxtrack.scenarios.inference:run", trains=False, deploys=True))
 GENERATE = register(Scenario(
     "generate", "greedy decoding with a KV cache: time to first token, decode tokens/s",
-    o.GenerateOptions, "fxtrack.scenarios.generate:run", trains=False, decodes=True))
+    o.GenerateOptions, "fxtrack.scenarios.generate:run", needs=("generate",), trains=False,
+    decodes=True))
 SCALING = register(Scenario(
     "scaling", "training throughput at 1, 2, 4, ... devices and the scaling efficiency",
     o.ScalingOptions, "fxtrack.scenarios.train:run",
     driver="fxtrack.orchestrator.scaling:run_scaling", sweeps_devices=True))
 PIPELINE = register(Scenario(
     "pipeline", "each framework's input pipeline from files on disk, then training on it",
-    o.PipelineOptions, "fxtrack.scenarios.pipeline:run", reads_files=True))
+    o.PipelineOptions, "fxtrack.scenarios.pipeline:run", needs=("pipeline",), reads_files=True))
 CHECKPOINT = register(Scenario(
     "checkpoint", "saving, restoring and exporting the training state",
     o.CheckpointOptions, "fxtrack.scenarios.checkpoint:run"))

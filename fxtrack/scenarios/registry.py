@@ -35,6 +35,9 @@ class Scenario:
     # "module:function" (conf, arch) -> Optional[str]: a check that needs the config layer
     # (fit's memory budget); None: none
     config_check: Optional[str] = None
+    # the capabilities a framework must declare to run it with any model (else the framework's
+    # declared reason refuses it before any work)
+    needs: tuple[str, ...] = ()
     memory_floor: bool = True  # refused when the architecture cannot fit the device (fit: no)
     trains: bool = True  # the memory check and the dataset context: a training step, or a forward
     decodes: bool = False  # a language model holds a KV cache, not a batch's logits

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from fxtrack import families
 from fxtrack.frameworks import user_builder
+from fxtrack.scenarios import registry
 from fxtrack.frameworks.declaration import LEVERS, Framework
 
 ONNX_RUNTIMES = ("onnxruntime", "openvino", "tensorrt")  # they serve an ONNX file
@@ -149,10 +150,10 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
         return str(framework.unsupported("generate", "scenario=serve with model=llama", version))
     if c.scenario == "serve" and not decodes and not user and not framework.has("inference"):
         return str(framework.unsupported("inference", "scenario=serve", version))
-    if c.scenario == "pipeline" and not framework.has("pipeline"):  # e.g. keras, any model
-        return str(framework.unsupported("pipeline", "scenario=pipeline", version))
-    if c.scenario == "generate" and not framework.has("generate"):
-        return str(framework.unsupported("generate", "scenario=generate", version))
+    scenario = registry.SCENARIOS.get(c.scenario)
+    for needed in scenario.needs if scenario is not None else ():  # e.g. keras' pipeline
+        if not framework.has(needed):
+            return str(framework.unsupported(needed, f"scenario={c.scenario}", version))
     for limit in framework.limits:
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"
