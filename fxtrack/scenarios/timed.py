@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
 from fxtrack import defaults
 from fxtrack.frameworks.base import Backend
@@ -78,7 +79,10 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     model: its framework's counter), called after the timed window."""
     spec = backend.spec
     kind, batch, steps, warmup = build(backend, result)
-    times, nvml, before, during, system = timed_window(spec, kind, prepare(), warmup, steps)
+    step = prepare()
+    window = open_window(spec, kind)
+    times = time_steps(step, warmup, steps, show=spec.progress,
+                       label=f"{spec.framework}-{spec.arch['name']}", window=window.sampling())
     if callable(flops_per_sample):
         flops_per_sample = flops_per_sample()
 
@@ -90,20 +94,57 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     if flops_per_sample is not None:  # None: the counter could not (fxtrack.flops_unavailable)
         m["flops_per_sample"] = float(flops_per_sample)
         m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
-    figures, contended = load.window_figures(before, during)
+    record_window(backend, result, window, kind, global_batch * steps)
+    result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
+    return times.loss_handles
+
+
+@dataclasses.dataclass
+class Window:
+    """What samples a measured window, as every scenario takes it: the NVML window (a GPU's
+    memory, energy, conditions), the host-load probe before and sampler during (the contention
+    check), and the system metrics (CPU, memory, GPU) read through it."""
+
+    nvml: NvmlWindow
+    before: Optional[load.LoadSampler]
+    during: load.LoadSampler
+    system: SystemSampler
+
+    def sampling(self) -> ContextManager[None]:
+        """The context every timed step (or served request) runs inside."""
+        return load.sampling(self.during, _entered(self.nvml, self.system))
+
+
+def open_window(spec: Any, kind: str, wait_for_quiet: bool = True) -> Window:
+    """A window's samplers, after a probe of other processes' CPU use (waiting up to
+    wait_for_idle_s for quiet; fxtrack/measure/host_load.py; ``wait_for_quiet=False``: none,
+    the caller samples the load itself)."""
+    memory_gpus, energy_gpus = gpu_ordinals(spec)
+    before = (load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
+              if wait_for_quiet else None)
+    return Window(NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu"), before,
+                  load.LoadSampler(spec.cpu_threads),
+                  SystemSampler(energy_gpus if kind == "gpu" else ()))  # the node's devices, once
+
+
+def record_window(backend: Backend, result: Result, window: Window, kind: str,
+                  samples: int) -> None:
+    """The figures of a finished window into ``result``: the host load and the contended tag,
+    on a GPU its NVML figures (energy over ``samples``) and conditions, the framework's peak
+    device memory, and the system/... series with the times they were read at."""
+    m = result.metrics
+    figures, contended = load.window_figures(window.before, window.during)
     m.update(figures)
     if kind == "gpu":  # collectives: every process of the run takes this branch or none does
-        m.update(nvml_metrics(backend, nvml, global_batch * steps))
-        result.tags.update(nvml.tags())
+        m.update(nvml_metrics(backend, window.nvml, samples))
+        result.tags.update(window.nvml.tags())
         # a GPU shared with another process measures the two together, as a shared core does
         contended = contended or any(k in result.tags for k in (
             "gpu_foreign_processes", "gpu_foreign_processes_before"))
     result.tags["contended"] = "true" if contended else "false"
     m.update(peak_memory_metrics(backend, result.tags))
-    result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
-    result.series.update(system.series)  # system/... keys, with the times they were read at
-    result.series_times_ms.update(system.times_ms)
-    return times.loss_handles
+    result.series.update(window.system.series)
+    result.series_times_ms.update(window.system.times_ms)
 
 
 def peak_memory_metrics(backend: Backend, tags: dict[str, str]) -> dict[str, float]:
@@ -132,16 +173,10 @@ def timed_window(spec: Any, kind: str, step: Callable[[], Any], warmup: int, ste
     wait_for_idle_s for quiet; fxtrack/measure/host_load.py; ``wait_for_quiet=False``: none, the
     caller samples the load itself), with the system metrics sampled through it
     (measure/system.py). Returns (times, nvml, load before or None, load during, system)."""
-    memory_gpus, energy_gpus = gpu_ordinals(spec)
-    nvml = NvmlWindow(memory_gpus, energy_gpus, enabled=kind == "gpu")
-    before = (load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
-              if wait_for_quiet else None)
-    during = load.LoadSampler(spec.cpu_threads)
-    system = SystemSampler(energy_gpus if kind == "gpu" else ())  # the node's devices, once
+    window = open_window(spec, kind, wait_for_quiet)
     times = time_steps(step, warmup, steps, show=spec.progress,
-                       label=f"{spec.framework}-{spec.arch['name']}",
-                       window=load.sampling(during, _entered(nvml, system)))
-    return times, nvml, before, during, system
+                       label=f"{spec.framework}-{spec.arch['name']}", window=window.sampling())
+    return times, window.nvml, window.before, window.during, window.system
 
 
 @contextlib.contextmanager
