@@ -17,6 +17,7 @@ LOWER, HIGHER, NEITHER = "lower", "higher", "neither"  # NEITHER: a figure, not 
 
 # The scenarios each group of keys is logged by (the contract's Metrics subsections).
 TIMED = ("train", "inference", "generate", "scaling", "pipeline")
+WINDOW = TIMED + ("serve",)  # measured windows: the host load, system metrics, NVML
 AGGREGATE = ("aggregate",)  # an aggregate run of repeats=N, any scenario
 
 
@@ -69,16 +70,16 @@ METRICS: tuple[Metric, ...] = (
     _m("tokens_per_s", "tokens/s", HIGHER, "language models: samples/s x tokens per sample"),
     _m("achieved_tflops", "TFLOP/s", HIGHER, "flops_per_sample x throughput"),
     _m("peak_rss_mib", "MiB", LOWER, "peak resident memory of the worker's largest process"),
-    _m("peak_mem_device_mib", "MiB", LOWER, "the framework's own peak device memory"),
-    _m("peak_mem_device_reserved_mib", "MiB", LOWER, "GPU: the allocator pool's peak"),
-    _m("peak_mem_nvml_mib", "MiB", LOWER, "GPU: NVML's per-process peak"),
-    _m("energy_j_per_sample", "J/sample", LOWER, "GPU: NVML energy per sample"),
-    _m("power_w_mean", "W", LOWER, "GPU: mean power over the timed window"),
+    _m("peak_mem_device_mib", "MiB", LOWER, "the framework's own peak device memory", WINDOW),
+    _m("peak_mem_device_reserved_mib", "MiB", LOWER, "GPU: the allocator pool's peak", WINDOW),
+    _m("peak_mem_nvml_mib", "MiB", LOWER, "GPU: NVML's per-process peak", WINDOW),
+    _m("energy_j_per_sample", "J/sample", LOWER, "GPU: NVML energy per sample", WINDOW),
+    _m("power_w_mean", "W", LOWER, "GPU: mean power over the timed window", WINDOW),
     _m("host_other_cpu_frac", "fraction 0..1", LOWER,
-       "CPU other processes took on the run's cores in the window"),
-    _m("host_other_cpu_frac_before", "fraction 0..1", LOWER, "the same, just before the window"),
-    _m("host_steal_frac", "fraction 0..1", LOWER, "hypervisor steal time in the window"),
-    _m("host_loadavg_1m", "processes", LOWER, "1-minute load average at the window's end"),
+       "CPU other processes took on the run's cores in the window", WINDOW),
+    _m("host_other_cpu_frac_before", "fraction 0..1", LOWER, "the same, just before the window", WINDOW),
+    _m("host_steal_frac", "fraction 0..1", LOWER, "hypervisor steal time in the window", WINDOW),
+    _m("host_loadavg_1m", "processes", LOWER, "1-minute load average at the window's end", WINDOW),
     _m("framework_matmul_tflops", "TFLOP/s", HIGHER, "this framework's large-matmul rate"),
     _m("peak_tflops", "TFLOP/s", NEITHER, "the device's peak MFU is measured against"),
     _m("mfu", "fraction", HIGHER, "achieved_tflops / (devices x peak_tflops)"),

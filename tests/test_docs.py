@@ -200,7 +200,7 @@ def _subsection_scenarios(title: str) -> set[str]:
     if title.startswith("Aggregate"):
         return {"aggregate"}
     named = re.findall(r"scenario=(\w+)", title)
-    if "Every timed run" in title:
+    if title.startswith("Every "):  # Every timed run (...), Every measured window (...)
         named = re.findall(r"(\w+)(?:,| children|\))", title.partition("(")[2])
     return set(named) | ({"scaling"} if "scaling children" in title else set())
 

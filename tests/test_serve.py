@@ -345,6 +345,12 @@ def test_no_compilation_inside_the_window_of_the_compiled_paths(framework, tmp_p
     # the host's load sampled through the windows decides the contended tag, as for training
     from fxtrack.measure.host_load import is_contended
     assert result.tags["contended"] == str(is_contended(result.metrics["host_other_cpu_frac"])).lower()
+    # measured as every scenario is (scenarios/timed.py's window): the system metrics read
+    # through the windows, each value with its time, and the probe before them
+    cpu = result.series["system/cpu_utilization_percentage"]
+    assert len(cpu) >= 2 and len(result.series_times_ms["system/cpu_utilization_percentage"]) == len(cpu)
+    assert "system/system_memory_usage_megabytes" in result.series
+    assert "host_other_cpu_frac_before" in result.metrics
     rows = json.loads(Path(result.artifacts["serve_requests"]).read_text())
     assert {r["bucket"] for r in rows} <= {1, 2} and len(rows) == 8
     counter = declaration(spec.package).capability("serve_buckets")

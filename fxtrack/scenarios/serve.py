@@ -31,8 +31,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from fxtrack import families
-from fxtrack.measure import host_load as load
-from fxtrack.measure.timer import eprint, percentile
+from fxtrack.measure.timer import percentile
 from fxtrack.scenarios.options import ServeOptions, from_json
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
@@ -385,7 +384,7 @@ def run(backend: Any, result: Any) -> None:
     """The worker's runner: build at the largest bucket, compile every bucket in the warm-up,
     serve the window (or search the rate: one window per probe, each a child run of this one),
     log the figures, the compilations inside the windows and the per-request records."""
-    from fxtrack.scenarios.timed import build
+    from fxtrack.scenarios.timed import build, open_window, record_window
 
     arch, options = backend.arch, backend.spec.options
     lm = families.of(arch).generates
@@ -408,6 +407,8 @@ def run(backend: Any, result: Any) -> None:
     bound = MAX_TIMED_REQUESTS if o["duration_s"] is not None else o["num_requests"]
     tokens = token_counts(bound, new_tokens, spread, seed)
 
+    served: list[int] = []  # requests of every window (a search's probes included)
+
     def window(rate: Optional[float]) -> Window:
         before = compiles()
         if rate is None:
@@ -424,57 +425,58 @@ def run(backend: Any, result: Any) -> None:
                                 buckets=buckets, tokens=tokens[:len(arrivals)],
                                 arrivals_s=arrivals)
         figures = request_metrics(reqs, o["slo"], lm, rate)
+        served.append(len(reqs))
         if before is not None:  # compilations inside the window: 0 when warm-up covered it
             figures["serve_recompiles"] = float(compiles() - before)
         return Window(rate, reqs, figures)
 
     m = result.metrics
-    # other processes' CPU use through every window, as the timed scenarios sample theirs
-    spec = backend.spec
-    load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
-    sampler = load.LoadSampler(spec.cpu_threads).start()
-    if o["concurrency"] is not None:
-        reported = window(None)
-    elif o["rate"] == "search":
-        # a first rate from one unloaded batch (its service time bounds what one bucket
-        # serves), snapped down to a power of two: every framework's probes then lie on the
-        # same grid (doubling, halving, bisecting), so the report finds rates all measured
-        t = time.perf_counter()
-        server(buckets[-1], [new_tokens])
-        start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
-        probes: list[Window] = []
+    # every window measured as the timed scenarios' are: the contention check, system metrics,
+    # on a GPU its NVML figures (scenarios/timed.py)
+    kind = result.resolved["device_kind"]
+    measured = open_window(backend.spec, kind)
+    with measured.sampling():
+        if o["concurrency"] is not None:
+            reported = window(None)
+        elif o["rate"] == "search":
+            # a first rate from one unloaded batch (its service time bounds what one bucket
+            # serves), snapped down to a power of two: every framework's probes then lie on the
+            # same grid (doubling, halving, bisecting), so the report finds rates all measured
+            t = time.perf_counter()
+            server(buckets[-1], [new_tokens])
+            start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
+            probes: list[Window] = []
 
-        def passes(rate: float) -> bool:
-            w = window(rate)
-            w.verdict = probe_verdict(w.figures, o["slo"])
-            probes.append(w)
-            return w.verdict == "pass"
+            def passes(rate: float) -> bool:
+                w = window(rate)
+                w.verdict = probe_verdict(w.figures, o["slo"])
+                probes.append(w)
+                return w.verdict == "pass"
 
-        found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
-        m.update(max_rate_under_slo_rps=found.max_rate_rps,
-                 highest_passing_rate_rps=found.max_rate_rps)
-        failing = [w for w in probes if w.rate == found.lowest_failing_rps]
-        if math.isfinite(found.lowest_failing_rps):
-            m["lowest_failing_rate_rps"] = found.lowest_failing_rps
-        result.tags["serve_search_stop"] = failing[-1].verdict if failing else "max_rate"
-        result.series["serve_probe_rate_rps"] = [w.rate for w in probes]
-        result.series["serve_probe_achieved_rps"] = [w.figures["request_throughput_rps"]
-                                                     for w in probes]
-        for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
-            if k in probes[0].figures:
-                result.series[f"serve_probe_{k}"] = [w.figures[k] for w in probes]
-        # the figures of the highest passing probe (else the last)
-        reported = ([w for w in probes if w.rate == found.max_rate_rps] or probes[-1:])[-1]
-        result.tags["serve_probes"] = str(len(probes))
-        result.children = [_child(backend, i, w) for i, w in enumerate(probes)]
-        # every window's compilations, the probes' included
-        if uncounted is None:
-            reported.figures["serve_recompiles"] = sum(w.figures["serve_recompiles"]
-                                                       for w in probes)
-    else:
-        reported = window(float(o["rate"]))
-    sampler.stop()
-    m.update(sampler.metrics())
+            found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
+            m.update(max_rate_under_slo_rps=found.max_rate_rps,
+                     highest_passing_rate_rps=found.max_rate_rps)
+            failing = [w for w in probes if w.rate == found.lowest_failing_rps]
+            if math.isfinite(found.lowest_failing_rps):
+                m["lowest_failing_rate_rps"] = found.lowest_failing_rps
+            result.tags["serve_search_stop"] = failing[-1].verdict if failing else "max_rate"
+            result.series["serve_probe_rate_rps"] = [w.rate for w in probes]
+            result.series["serve_probe_achieved_rps"] = [w.figures["request_throughput_rps"]
+                                                         for w in probes]
+            for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
+                if k in probes[0].figures:
+                    result.series[f"serve_probe_{k}"] = [w.figures[k] for w in probes]
+            # the figures of the highest passing probe (else the last)
+            reported = ([w for w in probes if w.rate == found.max_rate_rps] or probes[-1:])[-1]
+            result.tags["serve_probes"] = str(len(probes))
+            result.children = [_child(backend, i, w) for i, w in enumerate(probes)]
+            # every window's compilations, the probes' included
+            if uncounted is None:
+                reported.figures["serve_recompiles"] = sum(w.figures["serve_recompiles"]
+                                                           for w in probes)
+        else:
+            reported = window(float(o["rate"]))
+    record_window(backend, result, measured, kind, sum(served))
     m.update(reported.figures)
     m["param_count"] = float(backend.param_count())
     if uncounted is not None:
@@ -487,8 +489,7 @@ def run(backend: Any, result: Any) -> None:
         short = f["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * f["requested_rate_rps"]
         result.tags["serve_rate_short"] = "true" if short else "false"
     result.tags.update(serve_mode="closed" if o["concurrency"] is not None else "open",
-                       serve_batching="static", serve_buckets=",".join(map(str, buckets)),
-                       contended="true" if sampler.contended else "false")
+                       serve_batching="static", serve_buckets=",".join(map(str, buckets)))
     result.series["serve_request_e2e_ms"] = [r.e2e_ms() for r in reported.requests]
     path = Path(backend.spec.result_path).with_name("serve_requests.json")
     path.write_text(json.dumps([r.row() for r in reported.requests]))
