@@ -166,7 +166,7 @@ def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
     if why is not None:
         raise Refused(why, conf, arch)
     if scenario.config_check is not None:  # e.g. fit's budget: the search finds what fits
-        from fxtrack.environment import import_path
+        from fxtrack.frameworks.declaration import import_path
 
         why = import_path(scenario.config_check)(conf, arch)
         if why is not None:
