@@ -282,7 +282,7 @@ def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
                          "tags.fxtrack.fit_of": fw, "tags.mlflow.parentRunId": fw,
                          "params.batch_size": str(b), "metrics.peak_rss_mib": 580 + per * b})
     frame = pd.DataFrame(rows)
-    section = fit_report.section(frame)
+    section = fit_report.section(frame, frame)
     (table,) = section.tables
     assert section.title == "What fits" and len(table.rows) == 2
     by_fw = {r[0]: r for r in table.rows}
@@ -292,7 +292,7 @@ def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
     (chart,) = fit_report.charts(frame, tmp_path)
     assert chart.path.exists() and chart.path.stat().st_size > 1000
     assert fit_report.charts(frame.iloc[0:0], tmp_path) == [] and fit_report.section(
-        frame[frame["tags.fxtrack.scenario"] != "fit"]) is None
+        frame, frame[frame["tags.fxtrack.scenario"] != "fit"]) is None
 
 
 def test_an_interrupted_fit_closes_its_parent_killed_with_what_it_probed(tmp_path, monkeypatch):

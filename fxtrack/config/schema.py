@@ -287,6 +287,17 @@ def _open_kwargs(schema: type) -> Any:
     return node
 
 
+def _open_options(options: type) -> Any:
+    """A scenario's options as a node that takes another scenario's key while composing, so
+    that a sweep across scenarios may set an option of one of them
+    (``scenario=inference,pipeline scenario.dataset_samples=32``); validation then refuses it,
+    or drops it in a sweep's job whose scenario has no such option
+    (``fxtrack.config.validate.scenario_keys_of``). Typed keys stay typed."""
+    node = OmegaConf.structured(options)
+    OmegaConf.set_struct(node, False)
+    return node
+
+
 def register() -> None:
     """Register the schemas in Hydra's ConfigStore and the ``fx.*`` resolvers (idempotent)."""
     if not OmegaConf.has_resolver("fx.arch"):
@@ -296,7 +307,7 @@ def register() -> None:
     cs = ConfigStore.instance()
     cs.store(name="fxtrack_schema", node=FxtrackConfig)
     for name, scenario in SCENARIOS.items():  # scenario=<name>: its options and their defaults
-        cs.store(group="scenario", name=name, node=scenario.options)
+        cs.store(group="scenario", name=name, node=_open_options(scenario.options))
     for group, schema in _GROUP_SCHEMAS.items():
         cs.store(group=f"schema/{group}", name="base", node=schema)
     for fam, schema in model_schemas().items():

@@ -11,7 +11,7 @@ import importlib.util
 import os
 from typing import Iterable, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from fxtrack import architectures, families
 from fxtrack.config import schema
@@ -143,9 +143,34 @@ def refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
     return None if framework is None else rules.refusal(c, framework)
 
 
-def validate(cfg: DictConfig) -> tuple[FxtrackConfig, architectures.Arch]:
-    """Typed, value-checked config and its architecture; raises ConfigError naming the key."""
+def owners(key: str) -> list[str]:
+    """The registered scenarios that have the option ``key``."""
+    return [s.name for s in scenarios.SCENARIOS.values()
+            if key in {f.name for f in dataclasses.fields(s.options)}]
+
+
+def drop_other_scenarios_keys(cfg: DictConfig, sweep: bool) -> None:
+    """Keys of another scenario's options (``scenario.rate`` with scenario=train): one line
+    naming whose option it is; in a sweep's job (``sweep``) they are dropped, since a sweep
+    across scenarios sets each option for the jobs whose scenario has it (the sweep checks
+    that one does: ``fxtrack.orchestrator.sweep``)."""
+    name = cfg.scenario.name
+    own = {f.name for f in dataclasses.fields(scenarios.get(name).options)}
+    extra = [k for k in cfg.scenario if k not in own]
+    for key in extra:
+        if not sweep:
+            raise ConfigError(f"scenario.{key} is an option of scenario="
+                              f"{'/'.join(owners(key))}, not of scenario={name}")
+    with open_dict(cfg.scenario):
+        for key in extra:
+            del cfg.scenario[key]
+
+
+def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, architectures.Arch]:
+    """Typed, value-checked config and its architecture; raises ConfigError naming the key.
+    ``sweep``: a sweep's job, which drops the keys of other scenarios' options."""
     unknown_keys(cfg)
+    drop_other_scenarios_keys(cfg, sweep)
     try:
         conf: FxtrackConfig = OmegaConf.to_object(cfg)
         arch = architectures.resolve(conf.model.name, conf.size.name,

@@ -31,7 +31,7 @@ def task(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     try:
-        conf, arch = validate(cfg)
+        conf, arch = validate(cfg, sweep=multirun)
     except Refused as e:
         if multirun:  # the sweep listed it up front: a NOT SUPPORTED cell, no worker, no run
             skip(hc, e)

@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
-from fxtrack.config.validate import ConfigError, Refused, validate
+from fxtrack.config.validate import ConfigError, Refused, owners, validate
 from fxtrack.tracking.records import sync_advice
 
 # Set for the sweep's jobs (they run in this process, or under submitit in processes of their own).
@@ -46,12 +46,14 @@ class SweepRun(Callback):
         jobs = sweep_jobs(config)
         loader = GlobalHydra.instance().config_loader()
         self.not_supported: list[str] = []  # "[overrides]: why" of the cells that will be skipped
+        swept: set[str] = set()  # the scenarios the jobs run
         for overrides in jobs:  # fail before any work starts, naming the job
             cfg = loader.load_sweep_config(config, list(overrides))
             with read_write(cfg), open_dict(cfg):
                 del cfg["hydra"]
+            swept.add(str(cfg.scenario.name))
             try:
-                validate(cfg)
+                validate(cfg, sweep=True)
             except Refused as e:  # the task skips it again when its turn comes (app.skip)
                 from fxtrack.tracking.records import redact_overrides
 
@@ -59,6 +61,13 @@ class SweepRun(Callback):
             except ConfigError as e:
                 print(f"fxtrack: invalid config in job [{' '.join(overrides)}]: {e}", file=sys.stderr)
                 sys.exit(2)
+        unused = sorted({key for job in jobs for o in job for key in [_scenario_key(o)]
+                         if key and not set(owners(key)) & swept})
+        if unused:  # set for a scenario no job runs: a mistake, not a per-job drop
+            print(f"fxtrack: invalid config: scenario.{unused[0]} is an option of scenario="
+                  f"{'/'.join(owners(unused[0]))}, which this sweep does not run "
+                  f"({', '.join(sorted(swept))})", file=sys.stderr)
+            sys.exit(2)
         if self.not_supported:
             print(f"fxtrack: {len(self.not_supported)} of {len(jobs)} jobs are not supported and "
                   "will be skipped (not run, not logged in MLflow):\n  "
@@ -272,3 +281,9 @@ def _unsupported(job: dict[str, Any]) -> bool:
 
 def _fmt(value: Any, digits: int = 1) -> str:
     return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _scenario_key(override: str) -> str | None:
+    """``scenario.<option>=...`` -> the option's top key (``slo`` of ``scenario.slo.e2e_ms``)."""
+    key = override.lstrip("+~").split("=", 1)[0]
+    return key.split(".")[1] if key.startswith("scenario.") else None
