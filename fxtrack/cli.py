@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import re
+import textwrap
 import sys
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ keys: batch_size (per device; null = the hardware's default), devices, steps, wa
   tensorrt), quantize (none|dynamic_int8), tracking.experiment, tracking.uri,
   model.<size> (e.g. model.layers=2 model.image_size=32)
 {framework_keys}
+scenarios (scenario=<name>: what it measures; scenario.<key> its own options, with defaults):
+{scenario_keys}
 sub-commands:
 {commands}
 Hydra's own options: --cfg job (show the composed config), --hydra-help, -m / --multirun.
@@ -78,7 +81,8 @@ def usage() -> str:
     framework_words = ", ".join(words[:-1]) + f" and {words[-1]}" if len(words) > 1 else words[0]
     return _USAGE.format(subcommands="|".join(SUBCOMMANDS), groups=groups, commands=commands,
                          framework_words=framework_words,
-                         pathsep=os.pathsep, framework_keys=_framework_keys())
+                         pathsep=os.pathsep, framework_keys=_framework_keys(),
+                         scenario_keys=_scenario_keys())
 
 
 def _framework_keys() -> str:
@@ -89,6 +93,34 @@ def _framework_keys() -> str:
              f"{s.help}\n"
              for name, framework in declared().items() for key, s in framework.settings.items()]
     return "framework keys of one framework:\n" + "".join(lines) if lines else ""
+
+
+def _scenario_keys() -> str:
+    """Each registered scenario, its summary and its options with their defaults, from the
+    registry (each default is written once, in fxtrack/scenarios/options.py)."""
+    import dataclasses
+
+    from fxtrack import scenarios
+
+    def options(cls: type, prefix: str = "scenario.") -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            if f.name == "name":
+                continue
+            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
+                       else f.default)
+            out += (options(type(default), f"{prefix}{f.name}.")
+                    if dataclasses.is_dataclass(default)
+                    else [f"{prefix}{f.name}={'null' if default is None else default}"])
+        return out
+
+    lines = []
+    for s in scenarios.SCENARIOS.values():
+        keys = options(s.options)
+        lines.append(f"  {s.name}: {s.summary}\n" + (
+            textwrap.fill(" ".join(keys), 98, initial_indent="    ", subsequent_indent="    ")
+            + "\n" if keys else ""))
+    return "".join(lines)
 
 
 def subcommand_parser() -> argparse.ArgumentParser:

@@ -153,6 +153,15 @@ def test_the_report_shows_a_registered_scenarios_section(toy):
     assert "Toy widgets" not in [s.title for s in scenario_sections(runs, runs)]
 
 
+def test_help_lists_a_registered_scenario_and_its_options_with_their_defaults(toy):
+    from fxtrack.cli import usage
+
+    text = usage()
+    assert "  toy: widgets made per step (a test's toy)\n    scenario.widgets=3 scenario.gain=1.0" in text
+    assert "scenario: checkpoint, fit, generate, inference, pipeline, scaling, serve, toy, train" in text
+    assert "scenario.max_batch=4096" in text and "scenario.max_batch=4 " in text  # fit's, serve's
+
+
 def test_the_docs_ask_for_a_registered_scenarios_row(toy):
     from test_docs import undocumented_declarations
 
