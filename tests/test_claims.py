@@ -154,17 +154,30 @@ def test_a_tiny_sweep_gives_ratio_claims_verdicts_and_absolute_ones_not_testable
 
 def _runs(values: dict[str, list[float]], hardware: str = "cpu", device: str = "cpu",
           model: str = "resnet50"):
-    """Single runs of one config per framework (pooled as its repeats), in search_runs layout."""
+    """One config per framework, in search_runs layout: several values are one repeats=N run
+    (the repeats, then their aggregate: only a repeat group pools), one value a single run."""
+    import statistics
+
     import pandas as pd
 
     t0 = pd.Timestamp("2026-01-01", tz="UTC")
     runs = [(fw, i, v) for fw in values for i, v in enumerate(values[fw])]
+    runs += [(fw, "agg", statistics.median(values[fw])) for fw in values if len(values[fw]) > 1]
+
+    def group(fw, i):
+        if len(values[fw]) == 1:
+            return {}
+        if i == "agg":
+            return {"tags.fxtrack.kind": "aggregate", "tags.fxtrack.result_id": f"agg-{fw}",
+                    "tags.fxtrack.repeats": str(len(values[fw]))}
+        return {"tags.fxtrack.repeat_of": f"agg-{fw}"}
+
     rows = [{"run_id": f"{fw}{i}", "status": "FINISHED", "start_time": t0 + pd.Timedelta(minutes=n),
              "tags.fxtrack.framework": fw, "tags.fxtrack.model": model,
              "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "fp32",
              "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": hardware,
              "tags.fxtrack.device": device, "tags.fxtrack.status": "ok", "params.batch_size": "32",
-             "params.size.name": "full", "metrics.throughput_samples_per_s": v}
+             "params.size.name": "full", "metrics.throughput_samples_per_s": v, **group(fw, i)}
             for n, (fw, i, v) in enumerate(runs)]
     return pd.DataFrame(rows)
 
@@ -174,7 +187,7 @@ def test_verdicts_consistent_contradicted_and_on_the_claimed_device():
     faster = found["seed-jax-resnet50-faster"]
     near = claims.evaluate(faster, _runs({"jax": [115.0, 116.0, 114.0], "torch": [100.0, 101.0, 99.0]}), "cpu")
     assert near.status == claims.CONSISTENT and "published 1.15x" in near.detail
-    assert sorted(near.run_ids) == ["jax0", "jax1", "jax2", "torch0", "torch1", "torch2"]
+    assert sorted(near.run_ids) == ["jaxagg", "torchagg"]  # each repeat group, by its aggregate
     far = claims.evaluate(faster, _runs({"jax": [200.0, 202.0, 198.0], "torch": [100.0, 101.0, 99.0]}), "cpu")
     assert far.status == claims.CONTRADICTED and "jax/torch is 2.00x [" in far.detail
     assert "74% above it" in far.detail  # 2.00 / 1.15 - 1

@@ -116,6 +116,7 @@ class Block:
     ratios: list[Ratio]  # the same order: each entry's figure / the best's
     batch: Optional[str] = None
     contended: bool = False  # a run behind a figure shared the cores with other processes
+    label: str = ""  # the model as the dims that ran name it (identity.size_label)
 
     @property
     def best(self) -> Entry:
@@ -193,28 +194,33 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
     ident = [c for c in samples.identity_columns(configs) if c in configs.columns]
     cpu = _cpu_words(frame)
     tags = _run_tags(frame)
-    for model in sorted(configs["model"].unique()):
-        of_model = configs[configs["model"] == model]
+    # one set of blocks per model at each of its sizes: a tiny run never speaks for the full model
+    for (model, label), of_model in configs.groupby(["model", "label"], sort=True):
         for objective in OBJECTIVES:
             if objective.lm_only and model not in lm_models():
                 continue
             runs = of_model[of_model["scenario"] == objective.scenario]
             key = _metric_of(runs, objective)
             if key is None:
-                missing.append(Missing(objective, model))
+                _add(missing, Missing(objective, model))
                 continue
             runs = runs[runs[f"metrics.{key}"].notna()]
             for machine, on in runs.groupby(["hardware", "precision", "devices"], sort=True):
                 batch = _batch(on, objective.batch)
                 if batch is None:
-                    missing.append(Missing(objective, model))
+                    _add(missing, Missing(objective, model))
                     continue
                 block = _block(objective, model, machine, on[on["batch_size"] == batch], configs,
                                key, ident, cpu, tags)
                 if block:
-                    block.batch = batch
+                    block.batch, block.label = batch, label
                     found.append(block)
     return found, missing
+
+
+def _add(missing: list[Missing], one: Missing) -> None:
+    if one not in missing:  # a model at two sizes misses an objective once
+        missing.append(one)
 
 
 def _run_tags(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
@@ -297,7 +303,7 @@ def sentence(block: Block) -> str:
     hardware = block.machine.split(", ")[0]
     head = (f"On this {block.cpu[:-1]}, {hardware})" if block.cpu.endswith(")")
             else f"On this {block.cpu} ({hardware})")
-    model = architectures.display_name(block.model)
+    model = block.label or architectures.display_name(block.model)
     if len(block.entries) == 1:
         return f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of {model}."
     clear, tied, single = [], [], []

@@ -1,0 +1,215 @@
+"""One comparison identity (issue 42): the answer, every table and chart, compare and the header
+read one figure per experiment from a store like a new user's (a full run, tiny runs, three
+separate runs with equal params, a repeats=3 sweep, a fit and two serve loads), logged with the
+real tag, param and metric keys into a temporary MLflow store (no framework runs)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+
+from fxtrack.orchestrator import repeats  # noqa: E402
+from fxtrack.report import (answer, charts, compare, identity, pareto, samples, select,  # noqa: E402
+                            serving, tables, verdicts)
+from fxtrack.report.cli import main  # noqa: E402
+from fxtrack.tracking import reader  # noqa: E402
+
+T0 = int(time.time() * 1000) - 3_600_000
+JAX_SEPARATE = [58.0, 93.0, 24.3]  # three separate jax runs, equal params: the last stands
+TF_REPEATS = [30.0, 31.0, 29.0]  # one repeats=3 sweep: these alone pool
+TORCH_TINY, TORCH_FULL = 20.0, 12.0
+SERVE_FIXED, SERVE_SEARCH = 7.04, 92.15  # jax serve at rate=8, and its rate search
+
+
+class Store:
+    def __init__(self, uri):
+        self.client = mlflow.MlflowClient(uri)
+        self.exp = self.client.create_experiment("fxtrack")
+        self.n = 0
+        self.ids: dict[str, str] = {}
+
+    def log(self, name, fw, metrics, scenario="train", size="tiny", batch="2", params=None, tags=None):
+        self.n += 1
+        base = {"fxtrack.framework": fw, "fxtrack.model": "vit", "fxtrack.scenario": scenario,
+                "fxtrack.precision": "fp32", "fxtrack.devices": "1", "fxtrack.hardware": "cpu",
+                "fxtrack.device": "cpu", "fxtrack.status": "ok", "fxtrack.cpu": "Test EPYC (2 cores)"}
+        run = self.client.create_run(self.exp, start_time=T0 + self.n * 1000,
+                                     tags={**base, **(tags or {})}, run_name=name)
+        rid = run.info.run_id
+        # what every run logs: its size, batch and the scenario's options (schema defaults)
+        for key, value in {"size.name": size, "batch_size": batch, "framework.compile": "auto",
+                           "scenario.rate": "search", "scenario.max_batch": "4",
+                           **(params or {})}.items():
+            self.client.log_param(rid, key, value)
+        for key, value in metrics.items():
+            self.client.log_metric(rid, key, value)
+        self.client.set_terminated(rid, "FINISHED", end_time=T0 + self.n * 1000 + 500)
+        self.ids[name] = rid
+        return rid
+
+
+def _train(thr):
+    return {"throughput_samples_per_s": thr, "peak_rss_mib": 500.0 + thr}
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    s = Store(uri)
+    s.log("full", "torch", _train(TORCH_FULL), size="full", batch="4")  # the README's ViT-B/16
+    s.log("torch-tiny", "torch", _train(TORCH_TINY))
+    for i, thr in enumerate(JAX_SEPARATE):
+        s.log(f"jax-tiny-{i}", "jax", _train(thr))
+    for i, thr in enumerate(TF_REPEATS):  # repeats=3: three repeats, then their aggregate
+        s.log(f"tf-r{i}", "tensorflow", _train(thr), tags={"fxtrack.repeat_of": "agg-tf",
+                                                           "fxtrack.repeat": str(i)})
+    agg = repeats.aggregate_metrics([_train(t) for t in TF_REPEATS])
+    s.log("tf-agg", "tensorflow", agg, tags={"fxtrack.kind": "aggregate", "fxtrack.repeats": "3",
+                                             "fxtrack.result_id": "agg-tf"})
+    fit = s.log("jax-fit", "jax", {"max_batch_size": 16.0, "memory_budget_gib": 1.0,
+                                   "throughput_at_max_samples_per_s": 40.0},
+                scenario="fit", tags={"fxtrack.fit_axis": "batch_size", "fxtrack.result_id": "fit-1"})
+    for b in (8, 16):  # the fit's probes
+        s.log(f"jax-fit-b{b}", "jax", _train(10.0 + b), scenario="fit", batch=str(b),
+              tags={"fxtrack.fit_of": "fit-1", "fxtrack.fit": "fits", "mlflow.parentRunId": fit})
+    serve = {"goodput_rps": 0.0, "serve_e2e_ms_p99": 0.0, "request_throughput_rps": 0.0}
+    s.log("jax-rate8", "jax", {**serve, "max_rate_under_slo_rps": SERVE_FIXED,
+                               "goodput_rps": SERVE_FIXED, "serve_e2e_ms_p99": 150.0,
+                               "requested_rate_rps": 8.0, "request_throughput_rps": SERVE_FIXED},
+          scenario="serve", params={"scenario.rate": "8"})
+    search = s.log("jax-search", "jax", {**serve, "max_rate_under_slo_rps": SERVE_SEARCH,
+                                         "goodput_rps": SERVE_SEARCH, "serve_e2e_ms_p99": 300.0,
+                                         "request_throughput_rps": SERVE_SEARCH},
+                   scenario="serve")
+    for rate, passed in ((64.0, "pass"), (128.0, "fail")):  # the search's probes
+        s.log(f"jax-probe-{rate:g}", "jax", {"requested_rate_rps": rate, "goodput_rps": rate * 0.9,
+                                             "serve_e2e_ms_p99": 1e6 if passed == "fail" else 280.0,
+                                             "request_throughput_rps": rate * 0.9},
+              scenario="serve", params={"scenario.rate": str(rate)},
+              tags={"fxtrack.serve_probe_of": "x", "fxtrack.serve_probe": passed,
+                    "mlflow.parentRunId": search})
+    s.log("torch-search", "torch", {"max_rate_under_slo_rps": 50.0, "goodput_rps": 50.0,
+                                    "serve_e2e_ms_p99": 200.0, "request_throughput_rps": 50.0},
+          scenario="serve")
+    return uri, s.ids
+
+
+@pytest.fixture(scope="module")
+def frame(store):
+    return reader.load_runs(store[0], "fxtrack", None)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def _block(blocks, key, label):
+    return next(b for b in blocks if b.objective.key == key and b.label == label)
+
+
+def test_a_model_is_named_by_the_dims_that_ran():
+    assert identity.size_label("vit", "full") == "ViT-B/16"
+    assert identity.size_label("vit", "full", {"layers": "-"}) == "ViT-B/16"
+    assert identity.size_label("vit", "tiny") == "vit tiny"
+    assert identity.size_label("vit", "full", {"layers": "2", "image_size": "32"}) == (
+        "vit (image_size=32, layers=2)")
+    assert identity.size_label("vit", "full", {"layers": "12"}) == "ViT-B/16"  # its own dims
+    assert identity.size_label("llama", "tiny", {"layers": "4"}) == "llama tiny (layers=4)"
+    assert identity.size_label("vit", "-") == "vit"  # no size logged: not claimed to be ViT-B/16
+
+
+def test_only_the_sweeps_repeats_pool_and_the_answer_and_tables_agree(frame, store):
+    ids = store[1]
+    blocks, _ = answer.blocks(frame)
+    tiny = _block(blocks, "train", "vit tiny")
+    by_fw = {e.framework: e for e in tiny.entries}
+    # the latest of three separate runs stands alone; the repeats=3 sweep is one pooled figure
+    assert by_fw["jax"].sample.point == JAX_SEPARATE[-1] and by_fw["jax"].sample.n == 1
+    assert by_fw["jax"].sample.run_ids == [ids["jax-tiny-2"]]
+    assert by_fw["tensorflow"].sample.n == 3 and by_fw["tensorflow"].sample.run_ids == [ids["tf-agg"]]
+    assert by_fw["torch"].sample.point == TORCH_TINY
+    assert tiny.best.framework == "tensorflow"
+
+    runs = select.latest_runs(frame).runs
+    (thr,) = [t for t in tables.throughput(runs) if t.title.endswith("train, fp32, x1, cpu")]
+    rows = {r[0]: dict(zip(thr.header[1:], r[1:])) for r in thr.rows}
+    for fw, entry in by_fw.items():  # every figure and ratio of the answer, in the table
+        ratio = next(r.ratio for r in tiny.ratios if r.framework == fw)
+        assert rows["vit tiny"][fw].startswith(f"{entry.sample.point:,.1f}")
+        assert f"({ratio:.2f}x)" in rows["vit tiny"][fw]
+    (verdict,) = [t for t in verdicts.table(runs) if t.title.endswith("train, fp32, x1, cpu")]
+    row = next(r for r in verdict.rows if r[0] == "vit tiny")
+    assert row[-1].startswith(f"{tiny.best.framework} fastest")
+
+
+def test_the_full_run_is_shown_and_named_by_its_dims(frame):
+    blocks, _ = answer.blocks(frame)
+    full = _block(blocks, "train", "ViT-B/16")
+    assert [e.framework for e in full.entries] == ["torch"] and full.best.sample.point == TORCH_FULL
+    assert full.batch == "4"
+    tiny = _block(blocks, "train", "vit tiny")
+    assert "ViT-B/16" not in answer.sentence(tiny) and "vit tiny" in answer.sentence(tiny)
+    assert answer.sentence(full).endswith("training throughput of ViT-B/16.")
+    runs = select.latest_runs(frame).runs
+    (thr,) = [t for t in tables.throughput(runs) if t.title.endswith("train, fp32, x1, cpu")]
+    rows = {r[0]: r[1:] for r in thr.rows}
+    assert set(rows) == {"ViT-B/16", "vit tiny"}
+    assert rows["ViT-B/16"][thr.header[1:].index("torch")].startswith(f"{TORCH_FULL:,.1f}")
+
+
+def test_the_charts_draw_the_figures_the_tables_show(frame, tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(charts.plt, "close", figures.append)
+    runs = select.latest_runs(frame).runs
+    (chart,) = [c for c in charts.throughput_charts(runs, tmp_path) if "train" in c.title]
+    (fig,) = figures
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 2) for p in ax.patches if p.get_height() > 0)
+    assert heights == sorted([TORCH_FULL, TORCH_TINY, JAX_SEPARATE[-1], 30.0])
+    assert sorted(t.get_text() for t in ax.get_xticklabels()) == ["ViT-B/16", "vit tiny"]
+    assert "full models" not in chart.title and "model sizes as labelled" in chart.caption
+    # the trade-off charts: one per model at its dims, never a full run beside tiny ones
+    drawn = pareto.charts(frame, tmp_path)
+    train = {d.title: d for d in drawn if d.title.endswith(", train")}
+    assert set(train) == {"Trade-offs: ViT-B/16, train", "Trade-offs: vit tiny, train"}
+    assert {p.y for p in train["Trade-offs: vit tiny, train"].points} == {
+        TORCH_TINY, JAX_SEPARATE[-1], 30.0}
+
+
+def test_serving_loads_stay_apart_in_tables_charts_and_compare(frame):
+    runs = select.latest_runs(frame).runs
+    served = serving.tables(runs, frame)
+    rates = {t.title: t.rows for t in served if "goodput at" not in t.title}
+    assert set(rates) == {"Serving: vit tiny [scenario.rate=8]", "Serving: vit tiny [scenario.rate=search]"}
+    assert rates["Serving: vit tiny [scenario.rate=8]"][0][:2] == ["jax", f"{SERVE_FIXED:.2f}"]
+    search = {r[0]: r[1] for r in rates["Serving: vit tiny [scenario.rate=search]"]}
+    assert search == {"torch": "50.00", "jax": f"{SERVE_SEARCH:.2f}"}
+    points = pareto.points(frame, "vit", pareto.AXES[1], "vit tiny")
+    jax = sorted((p.x, p.y) for p in points if p.framework == "jax")
+    assert jax == [(SERVE_FIXED, 150.0), (SERVE_SEARCH, 300.0)]  # never their mean
+    blocks, _ = answer.blocks(frame)
+    serve = _block(blocks, "serve", "vit tiny")
+    assert {e.framework: e.sample.point for e in serve.entries} == {"jax": SERVE_SEARCH, "torch": 50.0}
+    assert "scenario.rate" in samples.identity_columns(frame)
+    result = compare.compare(frame, frame, "max_rate_under_slo_rps", False,
+                             samples.identity_columns(frame))
+    assert sorted(p.base.point for p in result.pairs) == sorted([SERVE_FIXED, SERVE_SEARCH, 50.0])
+    train = compare.compare(frame, frame, "throughput_samples_per_s", False,
+                            samples.identity_columns(frame))
+    assert sorted((p.base.point, p.base.n) for p in train.pairs) == sorted(
+        [(TORCH_FULL, 1), (TORCH_TINY, 1), (JAX_SEPARATE[-1], 1), (30.0, 3)])
+
+
+def test_the_header_counts_repeats_and_probes_apart(frame, store, tmp_path, capsys):
+    selection = select.latest_runs(frame)
+    assert selection.skipped["repeats counted in their aggregate"] == 3
+    assert selection.skipped["probes counted in their search (fit, serve)"] == 4
+    assert selection.skipped["superseded by a later run"] == 2  # the earlier separate jax runs
+    assert main(["--uri", store[0], "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "3 repeats counted in their aggregate, 4 probes counted in their search" in out
