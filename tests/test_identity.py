@@ -213,3 +213,36 @@ def test_the_header_counts_repeats_and_probes_apart(frame, store, tmp_path, caps
     assert main(["--uri", store[0], "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "3 repeats counted in their aggregate, 4 probes counted in their search" in out
+
+
+def test_suggested_commands_use_what_ran_here_and_a_size_that_fits(frame):
+    _, missing = answer.blocks(frame)
+    latency = next(m for m in missing if m.model == "vit" and m.objective.key == "latency")
+    # keras never ran in this store: it is not suggested (it may not be installed)
+    assert "framework=torch,tensorflow,jax model=vit" in latency.command()
+    assert "keras" not in latency.command()
+    import pandas as pd
+
+    # an 8B Llama's training state (~128 GB) is refused by the memory check on a CPU host:
+    # the suggestion is the size that runs here
+    ran = pd.DataFrame([{"model": "llama_8b", "framework": "jax", "size": "full", "hardware": "cpu"}])
+    train = next(o for o in answer.OBJECTIVES if o.key == "train")
+    assert answer._suggested(ran, "llama_8b", train).command() == (
+        "python -m fxtrack framework=jax model=llama_8b scenario=train repeats=3 size=tiny")
+
+
+def test_claims_plan_comments_out_a_precision_this_cpu_lacks(monkeypatch):
+    from types import SimpleNamespace
+
+    from fxtrack.measure import peak
+    from fxtrack.report import claim_plans
+
+    monkeypatch.setattr(peak, "native_precision", lambda precision, kind: False)
+    claim = SimpleNamespace(conditions={"model": "resnet50", "scenario": "train", "precision": "fp16"},
+                            test="ratio", arm_keys=("framework",), kind="ratio",
+                            arms=[{"framework": "torch", "value": 1.0}, {"framework": "jax", "value": 1.1}])
+    (line,) = claim_plans.plan(claim, "cpu")
+    assert line.startswith("# needs hardware with precision=fp16") and "hardware=cpu" in line
+    claim.conditions["precision"] = "fp32"
+    (line,) = claim_plans.plan(claim, "cpu")
+    assert line.startswith("python -m fxtrack -m framework=torch,jax model=resnet50")

@@ -142,9 +142,44 @@ class Block:
 class Missing:
     objective: Objective
     model: str
+    # what can run here: the frameworks the store's runs used (installed where they ran; None:
+    # every one the objective names), and a size the memory check lets this hardware run
+    frameworks: Optional[tuple[str, ...]] = None
+    size: str = "full"
 
     def command(self) -> str:
-        return self.objective.command.format(model=self.model)
+        line = self.objective.command.format(model=self.model)
+        if self.frameworks is not None:
+            listed = line.split("framework=", 1)[1].split(" ", 1)[0]
+            usable = [fw for fw in listed.split(",") if fw in self.frameworks] or list(self.frameworks)
+            line = line.replace(f"framework={listed}", f"framework={','.join(usable)}")
+            if len(usable) == 1:
+                line = line.replace("python -m fxtrack -m ", "python -m fxtrack ")
+        return line + (f" size={self.size}" if self.size != "full" else "")
+
+
+def _suggested(configs: pd.DataFrame, model: str, objective: Objective) -> Missing:
+    """The objective's command as this store's machine can run it: its frameworks (those the
+    runs used: a framework never run here may not be installed), and ``size=tiny`` where the
+    model ran only tiny here or the memory check refuses the full size on this hardware."""
+    of_model = configs[configs["model"] == model]
+    fws = tuple(dict.fromkeys(f for f in configs["framework"] if f != "-"))
+    sizes = set(of_model["size"])
+    size = "tiny" if sizes == {"tiny"} or _refused(model, objective, of_model) else "full"
+    return Missing(objective, model, fws or None, size)
+
+
+def _refused(model: str, objective: Objective, runs: pd.DataFrame) -> bool:
+    """Whether the memory check refuses ``model`` at full size for the objective's scenario on
+    the hardware its runs used (one line, before any work: fxtrack.config.memory)."""
+    from fxtrack.config import memory
+
+    try:
+        arch = architectures.resolve(model, "full")
+    except (KeyError, ValueError):  # a user's model: its builder decides its size
+        return False
+    kind = "gpu" if (runs["hardware"] == "gpu").any() else "cpu"
+    return memory.refusal(arch, objective.scenario, "fp32", None, kind) is not None
 
 
 def fw_words(framework: str) -> str:
@@ -202,13 +237,13 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
             runs = of_model[of_model["scenario"] == objective.scenario]
             key = _metric_of(runs, objective)
             if key is None:
-                _add(missing, Missing(objective, model))
+                _add(missing, _suggested(configs, model, objective))
                 continue
             runs = runs[runs[f"metrics.{key}"].notna()]
             for machine, on in runs.groupby(["hardware", "precision", "devices"], sort=True):
                 batch = _batch(on, objective.batch)
                 if batch is None:
-                    _add(missing, Missing(objective, model))
+                    _add(missing, _suggested(configs, model, objective))
                     continue
                 block = _block(objective, model, machine, on[on["batch_size"] == batch], configs,
                                key, ident, cpu, tags)
