@@ -246,3 +246,28 @@ def test_claims_plan_comments_out_a_precision_this_cpu_lacks(monkeypatch):
     claim.conditions["precision"] = "fp32"
     (line,) = claim_plans.plan(claim, "cpu")
     assert line.startswith("python -m fxtrack -m framework=torch,jax model=resnet50")
+
+
+def test_the_first_hour_readme_gitignore_and_no_font_noise(tmp_path):
+    """The README names every sub-command; what its commands write stays out of git status;
+    matplotlib's font-cache line never reaches a run's log."""
+    import logging
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from fxtrack.cli import SUBCOMMANDS
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    assert all(f"fxtrack {name}" in readme for name in SUBCOMMANDS)
+    ignored = (root / ".gitignore").read_text().split()
+    assert {"mlflow.db", "mlflow.db.lock", "fxtrack-report/"} <= set(ignored)
+    # a fresh font cache (MPLCONFIGDIR empty), INFO logging on as Hydra's job logging has it
+    code = ("import logging; logging.basicConfig(level=logging.INFO, format='[HYDRA] %(message)s');"
+            "import fxtrack.report.charts")
+    env = {"MPLCONFIGDIR": str(tmp_path / "mpl"), "PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    err = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120).stderr
+    assert "fontManager" not in err and "[HYDRA]" not in err, err
+    assert logging.getLogger("matplotlib").level == logging.WARNING
