@@ -271,3 +271,16 @@ def test_the_first_hour_readme_gitignore_and_no_font_noise(tmp_path):
                          timeout=120).stderr
     assert "fontManager" not in err and "[HYDRA]" not in err, err
     assert logging.getLogger("matplotlib").level == logging.WARNING
+
+
+def test_a_runs_last_lines_name_the_store_and_what_to_open_next(monkeypatch):
+    from fxtrack.tracking import runs, ui
+
+    local = ui.next_steps("sqlite:////tmp/x/mlflow.db", "abc123")
+    assert local.splitlines()[0] == "[fxtrack] results in sqlite:////tmp/x/mlflow.db"
+    assert "fxtrack report" in local and "fxtrack ui" in local and "abc123" in local
+    monkeypatch.setitem(runs._EXPERIMENTS, ("http://mlflow:5000", "fxtrack"), "7")
+    served = ui.next_steps("http://mlflow:5000", "abc123", "the sweep's parent run")
+    assert served.splitlines()[-1].endswith(
+        "the sweep's parent run in the MLflow UI: "
+        "http://mlflow:5000/#/experiments/7/runs/abc123?workflowType=machine_learning")

@@ -114,6 +114,11 @@ class SweepRun(Callback):
                   file=sys.stderr)
         if failed:
             print(f"fxtrack: {len(failed)} of {len(jobs)} jobs failed", file=sys.stderr)
+        from fxtrack.tracking.ui import next_steps
+
+        print(next_steps(self._uri(config), getattr(self, "run_id", None),
+                         "the sweep's parent run (its report/ artifacts)",
+                         config.tracking.experiment), file=sys.stderr)
         if failed or spooled or self.spooled:
             sys.exit(1)
 
