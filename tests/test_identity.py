@@ -284,3 +284,23 @@ def test_a_runs_last_lines_name_the_store_and_what_to_open_next(monkeypatch):
     assert served.splitlines()[-1].endswith(
         "the sweep's parent run in the MLflow UI: "
         "http://mlflow:5000/#/experiments/7/runs/abc123?workflowType=machine_learning")
+
+
+def test_terminal_tables_fit_100_columns_and_the_closing_table_names_serve_figures(tmp_path, capsys):
+    from fxtrack.orchestrator.sweep import closing_table
+    from fxtrack.report import claims
+
+    note = ("NotSupported: tensorflow has no path for runtime=onnxruntime quantize=dynamic_int8 "
+            "(tf2onnx leaves the quantized ops to the exporter)")
+    jobs = [{"name": "jax-vit-serve-fp32-x1-tiny", "status": "FINISHED", "guard": "ok", "error": None,
+             "metrics": {"max_rate_under_slo_rps": 92.15}, "tags": {}},
+            {"name": "tensorflow-vit-inference-fp32-x1-onnxruntime-dynamic_int8", "status": "FAILED",
+             "guard": "ok", "error": note, "metrics": {}, "tags": {}}]
+    table = closing_table(jobs)
+    assert max(map(len, table.splitlines())) <= 100
+    assert "92.15 req/s" in table and "max rate" in table  # the serve job's figure, not "-"
+    assert "exporter)" in table and "(to" not in table.replace("(tf2onnx", "")  # wrapped, not cut
+    assert claims.main(["--uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 0
+    out = capsys.readouterr().out.split("\nto measure")[0]  # commands stay whole to paste
+    table = out.split("\n", 2)[2]  # below the line naming the store
+    assert len(table.splitlines()) > 10 and max(map(len, table.splitlines())) <= 100, table
