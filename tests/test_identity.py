@@ -304,3 +304,11 @@ def test_terminal_tables_fit_100_columns_and_the_closing_table_names_serve_figur
     out = capsys.readouterr().out.split("\nto measure")[0]  # commands stay whole to paste
     table = out.split("\n", 2)[2]  # below the line naming the store
     assert len(table.splitlines()) > 10 and max(map(len, table.splitlines())) <= 100, table
+
+
+def test_doctor_says_which_module_a_framework_lacks():
+    from fxtrack.orchestrator.doctor import install_line
+
+    assert install_line("jax", "jax") == "not installed (jax missing): pip install 'fxtrack[jax]'"
+    line = install_line("tensorflow", "keras")
+    assert "not installed (keras missing)" not in line and "needs keras" in line
