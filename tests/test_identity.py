@@ -58,6 +58,12 @@ def _train(thr):
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     uri = f"sqlite:///{tmp_path_factory.mktemp('store') / 'mlflow.db'}"
+    return uri, build(uri)
+
+
+def build(uri: str) -> dict[str, str]:
+    """The store of issue 42 at ``uri`` (docs/identity_shot.py photographs its page); returns
+    run name -> run id."""
     s = Store(uri)
     s.log("full", "torch", _train(TORCH_FULL), size="full", batch="4")  # the README's ViT-B/16
     s.log("torch-tiny", "torch", _train(TORCH_TINY))
@@ -94,7 +100,7 @@ def store(tmp_path_factory):
     s.log("torch-search", "torch", {"max_rate_under_slo_rps": 50.0, "goodput_rps": 50.0,
                                     "serve_e2e_ms_p99": 200.0, "request_throughput_rps": 50.0},
           scenario="serve")
-    return uri, s.ids
+    return s.ids
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +201,7 @@ def test_serving_loads_stay_apart_in_tables_charts_and_compare(frame):
     blocks, _ = answer.blocks(frame)
     serve = _block(blocks, "serve", "vit tiny")
     assert {e.framework: e.sample.point for e in serve.entries} == {"jax": SERVE_SEARCH, "torch": 50.0}
+    assert serve.entries[0].mode.endswith("scenario.rate=search")  # which of jax's two loads
     assert "scenario.rate" in samples.identity_columns(frame)
     result = compare.compare(frame, frame, "max_rate_under_slo_rps", False,
                              samples.identity_columns(frame))

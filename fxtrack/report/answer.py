@@ -19,7 +19,7 @@ import pandas as pd
 from fxtrack import architectures
 from fxtrack import metrics as registry
 from fxtrack.config.frameworks import identity_settings
-from fxtrack.report import samples
+from fxtrack.report import identity, samples
 from fxtrack.report.lm import lm_models
 from fxtrack.report.select import LEVERS
 from fxtrack.report.verdicts import Ratio
@@ -292,6 +292,8 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
     best_per_fw: dict[str, Entry] = {}
     contended = False
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
+    # a framework's configs that differ in more than its mode (a serve rate) say so in the mode
+    apart = identity.apart(runs.drop(columns=["compile", *LEVERS], errors="ignore"), ["model"])
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         one = samples.sample(group, every, key)
         if one is None or not one.point:
@@ -301,6 +303,8 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
         extra = _entry_tags(group, tags or {})
         contended = contended or extra.get("contended") == "true"
         mode = _mode(config) + (f" ({extra['mode']})" if extra.get("mode") else "")
+        if apart[group.index[-1]]:
+            mode += f", {apart[group.index[-1]]}"
         if fw not in best_per_fw or better(one.point, best_per_fw[fw].sample.point):
             best_per_fw[fw] = Entry(fw, mode, one, key)
     if not best_per_fw:
