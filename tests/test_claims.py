@@ -135,7 +135,7 @@ def test_a_tiny_sweep_gives_ratio_claims_verdicts_and_absolute_ones_not_testable
     ratio = found["seed-jax-resnet50-faster"]  # a ratio: checked on whatever hardware has runs
     assert ratio.status in (claims.CONSISTENT, claims.CONTRADICTED), ratio.detail
     assert "jax/torch is" in ratio.detail and "[" in ratio.detail and "published 1.15x" in ratio.detail
-    assert "size tiny" in ratio.detail and "cpu" in ratio.detail
+    assert "resnet50 tiny" in ratio.detail and "cpu" in ratio.detail  # named by its dims
     assert set(ratio.run_ids) == aggregates  # the two aggregates it stands on
 
     absolute = found["seed-resnet50-train-a100"]  # figures for an A100: not testable on a CPU

@@ -127,6 +127,10 @@ def test_a_model_is_named_by_the_dims_that_ran():
     assert identity.size_label("vit", "full", {"layers": "12"}) == "ViT-B/16"  # its own dims
     assert identity.size_label("llama", "tiny", {"layers": "4"}) == "llama tiny (layers=4)"
     assert identity.size_label("vit", "-") == "vit"  # no size logged: not claimed to be ViT-B/16
+    # compare's and claims' configs: "size full" of a 2-layer run would mislead
+    assert identity.label_of({"model": "vit", "size": "full", "model.layers": "2"}) == "vit (layers=2)"
+    assert identity.published({"model": "vit", "size": "full", "model.layers": "-"})
+    assert not identity.published({"model": "vit", "size": "full", "model.layers": "2"})
 
 
 def test_only_the_sweeps_repeats_pool_and_the_answer_and_tables_agree(frame, store):

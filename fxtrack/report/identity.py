@@ -134,6 +134,17 @@ def size_label(model: str, size: str = "full", dims: Optional[dict[str, str]] = 
                     if differ else "")
 
 
+def label_of(config: dict) -> str:
+    """``size_label`` of one config (a dict of identity columns, as compare and claims group)."""
+    return size_label(str(config.get("model", "")), str(config.get("size", "-")),
+                      {k[len("model."):]: v for k, v in config.items() if k.startswith("model.")})
+
+
+def published(config: dict) -> bool:
+    """Whether the config ran its model at the published dims (its label is the model's name)."""
+    return label_of(config) == architectures.display_name(str(config.get("model", "")))
+
+
 def labels(ident: pd.DataFrame) -> pd.Series:
     """Each run's model as its dims name it (``size_label``), from ``read``'s columns."""
     dims = [c for c in ident.columns if c.startswith("model.")]
