@@ -28,13 +28,15 @@ BERT = {"jax": [50.0], "torch": [40.0]}  # single runs
 SERVE = {"torch": ([30.0, 31.0, 29.0], 80.0), "jax": ([20.0, 20.5, 19.5], 60.0)}
 
 
-def _log(client, exp, n, fw, model, thr, rss, batch="8", scenario="train", metrics=None):
-    tags = {"fxtrack.framework": fw, "fxtrack.model": model, "fxtrack.scenario": scenario,
+def _log(client, exp, n, fw, model, thr, rss, batch="8", scenario="train", metrics=None,
+         extra_tags=None):
+    tags = {**(extra_tags or {}),"fxtrack.framework": fw, "fxtrack.model": model, "fxtrack.scenario": scenario,
             "fxtrack.precision": "fp32", "fxtrack.devices": "1", "fxtrack.hardware": "cpu",
             "fxtrack.device": "cpu", "fxtrack.status": "ok", "fxtrack.cpu": "Test EPYC (2 cores)"}
     run = client.create_run(exp, start_time=T0 + n * 1000, tags=tags, run_name=f"{fw}-{model}-{n}")
     client.log_param(run.info.run_id, "batch_size", batch)
     client.log_param(run.info.run_id, "framework.compile", "auto")
+    client.log_param(run.info.run_id, "size.name", "full")  # the published dims: ViT-B/16
     for key, value in (metrics or {"throughput_samples_per_s": thr, "peak_rss_mib": rss}).items():
         client.log_metric(run.info.run_id, key, value)
     client.set_terminated(run.info.run_id, "FINISHED", end_time=T0 + n * 1000 + 500)
@@ -47,19 +49,36 @@ def store(tmp_path_factory):
     client = mlflow.MlflowClient(uri)
     exp = client.create_experiment("fxtrack")
     n = 0
+    # each list is one repeats=3 run: an aggregate (its median) and its repeats, which alone
+    # pool (report/identity.py)
     for fw, values in VIT.items():
+        of = f"agg-vit-{fw}"
         for i, v in enumerate(values):
             n += 1
-            _log(client, exp, n, fw, "vit", v, RSS[fw] + i)
+            _log(client, exp, n, fw, "vit", v, RSS[fw] + i, extra_tags={"fxtrack.repeat_of": of})
+        n += 1
+        _log(client, exp, n, fw, "vit", stats.median(values), RSS[fw] + 1,
+             extra_tags=_aggregate(of, len(values)))
     for fw, values in BERT.items():
         n += 1
         _log(client, exp, n, fw, "bert", values[0], 500.0)
     for fw, (rates, p99) in SERVE.items():
+        of = f"agg-serve-{fw}"
         for rate in rates:
             n += 1
             _log(client, exp, n, fw, "bert", None, None, scenario="serve",
-                 metrics={"max_rate_under_slo_rps": rate, "goodput_rps": rate * 0.9, "serve_e2e_ms_p99": p99})
+                 metrics={"max_rate_under_slo_rps": rate, "goodput_rps": rate * 0.9, "serve_e2e_ms_p99": p99},
+                 extra_tags={"fxtrack.repeat_of": of})
+        n += 1
+        rate = stats.median(rates)
+        _log(client, exp, n, fw, "bert", None, None, scenario="serve",
+             metrics={"max_rate_under_slo_rps": rate, "goodput_rps": rate * 0.9, "serve_e2e_ms_p99": p99},
+             extra_tags=_aggregate(of, len(rates)))
     return uri
+
+
+def _aggregate(result_id, n):
+    return {"fxtrack.kind": "aggregate", "fxtrack.result_id": result_id, "fxtrack.repeats": str(n)}
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +148,7 @@ def test_frontier_on_fixed_points(points, x_lower, y_lower, expected):
 
 def test_pareto_chart_names_the_framework_never_on_the_frontier(frame, tmp_path):
     drawn = pareto.charts(frame, tmp_path)
-    vit = next(d for d in drawn if d.title.endswith("vit, train"))
+    vit = next(d for d in drawn if d.title.endswith("ViT-B/16, train"))
     # tensorflow: more memory per sample than jax and a lower median throughput
     assert vit.never == ["tensorflow"] and "never on the frontier: TensorFlow" in vit.caption
     assert vit.path.is_file()
@@ -146,9 +165,9 @@ def test_report_writes_the_page_answer_first(store, tmp_path, capsys):
     out = tmp_path / "r"
     assert main(["--uri", store, "--out", str(out), "--ui-url", "http://ui.test"]) == 0
     text = capsys.readouterr().out
-    assert text.index("Training throughput: vit") < text.index("Throughput (samples/s)")
+    assert text.index("Training throughput: ViT-B/16") < text.index("Throughput (samples/s)")
     md = (out / "report.md").read_text()
-    assert md.index("## The answer") < md.index("![Trade-offs: vit, train](pareto-train-vit.png)") < md.index("## Charts")
+    assert md.index("## The answer") < md.index("![Trade-offs: ViT-B/16, train](pareto-train-vit.png)") < md.index("## Charts")
     assert "Code size: source lines" in md and "The answer in words:" in text
     html = (out / "index.html").read_text()
     assert html.index('id="answer"') < html.index("<h2>Charts</h2>")
@@ -232,7 +251,7 @@ def test_serve_blocks_and_their_trade_off_read_the_serve_metrics(frame, tmp_path
     assert serve.best.framework == "torch" and serve.best.metric == "max_rate_under_slo_rps"
     assert serve.verdict(serve.ratios[1]) == "clear"
     assert ("bert", "serve") not in {(m.model, m.objective.key) for m in missing}
-    chart = next(d for d in pareto.charts(frame, tmp_path) if d.title.endswith("bert, serve"))
+    chart = next(d for d in pareto.charts(frame, tmp_path) if d.title.endswith("BERT-base, serve"))
     # torch: more requests/s but a higher p99; jax: the lower p99: both on the frontier
     assert chart.on_frontier == [True, True] and chart.never == []
 

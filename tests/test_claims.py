@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import shlex
 
+import pandas as pd
 import pytest
 
 mlflow = pytest.importorskip("mlflow")
@@ -79,9 +80,10 @@ def test_an_empty_store_lists_every_claim_not_yet_measured_with_its_command(tmp_
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"  # no database: nothing measured yet
     assert claims.main(["--uri", uri]) == 0
     out = capsys.readouterr().out
+    # the table wraps to 100 columns (an id at its hyphens): each claim's row from its Table
+    rows = {row[0]: row for row in claims.table(claims.verdicts(pd.DataFrame(), claims.load(), "cpu")).rows}
     for c in claims.load():
-        row = next(line for line in out.splitlines() if line.startswith(c.id + " "))
-        assert "not yet measured" in row, row
+        assert rows[c.id][4] == "not yet measured", rows[c.id]
         assert f"to measure {c.id}:\n  " in out
     assert not (tmp_path / "mlflow.db").exists()
 
@@ -133,7 +135,7 @@ def test_a_tiny_sweep_gives_ratio_claims_verdicts_and_absolute_ones_not_testable
     ratio = found["seed-jax-resnet50-faster"]  # a ratio: checked on whatever hardware has runs
     assert ratio.status in (claims.CONSISTENT, claims.CONTRADICTED), ratio.detail
     assert "jax/torch is" in ratio.detail and "[" in ratio.detail and "published 1.15x" in ratio.detail
-    assert "size tiny" in ratio.detail and "cpu" in ratio.detail
+    assert "resnet50 tiny" in ratio.detail and "cpu" in ratio.detail  # named by its dims
     assert set(ratio.run_ids) == aggregates  # the two aggregates it stands on
 
     absolute = found["seed-resnet50-train-a100"]  # figures for an A100: not testable on a CPU
@@ -154,17 +156,30 @@ def test_a_tiny_sweep_gives_ratio_claims_verdicts_and_absolute_ones_not_testable
 
 def _runs(values: dict[str, list[float]], hardware: str = "cpu", device: str = "cpu",
           model: str = "resnet50"):
-    """Single runs of one config per framework (pooled as its repeats), in search_runs layout."""
+    """One config per framework, in search_runs layout: several values are one repeats=N run
+    (the repeats, then their aggregate: only a repeat group pools), one value a single run."""
+    import statistics
+
     import pandas as pd
 
     t0 = pd.Timestamp("2026-01-01", tz="UTC")
     runs = [(fw, i, v) for fw in values for i, v in enumerate(values[fw])]
+    runs += [(fw, "agg", statistics.median(values[fw])) for fw in values if len(values[fw]) > 1]
+
+    def group(fw, i):
+        if len(values[fw]) == 1:
+            return {}
+        if i == "agg":
+            return {"tags.fxtrack.kind": "aggregate", "tags.fxtrack.result_id": f"agg-{fw}",
+                    "tags.fxtrack.repeats": str(len(values[fw]))}
+        return {"tags.fxtrack.repeat_of": f"agg-{fw}"}
+
     rows = [{"run_id": f"{fw}{i}", "status": "FINISHED", "start_time": t0 + pd.Timedelta(minutes=n),
              "tags.fxtrack.framework": fw, "tags.fxtrack.model": model,
              "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "fp32",
              "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": hardware,
              "tags.fxtrack.device": device, "tags.fxtrack.status": "ok", "params.batch_size": "32",
-             "params.size.name": "full", "metrics.throughput_samples_per_s": v}
+             "params.size.name": "full", "metrics.throughput_samples_per_s": v, **group(fw, i)}
             for n, (fw, i, v) in enumerate(runs)]
     return pd.DataFrame(rows)
 
@@ -174,7 +189,7 @@ def test_verdicts_consistent_contradicted_and_on_the_claimed_device():
     faster = found["seed-jax-resnet50-faster"]
     near = claims.evaluate(faster, _runs({"jax": [115.0, 116.0, 114.0], "torch": [100.0, 101.0, 99.0]}), "cpu")
     assert near.status == claims.CONSISTENT and "published 1.15x" in near.detail
-    assert sorted(near.run_ids) == ["jax0", "jax1", "jax2", "torch0", "torch1", "torch2"]
+    assert sorted(near.run_ids) == ["jaxagg", "torchagg"]  # each repeat group, by its aggregate
     far = claims.evaluate(faster, _runs({"jax": [200.0, 202.0, 198.0], "torch": [100.0, 101.0, 99.0]}), "cpu")
     assert far.status == claims.CONTRADICTED and "jax/torch is 2.00x [" in far.detail
     assert "74% above it" in far.detail  # 2.00 / 1.15 - 1

@@ -119,19 +119,29 @@ T0 = pd.Timestamp("2026-01-01", tz="UTC")
 
 
 def _frame(sides: dict[str, dict[str, list[float]]], version: dict[str, str] | None = None) -> pd.DataFrame:
-    """side -> metric -> values: one single run per value, the same torch/vit config, a side
-    told apart by params.side."""
+    """side -> metric -> values: one repeats=N run per side (a repeat per value, then their
+    aggregate: repeats pool only in their group), the same torch/vit config, a side told apart
+    by params.side."""
+    import statistics
+
     rows, n = [], 0
     for side, metrics in sides.items():
-        for i in range(len(next(iter(metrics.values())))):
+        count = len(next(iter(metrics.values())))
+        for i in [*range(count), None]:  # the repeats, then the aggregate (their median)
             n += 1
-            rows.append({"run_id": f"{side}{i}", "status": "FINISHED", "start_time": T0 + pd.Timedelta(days=n),
+            group = ({"tags.fxtrack.repeat_of": f"agg-{side}"} if i is not None else
+                     {"tags.fxtrack.kind": "aggregate", "tags.fxtrack.result_id": f"agg-{side}",
+                      "tags.fxtrack.repeats": str(count)})
+            rows.append({"run_id": f"{side}{'agg' if i is None else i}", "status": "FINISHED",
+                         "start_time": T0 + pd.Timedelta(days=n),
                          "tags.fxtrack.framework": "torch", "tags.fxtrack.model": "vit",
                          "tags.fxtrack.scenario": "train", "tags.fxtrack.precision": "fp32",
                          "tags.fxtrack.devices": "1", "tags.fxtrack.hardware": "cpu",
                          "tags.fxtrack.status": "ok", "params.batch_size": "2", "params.side": side,
                          "tags.fxtrack.framework_version": (version or {}).get(side, "2.13.0"),
-                         **{f"metrics.{k}": v[i] for k, v in metrics.items()}})
+                         **group,
+                         **{f"metrics.{k}": (statistics.median(v) if i is None else v[i])
+                            for k, v in metrics.items()}})
     return pd.DataFrame(rows)
 
 

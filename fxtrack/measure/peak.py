@@ -1,10 +1,11 @@
-"""The one peak FLOP/s per device and precision that MFU divides by, the same for every framework:
-the datasheet table, the calibration cache's location, key and reader, and whether the device
+"""The peak FLOP/s MFU divides by (a known GPU's datasheet figure, the same for every framework;
+else each framework's own measured matmul rate): the datasheet table, the calibration cache's location, key and reader, and whether the device
 computes a precision natively (``native_precision``: a bf16 run on a CPU without bf16 arithmetic
 is measured as it runs, and tagged).
 
 A known GPU uses its datasheet's dense figure, found by its whole model name. Anything else (a
-CPU, an unknown GPU) uses the best large-matmul rate that any framework reaches there, measured by
+CPU, an unknown GPU) uses the run's own framework's large-matmul rate there (so installing another
+framework never moves a run's MFU), measured by
 ``fxtrack.orchestrator.calibration`` (which spawns the workers) and cached on disk keyed by CPU
 model, thread count, device and precision.
 """

@@ -82,8 +82,12 @@ def task(cfg: DictConfig) -> None:
             repeats.close(job, aggregate, parent, [
                 j for j in map(json.loads, (p.read_text() for p in sorted(jobs.glob("*.json"))))
                 if j.get("aggregate") == aggregate], jobs)
-    elif result.status != "FINISHED" or run_id is None:
-        sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+    else:
+        from fxtrack.tracking.ui import next_steps
+
+        print(next_steps(job.uri, run_id, experiment=conf.tracking.experiment), file=sys.stderr)
+        if result.status != "FINISHED" or run_id is None:
+            sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
 
 
 def skip(hc: HydraConfig, refused: Refused) -> None:

@@ -1,5 +1,7 @@
 """Peak FLOP/s calibration: each declared framework's large-matmul rate, measured in its own worker,
-and the MFU a run gets against the best of them (or against the datasheet, fxtrack.measure.peak).
+and the MFU a run gets against the datasheet (fxtrack.measure.peak) or, without one (a CPU, an
+unknown GPU), against its own framework's matmul rate on this machine and precision: a yardstick
+that no other framework's installation moves (tag ``peak_tflops_source=own-matmul:<framework>``).
 
 Each framework's worker sizes its matmul to the device and takes the best of three timings
 (``fxtrack.measure.matmul_probe``). All frameworks of one precision share a time budget
@@ -46,6 +48,7 @@ EXIT_S = 1.0  # of each probe's share: for its worker to print and exit after th
 FLOOR_S = 4.0
 LOCK_TIMEOUT_S = 60  # waiting longer for another process's cache write: this run's entries go uncached
 _FAILED = object()  # the measurement failed: not cached, tried again next time
+OWN = "own-matmul:"  # peak_tflops_source of a yardstick measured with the run's own framework
 # Entries this process measured but did not cache (contended, "not installed" for an interpreter
 # that is not the framework's, no calibration): every run of one sweep still divides by one peak.
 _UNCACHED: dict[str, dict[str, dict[str, Any]]] = {}
@@ -244,11 +247,12 @@ def store(key: str, entries: dict[str, dict[str, Any]], replace: bool = False) -
 
 def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Optional[str]],
               refresh: bool = False, threads: Optional[int] = None,
-              budget_s: Optional[float] = None) -> dict[str, dict[str, Any]]:
+              budget_s: Optional[float] = None,
+              only: Optional[list[str]] = None) -> dict[str, dict[str, Any]]:
     """Every framework's matmul entry on ``device`` at ``precision`` (``tflops`` None: not
     installed, no calibration, or stopped at the budget), from the cache, measuring the missing
     ones (all of them when ``refresh``) within ``budget_s`` seconds (None: ``BUDGET_S`` of the
-    device kind).
+    device kind); ``only``: just these frameworks (a run needs its own).
 
     ``pythons``: each framework's configured interpreter (None: this one). A framework absent from
     it is probed with this interpreter; if that says "not installed", the answer serves this
@@ -265,7 +269,7 @@ def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Opt
         if fw in entries and entries[fw]["tflops"] is None and \
                 entries[fw].get("python") != (python or sys.executable):
             del entries[fw]
-    missing = [fw for fw in frameworks() if fw not in entries]
+    missing = [fw for fw in (only or frameworks()) if fw not in entries]
     if not missing:
         return entries
     cpu = hardware == "cpu" or device == "cpu"
@@ -302,18 +306,24 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
     """(``peak_tflops``, ``framework_matmul_tflops``, ``mfu``) and the tags that qualify them:
     ``peak_tflops_source``, ``peak_calibrated`` (the measured peak's UTC date), ``mfu_over_1``
     (an MFU above 1 is impossible: the peak or the FLOP count is wrong; never logged silently),
-    ``peak_contended`` (the best measured rate was probed while other processes used the cores:
+    ``peak_contended`` (the framework's rate was probed while other processes used the cores:
     no ``mfu`` then, as that rate is what they left over, not the machine's peak),
     ``calibration_stopped`` (this framework's probe ran past its share of the calibration
-    budget: no ``mfu`` against a measured peak, which may lack this framework's rate)."""
-    entries = calibrate(device, precision, hardware, pythons, threads=threads)
+    budget: no ``mfu`` against a measured peak).
+
+    Without a datasheet the yardstick is this framework's own matmul rate: the best of every
+    installed framework would move each run's MFU when another framework is installed (issue
+    42), so only the run's own framework is probed."""
+    only = [framework]
+    entries = calibrate(device, precision, hardware, pythons, threads=threads, only=only)
     sheet = peak.datasheet(device, precision)
-    best_rate = max((_rate(entries, fw) for fw in frameworks()), default=0.0)
-    if not sheet and best_rate and achieved_tflops / devices > best_rate:
+    own_rate = _rate(entries, framework)
+    if not sheet and own_rate and achieved_tflops / devices > own_rate:
         # A model outran the "peak": the calibration ran on a busy machine. Measure again once.
         print("[fxtrack] the cached peak is below this run's rate; calibrating again",
               file=sys.stderr, flush=True)
-        entries = calibrate(device, precision, hardware, pythons, refresh=True, threads=threads)
+        entries = calibrate(device, precision, hardware, pythons, refresh=True, threads=threads,
+                            only=only)
     metrics: dict[str, float] = {}
     tags: dict[str, str] = {}
     if _rate(entries, framework):
@@ -321,17 +331,13 @@ def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devi
     stopped = (entries.get(framework) or {}).get("stopped")
     if stopped:
         tags["calibration_stopped"] = stopped
-    # The highest rate; a quiet one wins a tie. A cached quiet entry already replaced this
-    # process's contended one of the same framework (calibrate), but a quiet peak below some
-    # contended rate is not the machine's: contention only ever lowers a rate.
-    rated = [fw for fw in frameworks() if _rate(entries, fw)]
-    best = max(rated, key=lambda fw: (_rate(entries, fw), not entries[fw]["contended"]),
-               default=None)
+    # A cached quiet entry already replaced this process's contended one (calibrate).
     if sheet:
         peak_tflops, tags["peak_tflops_source"] = sheet
-    elif best is not None:
-        peak_tflops, tags["peak_tflops_source"] = _rate(entries, best), f"measured:{best}"
-        entry = entries[best]
+    elif _rate(entries, framework):
+        peak_tflops = _rate(entries, framework)
+        tags["peak_tflops_source"] = f"{OWN}{framework}"
+        entry = entries[framework]
         busy = " (contended, not cached)" if entry["contended"] else ""
         tags["peak_calibrated"] = entry["date"] + busy
         if entry["contended"] or stopped:

@@ -45,6 +45,17 @@ def tracking_state(uri: str) -> str:
     return redact_uri(uri)
 
 
+def install_line(framework: str, missing: str) -> str:
+    """Why ``framework`` cannot run: itself not installed, or a module its backend imports
+    (TensorFlow's fxtrack backend needs Keras 3): "tensorflow not installed (keras missing)"
+    read as if TensorFlow itself were absent."""
+    fix = f"pip install 'fxtrack[{framework}]'"
+    top = str(missing).split(".")[0]
+    if top in (framework, "fxtrack"):
+        return f"not installed ({missing} missing): {fix}"
+    return f"cannot run: its fxtrack backend needs {top}, which is not installed: {fix}"
+
+
 def tuned_lines() -> list[str]:
     """The cached framework.compile=tune picks that framework.compile=auto reuses."""
     picks = tuned.cached()
@@ -85,7 +96,7 @@ def main(argv: list[str]) -> int:
             print(f"{fw:<11} ERROR: its worker failed to start (run a job with verbose=true)")
             missing.append(fw)
         elif not answer["installed"]:
-            print(f"{fw:<11} not installed ({answer['missing']} missing): pip install 'fxtrack[{fw}]'")
+            print(f"{fw:<11} {install_line(fw, answer['missing'])}")
             missing.append(fw)
         else:
             devices = answer["devices"]

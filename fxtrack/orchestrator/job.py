@@ -20,7 +20,7 @@ from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
-from fxtrack.tracking.records import NOISY_CV
+from fxtrack.tracking.records import HEADLINE, NOISY_CV
 
 
 def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> JobSpec:
@@ -218,23 +218,15 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     result.tags.update(tags)  # peak_tflops_source, peak_calibrated, mfu_over_1, peak_contended
 
 
-# Headline figures for the one-line summary, in order, where a scenario logged them.
-_HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p50", "step p50 {:.1f} ms"),
-             ("compile_time_s", "compile {:.1f} s"), ("pipeline_samples_per_s", "loader {:.1f} samples/s"),
-             ("input_bound_fraction", "input-bound {:.0%}"), ("checkpoint_save_s", "save {:.2f} s"),
-             ("checkpoint_restore_s", "restore {:.2f} s"), ("checkpoint_mib", "checkpoint {:.0f} MiB"),
-             ("export_s", "export {:.2f} s"),
-             ("max_rate_under_slo_rps", "max rate under SLO {:.2f} req/s"),
-             ("goodput_rps", "goodput {:.2f} req/s"), ("serve_e2e_ms_p99", "E2E p99 {:.1f} ms"), ("peak_mem_device_mib", "device peak {:.0f} MiB"),
-             ("peak_rss_mib", "RSS peak {:.0f} MiB"), ("mfu", "MFU {:.1%}")]
-
-
 def summary_line(name: str, result: Result) -> str:
     """One line per run: status and the headline figures its scenario logged."""
     if result.status != "FINISHED":
         return f"{name}: {result.status}: {result.error}"
     m = result.metrics
-    parts = [fmt.format(m[key]) for key, fmt in _HEADLINE if key in m]
+    parts = [fmt.format(m[key]) for key, fmt in HEADLINE if key in m]
+    source = result.tags.get("peak_tflops_source", "")
+    if "mfu" in m and source.startswith("own-matmul:"):  # say which yardstick the MFU is on
+        parts[-1] += f" (of {source.partition(':')[2]}'s own matmul peak)"
     notes = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
     if m.get("mfu", 0.0) > 1.0:  # impossible: the peak or the FLOP count is wrong
         notes += (f"  WARNING: MFU {m['mfu']:.0%} > 100%: peak {m.get('peak_tflops', 0):.1f} "

@@ -18,7 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
 from fxtrack.config.validate import ConfigError, Refused, owners, validate
-from fxtrack.tracking.records import sync_advice
+from fxtrack.tracking.records import HEADLINE, sync_advice
 
 # Set for the sweep's jobs (they run in this process, or under submitit in processes of their own).
 SWEEP_ID_ENV, SWEEP_TOTAL_ENV = "FXTRACK_SWEEP_ID", "FXTRACK_SWEEP_TOTAL"
@@ -123,6 +123,11 @@ class SweepRun(Callback):
                   file=sys.stderr)
         if failed:
             print(f"fxtrack: {len(failed)} of {len(jobs)} jobs failed", file=sys.stderr)
+        from fxtrack.tracking.ui import next_steps
+
+        print(next_steps(self._uri(config), getattr(self, "run_id", None),
+                         "the sweep's parent run (its report/ artifacts)",
+                         config.tracking.experiment), file=sys.stderr)
         if failed or spooled or self.spooled:
             sys.exit(1)
 
@@ -241,8 +246,11 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
         status = "NOT SUPPORTED" if _unsupported(j) else j["status"]
         if j.get("skipped"):  # refused before any work: no MLflow run to look for
             status = "NOT SUPPORTED (not run)"
-        rows.append([j["name"], status, _fmt(m.get("throughput_samples_per_s")),
-                     _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0), (note or "")[:60]])
+        # the job's own headline where it has no throughput (serve: its max rate; fit: its batch)
+        figure = _fmt(m.get("throughput_samples_per_s")) if "throughput_samples_per_s" in m else \
+            next((f.format(m[k]) for k, f in HEADLINE if k in m), "-")
+        rows.append([j["name"], status, figure, _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0),
+                     note or ""])  # wrapped to the terminal's width, never cut
     return _text("Jobs:", ["run", "status", "samples/s", "step p50 ms", "peak MiB", "note"], rows)
 
 

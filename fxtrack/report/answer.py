@@ -19,7 +19,7 @@ import pandas as pd
 from fxtrack import architectures
 from fxtrack import metrics as registry
 from fxtrack.config.frameworks import declared, identity_settings
-from fxtrack.report import samples
+from fxtrack.report import identity, samples
 from fxtrack.report.lm import lm_models
 from fxtrack.report.select import LEVERS
 from fxtrack.report.verdicts import Ratio
@@ -119,6 +119,7 @@ class Block:
     ratios: list[Ratio]  # the same order: each entry's figure / the best's
     batch: Optional[str] = None
     contended: bool = False  # a run behind a figure shared the cores with other processes
+    label: str = ""  # the model as the dims that ran name it (identity.size_label)
 
     @property
     def best(self) -> Entry:
@@ -144,9 +145,44 @@ class Block:
 class Missing:
     objective: Objective
     model: str
+    # what can run here: the frameworks the store's runs used (installed where they ran; None:
+    # every one the objective names), and a size the memory check lets this hardware run
+    frameworks: Optional[tuple[str, ...]] = None
+    size: str = "full"
 
     def command(self) -> str:
-        return self.objective.command.format(model=self.model)
+        line = self.objective.command.format(model=self.model)
+        if self.frameworks is not None:
+            listed = line.split("framework=", 1)[1].split(" ", 1)[0]
+            usable = [fw for fw in listed.split(",") if fw in self.frameworks] or list(self.frameworks)
+            line = line.replace(f"framework={listed}", f"framework={','.join(usable)}")
+            if len(usable) == 1:
+                line = line.replace("python -m fxtrack -m ", "python -m fxtrack ")
+        return line + (f" size={self.size}" if self.size != "full" else "")
+
+
+def _suggested(configs: pd.DataFrame, model: str, objective: Objective) -> Missing:
+    """The objective's command as this store's machine can run it: its frameworks (those the
+    runs used: a framework never run here may not be installed), and ``size=tiny`` where the
+    model ran only tiny here or the memory check refuses the full size on this hardware."""
+    of_model = configs[configs["model"] == model]
+    fws = tuple(dict.fromkeys(f for f in configs["framework"] if f != "-"))
+    sizes = set(of_model["size"])
+    size = "tiny" if sizes == {"tiny"} or _refused(model, objective, of_model) else "full"
+    return Missing(objective, model, fws or None, size)
+
+
+def _refused(model: str, objective: Objective, runs: pd.DataFrame) -> bool:
+    """Whether the memory check refuses ``model`` at full size for the objective's scenario on
+    the hardware its runs used (one line, before any work: fxtrack.config.memory)."""
+    from fxtrack.config import memory
+
+    try:
+        arch = architectures.resolve(model, "full")
+    except (KeyError, ValueError):  # a user's model: its builder decides its size
+        return False
+    kind = "gpu" if (runs["hardware"] == "gpu").any() else "cpu"
+    return memory.refusal(arch, objective.scenario, "fp32", None, kind) is not None
 
 
 def fw_words(framework: str) -> str:
@@ -196,28 +232,33 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
     ident = [c for c in samples.identity_columns(configs) if c in configs.columns]
     cpu = _cpu_words(frame)
     tags = _run_tags(frame)
-    for model in sorted(configs["model"].unique()):
-        of_model = configs[configs["model"] == model]
+    # one set of blocks per model at each of its sizes: a tiny run never speaks for the full model
+    for (model, label), of_model in configs.groupby(["model", "label"], sort=True):
         for objective in OBJECTIVES:
             if objective.lm_only and model not in lm_models():
                 continue
             runs = of_model[of_model["scenario"] == objective.scenario]
             key = _metric_of(runs, objective)
             if key is None:
-                missing.append(Missing(objective, model))
+                _add(missing, _suggested(configs, model, objective))
                 continue
             runs = runs[runs[f"metrics.{key}"].notna()]
             for machine, on in runs.groupby(["hardware", "precision", "devices"], sort=True):
                 batch = _batch(on, objective.batch)
                 if batch is None:
-                    missing.append(Missing(objective, model))
+                    _add(missing, _suggested(configs, model, objective))
                     continue
                 block = _block(objective, model, machine, on[on["batch_size"] == batch], configs,
                                key, ident, cpu, tags)
                 if block:
-                    block.batch = batch
+                    block.batch, block.label = batch, label
                     found.append(block)
     return found, missing
+
+
+def _add(missing: list[Missing], one: Missing) -> None:
+    if one not in missing:  # a model at two sizes misses an objective once
+        missing.append(one)
 
 
 def _run_tags(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
@@ -254,6 +295,8 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
     best_per_fw: dict[str, Entry] = {}
     contended = False
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
+    # a framework's configs that differ in more than its mode (a serve rate) say so in the mode
+    apart = identity.apart(runs.drop(columns=["compile", *LEVERS], errors="ignore"), ["model"])
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         one = samples.sample(group, every, key)
         if one is None or not one.point:
@@ -263,6 +306,8 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
         extra = _entry_tags(group, tags or {})
         contended = contended or extra.get("contended") == "true"
         mode = _mode(config) + (f" ({extra['mode']})" if extra.get("mode") else "")
+        if apart[group.index[-1]]:
+            mode += f", {apart[group.index[-1]]}"
         if fw not in best_per_fw or better(one.point, best_per_fw[fw].sample.point):
             best_per_fw[fw] = Entry(fw, mode, one, key)
     if not best_per_fw:
@@ -300,7 +345,7 @@ def sentence(block: Block) -> str:
     hardware = block.machine.split(", ")[0]
     head = (f"On this {block.cpu[:-1]}, {hardware})" if block.cpu.endswith(")")
             else f"On this {block.cpu} ({hardware})")
-    model = architectures.display_name(block.model)
+    model = block.label or architectures.display_name(block.model)
     if len(block.entries) == 1:
         return f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of {model}."
     clear, tied, single = [], [], []

@@ -18,7 +18,8 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from fxtrack.report.select import frameworks, metric  # noqa: E402
+from fxtrack import architectures  # noqa: E402
+from fxtrack.report.select import by_model, frameworks, metric  # noqa: E402
 from fxtrack.report.tables import scaling_points  # noqa: E402
 
 _DPI = 110
@@ -51,11 +52,11 @@ def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
         settings = frame[["devices", "hardware"]].drop_duplicates()
         # Models measured at several device counts or on several kinds of hardware get one bar
         # group per setting, labelled with it, so that no two settings share a bar.
-        label = (frame["model"] if len(settings) == 1 else
-                 frame["model"] + " x" + frame["devices"].astype(str) + " " + frame["hardware"])
-        sizes = sorted(frame["size"].dropna().astype(str).unique())
-        if len(sizes) > 1:  # tiny and full side by side: each bar group says which
-            label = label + " (" + frame["size"].fillna("?").astype(str) + ")"
+        # the model as the dims that ran name it (identity.size_label): ViT-B/16 only at its dims
+        named = frame[by_model(frame)].astype(str)
+        label = (named if len(settings) == 1 else
+                 named + " x" + frame["devices"].astype(str) + " " + frame["hardware"])
+        sizes = _sizes(frame)
         frame = frame.assign(_label=label)
         categories = sorted(frame["_label"].unique())
         fws = frameworks(frame)
@@ -63,12 +64,24 @@ def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
         if len(settings) == 1:
             devices, hardware = settings.iloc[0]
             title += f", x{devices}, {hardware}"
-        if len(sizes) == 1:
+        if len(sizes) == 1 and sizes[0] != "other":  # every bar at its published dims, or tiny
             title += f", {sizes[0]} models"
         path = out / f"throughput-{_slug(scenario)}-{_slug(precision)}.png"
         intervals = _bars(frame, categories, fws, title, path)
         charts.append(Chart(title, path, _caption(frame, sizes, intervals)))
     return charts
+
+
+def _sizes(frame: pd.DataFrame) -> list[str]:
+    """``full`` for a bar group at its model's published dims, else its size preset (a run
+    at size=full with model.layers=2 is not a full model); empty where no size was logged."""
+    if frame["size"].isna().all():
+        return []
+    if "label" not in frame:
+        return sorted(frame["size"].dropna().astype(str).unique())
+    published = frame["label"] == frame["model"].map(architectures.display_name)
+    return sorted({"full" if p else ("tiny" if s == "tiny" else "other")
+                   for p, s in zip(published, frame["size"])})
 
 
 def _caption(frame: pd.DataFrame, sizes: list[str], intervals: bool) -> str:
@@ -81,7 +94,7 @@ def _caption(frame: pd.DataFrame, sizes: list[str], intervals: bool) -> str:
     if (frame["check"] != "ok").any():
         words.append("hatched: failed the correctness guard")
     if len(sizes) == 1:
-        words.append(SIZE_WORDS.get(sizes[0], f"{sizes[0]} models"))
+        words.append(SIZE_WORDS.get(sizes[0], "models at the dims their labels name"))
     elif sizes:
         words.append("model sizes as labelled")
     else:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fxtrack.config.frameworks import identity_settings
+from fxtrack.measure import peak
 from fxtrack.report.select import LEVERS
 
 # Arm keys -> the config key a command sets (the identity columns of
@@ -69,6 +70,23 @@ def _sweeps(sets: list[dict[str, str]]) -> list[dict[str, list[str]]]:
             for rest, fws in by_rest.items()]
 
 
+def _too_large(values: dict[str, list[str]], machine: str) -> bool:
+    """Whether the memory check refuses the line's model at full size on this machine."""
+    from fxtrack import architectures
+    from fxtrack.config import memory
+
+    if values.get("hardware") != [machine]:
+        return False  # another machine's line: its own check runs there
+    try:
+        arch = architectures.resolve(values["model"][0], "full")
+    except (KeyError, ValueError, IndexError):
+        return False
+    batch = int(values["batch_size"][0]) if values.get("batch_size", [""])[0].isdigit() else None
+    precision = values.get("precision", ["fp32"])[0]
+    return memory.refusal(arch, values.get("scenario", ["train"])[0], precision, batch,
+                          machine) is not None
+
+
 def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> str:
     """One command line; commented out, saying why, when this machine or install cannot run it."""
     values = {k: [str(v)] for k, v in fixed.items() if v is not None}
@@ -81,6 +99,15 @@ def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> s
     multirun = any(len(v) > 1 for v in values.values())
     line = "python -m fxtrack " + ("-m " if multirun else "") + " ".join(args)
     needs = ["a GPU"] if values["hardware"] == ["gpu"] and machine != "gpu" else []
+    if values["hardware"] == ["cpu"]:  # tf32 is a GPU's tensor-core format; fp16 only some CPUs do
+        lacking = [p for p in values.get("precision", []) if p in ("tf32", "fp16")
+                   and peak.native_precision(p, "cpu") is not True]
+        if lacking:
+            needs.append(f"hardware with precision={','.join(lacking)} (this CPU computes it as "
+                         "fp32 or emulates it)")
+    if _too_large(values, machine):
+        needs.append("more memory than this machine has (the memory check refuses the full "
+                     "size here; size=tiny runs but does not test the claim)")
     missing = [fw for fw in values.get("framework", []) if not _available("framework", fw)]
     if missing:
         needs.append(f"framework={','.join(missing)} (not in this install)")

@@ -29,6 +29,7 @@ import pandas as pd
 
 from fxtrack import metrics as registry
 from fxtrack.config.frameworks import identity_settings
+from fxtrack.report import identity
 from fxtrack.report.claim_plans import REPEATS, config_keys, machine_kind, plan
 from fxtrack.report.samples import Sample, configs, identity_columns, ratio, sample
 from fxtrack.report.select import LEVERS
@@ -235,18 +236,19 @@ def _score(claim: Claim, group: Group) -> tuple:
                  for k in ("precision", "batch_size", "devices", "hardware"))
     n = sum(s.n for s in group.samples if s)
     return (group.complete, _on_claimed_hardware(claim, group) is None, stated,
-            group.config.get("size") == "full", n, group.rows["start_time"].max())
+            identity.published(group.config), n, group.rows["start_time"].max())
 
 
 def _under(group: Group) -> str:
-    """Where a group was measured: ``cpu (AMD EPYC), fp32, batch 2, size tiny, torch 2.13.0``."""
+    """Where a group was measured: ``cpu (AMD EPYC), fp32, batch 2, vit tiny, torch 2.13.0``
+    (the model as the dims that ran name it: "size full" of a 2-layer run would mislead)."""
     c, rows = group.config, group.rows
     devices = ", ".join(sorted({str(d) for d in rows["device"].dropna()})) or "?"
     versions = ", ".join(sorted({f"{f} {v}" for f, v in zip(rows["framework"], rows["framework_version"])
                                  if v is not None}))
     parts = [f"{c.get('hardware', '?')} ({devices})", c.get("precision"),
              f"batch {c['batch_size']}" if c.get("batch_size", "-") != "-" else None,
-             f"x{c['devices']}" if "devices" in c else None, f"size {c.get('size')}", versions]
+             f"x{c['devices']}" if "devices" in c else None, identity.label_of(c), versions]
     return ", ".join(p for p in parts if p and p != "-")
 
 

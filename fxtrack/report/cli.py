@@ -93,8 +93,9 @@ def main(argv: list[str]) -> int:
     source = f"experiment {args.experiment!r} at {redact_uri(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
             f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
-            "each figure is the latest finished run of its framework, model, scenario, "
-            "precision, device count and hardware"]
+            "each figure is the latest finished run (or repeats=N aggregate) of one identity: "
+            "framework, model and its dims, scenario and its options, precision, devices, "
+            "hardware, batch, levers; separate runs are never pooled as repeats"]
     verdict = verdicts.table(runs, args.min_repeats)
     sections = tables.sections(runs) + [s for s in [lm.section(frame, runs)] if s]
     sections += scenario_sections(runs, frame)  # each scenario's own (fit's search, serving)

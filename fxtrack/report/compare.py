@@ -1,13 +1,13 @@
 """``fxtrack compare``: did the candidate runs (new framework version, driver, image, commit)
 get slower than the baseline runs?
 
-Each side is the runs an MLflow filter selects. Runs are paired by their config identity
-(framework, model and its size keys, scenario, precision, devices, device kind, levers including
-``framework.compile``, batch; fxtrack/report/samples.py), leaving out the keys the filters
+Each side is the runs an MLflow filter selects. Runs are paired by their comparison identity
+(framework, model and its size keys, scenario and its options, precision, devices, device kind,
+levers including ``framework.compile``, batch; fxtrack/report/identity.py), leaving out the keys the filters
 themselves select on: ``--baseline "params.batch_size = '2'" --candidate "params.batch_size =
 '8'"`` pairs batch 2 with batch 8 of the same everything else. On each side a config stands on
 its latest aggregate of repeats (its repeats' figures where they are in the store, else the
-aggregate's logged interval), or on every single run of it that the filter selects. Per pair:
+aggregate's logged interval), or on its latest single run (separate runs never pool). Per pair:
 candidate / baseline medians with the 95% Welch interval of the ratio of geometric means
 (fxtrack/stats.py, as the report's verdicts), and a verdict that knows which way is better for
 the metric.

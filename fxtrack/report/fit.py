@@ -9,8 +9,8 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack.report import identity
 from fxtrack.scenarios import of_section
-
 from fxtrack.report.tables import Section, Table, fmt
 
 LEVER_TAGS = ("precision", "memory", "parallel", "devices")
@@ -40,8 +40,12 @@ def parents(frame: pd.DataFrame) -> pd.DataFrame:
     for column in key:
         if column not in fits:
             fits[column] = None
+    # the one comparison identity (report/identity.py): a tiny fit never supersedes a full one
+    ident = identity.read(fits)
+    fits["label"] = identity.labels(ident)
+    fits = pd.concat([fits, ident.add_prefix("identity.")], axis=1)
     fits = fits.sort_values("start_time", kind="stable")
-    return fits.drop_duplicates([k for k in key], keep="last")
+    return fits.drop_duplicates(key + [f"identity.{c}" for c in ident.columns], keep="last")
 
 
 def _largest(row: pd.Series) -> Optional[float]:
@@ -55,7 +59,7 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
         return None
     tables = []
     for (model, axis, budget, hardware), group in found.groupby(
-            ["tags.fxtrack.model", "tags.fxtrack.fit_axis", "budget", "tags.fxtrack.hardware"],
+            ["label", "tags.fxtrack.fit_axis", "budget", "tags.fxtrack.hardware"],
             dropna=False):
         best = max((_largest(r) or 0 for _, r in group.iterrows()), default=0)
         rows = []

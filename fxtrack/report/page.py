@@ -36,7 +36,7 @@ def table(block: Block) -> Table:
         rows.append([fw_words(entry.framework), entry.mode, _figure(entry.sample.point),
                      str(entry.sample.n), "1.00x" if entry is block.best else r.cell(),
                      {"clear": "clear difference"}.get(verdict, verdict)])
-    title = f"{block.objective.title}: {block.model} ({block.machine}, batch {block.batch})"
+    title = f"{block.objective.title}: {block.label or block.model} ({block.machine}, batch {block.batch})"
     return Table(title, ["framework", "mode / levers", block.best.metric, "repeats",
                          "ratio to best [95%]", "verdict"], rows, [sentence(block)])
 

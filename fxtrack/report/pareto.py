@@ -14,9 +14,8 @@ from typing import Optional, Sequence
 
 import pandas as pd
 
-from fxtrack import scenarios
-
-from fxtrack.report import samples
+from fxtrack import architectures, scenarios
+from fxtrack.report import identity, samples
 from fxtrack.report.answer import _framework, _mode, fw_words
 
 # (scenario, x metrics, x label, x lower-is-better, y metrics, y label, y lower-is-better);
@@ -54,16 +53,21 @@ def frontier(points: Sequence[tuple[float, float]], x_lower: bool, y_lower: bool
     return out
 
 
-def points(frame: pd.DataFrame, model: str, axes: tuple) -> list[Point]:
-    """One point per config of ``model`` in the axes' scenario with both figures."""
+def points(frame: pd.DataFrame, model: str, axes: tuple, label: Optional[str] = None) -> list[Point]:
+    """One point per config of ``model`` (at the dims ``label`` names, if given) in the axes'
+    scenario with both figures."""
     scenario, xs, _, _, ys, _, _ = axes
     configs = samples.configs(frame)
     runs = configs[(configs["model"] == model) & (configs["scenario"] == scenario)]
+    if label is not None:  # a tiny run and the full model never share a chart
+        runs = runs[runs["label"] == label]
     x_key = next((m for m in xs if f"metrics.{m}" in runs and runs[f"metrics.{m}"].notna().any()), None)
     y_key = next((m for m in ys if f"metrics.{m}" in runs and runs[f"metrics.{m}"].notna().any()), None)
     if runs.empty or x_key is None or y_key is None:
         return []
     ident = [c for c in samples.identity_columns(configs) if c in runs.columns]
+    # two configs of one framework (a serve rate and a rate search): each point says which
+    apart = identity.apart(runs, ["model"])
     out = []
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         x, y = samples.sample(group, configs, x_key), samples.sample(group, configs, y_key)
@@ -75,7 +79,9 @@ def points(frame: pd.DataFrame, model: str, axes: tuple) -> list[Point]:
             batch = int(config["batch_size"]) if str(config["batch_size"]).isdigit() else 1
             x_value /= max(batch, 1)
         fw = _framework(config)
-        out.append(Point(f"{fw_words(fw)} ({_mode(config)}, batch {config['batch_size']})", fw,
+        extra = apart[group.index[-1]]
+        out.append(Point(f"{fw_words(fw)} ({_mode(config)}, batch {config['batch_size']}"
+                         + (f", {extra})" if extra else ")"), fw,
                          x_value, y.point, y.interval(), y.run_ids[-1]))
     return out
 
@@ -94,15 +100,17 @@ def charts(frame: pd.DataFrame, out: Path) -> list[Drawn]:
     """One Pareto chart per model and axes pair with at least one point, saved under ``out``."""
     configs = samples.configs(frame)
     drawn = []
-    for model in sorted(configs["model"].unique()) if not configs.empty else []:
+    pairs = sorted(set(zip(configs["model"], configs["label"]))) if not configs.empty else []
+    for model, label in pairs:
         for axes in AXES:
-            found = points(frame, model, axes)
+            found = points(frame, model, axes, label)
             if not found:
                 continue
             marks = frontier([(p.x, p.y) for p in found], axes[3], axes[6])
             never = sorted({p.framework for p in found} - {p.framework for p, m in zip(found, marks) if m})
-            path = out / f"pareto-{axes[0]}-{model}.png"
-            title = f"Trade-offs: {model}, {axes[0]}"
+            name = model if label == architectures.display_name(model) else "".join(c if c.isalnum() else "_" for c in label)
+            path = out / f"pareto-{axes[0]}-{name}.png"
+            title = f"Trade-offs: {label}, {axes[0]}"
             _draw(found, marks, axes, title, path)
             caption = ("Filled: on the frontier (no other point is better on both axes); "
                        "whiskers: 95% interval of the vertical figure where it has repeats")

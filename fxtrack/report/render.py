@@ -6,8 +6,9 @@ import base64
 import dataclasses
 import html
 import re
+import textwrap
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import pandas as pd
 from tabulate import tabulate
@@ -46,18 +47,49 @@ def numeric(table: Table) -> list[bool]:
             for i in range(len(table.header))]
 
 
-def _grid(table: Table, fmt: str, cell=lambda c: c) -> str:
+def _grid(table: Table, fmt: str, cell=lambda c: c, widths: Optional[list] = None) -> str:
     """The table's header and rows through tabulate: cells kept as written (no number parsing,
-    never cut), figures right-aligned."""
+    never cut; wrapped where ``widths`` says), figures right-aligned."""
     align = ["right" if r else "left" for r in numeric(table)]
     return tabulate([[cell(c) for c in row] for row in table.rows], [cell(h) for h in table.header],
-                    tablefmt=fmt, colalign=align, disable_numparse=True)
+                    tablefmt=fmt, colalign=align, disable_numparse=True, maxcolwidths=widths,
+                    maxheadercolwidths=widths)
+
+
+WIDTH = 100  # a terminal table's most columns: wider cells wrap (never cut)
+
+
+def fit_widths(table: Table, width: int = WIDTH, narrowest: int = 12) -> Optional[list]:
+    """Each column's wrap width so that the table fits ``width`` columns (None: as it is): the
+    column of the longest cells that can still give gives a character at a time, never below ``narrowest``
+    nor its longest word (a name, an id, a figure whole) unless the table cannot fit otherwise."""
+    cols = [[str(c) for c in col] for col in zip(table.header, *table.rows)]
+    # tabulate keeps 2 spaces of padding beside a header (its MIN_PADDING)
+    natural = [max(len(line) + 2 * (i == 0) for i, c in enumerate(col)
+                   for line in c.splitlines() or [""]) for col in cols]
+    # a name wraps at its hyphens (tensorflow-vit-inference-...), a sentence at its spaces
+    floor = [min(n, max(narrowest, max(len(w) + 2 * (i == 0) for i, c in enumerate(col)
+                                       for w in re.split(r"[\s-]+", c) or [""])))
+             for n, col in zip(natural, cols)]
+    mean = [sum(map(len, col[1:])) / max(len(col) - 1, 1) for col in cols]
+    limits = list(natural)
+    for least in (floor, [min(n, narrowest) for n in natural]):  # words whole, if it fits
+        while sum(limits) + 2 * (len(limits) - 1) > width:
+            can = [k for k in range(len(limits)) if limits[k] > least[k]]
+            if not can:
+                break
+            # prose gives first: the column whose cells are longest on average
+            limits[max(can, key=lambda k: (min(limits[k], mean[k]), limits[k]))] -= 1
+    return None if limits == natural else [lim if lim < n else None for lim, n in zip(limits, natural)]
 
 
 def text_table(table: Table) -> str:
-    """A fixed-width table with its title and notes, for the terminal."""
-    lines = [line.rstrip() for line in _grid(table, "simple").splitlines()]
-    return "\n".join([table.title, *lines, *[f"  {note}" for note in table.notes]])
+    """A fixed-width table with its title and notes, for the terminal, within ``WIDTH`` columns."""
+    grid = _grid(table, "simple", widths=fit_widths(table)) if table.rows else _grid(table, "simple")
+    lines = [line.rstrip() for line in grid.splitlines()]
+    notes = [textwrap.fill(note, WIDTH, initial_indent="  ", subsequent_indent="    ",
+                           break_on_hyphens=False) for note in table.notes]
+    return "\n".join([table.title, *lines, *notes])
 
 
 def text(tables: list[Table]) -> str:

@@ -4,7 +4,8 @@
 Shared by ``fxtrack compare`` (two filtered sides), ``fxtrack claims`` (the arms of a published
 claim) and the report's trend charts (one point per framework version). A config stands on its
 latest aggregate of repeats (its repeats' own figures where they are in the store, else the
-interval the aggregate logged), or on every single run of it in the frame.
+interval the aggregate logged), or on its latest single run: separate runs never pool
+(fxtrack/report/identity.py).
 """
 
 from __future__ import annotations
@@ -19,28 +20,13 @@ import pandas as pd
 from fxtrack import stats
 from fxtrack.metrics import lookup
 from fxtrack.config.frameworks import identity_settings
-from fxtrack.report.select import LEVERS
+from fxtrack.report import identity as ident
 from fxtrack.report.tables import fmt
 
 
 def identity() -> dict[str, tuple]:
-    """Identity column -> (tag, param) it is read from; the tag (what actually ran) wins. Read
-    at each call: a framework's identity settings come from its declaration."""
-    return {
-        "framework": ("fxtrack.framework", "framework.name"),
-        # each framework's identity settings (Keras's backend), fxtrack.config.frameworks
-        **{key: (f"fxtrack.{key}", f"framework.{key}") for key in identity_settings()},
-        # what was asked for (auto / true / false / tune), a lever of the framework's own
-        "compile": (None, "framework.compile"),
-        "model": ("fxtrack.model", "model.name"),
-        "scenario": ("fxtrack.scenario", "scenario.name"),
-        "precision": ("fxtrack.precision", "precision.name"),
-        "devices": ("fxtrack.devices", "devices"),
-        "hardware": ("fxtrack.hardware", "hardware.name"),
-        "batch_size": (None, "batch_size"),
-        "size": (None, "size.name"),
-        **{lever: (None, lever) for lever in LEVERS},
-    }
+    """Identity column -> (tag, param): the one declaration, fxtrack/report/identity.py."""
+    return ident.declared()
 
 
 _SELECTED = re.compile(r"\b(params?|tags?|attributes?|metrics?)\.(`[^`]+`|\"[^\"]+\"|'[^']+'|[\w.]+)")
@@ -67,15 +53,14 @@ def selected_keys(filter_string: str) -> set[str]:
 
 
 def identity_columns(frame: pd.DataFrame, *filters: str) -> list[str]:
-    """The identity columns pairs are matched on: ``identity()``, then every ``model.*`` size key,
-    less the ones any of ``filters`` selects on."""
+    """The identity columns pairs are matched on (``identity.columns``: the declared ones, every
+    ``model.*`` size key and ``scenario.*`` option), less the ones any of ``filters`` selects on."""
     selected = set().union(*(selected_keys(f) for f in filters)) if filters else set()
-    ident = identity()
-    cols = list(ident) + sorted(c[len("params."):] for c in frame.columns
-                                if c.startswith("params.model.") and c != "params.model.name")
+    declared = ident.declared()
+    cols = list(declared) + ident.options(frame)
     out = []
     for col in cols:
-        tag, param = ident.get(col, (None, col))
+        tag, param = declared.get(col, (None, col))
         if (tag and f"tags.{tag}" in selected) or f"params.{param}" in selected:
             continue
         out.append(col)
@@ -94,24 +79,8 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per benchmark run of a ``search_runs`` frame: its identity (strings; a lever's
     default where not logged), kind, provenance and metrics. Sweep parents, reports and runs
     that failed or did not finish are left out."""
-    runs = pd.DataFrame(index=frame.index)
-    for col, (tag, param) in identity().items():
-        runs[col] = _column(frame, tag, param)
-    # framework.compile as asked: the param holds what ran (true/false); the compile_rule tag
-    # says whether that was auto's choice ("auto: ..."), tune's ("tuned: ...") or forced
-    # ("framework.compile=true")
-    if "tags.fxtrack.compile_rule" in frame.columns:
-        rule = frame["tags.fxtrack.compile_rule"].astype(object)
-        asked = rule.map(lambda r: None if not isinstance(r, str) else
-                         "auto" if r.startswith("auto") else
-                         "tune" if r.startswith("tuned") else r.rpartition("=")[2])
-        runs["compile"] = asked.where(asked.notna(), runs["compile"])
-    for col in (c for c in frame.columns if c.startswith("params.model.") and c != "params.model.name"):
-        runs[col[len("params."):]] = frame[col].astype(object)
-    for lever, default in LEVERS.items():
-        runs[lever] = runs[lever].fillna(default)
-    runs = runs.astype(object).where(runs.notna(), "-").astype(str)
-    runs["devices"] = runs["devices"].str.replace(r"\.0$", "", regex=True)
+    runs = ident.read(frame)
+    runs["label"] = ident.labels(runs)
     for name, tag in (("kind", "fxtrack.kind"), ("repeat_of", "fxtrack.repeat_of"),
                       ("result_id", "fxtrack.result_id"), ("check", "fxtrack.status"),
                       ("device", "fxtrack.device"), ("framework_version", "fxtrack.framework_version"),
@@ -122,15 +91,10 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
     runs["status"] = frame["status"]
     metrics = [c for c in frame.columns if c.startswith("metrics.")]
     runs = pd.concat([runs, frame[metrics]], axis=1)
-    # An aggregate carries no compile_rule tag: it was asked what its repeats were asked
-    asked = dict(zip(runs["repeat_of"], runs["compile"]))
-    aggregate = runs["kind"] == "aggregate"
-    runs.loc[aggregate, "compile"] = [asked.get(rid, c) for rid, c in
-                                      zip(runs.loc[aggregate, "result_id"],
-                                          runs.loc[aggregate, "compile"])]
     benchmark = runs["framework"] != "-"
-    if "tags.fxtrack.serve_probe_of" in frame:  # a rate search's probes: their parent stands
-        benchmark &= frame["tags.fxtrack.serve_probe_of"].isna()
+    for probe_of in ("tags.fxtrack.serve_probe_of", "tags.fxtrack.fit_of"):
+        if probe_of in frame:  # a search's probes: their search's run stands, never a repeat
+            benchmark &= frame[probe_of].isna()
     ok = (runs["status"] == "FINISHED") & ~runs["check"].isin(["failed", "guard_failed"])
     return runs[benchmark & ok].sort_values("start_time", kind="stable")
 
@@ -186,21 +150,24 @@ def _from_aggregate(agg: pd.Series, key: str, rows: pd.DataFrame) -> Optional[Sa
 
 
 def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str) -> Optional[Sample]:
-    """The figure of ``key`` that one config's runs (``group``, from ``configs``) stand on.
-    ``runs``: every run read, where an aggregate's repeats are looked up."""
+    """The figure of ``key`` that one config's runs (``group``, from ``configs``: one identity)
+    stand on: its latest repeat group with the figure. An aggregate pools its own repeats
+    (``fxtrack.repeat_of``, looked up in ``runs``); separate runs never pool (identity.py)."""
     col = f"metrics.{key}"
-    aggs = group[group["kind"] == "aggregate"]
-    if len(aggs):
-        agg = aggs.iloc[-1]  # the latest aggregate stands for the config
+    if col not in group:
+        return None
+    having = group[group[col].notna() & (group["repeat_of"].isna() | (group["kind"] == "aggregate"))]
+    if having.empty:
+        return None
+    latest = having.iloc[[-1]]
+    if latest["kind"].iloc[0] == "aggregate":
+        agg = latest.iloc[0]
         reps = runs[(runs["repeat_of"] == agg["result_id"]) & (runs["kind"] != "aggregate")]
         values = [float(v) for v in reps.get(col, pd.Series(dtype=float)).dropna()]
         if len(values) > 1:
-            return _from_values(values, [agg["run_id"]], aggs.iloc[[-1]])
-        return _from_aggregate(agg, key, aggs.iloc[[-1]])
-    if col not in group:
-        return None
-    having = group[group[col].notna()]
-    return _from_values([float(v) for v in having[col]], list(having["run_id"]), having)
+            return _from_values(values, [agg["run_id"]], latest)
+        return _from_aggregate(agg, key, latest)
+    return _from_values([float(latest[col].iloc[0])], list(latest["run_id"]), latest)
 
 
 def ratio(cand: Sample, base: Sample) -> tuple[float, Optional[tuple[float, float]]]:

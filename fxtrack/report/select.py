@@ -1,7 +1,9 @@
 """Pick the runs a report stands on: the latest finished run (or repeats' aggregate) of each benchmark.
 
-A benchmark is one (framework, model, scenario, precision, devices, hardware). Re-running it
-supersedes the earlier run, so the report always shows the newest figures. With ``repeats=N``
+A benchmark is one comparison identity (fxtrack/report/identity.py: framework, model and its
+dims, scenario and its options, precision, devices, hardware, batch, levers). Re-running it
+supersedes the earlier run, so the report always shows the newest figures; runs of another
+identity (another size, batch or serve rate) are kept beside it, each labelled. With ``repeats=N``
 the config's aggregate run (median and interval, ``fxtrack.kind=aggregate``) stands for it and
 its repeats (``fxtrack.repeat_of``) are counted in it, not ranked alone. Runs that are not
 benchmarks (sweep parents, report runs: no ``fxtrack.framework`` tag), failed runs and runs still
@@ -17,10 +19,10 @@ import pandas as pd
 from fxtrack import scenarios
 
 from fxtrack.config.frameworks import declared, identity_settings
+from fxtrack.report import identity
 
-KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]
-# Each lever and its default: runs at the defaults are the main tables' benchmarks.
-LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
+KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]  # a table's cell
+LEVERS = identity.LEVERS
 # The report's own column names for the run tags (docs/contract.md#tags).
 TAGS = {
     "framework": "fxtrack.framework", "model": "fxtrack.model", "scenario": "fxtrack.scenario",
@@ -76,19 +78,24 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     runs["status"] = frame["status"].to_numpy()
     runs["start_time"] = frame["start_time"].to_numpy()
     runs["end_time"] = frame["end_time"].to_numpy()
-    # the model's size preset (tiny / full): the charts say which one their bars stand on
-    runs["size"] = (frame["params.size.name"].to_numpy() if "params.size.name" in frame
-                    else None)
+    # the comparison identity of each run; the model named by the dims that ran
+    ident = identity.read(frame).reset_index(drop=True)
+    ident_cols = [f"identity.{c}" for c in ident.columns]
+    runs = pd.concat([runs, ident.set_axis(ident_cols, axis=1)], axis=1)
+    runs["size"] = ident["size"].where(ident["size"] != "-", None)
+    runs["label"] = identity.labels(ident).to_numpy()
     metric_cols = [c for c in frame.columns
                    if c.startswith("metrics.") and c[len("metrics."):] not in SERIES
                    and not c.startswith("metrics.system/")]  # sampled series (measure/system.py)
     runs = pd.concat([runs, frame[metric_cols].reset_index(drop=True)], axis=1)
 
     # A repeat whose config has an aggregate run counts through that aggregate, not on its own.
-    folded = runs["repeat_of"].fillna("").astype(str).str.len() > 0
+    repeat = runs["repeat_of"].fillna("").astype(str).str.len() > 0
+    probe = pd.Series(False, index=runs.index)
     for probe_of in ("tags.fxtrack.fit_of", "tags.fxtrack.serve_probe_of"):
         if probe_of in frame:  # a search's probes (fit, serve) count through their parent
-            folded |= (frame[probe_of].fillna("").astype(str).str.len() > 0).to_numpy()
+            probe |= (frame[probe_of].fillna("").astype(str).str.len() > 0).to_numpy()
+    folded = repeat | probe
     tagged = runs["framework"].fillna("").astype(str).str.len() > 0
     # A lever variant (runtime=onnxruntime, parallel=fsdp, ...) is a cell of the levers' tables
     # (report/levers.py), not a competitor of the default run in the main tables.
@@ -109,7 +116,12 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     kept["repeats"] = pd.to_numeric(kept["repeats"], errors="coerce").fillna(1).astype(int)
     # Latest by start time; the end time breaks ties between runs started in the same millisecond.
     kept = kept.sort_values(["start_time", "end_time"], kind="stable")
-    latest = kept.drop_duplicates(KEY, keep="last")
+    latest = kept.drop_duplicates(ident_cols, keep="last").copy()
+    # several identities of one model in one table: each row says what sets it apart
+    apart = identity.apart(latest[ident_cols].rename(columns=lambda c: c[len("identity."):]),
+                           ["model", "size", "scenario", "precision", "devices", "hardware"])
+    latest["label"] = [f"{label} [{extra}]" if extra else label
+                       for label, extra in zip(latest["label"], apart)]
 
     order = {"scenario": SCENARIO_ORDER, "precision": PRECISION_ORDER,
              "framework": framework_order()}
@@ -122,7 +134,8 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
         "superseded by a later run": len(kept) - len(latest),
         "failed": int(failed.sum()),
         "not finished": int((benchmark & ~failed & ~finished).sum()),
-        "repeats counted in their aggregate": int(folded.sum()),
+        "repeats counted in their aggregate": int((repeat & ~probe).sum()),
+        "probes counted in their search (fit, serve)": int(probe.sum()),
         "lever variants (deployment / memory tables)": int((tagged & ~folded & variant).sum()),
         "without fxtrack.framework (sweep parents, reports)": int((~tagged).sum()),
     }
@@ -150,6 +163,12 @@ def frameworks(runs: pd.DataFrame) -> list[str]:
     """The frameworks present in ``runs``, in report order."""
     order = framework_order()
     return sorted(runs["framework"].unique(), key=lambda f: _rank(f, order))
+
+
+def by_model(runs: pd.DataFrame) -> str:
+    """The column a table's rows go by: the model as its dims and identity name it (``label``,
+    from ``latest_runs``), or the model's name in a frame built without it."""
+    return "label" if "label" in runs.columns else "model"
 
 
 def metric(row: pd.Series, key: str) -> float | None:

@@ -11,9 +11,8 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack.report.select import by_model, frameworks, metric
 from fxtrack.scenarios import of_section
-
-from fxtrack.report.select import frameworks, metric
 from fxtrack.report.tables import Section, Table, fmt
 
 
@@ -64,7 +63,7 @@ def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Tab
     """Per model: the max-rate table, and goodput at the common rate (two frameworks or more)."""
     frame = runs if frame is None else frame
     out = []
-    for model, group in _served(runs).groupby("model", sort=True):
+    for model, group in _served(runs).groupby(by_model(runs), sort=True):
         order = frameworks(group)
         group = group.iloc[sorted(range(len(group)),
                                   key=lambda i: order.index(group["framework"].iloc[i]))]
@@ -115,7 +114,7 @@ def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list:
     from fxtrack.report import charts as chart_module
 
     drawn = []
-    for model, group in _served(runs).groupby("model", sort=True):
+    for model, group in _served(runs).groupby(by_model(runs), sort=True):
         by_fw = {_label(r): windows(frame, r) for _, r in group.iterrows()}
         for key, words in (("e2e_p99", "p99 E2E latency (ms)"), ("tpot_p99", "p99 TPOT (ms)")):
             lines = {fw: [(w.throughput, getattr(w, key), w.passed) for w in ws

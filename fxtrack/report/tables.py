@@ -14,7 +14,7 @@ import pandas as pd
 
 from fxtrack import architectures
 from fxtrack.config.frameworks import declared
-from fxtrack.report.select import frameworks, metric
+from fxtrack.report.select import by_model, frameworks, metric
 
 FLAG = "!"  # marks a run that failed the correctness guard
 CONTENDED = "c"  # marks a run (or any repeat of it) measured while other processes took the cores
@@ -68,9 +68,9 @@ def _grid(runs: pd.DataFrame, title: str, cell: Callable[[pd.Series, pd.DataFram
         fws = frameworks(group)
         rows = []
         differ = []
-        for model, by_model in group.groupby("model", sort=True):
-            cells = {r["framework"]: cell(r, by_model) for _, r in by_model.iterrows()}
-            note = param_difference(model, by_model)
+        for model, peers in group.groupby(by_model(group), sort=True):
+            cells = {r["framework"]: cell(r, peers) for _, r in peers.iterrows()}
+            note = param_difference(model, peers)
             differ += [note] if note else []
             rows.append([f"{model} {DIFFERENT}" if note else model]
                         + [cells.get(fw) or "-" for fw in fws])

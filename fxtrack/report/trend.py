@@ -3,7 +3,7 @@
 
 Every finished run counts, not only the latest per config (the report's tables keep those): a
 point is one config at one framework version, standing on its latest aggregate of repeats or
-on all its single runs, as ``fxtrack compare`` reads a side (fxtrack/report/samples.py).
+its latest single run, as ``fxtrack compare`` reads a side (fxtrack/report/samples.py).
 """
 
 from __future__ import annotations

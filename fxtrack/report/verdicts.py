@@ -16,7 +16,7 @@ from typing import Optional
 import pandas as pd
 
 from fxtrack import stats
-from fxtrack.report.select import frameworks, metric
+from fxtrack.report.select import by_model, frameworks, metric
 from fxtrack.report.tables import CONTENDED, Table, group_title, groups
 
 NOISY_REL_CI = 0.10  # an interval wider than 10% of the median: a figure to re-measure
@@ -102,7 +102,7 @@ def table(runs: pd.DataFrame, min_repeats: int = 1) -> list[Table]:
     for key, group in groups(runs):
         fws = frameworks(group)
         rows = []
-        for model, peers in group.groupby("model", sort=True):
+        for model, peers in group.groupby(by_model(group), sort=True):
             found = ratios(peers)
             if not found:
                 continue

@@ -67,6 +67,18 @@ def series_times(series: dict[str, list[float]], end_ms: int,
             for k, v in series.items()}
 
 
+# Headline figures of a run's one-line summary (and a sweep's closing table), in order, where
+# its scenario logged them.
+HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p50", "step p50 {:.1f} ms"),
+             ("compile_time_s", "compile {:.1f} s"), ("pipeline_samples_per_s", "loader {:.1f} samples/s"),
+             ("input_bound_fraction", "input-bound {:.0%}"), ("checkpoint_save_s", "save {:.2f} s"),
+             ("checkpoint_restore_s", "restore {:.2f} s"), ("checkpoint_mib", "checkpoint {:.0f} MiB"),
+             ("export_s", "export {:.2f} s"),
+             ("max_rate_under_slo_rps", "max rate under SLO {:.2f} req/s"),
+             ("goodput_rps", "goodput {:.2f} req/s"), ("serve_e2e_ms_p99", "E2E p99 {:.1f} ms"), ("peak_mem_device_mib", "device peak {:.0f} MiB"),
+             ("peak_rss_mib", "RSS peak {:.0f} MiB"), ("mfu", "MFU {:.1%}")]
+
+
 # Config keys that name fxtrack's own modules (how it runs, not what ran): not params.
 INTERNAL_KEYS = ("framework.package",)
 

@@ -16,6 +16,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 PROG = "fxtrack ui"
 WORKFLOW = "workflowType=machine_learning"
@@ -39,6 +40,28 @@ def experiment_link(base: str, experiment_id: str) -> str:
 def run_link(base: str, experiment_id: str, run_id: str) -> str:
     """A run's page in the MLflow UI at ``base``."""
     return f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
+
+
+def next_steps(uri: str, run_id: Optional[str], what: str = "the run",
+               experiment: str = "fxtrack") -> str:
+    """A run's (or a sweep's) last lines: where its results are and what to open next. On a
+    server, ``what``'s page in its UI; on a local store, ``fxtrack ui``, which serves it."""
+    from fxtrack.environment import redact_uri
+
+    lines = [f"[fxtrack] results in {redact_uri(uri)}",
+             "[fxtrack] next: fxtrack report    (the answer, tables and charts: "
+             "./fxtrack-report/index.html)"]
+    if uri.startswith(("http://", "https://")) and run_id:
+        from fxtrack.tracking import runs
+
+        exp_id = runs.known_experiment(uri, experiment)
+        if exp_id is not None:
+            lines.append(f"[fxtrack]       {what} in the MLflow UI: "
+                         f"{run_link(redact_uri(uri), exp_id, run_id)}")
+            return "\n".join(lines)
+    lines.append(f"[fxtrack]       fxtrack ui        (the MLflow UI on this store; {what}: "
+                 f"{run_id or 'in the local spool until fxtrack sync'})")
+    return "\n".join(lines)
 
 
 def ui_env() -> dict[str, str]:
