@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -34,8 +35,27 @@ def _arch_resolver(key: str, *, _root_: Any) -> Any:
 
 def _positive(owner: str, **values: Any) -> None:
     for key, value in values.items():
+        _finite(owner, **{key: value})
         if value is not None and value <= 0:
             raise ValueError(f"{owner}{key} must be a positive number, got {value}")
+
+
+def _finite(owner: str, **values: Any) -> None:
+    """NaN and inf pass every ``value <= 0`` refusal (a NaN timeout_s turned the watchdog off,
+    issue 43): the one check every numeric option goes through, a number given as text too."""
+    for key, value in values.items():
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                continue  # a word ("search"): the option's own check says what it takes
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{owner}{key} must be a finite number, got {value}")
+
+
+def _finite_fields(owner: str, obj: Any) -> None:
+    """``_finite`` over every field of a schema's instance: a new float key is covered too."""
+    _finite(owner, **{f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
 
 
 @dataclasses.dataclass
@@ -149,6 +169,7 @@ class CustomConfig:
             bad = [n for n in getattr(self, key) if not str(n).isidentifier()]
             if bad:
                 raise ValueError(f"model.{key} takes class names, got {bad[0]!r}")
+        _finite_fields("model.", self)
         _positive("model.", lr=self.lr)
 
 
@@ -162,6 +183,9 @@ class SloConfig:  # scenario=serve: latency objectives in ms; None: not set
     ttft_ms: Optional[float] = None
     tpot_ms: Optional[float] = None
     e2e_ms: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        _finite_fields("scenario.slo.", self)
 
 
 @dataclasses.dataclass
@@ -195,6 +219,7 @@ class ScenarioConfig:
     slo: SloConfig = dataclasses.field(default_factory=SloConfig)
 
     def __post_init__(self) -> None:
+        _finite_fields("scenario.", self)
         _positive("scenario.", dataset_samples=self.dataset_samples, prompt_len=self.prompt_len,
                   new_tokens=self.new_tokens, max_probes=self.max_probes,
                   max_batch=self.max_batch, resolution=self.resolution,
@@ -225,6 +250,7 @@ class HardwareConfig:
     price_per_hour: Optional[float] = None
 
     def __post_init__(self) -> None:
+        _finite_fields("hardware.", self)
         _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads,
                   price_per_hour=self.price_per_hour)
         if self.gpu_isolation not in ("warn", "error", "wait"):
@@ -297,6 +323,7 @@ class FxtrackConfig:
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        _finite_fields("", self)
         _positive("", batch_size=self.batch_size, devices=self.devices, steps=self.steps,
                   timeout_s=self.timeout_s, repeats=self.repeats)
         # warmup_steps=0 is allowed: the first timed step then carries the compilation, and
