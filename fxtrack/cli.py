@@ -155,6 +155,9 @@ def _main() -> None:
         print(f"fxtrack {__version__}")
         return
     if len(sys.argv) > 1 and _WORD.match(sys.argv[1]):
+        # before the sub-command starts anything (fxtrack ui's server): SIGTERM then unwinds
+        # through its cleanup instead of ending this process with its children left running
+        exit_on_sigterm()
         command = subcommand_parser().parse_args(sys.argv[1:2]).command  # unknown: exit 2
         sys.argv.pop(1)
         module, _, function = SUBCOMMANDS[command][0].partition(":")
