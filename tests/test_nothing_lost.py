@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import seed_peak_cache
 
 
 @pytest.mark.parametrize("override, key", [
@@ -85,3 +86,121 @@ def test_ui_under_sigterm_stops_its_mlflow_server(tmp_path):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
+
+
+TINY = ["framework=torch", "model=vit", "size=tiny", "batch_size=2", "warmup_steps=1"]
+
+
+def user_env(tmp_path: Path) -> dict[str, str]:
+    """As conftest.run_fxtrack: no MLflow variables of the test's, the spool under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    env["FXTRACK_HOME"] = str(tmp_path / "home")
+    env.update(seed_peak_cache(tmp_path / "cache"))
+    return env
+
+
+def start_sweep(tmp_path: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fxtrack", "-m", *TINY, *overrides],
+                            cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "orchestrator.log", "w"))
+
+
+def wait_for(what, timeout_s: float, why: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {why}")
+
+
+def worker_pids(tmp_path: Path) -> list[int]:
+    return [pid for pid in processes_mentioning(str(tmp_path)) if b"fxtrack.worker" in
+            Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def past_the_gate(pid: int) -> bool:
+    """The worker built its model and passed the orchestrator's gate (it closed the pipe)."""
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    fd = next(v.split(b"=", 1)[1].decode() for v in environ if v.startswith(b"FXTRACK_GATE_FD="))
+    return not Path(f"/proc/{pid}/fd/{fd}").exists()
+
+
+def sync(tmp_path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fxtrack", "sync"], cwd=tmp_path,
+                          env=user_env(tmp_path), capture_output=True, text=True, timeout=300)
+
+
+def store_runs(tmp_path: Path):
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("fxtrack")
+    return client.search_runs([exp.experiment_id]) if exp else []
+
+
+@pytest.fixture
+def reaper(tmp_path):
+    """Whatever a test started under tmp_path is gone after it, whatever happened."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        proc.wait(timeout=30)
+    for pid in processes_mentioning(str(tmp_path)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_result_finished_under_a_sigkilled_orchestrator_reaches_the_store_once(tmp_path,
+                                                                                  reaper):
+    """Case 1: the orchestrator killed outright between its worker's end and the log. Its
+    finished result.json was never logged and the sweep's parent stayed RUNNING for ever; now
+    ``fxtrack sync`` logs the result (once, by its result id) and closes the parent FAILED."""
+    proc = start_sweep(tmp_path, "steps=2", "seed=0,1")
+    reaper.append(proc)
+    worker = wait_for(lambda: worker_pids(tmp_path), 300, "the first worker")[0]
+    wait_for(lambda: past_the_gate(worker), 300, "the worker to pass its gate")
+    proc.send_signal(signal.SIGSTOP)  # the worker runs on to its end; nothing is logged
+    result = wait_for(lambda: next(tmp_path.glob("multirun/*/*/0/result.json"), None), 300,
+                      "the worker's result")
+    wait_for(lambda: not worker_pids(tmp_path), 120, "the worker's exit")
+    proc.kill()
+    proc.wait(timeout=30)
+    assert worker_pids(tmp_path) == []  # the second cell never started
+    import json
+
+    result_id = json.loads(result.read_text())["result_id"]
+    assert json.loads(result.read_text())["status"] == "FINISHED"
+    first = sync(tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert sync(tmp_path).returncode == 0  # nothing left: the result is not logged twice
+    runs = store_runs(tmp_path)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    children = [r for r in runs if r.data.tags.get("fxtrack.result_id") == result_id]
+    assert len(children) == 1 and children[0].info.status == "FINISHED"
+    assert children[0].data.metrics["throughput_samples_per_s"] > 0
+    parent = [r for r in runs if r.data.tags.get("fxtrack.sweep") is not None]
+    assert len(parent) == 1 and parent[0].info.status == "FAILED"
+    assert "orchestrator was gone" in parent[0].data.tags["fxtrack.error"]
+    assert children[0].data.tags["mlflow.parentRunId"] == parent[0].info.run_id
+
+
+def test_a_worker_dies_with_its_sigkilled_orchestrator(tmp_path, reaper):
+    """Case 1: the worker (a session of its own) ran on to the end after its orchestrator was
+    SIGKILLed; now it stops, and sync logs its run FAILED with why, the parent too."""
+    proc = start_sweep(tmp_path, "steps=100000", "timeout_s=600", "seed=0,1")
+    reaper.append(proc)
+    worker = wait_for(lambda: worker_pids(tmp_path), 300, "the first worker")[0]
+    wait_for(lambda: past_the_gate(worker), 300, "the worker to pass its gate")
+    proc.kill()
+    proc.wait(timeout=30)
+    wait_for(lambda: not worker_pids(tmp_path), 10, "the worker to stop with its orchestrator")
+    out = sync(tmp_path)
+    assert out.returncode == 0, out.stderr
+    runs = store_runs(tmp_path)
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FAILED"]  # the parent, the cell
+    child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
+    assert "orchestrator was gone" in child.data.tags["fxtrack.error"]

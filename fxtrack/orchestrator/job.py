@@ -106,7 +106,7 @@ class Job:
         """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id).
         ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate).
         ``tags``: the caller's own tags from the Result, before it is logged (a fit probe's)."""
-        from fxtrack.tracking import records
+        from fxtrack.tracking import records, spool
 
         spec = job_spec(self.conf, self.arch, job_dir)
         spec.devices = devices
@@ -115,6 +115,10 @@ class Job:
             spec.repeat = repeat
         name = records.run_name(spec, self.conf.size.name, repeat)
         start_ms = int(time.time() * 1000)
+        config = dict(self.config, devices=devices)
+        # only node 0 talks to MLflow
+        held = self.hold(spec, job_dir, config, parent, start_ms, name) if spec.node_rank == 0 \
+            else None
         result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s,
                             meanwhile=self.load_tracking)
         if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
@@ -128,7 +132,6 @@ class Job:
         if tags is not None:
             result.tags.update(tags(result))
         result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
-        config = dict(self.config, devices=devices)
         summary = summary_line(name, result)
         self.last_record = record = records.job_record(
             spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
@@ -144,8 +147,28 @@ class Job:
         run_id, where = self.log(record, artifacts)
         print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
         self.log_children(spec, result, config, name)
+        spool.drop(held)
         stop_if_interrupted()
         return name, result, run_id
+
+    def hold(self, spec: JobSpec, job_dir: Path, config: dict, parent: str | None,
+             start_ms: int, name: str) -> Path | None:
+        """The run's fallback in the spool while its worker runs (``spool.hold``): if this
+        process is killed outright, ``fxtrack sync`` logs the worker's finished result, or the
+        run FAILED with why, once (the worker stops with this process)."""
+        from fxtrack.tracking import records, spool
+
+        failed = Result(spec.result_id, status="FAILED", error=records.GONE)
+        record = records.job_record(spec, failed, config, self.uri,
+                                    self.conf.tracking.experiment, parent, start_ms, name,
+                                    f"{name}: FAILED: {records.GONE}")
+        try:
+            return spool.hold(records.held_job(record, str(job_dir), config),
+                              {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
+                               "environment.json": records.environment_json()})
+        except spool.SpoolError as e:  # the run goes on; only a kill would need the fallback
+            print(f"fxtrack: no fallback for this run in the spool ({e})", file=sys.stderr)
+            return None
 
     def log_children(self, spec: JobSpec, result: Result, config: dict, name: str) -> None:
         """The run's windows (Result.children: scenario=serve's rate-search probes) as child
