@@ -204,3 +204,18 @@ def test_a_worker_dies_with_its_sigkilled_orchestrator(tmp_path, reaper):
     assert sorted(r.info.status for r in runs) == ["FAILED", "FAILED"]  # the parent, the cell
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
     assert "orchestrator was gone" in child.data.tags["fxtrack.error"]
+
+
+def test_a_run_whose_loss_went_nan_exits_1(tmp_path):
+    """Case 8: a run whose loss went NaN (guard failed) exited 0."""
+    from test_byom import BUILDERS, user_package
+
+    env = {**user_env(tmp_path), **user_package(tmp_path)}
+    proc = subprocess.run([sys.executable, "-m", "fxtrack", "framework=torch", "model=custom",
+                           BUILDERS[0], "model.lr=1e30", "batch_size=2", "steps=3",
+                           "warmup_steps=1", "hardware=cpu"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr
+    assert "the correctness guard failed: loss is not finite" in proc.stderr
+    [run] = store_runs(tmp_path)
+    assert run.info.status == "FINISHED" and run.data.tags["fxtrack.guard"] == "loss is not finite"

@@ -18,6 +18,7 @@ from fxtrack.orchestrator.sweep import (
     JOBS_DIR,
     SWEEP_ID_ENV,
     SWEEP_TOTAL_ENV,
+    numbers_wrong,
     skipped_job,
 )
 from fxtrack.tracking.records import sync_advice
@@ -86,6 +87,10 @@ def task(cfg: DictConfig) -> None:
                 if j.get("aggregate") == aggregate], jobs)
     elif result.status != "FINISHED" or run_id is None:
         sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+    elif numbers_wrong(result.guard):
+        print(f"fxtrack: {name}: the correctness guard failed: {result.guard}; the figures "
+              "are logged, marked fxtrack.guard", file=sys.stderr)
+        sys.exit(1)
 
 
 def skip(hc: HydraConfig, refused: Refused) -> None:

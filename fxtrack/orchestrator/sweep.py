@@ -80,7 +80,8 @@ class SweepRun(Callback):
         jobs = [json.loads(p.read_text()) for p in sorted(jobs_dir.glob("*.json"))]
         skipped = [j for j in jobs if j.get("skipped")]
         unsupported = [j for j in jobs if _unsupported(j) and not j.get("skipped")]
-        failed = [j for j in jobs if j["status"] != "FINISHED" and not _unsupported(j)]
+        failed = [j for j in jobs if (j["status"] != "FINISHED" and not _unsupported(j))
+                  or numbers_wrong(j.get("guard", "ok"))]
         verdict = closing_table(jobs)
         aggregates = [json.loads(p.read_text())
                       for p in sorted((jobs_dir / AGGREGATES_DIR).glob("*.json"))]
@@ -224,6 +225,14 @@ def code_size(frameworks: list[str]) -> tuple[dict[str, Any], str]:
     rows = [",".join(["metric", *frameworks])]
     rows += [",".join([k, *(f"{figures[fw].get(k, 0):g}" for fw in frameworks)]) for k in keys]
     return params, "\n".join(rows) + "\n"
+
+
+def numbers_wrong(guard: str) -> bool:
+    """A guard that says the run's numbers are wrong (a loss gone NaN / inf) fails the exit
+    status, single run or sweep; a loss that did not fall in a few steps stays a warning."""
+    from fxtrack.scenarios.train import NOT_FINITE
+
+    return guard == NOT_FINITE
 
 
 def skipped_job(name: str, why: str) -> dict[str, Any]:
