@@ -219,3 +219,40 @@ def test_a_run_whose_loss_went_nan_exits_1(tmp_path):
     assert "the correctness guard failed: loss is not finite" in proc.stderr
     [run] = store_runs(tmp_path)
     assert run.info.status == "FINISHED" and run.data.tags["fxtrack.guard"] == "loss is not finite"
+
+
+@pytest.fixture(scope="module")
+def one_run(tmp_path_factory):
+    """A store with one finished tiny run."""
+    cwd = tmp_path_factory.mktemp("one-run")
+    proc = subprocess.run([sys.executable, "-m", "fxtrack", *TINY, "steps=2"], cwd=cwd,
+                          env=user_env(cwd), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    return cwd
+
+
+@pytest.mark.parametrize("out", ["a-file", "a-file/below"])
+def test_a_report_out_it_cannot_write_is_one_line(one_run, tmp_path, out):
+    """Case 7: an --out that is a file (FileExistsError) or below one was a traceback."""
+    (tmp_path / "a-file").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "fxtrack", "report", "--uri",
+                           f"sqlite:///{one_run}/mlflow.db", "--out", str(tmp_path / out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"fxtrack report: --out {tmp_path / out}: cannot write")
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_a_damaged_store_is_named_as_such(tmp_path):
+    """Cases 7 and 8: a corrupt store was a 77-line traceback in the report and, for a run,
+    'the tracking server is not answering'."""
+    (tmp_path / "mlflow.db").write_bytes(b"not a database" * 1000)
+    report = subprocess.run([sys.executable, "-m", "fxtrack", "report"], cwd=tmp_path,
+                            env=user_env(tmp_path), capture_output=True, text=True, timeout=300)
+    run = subprocess.run([sys.executable, "-m", "fxtrack", *TINY, "steps=2"], cwd=tmp_path,
+                         env=user_env(tmp_path), capture_output=True, text=True, timeout=300)
+    damaged = f"the store sqlite:///{tmp_path}/mlflow.db is damaged (file is not a database)"
+    assert report.returncode == 1 and report.stderr.startswith(f"fxtrack report: {damaged}")
+    assert report.stderr.count("\n") == 1, report.stderr
+    assert run.returncode == 2 and run.stderr.startswith(f"fxtrack: {damaged}"), run.stderr
+    assert not list(tmp_path.glob("outputs/*/*/worker.log"))  # refused before any work
