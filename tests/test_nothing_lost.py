@@ -256,3 +256,81 @@ def test_a_damaged_store_is_named_as_such(tmp_path):
     assert report.stderr.count("\n") == 1, report.stderr
     assert run.returncode == 2 and run.stderr.startswith(f"fxtrack: {damaged}"), run.stderr
     assert not list(tmp_path.glob("outputs/*/*/worker.log"))  # refused before any work
+
+
+def test_an_error_in_the_fit_search_closes_its_parent_failed(tmp_path, monkeypatch):
+    """Case 4: an unexpected error in fit's search left its parent RUNNING for ever."""
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+    from fxtrack.config.validate import validate
+    from fxtrack.job import Result
+    from fxtrack.orchestrator import fit
+    from fxtrack.orchestrator.job import Job
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "scenario=fit", "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
+            "scenario.memory_gib=2", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+        conf, arch = validate(cfg)
+    job = Job(cfg, conf, arch, str(tmp_path))
+    logged: list[dict] = []
+    monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
+    calls = []
+
+    class Probing:
+        def __init__(self, value):
+            self.value = value
+
+        def run(self, child_dir, parent, devices, scenario=None, repeat=None, tags=None):
+            calls.append(self.value)
+            if len(calls) == 2:
+                raise RuntimeError("a bug")
+            result = Result("r", status="FINISHED", metrics={"peak_rss_mib": 500.0,
+                                                             "throughput_samples_per_s": 9.0})
+            tags(result)
+            return "n", result, "id"
+
+    monkeypatch.setattr(fit, "_probe_job", lambda job, axis, value: Probing(value))
+    name, outcome, _ = fit.run_fit(job, tmp_path, None)
+    assert outcome.status == "FAILED" and outcome.error == "the search failed: RuntimeError: a bug"
+    assert [r["status"] for r in logged] == ["RUNNING", "FAILED"]
+    assert logged[-1]["tags"]["fxtrack.error"] == outcome.error
+    assert logged[-1]["metrics"]["max_batch_size"] == calls[0]  # what was probed is kept
+
+
+# Fault injection into a real orchestrator process (not its workers): Job.run of the cell with
+# seed=1 raises, as an orchestrator bug would.
+SITECUSTOMIZE = """
+import sys
+if sys.orig_argv[1:3] == ["-m", "fxtrack"]:
+    from fxtrack.orchestrator.job import Job
+    run = Job.run
+    def broken(self, *args, **kwargs):
+        if self.conf.seed == 1:
+            raise RuntimeError("an injected bug")
+        return run(self, *args, **kwargs)
+    Job.run = broken
+"""
+
+
+def test_a_sweep_goes_on_past_a_bad_cell_and_prints_its_closing_table(tmp_path):
+    """Case 4: one cell's unexpected error aborted the cells after it, with no closing table."""
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = user_env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "inject"), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "fxtrack", "-m", *TINY, "steps=2",
+                           "seed=0,1,2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 1, proc.stderr
+    assert "fxtrack: job 2: fxtrack failed: RuntimeError: an injected bug" in proc.stderr
+    assert "1 of 3 jobs failed" in proc.stderr  # the closing lines, after every cell ran
+    runs = store_runs(tmp_path)
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert sorted(r.data.params["seed"] for r in children) == ["0", "2"]
+    assert {r.info.status for r in children} == {"FINISHED"}
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == "FAILED"

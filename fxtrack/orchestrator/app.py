@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.config.validate import ConfigError, Refused, validate
+from fxtrack.job import Result
 from fxtrack.orchestrator.job import Job, job_spec
 from fxtrack.orchestrator.sweep import (
     JOBS_DIR,
@@ -54,6 +55,44 @@ def task(cfg: DictConfig) -> None:
     # Not for scenario=scaling yet: a single scaling run is not repeated, and in a sweep each of
     # its N jobs is a scaling run of its own (logged, not aggregated; the report shows the latest).
     repeating = conf.repeats > 1 and conf.scenario.name not in ("scaling", "fit")
+    try:
+        name, result, run_id, repeat, aggregate = dispatch(job, conf, job_dir, parent, hc,
+                                                          multirun, repeating)
+    except Exception as e:  # noqa: BLE001 - an orchestrator bug in one cell: the sweep goes on
+        if not multirun:
+            raise
+        # the cell's runs close themselves (fit's parent; a job's held fallback once this
+        # process has ended); its job file says why, for the closing table
+        name, run_id, repeat, aggregate = f"job {hc.job.num + 1}", None, None, None
+        result = Result("", status="FAILED", error=f"fxtrack failed: {type(e).__name__}: {e}")
+        print(f"fxtrack: {name}: {result.error}", file=sys.stderr, flush=True)
+    if multirun:
+        jobs = Path(hc.sweep.dir) / JOBS_DIR
+        jobs.mkdir(parents=True, exist_ok=True)
+        record = job.last_record or {}
+        (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
+            {"name": name, "status": result.status, "guard": result.guard, "error": result.error,
+             "metrics": result.metrics, "run_id": run_id, "tags": record.get("tags", {}),
+             "params": record.get("params", {}),
+             "aggregate": record.get("tags", {}).get("fxtrack.repeat_of")}))
+        if repeating and repeat == conf.repeats - 1:  # the config's last repeat: close its aggregate
+            from fxtrack.orchestrator import repeats
+
+            repeats.close(job, aggregate, parent, [
+                j for j in map(json.loads, (p.read_text() for p in sorted(jobs.glob("*.json"))))
+                if j.get("aggregate") == aggregate], jobs)
+    elif result.status != "FINISHED" or run_id is None:
+        sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+    elif numbers_wrong(result.guard):
+        print(f"fxtrack: {name}: the correctness guard failed: {result.guard}; the figures "
+              "are logged, marked fxtrack.guard", file=sys.stderr)
+        sys.exit(1)
+
+
+def dispatch(job: Job, conf: FxtrackConfig, job_dir: Path, parent: str | None, hc: HydraConfig,
+             multirun: bool, repeating: bool):
+    """Run the cell as its scenario asks; (name, Result, run id, repeat, aggregate)."""
+    repeat = aggregate = None
     if conf.scenario.name == "fit":  # repeats=N: N runs at the found batch (orchestrator/fit.py)
         from fxtrack.orchestrator.fit import run_fit
 
@@ -72,25 +111,7 @@ def task(cfg: DictConfig) -> None:
             name, result, run_id = repeats.run_all(job, job_dir)
     else:
         name, result, run_id = job.run(job_dir, parent, conf.devices)
-    if multirun:
-        jobs = Path(hc.sweep.dir) / JOBS_DIR
-        jobs.mkdir(parents=True, exist_ok=True)
-        record = job.last_record or {}
-        (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
-            {"name": name, "status": result.status, "guard": result.guard, "error": result.error,
-             "metrics": result.metrics, "run_id": run_id, "tags": record.get("tags", {}),
-             "params": record.get("params", {}),
-             "aggregate": record.get("tags", {}).get("fxtrack.repeat_of")}))
-        if repeating and repeat == conf.repeats - 1:  # the config's last repeat: close its aggregate
-            repeats.close(job, aggregate, parent, [
-                j for j in map(json.loads, (p.read_text() for p in sorted(jobs.glob("*.json"))))
-                if j.get("aggregate") == aggregate], jobs)
-    elif result.status != "FINISHED" or run_id is None:
-        sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
-    elif numbers_wrong(result.guard):
-        print(f"fxtrack: {name}: the correctness guard failed: {result.guard}; the figures "
-              "are logged, marked fxtrack.guard", file=sys.stderr)
-        sys.exit(1)
+    return name, result, run_id, repeat, aggregate
 
 
 def skip(hc: HydraConfig, refused: Refused) -> None:

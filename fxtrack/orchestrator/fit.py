@@ -297,6 +297,9 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
                 repeats.append(extra.throughput)
     except _Stop:
         outcome.status, outcome.error = "FAILED", stopped[0]
+    except Exception as e:  # noqa: BLE001 - a bug in the search: the parent closes FAILED with
+        # what was probed, not RUNNING for ever (issue 43)
+        outcome.status, outcome.error = "FAILED", f"the search failed: {type(e).__name__}: {e}"
     except (KeyboardInterrupt, SystemExit):  # a signal stopped a probe (its run is KILLED):
         # close this parent too, with what was probed, before the sweep exits
         tags.update({"fxtrack.status": "failed", "fxtrack.error": "interrupted"})
