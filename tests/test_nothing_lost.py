@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import seed_peak_cache
 
+from fxtrack.job import Result
+
 
 @pytest.mark.parametrize("override, key", [
     ("scenario=serve scenario.rate=nan", "scenario.rate"),
@@ -258,14 +260,15 @@ def test_a_damaged_store_is_named_as_such(tmp_path):
     assert not list(tmp_path.glob("outputs/*/*/worker.log"))  # refused before any work
 
 
-def test_an_error_in_the_fit_search_closes_its_parent_failed(tmp_path, monkeypatch):
-    """Case 4: an unexpected error in fit's search left its parent RUNNING for ever."""
+def fit_with(tmp_path, monkeypatch, probe_run):
+    """fit.run_fit in this process on a tiny ViT (8 GiB budget), each probe answered by
+    ``probe_run(value, calls)`` (a Result, or an exception raised); (outcome, logged records,
+    probed values)."""
     from hydra import compose, initialize_config_dir
 
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.config.validate import validate
-    from fxtrack.job import Result
     from fxtrack.orchestrator import fit
     from fxtrack.orchestrator.job import Job
 
@@ -273,12 +276,12 @@ def test_an_error_in_the_fit_search_closes_its_parent_failed(tmp_path, monkeypat
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             "scenario=fit", "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
-            "scenario.memory_gib=2", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+            "scenario.memory_gib=8", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
         conf, arch = validate(cfg)
     job = Job(cfg, conf, arch, str(tmp_path))
     logged: list[dict] = []
     monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
-    calls = []
+    calls: list[int] = []
 
     class Probing:
         def __init__(self, value):
@@ -286,19 +289,69 @@ def test_an_error_in_the_fit_search_closes_its_parent_failed(tmp_path, monkeypat
 
         def run(self, child_dir, parent, devices, scenario=None, repeat=None, tags=None):
             calls.append(self.value)
-            if len(calls) == 2:
-                raise RuntimeError("a bug")
-            result = Result("r", status="FINISHED", metrics={"peak_rss_mib": 500.0,
-                                                             "throughput_samples_per_s": 9.0})
+            result = probe_run(self.value, calls)
             tags(result)
             return "n", result, "id"
 
     monkeypatch.setattr(fit, "_probe_job", lambda job, axis, value: Probing(value))
-    name, outcome, _ = fit.run_fit(job, tmp_path, None)
+    _, outcome, _ = fit.run_fit(job, tmp_path, None)
+    return outcome, logged, calls
+
+
+def fits(value: int) -> Result:
+    return Result("r", status="FINISHED", metrics={"peak_rss_mib": 300.0 + 20 * value,
+                                                   "throughput_samples_per_s": 9.0})
+
+
+def test_an_error_in_the_fit_search_closes_its_parent_failed(tmp_path, monkeypatch):
+    """Case 4: an unexpected error in fit's search left its parent RUNNING for ever."""
+    def probe(value, calls):
+        if len(calls) == 2:
+            raise RuntimeError("a bug")
+        return fits(value)
+
+    outcome, logged, calls = fit_with(tmp_path, monkeypatch, probe)
     assert outcome.status == "FAILED" and outcome.error == "the search failed: RuntimeError: a bug"
     assert [r["status"] for r in logged] == ["RUNNING", "FAILED"]
     assert logged[-1]["tags"]["fxtrack.error"] == outcome.error
     assert logged[-1]["metrics"]["max_batch_size"] == calls[0]  # what was probed is kept
+
+
+KILLED_FROM_OUTSIDE = "worker killed by SIGKILL (out of memory? the kernel's OOM killer sends SIGKILL)"
+
+
+def test_a_probe_killed_without_memory_pressure_is_probed_again(tmp_path, monkeypatch):
+    """Case 5: one probe killed from outside counted as 'does not fit' and changed the answer,
+    though the probes before it had fitted at ~500 MiB of an 8 GiB budget."""
+    def probe(value, calls):
+        if len(calls) == 2:  # the second probe's first try: a stray SIGKILL
+            return Result("r", status="FAILED", error=KILLED_FROM_OUTSIDE)
+        return fits(value)
+
+    undisturbed, _, _ = fit_with(tmp_path / "a", monkeypatch, lambda value, calls: fits(value))
+    outcome, _, calls = fit_with(tmp_path / "b", monkeypatch, probe)
+    assert calls[2] == calls[1]  # the same value again
+    assert outcome.status == "FINISHED"
+    assert outcome.metrics["max_batch_size"] == undisturbed.metrics["max_batch_size"]
+    assert calls[1] < outcome.metrics["max_batch_size"]  # a miss would have ended below it
+
+
+def test_a_probe_killed_twice_without_memory_pressure_names_the_uncertainty(tmp_path,
+                                                                            monkeypatch):
+    killed_at: list[int] = []
+
+    def probe(value, calls):
+        if len(calls) in (2, 3):
+            killed_at.append(value)
+            return Result("r", status="FAILED", error=KILLED_FROM_OUTSIDE)
+        return fits(value)
+
+    outcome, logged, calls = fit_with(tmp_path, monkeypatch, probe)
+    assert len(calls) == 3 and killed_at == [calls[1]] * 2  # the search stopped there
+    assert outcome.status == "FAILED"
+    assert f"batch_size={calls[1]} was stopped twice" in outcome.error
+    assert "the answer is uncertain (at least" in outcome.error
+    assert logged[-1]["status"] == "FAILED"
 
 
 # Fault injection into a real orchestrator process (not its workers): Job.run of the cell with
