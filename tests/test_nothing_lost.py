@@ -387,3 +387,40 @@ def test_a_sweep_goes_on_past_a_bad_cell_and_prints_its_closing_table(tmp_path):
     assert {r.info.status for r in children} == {"FINISHED"}
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == "FAILED"
+
+
+SERVE = ["scenario=serve", "scenario.slo.e2e_ms=5000", "scenario.num_requests=4"]
+
+
+@pytest.mark.parametrize("stop", ["sigkill-worker", "sigterm-main"])
+def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop):
+    """Case 2: a serve rate search stopped after two finished probe windows left its parent
+    FAILED / KILLED with 0 child runs: the probes lived only in the worker's final result."""
+    proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *TINY, "steps=2", *SERVE],
+                            cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    reaper.append(proc)
+    wait_for(lambda: len(streamed(tmp_path)) >= 2, 600, "two finished probes")
+    if stop == "sigkill-worker":
+        os.kill(worker_pids(tmp_path)[0], signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=120)
+    assert code == (1 if stop == "sigkill-worker" else 143), proc.stderr.read()
+    finished = len(streamed(tmp_path))
+    runs = store_runs(tmp_path)
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status == ("FAILED" if stop == "sigkill-worker" else "KILLED")
+    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(probes) == finished >= 2
+    assert {r.info.status for r in probes} == {"FINISHED"}
+    assert all(r.data.tags["fxtrack.serve_probe"] in ("pass", "slo", "saturated") for r in probes)
+    assert all(r.data.metrics["serve_requests"] > 0 for r in probes)
+    assert worker_pids(tmp_path) == []
+
+
+def streamed(tmp_path: Path) -> list:
+    from fxtrack.job import streamed_children
+
+    found = next(tmp_path.glob("outputs/*/*/children.jsonl"), None)
+    return streamed_children(found.with_name("result.json")) if found else []

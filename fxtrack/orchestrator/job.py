@@ -180,7 +180,8 @@ class Job:
             child_spec = dataclasses.replace(spec, result_id=uuid.uuid4().hex)
             tags = {k: v for k, v in result.tags.items() if k in _CHILD_TAGS}
             tags.update(child["tags"], serve_probe_of=spec.result_id)
-            child_result = Result(child_spec.result_id, status=result.status,
+            # a window that ended is a finished run, whatever stopped its parent afterwards
+            child_result = Result(child_spec.result_id, status="FINISHED",
                                   metrics=dict(child["metrics"]), series=dict(child["series"]),
                                   tags=tags, resolved=result.resolved)
             child_name = f"{name}-{child['suffix']}"

@@ -21,7 +21,7 @@ from typing import Callable
 
 import fxtrack
 from fxtrack.environment import redact_text, worker_environment
-from fxtrack.job import JobSpec, Result
+from fxtrack.job import JobSpec, Result, children_path, streamed_children
 from fxtrack.worker.__main__ import GATE_ENV, PARENT_ENV
 
 _PACKAGE_ROOT = str(Path(fxtrack.__file__).resolve().parent.parent)
@@ -47,6 +47,7 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     spec_path, log_path = job_dir / "spec.json", job_dir / "worker.log"
     spec.dump(spec_path)
     Path(spec.result_path).unlink(missing_ok=True)
+    children_path(spec.result_path).unlink(missing_ok=True)
     env = worker_environment(os.environ)
     # The worker imports fxtrack from this checkout even under another venv's interpreter.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
@@ -240,6 +241,8 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 def _outcome(spec: JobSpec, code: int, timed_out: bool, timeout_s: float, log: Path) -> Result:
     result_path = Path(spec.result_path)
     result = Result.read(result_path) if result_path.exists() else Result(spec.result_id)
+    if not result.children:  # a worker stopped mid-search: the windows that had ended
+        result.children = streamed_children(result_path)
     if spec.node_rank != 0 and code == 0 and not timed_out:
         result.status = "FINISHED"  # a non-zero node writes no Result: node 0 reports for all
     if _INTERRUPTED:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from fxtrack import families
+from fxtrack.job import append_child
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import eprint, percentile
 
@@ -490,10 +491,14 @@ def run(backend: Any, result: Any) -> None:
         start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
         probes: list[Window] = []
 
+        children: list[dict[str, Any]] = []
+
         def passes(rate: float) -> bool:
             w = window(rate)
             w.verdict = probe_verdict(w.figures, o["slo"])
             probes.append(w)
+            children.append(_child(backend, len(probes) - 1, w))
+            append_child(backend.spec.result_path, children[-1])  # kept if the worker dies
             return w.verdict == "pass"
 
         found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
@@ -512,7 +517,7 @@ def run(backend: Any, result: Any) -> None:
         # the figures of the highest passing probe (else the last)
         reported = ([w for w in probes if w.rate == found.max_rate_rps] or probes[-1:])[-1]
         result.tags["serve_probes"] = str(len(probes))
-        result.children = [_child(backend, i, w) for i, w in enumerate(probes)]
+        result.children = children
         # every window's compilations, the probes' included
         if uncounted is None:
             reported.figures["serve_recompiles"] = sum(w.figures["serve_recompiles"]
