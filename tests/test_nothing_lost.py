@@ -424,3 +424,46 @@ def streamed(tmp_path: Path) -> list:
 
     found = next(tmp_path.glob("outputs/*/*/children.jsonl"), None)
     return streamed_children(found.with_name("result.json")) if found else []
+
+
+def cell_worker(tmp_path: Path, cell: int) -> list[int]:
+    return [pid for pid in worker_pids(tmp_path)
+            if f"/{cell}/spec.json" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()]
+
+
+def test_chaos_sweep_then_resume_leaves_one_finished_run_per_good_cell(tmp_path, reaper):
+    """Issue 43's chaos test: 6 cells; cell 1's orchestrator code raises, cell 2's worker is
+    SIGKILLed, the orchestrator is SIGKILLed during cell 4; ``fxtrack sync``, then the same
+    sweep with resume=true. Every cell that can finish has exactly one FINISHED run, the
+    bad and killed cells FAILED runs with their reasons, nothing RUNNING, no process left."""
+    (tmp_path / "inject").mkdir()
+    (tmp_path / "inject" / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    env = user_env(tmp_path)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "inject"), env.get("PYTHONPATH", "")])
+    sweep = [sys.executable, "-m", "fxtrack", "-m", *TINY, "steps=2", "seed=0,1,2,3,4,5"]
+    first = subprocess.Popen(sweep, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                             stderr=open(tmp_path / "first.log", "w"))
+    reaper.append(first)
+    os.kill(wait_for(lambda: cell_worker(tmp_path, 2), 600, "cell 2's worker")[0],
+            signal.SIGKILL)
+    wait_for(lambda: cell_worker(tmp_path, 4), 600, "cell 4's worker")
+    first.kill()
+    first.wait(timeout=30)
+    wait_for(lambda: not worker_pids(tmp_path), 10, "cell 4's worker to stop with it")
+    assert sync(tmp_path).returncode == 0
+    second = subprocess.run([*sweep, "resume=true"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert second.returncode == 1, second.stderr  # cell 1 fails again
+    assert second.stderr.count("skipped (resume=true)") == 2, second.stderr  # cells 0 and 3
+    runs = store_runs(tmp_path)
+    assert not [r for r in runs if r.info.status == "RUNNING"]
+    cells = [r for r in runs if "seed" in r.data.params and "fxtrack.sweep" not in r.data.tags]
+    finished = sorted(r.data.params["seed"] for r in cells if r.info.status == "FINISHED")
+    assert finished == ["0", "2", "3", "4", "5"]
+    errors = {(r.data.params["seed"], r.data.tags.get("fxtrack.error", "")) for r in cells
+              if r.info.status == "FAILED"}
+    assert {seed for seed, _ in errors} == {"1", "2", "4"}
+    assert all("an injected bug" in why for seed, why in errors if seed == "1")
+    assert any("killed by SIGKILL" in why for seed, why in errors if seed == "2")
+    assert any("orchestrator was gone" in why for seed, why in errors if seed == "4")
+    assert processes_mentioning(str(tmp_path)) == []

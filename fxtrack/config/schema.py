@@ -320,6 +320,9 @@ class FxtrackConfig:
     quantize: Quantize = Quantize.none
     timeout_s: float = 7200.0  # a worker running longer is stopped and its run marked FAILED
     verbose: bool = False  # let frameworks print their own log spam
+    # skip a run (a sweep's cell) whose identical config already has a FINISHED run in the
+    # store (tag fxtrack.config_id); without it a re-run is new runs
+    resume: bool = False
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:

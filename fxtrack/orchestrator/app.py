@@ -55,17 +55,21 @@ def task(cfg: DictConfig) -> None:
     # Not for scenario=scaling yet: a single scaling run is not repeated, and in a sweep each of
     # its N jobs is a scaling run of its own (logged, not aggregated; the report shows the latest).
     repeating = conf.repeats > 1 and conf.scenario.name not in ("scaling", "fit")
+    if conf.resume and resumed(job, conf, hc, multirun, repeating):
+        return
     try:
         name, result, run_id, repeat, aggregate = dispatch(job, conf, job_dir, parent, hc,
                                                           multirun, repeating)
     except Exception as e:  # noqa: BLE001 - an orchestrator bug in one cell: the sweep goes on
         if not multirun:
             raise
-        # the cell's runs close themselves (fit's parent; a job's held fallback once this
-        # process has ended); its job file says why, for the closing table
+        # the cell's runs close themselves (fit's parent); its job file says why, for the
+        # closing table
         name, run_id, repeat, aggregate = f"job {hc.job.num + 1}", None, None, None
         result = Result("", status="FAILED", error=f"fxtrack failed: {type(e).__name__}: {e}")
         print(f"fxtrack: {name}: {result.error}", file=sys.stderr, flush=True)
+        if job.last_record is None:  # nothing logged for the cell: a FAILED run says why
+            run_id = job.log_failed(job_dir, parent, result.error)
     if multirun:
         jobs = Path(hc.sweep.dir) / JOBS_DIR
         jobs.mkdir(parents=True, exist_ok=True)
@@ -112,6 +116,35 @@ def dispatch(job: Job, conf: FxtrackConfig, job_dir: Path, parent: str | None, h
     else:
         name, result, run_id = job.run(job_dir, parent, conf.devices)
     return name, result, run_id, repeat, aggregate
+
+
+def resumed(job: Job, conf: FxtrackConfig, hc: HydraConfig, multirun: bool,
+            repeating: bool) -> bool:
+    """resume=true: True (the run or cell is skipped, saying so) when its identical config
+    already has a FINISHED run in the store. A fit, scaling or repeats cell is run again: its
+    runs are a search or a set, not one run (docs/contract.md)."""
+    from fxtrack.orchestrator.job import config_id
+    from fxtrack.tracking import reader
+
+    if repeating or conf.scenario.name in ("fit", "scaling"):
+        print("fxtrack: resume=true skips single runs only; this "
+              f"{'repeats' if repeating else conf.scenario.name} run goes ahead", file=sys.stderr)
+        return False
+    config = dict(job.config, devices=conf.devices)
+    run_id = reader.finished_run(job.uri, conf.tracking.experiment, config_id(config))
+    if run_id is None:
+        return False
+    name = run_name(job_spec(conf, job.arch, Path(hc.runtime.output_dir)), conf.size.name)
+    print(f"[fxtrack] {name}: finished before (run {run_id}); skipped (resume=true)",
+          file=sys.stderr, flush=True)
+    if multirun:
+        jobs = Path(hc.sweep.dir) / JOBS_DIR
+        jobs.mkdir(parents=True, exist_ok=True)
+        (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
+            {"name": name, "status": "FINISHED", "guard": "ok", "metrics": {}, "run_id": run_id,
+             "error": f"finished before (run {run_id}): skipped, resume=true", "tags": {},
+             "params": {}, "aggregate": None}))
+    return True
 
 
 def skip(hc: HydraConfig, refused: Refused) -> None:

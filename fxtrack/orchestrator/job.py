@@ -119,37 +119,56 @@ class Job:
         # only node 0 talks to MLflow
         held = self.hold(spec, job_dir, config, parent, start_ms, name) if spec.node_rank == 0 \
             else None
-        result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s,
-                            meanwhile=self.load_tracking)
-        if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
-            print(f"{name}: node {spec.node_rank} {result.status.lower()}"
-                  + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
-            return name, result, "node"
-        if result.status == "FINISHED":
-            enrich(result, spec, self.conf)
-        if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
-            result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
-        if tags is not None:
-            result.tags.update(tags(result))
-        result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
-        summary = summary_line(name, result)
-        self.last_record = record = records.job_record(
-            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
-            name, summary)
-        artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
-                     "result.json": Path(spec.result_path),
-                     "environment.json": records.environment_json(),
-                     "worker.log": log_tail(job_dir / "worker.log")}
-        if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
-            artifacts["model"] = Path(result.artifacts["model"]).parent
-        if "serve_requests" in result.artifacts:  # scenario=serve: one row per request
-            artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
-        run_id, where = self.log(record, artifacts)
-        print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
-        self.log_children(spec, result, config, name)
-        spool.drop(held)
+        try:
+            result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s,
+                                meanwhile=self.load_tracking)
+            if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
+                print(f"{name}: node {spec.node_rank} {result.status.lower()}"
+                      + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
+                return name, result, "node"
+            if result.status == "FINISHED":
+                enrich(result, spec, self.conf)
+            if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
+                result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
+            if tags is not None:
+                result.tags.update(tags(result))
+            result.tags["config_id"] = config_id(config)
+            result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
+            summary = summary_line(name, result)
+            self.last_record = record = records.job_record(
+                spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
+                name, summary)
+            artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
+                         "result.json": Path(spec.result_path),
+                         "environment.json": records.environment_json(),
+                         "worker.log": log_tail(job_dir / "worker.log")}
+            if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
+                artifacts["model"] = Path(result.artifacts["model"]).parent
+            if "serve_requests" in result.artifacts:  # scenario=serve: one row per request
+                artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
+            run_id, where = self.log(record, artifacts)
+            print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
+            self.log_children(spec, result, config, name)
+            spool.drop(held)
+        except Exception:  # an error of this process's own: no fallback saying it was killed
+            spool.drop(held)
+            raise
         stop_if_interrupted()
         return name, result, run_id
+
+    def log_failed(self, job_dir: Path, parent: str | None, error: str) -> str | None:
+        """A FAILED run for a cell whose own orchestrator code raised before it logged one."""
+        from fxtrack.tracking import records
+
+        spec = job_spec(self.conf, self.arch, job_dir)
+        name = records.run_name(spec, self.conf.size.name)
+        config = dict(self.config, devices=self.conf.devices)
+        result = Result(spec.result_id, status="FAILED", error=error,
+                        tags={"config_id": config_id(config)})
+        self.last_record = record = records.job_record(
+            spec, result, config, self.uri, self.conf.tracking.experiment, parent,
+            int(time.time() * 1000), name, summary_line(name, result))
+        return self.log(record, {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config))})[0]
 
     def hold(self, spec: JobSpec, job_dir: Path, config: dict, parent: str | None,
              start_ms: int, name: str) -> Path | None:
@@ -158,7 +177,8 @@ class Job:
         run FAILED with why, once (the worker stops with this process)."""
         from fxtrack.tracking import records, spool
 
-        failed = Result(spec.result_id, status="FAILED", error=records.GONE)
+        failed = Result(spec.result_id, status="FAILED", error=records.GONE,
+                        tags={"config_id": config_id(config)})
         record = records.job_record(spec, failed, config, self.uri,
                                     self.conf.tracking.experiment, parent, start_ms, name,
                                     f"{name}: FAILED: {records.GONE}")
@@ -215,6 +235,20 @@ class Job:
         if message:
             print(message, file=sys.stderr)
         return run_id, where
+
+
+# keys that do not change what is measured: where it is logged, how it is shown, when to stop
+_NOT_IDENTITY = ("tracking", "resume", "verbose", "timeout_s")
+
+
+def config_id(config: dict) -> str:
+    """A run's configuration as one id (tag ``fxtrack.config_id``): ``resume=true`` skips a run
+    whose id already has a FINISHED run in the store."""
+    import hashlib
+    import json
+
+    same = {k: v for k, v in config.items() if k not in _NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:

@@ -81,6 +81,21 @@ def _read_error(e: Exception, where: str) -> None:
     raise e
 
 
+def finished_run(uri: str, experiment: str, config_id: str) -> Optional[str]:
+    """The id of a FINISHED run of ``config_id`` (tag ``fxtrack.config_id``) in ``experiment``,
+    or None (no store yet: nothing is created)."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return None
+    mlflow_defaults()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = client.search_runs([exp.experiment_id], f"tags.`fxtrack.config_id` = '{config_id}' "
+                               "and attributes.status = 'FINISHED'", max_results=1)
+    return found[0].info.run_id if found else None
+
+
 def experiment_names(uri: str) -> list[str]:
     """The active experiments at ``uri``, sorted; empty when the store cannot be read (or, for
     sqlite, does not exist: listing must not create it)."""

@@ -353,4 +353,6 @@ def adopted(record: dict[str, Any], files: list[tuple[str, Any]]
                      f"{name}: FINISHED; logged by fxtrack sync, as {GONE} (no MFU or cost "
                      "figures: the orchestrator adds those)")
     new.update(experiment_id=record.get("experiment_id"), adopt_run_id=record.get("adopt_run_id"))
+    if "fxtrack.config_id" in record["tags"]:  # the orchestrator's tag: resume=true finds it
+        new["tags"]["fxtrack.config_id"] = record["tags"]["fxtrack.config_id"]
     return new, [*files, ("result.json", result_path)]
