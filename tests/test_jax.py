@@ -1,7 +1,6 @@
 """JAX backend: parameter counts, parity with PyTorch, training, FLOPs, worker runs, Grain's
-batches (CPU, tiny). The scenario contract every framework keeps (gpu without a GPU, a falling
-loss, generation, serving, checkpoint, inference, pipeline, two nodes) is
-tests/test_conformance.py."""
+batches (CPU, tiny). The scenario contract every framework keeps (gpu without a GPU, checkpoint,
+inference, pipeline, two nodes) is tests/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -165,6 +164,16 @@ def test_loss_scale_halves_on_overflow_and_grows_after_interval():
     scale = scale.update(jax.numpy.bool_(True))
     assert float(scale.scale) == 8.0 and int(scale.good_steps) == 0
     assert int(scale.update(jax.numpy.bool_(True)).good_steps) == 1
+
+
+@pytest.mark.parametrize("name", ["resnet50", "bert", "vit"])
+def test_loss_falls(spec_factory, name):
+    backend = JaxBackend(spec_factory("jax", name, compile=True, batch_size=4))
+    assert backend.device_kind() == "cpu"
+    backend.build(4)
+    losses = [backend.loss_value(backend.train_step()) for _ in range(20)]
+    assert all(math.isfinite(x) for x in losses)
+    assert np.mean(losses[-3:]) < losses[0], losses
 
 
 @pytest.mark.parametrize("name", ["resnet50", "bert", "vit"])
