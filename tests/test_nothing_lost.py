@@ -382,9 +382,12 @@ def test_a_sweep_goes_on_past_a_bad_cell_and_prints_its_closing_table(tmp_path):
     assert "fxtrack: job 2: fxtrack failed: RuntimeError: an injected bug" in proc.stderr
     assert "1 of 3 jobs failed" in proc.stderr  # the closing lines, after every cell ran
     runs = store_runs(tmp_path)
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    assert sorted(r.data.params["seed"] for r in children) == ["0", "2"]
-    assert {r.info.status for r in children} == {"FINISHED"}
+    children = {r.data.params["seed"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
+    assert sorted(children) == ["0", "1", "2"]
+    assert children["0"].info.status == children["2"].info.status == "FINISHED"
+    assert children["1"].info.status == "FAILED"  # the bad cell's run says why
+    assert children["1"].data.tags["fxtrack.error"] == \
+        "fxtrack failed: RuntimeError: an injected bug"
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == "FAILED"
 
