@@ -260,7 +260,7 @@ def test_a_damaged_store_is_named_as_such(tmp_path):
     assert not list(tmp_path.glob("outputs/*/*/worker.log"))  # refused before any work
 
 
-def fit_with(tmp_path, monkeypatch, probe_run):
+def fit_with(tmp_path, monkeypatch, probe_run, *overrides: str, names: list | None = None):
     """fit.run_fit in this process on a tiny ViT (8 GiB budget), each probe answered by
     ``probe_run(value, calls)`` (a Result, or an exception raised); (outcome, logged records,
     probed values)."""
@@ -270,30 +270,43 @@ def fit_with(tmp_path, monkeypatch, probe_run):
     from fxtrack.config import register
     from fxtrack.config.validate import validate
     from fxtrack.orchestrator import fit
-    from fxtrack.orchestrator.job import Job
+    from fxtrack.orchestrator.job import Job, job_spec
+    from fxtrack.tracking import records
 
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
             "scenario=fit", "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
-            "scenario.memory_gib=8", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+            "scenario.memory_gib=8", f"tracking.uri=sqlite:///{tmp_path / 'm.db'}",
+            *overrides])
         conf, arch = validate(cfg)
     job = Job(cfg, conf, arch, str(tmp_path))
     logged: list[dict] = []
     monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
     calls: list[int] = []
 
+    real_probe_job = getattr(fit._probe_job, "real", fit._probe_job)  # unpatched in a 2nd call
+
     class Probing:
-        def __init__(self, value):
+        def __init__(self, value, probe):
             self.value = value
+            spec = job_spec(probe.conf, probe.arch, tmp_path)
+            spec.scenario = "fit"
+            self.name = records.run_name(spec, probe.conf.size.name)  # as Job.run names it
 
         def run(self, child_dir, parent, devices, scenario=None, repeat=None, tags=None):
             calls.append(self.value)
+            if names is not None:
+                names.append(self.name)
             result = probe_run(self.value, calls)
             tags(result)
             return "n", result, "id"
 
-    monkeypatch.setattr(fit, "_probe_job", lambda job, axis, value: Probing(value))
+    def probe_job(job, axis, value):
+        return Probing(value, real_probe_job(job, axis, value))
+
+    probe_job.real = real_probe_job
+    monkeypatch.setattr(fit, "_probe_job", probe_job)
     _, outcome, _ = fit.run_fit(job, tmp_path, None)
     return outcome, logged, calls
 
@@ -419,6 +432,7 @@ def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop)
     assert {r.info.status for r in probes} == {"FINISHED"}
     assert all(r.data.tags["fxtrack.serve_probe"] in ("pass", "slo", "saturated") for r in probes)
     assert all(r.data.metrics["serve_requests"] > 0 for r in probes)
+    assert all(r.info.end_time > r.info.start_time for r in probes)  # case 10: the window's span
     assert worker_pids(tmp_path) == []
 
 
@@ -470,3 +484,25 @@ def test_chaos_sweep_then_resume_leaves_one_finished_run_per_good_cell(tmp_path,
     assert any("killed by SIGKILL" in why for seed, why in errors if seed == "2")
     assert any("orchestrator was gone" in why for seed, why in errors if seed == "4")
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_fits_parent_and_its_first_probe_have_different_names(tmp_path, monkeypatch):
+    """Case 10: with batch_size=8 steps=3 given, the parent and its first probe (batch 8, 3
+    steps) were both named torch-vit-fit-fp32-x1-tiny-b8-s3."""
+    names: list[str] = []
+    _, logged, calls = fit_with(tmp_path, monkeypatch, lambda value, calls: fits(value),
+                                "batch_size=8", "steps=3", names=names)
+    assert calls[0] == 8 and names[0] == "torch-vit-fit-fp32-x1-tiny-b8-s3"
+    assert logged[0]["run_name"] == "torch-vit-fit-fp32-x1-tiny"  # as docs/contract.md names it
+    assert logged[0]["run_name"] not in names
+
+
+def test_the_health_url_has_one_slash():
+    """Case 10: a tracking URI ending in '/' was reported as '...//health'."""
+    from fxtrack.tracking import health
+    from fxtrack.tracking.errors import ServerUnreachable
+
+    with pytest.raises(ServerUnreachable) as e:
+        health._health("http://127.0.0.1:9/")
+    assert "http://127.0.0.1:9/health" in str(e.value) and "//health" not in str(e.value)
+    health._DOWN.clear()

@@ -259,6 +259,11 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
                                    conf.memory.value, kind, have, s.max_batch)
     spec = job_spec(conf, arch, job_dir)
     spec.scenario = "fit"
+    # the searched value and the probes' step counts are the probes' names, not the search's:
+    # the parent shared its name with a probe at the start value (issue 43)
+    spec.steps = spec.warmup_steps = None
+    if s.axis == "batch_size":
+        spec.batch_size = None
     name = records.run_name(spec, conf.size.name)
     fit_id = uuid.uuid4().hex
     tags = {"fxtrack.framework": conf.framework.name, "fxtrack.model": arch.name,

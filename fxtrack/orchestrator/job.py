@@ -205,10 +205,12 @@ class Job:
                                   metrics=dict(child["metrics"]), series=dict(child["series"]),
                                   tags=tags, resolved=result.resolved)
             child_name = f"{name}-{child['suffix']}"
+            now = int(time.time() * 1000)
             record = records.job_record(child_spec, child_result, config, self.uri,
                                         self.conf.tracking.experiment, spec.result_id,
-                                        int(time.time() * 1000), child_name,
+                                        child.get("start_time_ms") or now, child_name,
                                         summary_line(child_name, child_result))
+            record["end_time_ms"] = child.get("end_time_ms") or now  # the window's own span
             files = {f"{role}.json": Path(path) for role, path in child["artifacts"].items()}
             self.log(record, files)
 

@@ -426,6 +426,8 @@ class Window:
     requests: list[Request]
     figures: dict[str, float]
     verdict: str = ""
+    started_ms: Optional[int] = None  # epoch ms, for the child run's start and end
+    ended_ms: Optional[int] = None
 
 
 def run(backend: Any, result: Any) -> None:
@@ -457,6 +459,7 @@ def run(backend: Any, result: Any) -> None:
 
     def window(rate: Optional[float]) -> Window:
         before = compiles()
+        started_ms = int(time.time() * 1000)  # wall clock: the probe's child run's start
         if rate is None:
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
                                 buckets=buckets, tokens=tokens, duration_s=o["duration_s"],
@@ -473,7 +476,8 @@ def run(backend: Any, result: Any) -> None:
         figures = request_metrics(reqs, o["slo"], lm, rate)
         if before is not None:  # compilations inside the window: 0 when warm-up covered it
             figures["serve_recompiles"] = float(compiles() - before)
-        return Window(rate, reqs, figures)
+        return Window(rate, reqs, figures, started_ms=started_ms,
+                      ended_ms=int(time.time() * 1000))
 
     m = result.metrics
     # other processes' CPU use through every window, as the timed scenarios sample theirs
@@ -554,4 +558,5 @@ def _child(backend: Any, index: int, w: Window) -> dict[str, Any]:
     return {"suffix": f"probe{index}-rate{w.rate:.3g}", "metrics": dict(w.figures),
             "tags": {"serve_probe": w.verdict, "serve_probe_index": str(index)},
             "series": {"serve_request_e2e_ms": [r.e2e_ms() for r in w.requests]},
-            "artifacts": {"serve_requests": str(path)}}
+            "artifacts": {"serve_requests": str(path)},
+            "start_time_ms": w.started_ms, "end_time_ms": w.ended_ms}
