@@ -403,6 +403,7 @@ def test_a_sweep_goes_on_past_a_bad_cell_and_prints_its_closing_table(tmp_path):
         "fxtrack failed: RuntimeError: an injected bug"
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == "FAILED"
+    assert list((tmp_path / "home").rglob("*.held-*")) == []  # no fallback left behind
 
 
 SERVE = ["scenario=serve", "scenario.slo.e2e_ms=5000", "scenario.num_requests=4"]
@@ -506,3 +507,24 @@ def test_the_health_url_has_one_slash():
         health._health("http://127.0.0.1:9/")
     assert "http://127.0.0.1:9/health" in str(e.value) and "//health" not in str(e.value)
     health._DOWN.clear()
+
+
+def test_a_fit_under_a_sigkilled_orchestrator_is_closed_by_sync(tmp_path, reaper):
+    """Case 1 for a search's parent: fit's parent (created RUNNING before its probes) stayed
+    RUNNING for ever when its orchestrator was killed outright."""
+    proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *TINY, "steps=2",
+                             "scenario=fit", "scenario.memory_gib=8"], cwd=tmp_path,
+                            env=user_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    reaper.append(proc)
+    wait_for(lambda: worker_pids(tmp_path), 300, "the first probe's worker")
+    proc.kill()
+    proc.wait(timeout=30)
+    wait_for(lambda: not worker_pids(tmp_path), 10, "the probe to stop with its orchestrator")
+    out = sync(tmp_path)
+    assert out.returncode == 0, out.stderr
+    runs = store_runs(tmp_path)
+    assert sorted(r.info.status for r in runs) == ["FAILED", "FAILED"]  # the parent, its probe
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    assert parent.data.tags["fxtrack.scenario"] == "fit"
+    assert "orchestrator was gone" in parent.data.tags["fxtrack.error"]

@@ -98,6 +98,7 @@ class Job:
         config["framework"]["python"] = conf.framework.python or sys.executable
         self.config = config  # what is logged: resolved, without credentials
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
+        self.held_parents: dict[str, Path] = {}  # result id -> its held fallback (hold_parent)
 
     def run(self, job_dir: Path, parent: str | None, devices: int,
             scenario: str | None = None, repeat: int | None = None,
@@ -236,7 +237,26 @@ class Job:
         run_id, where, message = writer.log_record(record, artifacts, self.uri)
         if message:
             print(message, file=sys.stderr)
+        if record["kind"] == "sweep":  # a parent: fit's search, scaling, a repeats aggregate
+            self.hold_parent(record)
         return run_id, where
+
+    def hold_parent(self, record: dict) -> None:
+        """While a parent run is RUNNING, its FAILED closing record waits in the spool
+        (``spool.hold``): if this process is killed outright, ``fxtrack sync`` closes it with
+        why instead of leaving it RUNNING for ever; its own closing record drops it."""
+        from fxtrack.tracking import records, spool
+
+        spool.drop(self.held_parents.pop(record["result_id"], None))
+        if record["status"] != "RUNNING":
+            return
+        gone = dict(record, status="FAILED", tags=dict(
+            record["tags"], **{"fxtrack.status": "failed", "fxtrack.error": records.GONE_PARENT}))
+        try:
+            self.held_parents[record["result_id"]] = spool.hold(gone, {})
+        except spool.SpoolError as e:
+            print(f"fxtrack: no fallback for {record['run_name']} in the spool ({e})",
+                  file=sys.stderr)
 
 
 # keys that do not change what is measured: where it is logged, how it is shown, when to stop

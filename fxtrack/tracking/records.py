@@ -314,6 +314,8 @@ def sync_advice(uri: str) -> str:
             "retries the URI each result was spooled with)")
 
 
+GONE_PARENT = ("its orchestrator was gone before it closed this run (killed: SIGKILL, the OOM "
+               "killer, a reboot); closed by fxtrack sync")
 GONE = ("its orchestrator was gone before it logged the run (killed: SIGKILL, the OOM killer, "
         "a reboot)")
 
