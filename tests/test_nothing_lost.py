@@ -528,3 +528,21 @@ def test_a_fit_under_a_sigkilled_orchestrator_is_closed_by_sync(tmp_path, reaper
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
     assert parent.data.tags["fxtrack.scenario"] == "fit"
     assert "orchestrator was gone" in parent.data.tags["fxtrack.error"]
+
+
+def test_a_model_name_with_a_slash_makes_a_pareto_chart_file(tmp_path, monkeypatch):
+    """Case 7: the Pareto chart skipped the slug the other charts use: a model named
+    'org/t5' made a path into a folder that does not exist (a traceback)."""
+    import types
+
+    import pandas as pd
+
+    from fxtrack.report import pareto
+
+    drawn: list[Path] = []
+    point = types.SimpleNamespace(x=1.0, y=2.0, framework="torch")
+    monkeypatch.setattr(pareto.samples, "configs", lambda frame: pd.DataFrame({"model": ["org/t5"]}))
+    monkeypatch.setattr(pareto, "points", lambda frame, model, axes: [point])
+    monkeypatch.setattr(pareto, "_draw", lambda found, marks, axes, title, path: drawn.append(path))
+    pareto.charts(pd.DataFrame(), tmp_path)
+    assert drawn and all(p.parent == tmp_path and "org_t5" in p.name for p in drawn)

@@ -90,6 +90,8 @@ class Drawn:
 
 def charts(frame: pd.DataFrame, out: Path) -> list[Drawn]:
     """One Pareto chart per model and axes pair with at least one point, saved under ``out``."""
+    from fxtrack.report.charts import _slug  # the file names every chart uses
+
     configs = samples.configs(frame)
     drawn = []
     for model in sorted(configs["model"].unique()) if not configs.empty else []:
@@ -99,7 +101,7 @@ def charts(frame: pd.DataFrame, out: Path) -> list[Drawn]:
                 continue
             marks = frontier([(p.x, p.y) for p in found], axes[3], axes[6])
             never = sorted({p.framework for p in found} - {p.framework for p, m in zip(found, marks) if m})
-            path = out / f"pareto-{axes[0]}-{model}.png"
+            path = out / f"pareto-{axes[0]}-{_slug(model)}.png"  # a model name may hold '/'
             title = f"Trade-offs: {model}, {axes[0]}"
             _draw(found, marks, axes, title, path)
             caption = ("Filled: on the frontier (no other point is better on both axes); "
