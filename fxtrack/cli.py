@@ -45,6 +45,7 @@ config groups (group=option):
 {groups}
 keys: batch_size (per device; null = the hardware's default), devices, steps, warmup_steps,
   seed, repeats (N workers per config, round-robin; medians + 95% intervals), timeout_s, verbose,
+  resume (true: skip a run whose identical config already finished in the store),
   framework.compile (auto|true|false|tune), framework.compile_mode (torch: default|reduce-overhead|
   max-autotune), framework.python, hardware.cpu_threads, hardware.wait_for_idle_s,
   parallel (ddp|fsdp), memory (none|checkpoint), runtime (native|onnxruntime|tflite|openvino|
