@@ -46,6 +46,7 @@ config groups (group=option):
 {groups}
 keys: batch_size (per device; null = the hardware's default), devices, steps, warmup_steps,
   seed, repeats (N workers per config, round-robin; medians + 95% intervals), timeout_s, verbose,
+  resume (true: skip a run whose identical config already finished in the store),
   framework.compile (auto|true|false|tune), framework.compile_mode (torch: default|reduce-overhead|
   max-autotune), framework.python, hardware.cpu_threads, hardware.wait_for_idle_s,
   parallel (ddp|fsdp), memory (none|checkpoint), runtime (native|onnxruntime|tflite|openvino|
@@ -195,6 +196,9 @@ def _main() -> None:
         print(f"fxtrack {__version__}")
         return
     if len(sys.argv) > 1 and _WORD.match(sys.argv[1]):
+        # before the sub-command starts anything (fxtrack ui's server): SIGTERM then unwinds
+        # through its cleanup instead of ending this process with its children left running
+        exit_on_sigterm()
         command = subcommand_parser().parse_args(sys.argv[1:2]).command  # unknown: exit 2
         sys.argv.pop(1)
         module, _, function = SUBCOMMANDS[command][0].partition(":")

@@ -79,3 +79,29 @@ class Result:
     @classmethod
     def read(cls, path: Path) -> "Result":
         return cls(**json.loads(Path(path).read_text()))
+
+
+def children_path(result_path: str | Path) -> Path:
+    """Where a worker writes each child window (a rate-search probe) the moment it ends, beside
+    its result.json: a worker killed mid-search keeps the probes that finished (issue 43)."""
+    return Path(result_path).with_name("children.jsonl")
+
+
+def append_child(result_path: str | Path, child: dict[str, Any]) -> None:
+    with children_path(result_path).open("a") as f:
+        f.write(json.dumps(child) + "\n")
+
+
+def streamed_children(result_path: str | Path) -> list[dict[str, Any]]:
+    """The children a worker wrote one by one (a line cut short by a kill is left out)."""
+    try:
+        lines = children_path(result_path).read_text().splitlines()
+    except OSError:
+        return []
+    children = []
+    for line in lines:
+        try:
+            children.append(json.loads(line))
+        except ValueError:
+            break  # the last line, half written when the worker was killed
+    return children

@@ -108,7 +108,7 @@ def test_a_registered_scenario_is_validated_with_its_own_options(toy):
     with pytest.raises(ConfigError, match="scenario.widgets must be a positive number, got 0"):
         validate(composed("scenario=toy", "scenario.widgets=0", "size=tiny"))
     for bad in ("nan", "inf", "-inf"):
-        with pytest.raises(ConfigError, match=f"scenario.gain must be a positive number, got {bad}"):
+        with pytest.raises(ConfigError, match=f"scenario.gain must be a finite number, got {bad}"):
             validate(composed("scenario=toy", f"scenario.gain={bad}", "size=tiny"))
     with pytest.raises(ConfigError, match="scenario=toy takes no model=llama"):  # its refusal
         validate(composed("scenario=toy", "model=llama", "size=tiny"))

@@ -22,7 +22,7 @@ from fxtrack import architectures, families
 from fxtrack.config import slurm
 from fxtrack.policy import COMPILE_REQUESTS
 from fxtrack.scenarios import SCENARIOS
-from fxtrack.scenarios.options import at_least, positive
+from fxtrack.scenarios.options import at_least, finite, finite_fields, positive
 
 
 def _arch(key: str) -> Any:
@@ -36,6 +36,9 @@ def _arch_resolver(key: str, *, _root_: Any) -> Any:
 
 # the one check of a positive number, NaN and inf refused (shared with the scenarios' options)
 _positive = positive
+
+
+_finite, _finite_fields = finite, finite_fields  # one finite-number check (options.py)
 
 
 @dataclasses.dataclass
@@ -149,6 +152,7 @@ class CustomConfig:
             bad = [n for n in getattr(self, key) if not str(n).isidentifier()]
             if bad:
                 raise ValueError(f"model.{key} takes class names, got {bad[0]!r}")
+        _finite_fields("model.", self)
         _positive("model.", lr=self.lr)
 
 
@@ -177,6 +181,7 @@ class HardwareConfig:
     price_per_hour: Optional[float] = None
 
     def __post_init__(self) -> None:
+        _finite_fields("hardware.", self)
         _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads,
                   price_per_hour=self.price_per_hour)
         if self.gpu_isolation not in ("warn", "error", "wait"):
@@ -246,9 +251,13 @@ class FxtrackConfig:
     quantize: Quantize = Quantize.none
     timeout_s: float = 7200.0  # a worker running longer is stopped and its run marked FAILED
     verbose: bool = False  # let frameworks print their own log spam
+    # skip a run (a sweep's cell) whose identical config already has a FINISHED run in the
+    # store (tag fxtrack.config_id); without it a re-run is new runs
+    resume: bool = False
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
+        _finite_fields("", self)
         _positive("", batch_size=self.batch_size, devices=self.devices, steps=self.steps,
                   timeout_s=self.timeout_s, repeats=self.repeats)
         # warmup_steps=0 is allowed: the first timed step then carries the compilation, and

@@ -14,11 +14,13 @@ from omegaconf import DictConfig
 from fxtrack import scenarios
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.config.validate import ConfigError, Refused, validate
+from fxtrack.job import Result
 from fxtrack.orchestrator.job import Job, job_spec
 from fxtrack.orchestrator.sweep import (
     JOBS_DIR,
     SWEEP_ID_ENV,
     SWEEP_TOTAL_ENV,
+    numbers_wrong,
     skipped_job,
 )
 from fxtrack.tracking.records import sync_advice
@@ -53,22 +55,22 @@ def task(cfg: DictConfig) -> None:
     # repeats=N: N workers and one aggregate run per config (fxtrack/orchestrator/repeats.py);
     # a scenario with its own driver (fit's probe search, scaling's device sweep) repeats its
     # own way
-    scenario = scenarios.get(conf.scenario.name)
-    repeating = conf.repeats > 1 and scenario.repeatable
-    if scenario.driver is not None:
-        from fxtrack.frameworks.declaration import import_path
-
-        name, result, run_id = import_path(scenario.driver)(job, job_dir, parent)
-    elif repeating:
-        from fxtrack.orchestrator import repeats
-
-        if multirun:
-            aggregate, repeat = repeats.sweep_position(hc.job.num, parent)
-            name, result, run_id = repeats.run_one(job, job_dir, parent, aggregate, repeat)
-        else:
-            name, result, run_id = repeats.run_all(job, job_dir)
-    else:
-        name, result, run_id = job.run(job_dir, parent, conf.devices)
+    repeating = conf.repeats > 1 and scenarios.get(conf.scenario.name).repeatable
+    if conf.resume and resumed(job, conf, hc, multirun, repeating):
+        return
+    try:
+        name, result, run_id, repeat, aggregate = dispatch(job, conf, job_dir, parent, hc,
+                                                          multirun, repeating)
+    except Exception as e:  # noqa: BLE001 - an orchestrator bug in one cell: the sweep goes on
+        if not multirun:
+            raise
+        # the cell's runs close themselves (fit's parent); its job file says why, for the
+        # closing table
+        name, run_id, repeat, aggregate = f"job {hc.job.num + 1}", None, None, None
+        result = Result("", status="FAILED", error=f"fxtrack failed: {type(e).__name__}: {e}")
+        print(f"fxtrack: {name}: {result.error}", file=sys.stderr, flush=True)
+        if job.last_record is None:  # nothing logged for the cell: a FAILED run says why
+            run_id = job.log_failed(job_dir, parent, result.error)
     if multirun:
         jobs = Path(hc.sweep.dir) / JOBS_DIR
         jobs.mkdir(parents=True, exist_ok=True)
@@ -79,15 +81,72 @@ def task(cfg: DictConfig) -> None:
              "params": record.get("params", {}),
              "aggregate": record.get("tags", {}).get("fxtrack.repeat_of")}))
         if repeating and repeat == conf.repeats - 1:  # the config's last repeat: close its aggregate
+            from fxtrack.orchestrator import repeats
+
             repeats.close(job, aggregate, parent, [
                 j for j in map(json.loads, (p.read_text() for p in sorted(jobs.glob("*.json"))))
                 if j.get("aggregate") == aggregate], jobs)
-    else:
-        from fxtrack.tracking.ui import next_steps
+        return
+    from fxtrack.tracking.ui import next_steps
 
-        print(next_steps(job.uri, run_id, experiment=conf.tracking.experiment), file=sys.stderr)
-        if result.status != "FINISHED" or run_id is None:
-            sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+    print(next_steps(job.uri, run_id, experiment=conf.tracking.experiment), file=sys.stderr)
+    if result.status != "FINISHED" or run_id is None:
+        sys.exit(1)  # failed, or finished but only spooled: either way not in MLflow yet
+    if numbers_wrong(result.guard):
+        print(f"fxtrack: {name}: the correctness guard failed: {result.guard}; the figures "
+              "are logged, marked fxtrack.guard", file=sys.stderr)
+        sys.exit(1)
+
+
+def dispatch(job: Job, conf: FxtrackConfig, job_dir: Path, parent: str | None, hc: HydraConfig,
+             multirun: bool, repeating: bool):
+    """Run the cell as its scenario asks; (name, Result, run id, repeat, aggregate)."""
+    repeat = aggregate = None
+    driver = scenarios.get(conf.scenario.name).driver
+    if driver is not None:  # fit's probe search, scaling's device sweep
+        from fxtrack.frameworks.declaration import import_path
+
+        name, result, run_id = import_path(driver)(job, job_dir, parent)
+    elif repeating:
+        from fxtrack.orchestrator import repeats
+
+        if multirun:
+            aggregate, repeat = repeats.sweep_position(hc.job.num, parent)
+            name, result, run_id = repeats.run_one(job, job_dir, parent, aggregate, repeat)
+        else:
+            name, result, run_id = repeats.run_all(job, job_dir)
+    else:
+        name, result, run_id = job.run(job_dir, parent, conf.devices)
+    return name, result, run_id, repeat, aggregate
+
+
+def resumed(job: Job, conf: FxtrackConfig, hc: HydraConfig, multirun: bool,
+            repeating: bool) -> bool:
+    """resume=true: True (the run or cell is skipped, saying so) when its identical config
+    already has a FINISHED run in the store. A fit, scaling or repeats cell is run again: its
+    runs are a search or a set, not one run (docs/contract.md)."""
+    from fxtrack.orchestrator.job import config_id
+    from fxtrack.tracking import reader
+
+    if repeating or not scenarios.get(conf.scenario.name).repeatable:  # a search or a sweep
+        print("fxtrack: resume=true skips single runs only; this "
+              f"{'repeats' if repeating else conf.scenario.name} run goes ahead", file=sys.stderr)
+        return False
+    config = dict(job.config, devices=conf.devices)
+    run_id = reader.finished_run(job.uri, conf.tracking.experiment, config_id(config))
+    if run_id is None:
+        return False
+    name = run_name(job_spec(conf, job.arch, Path(hc.runtime.output_dir)), conf.size.name)
+    print(f"[fxtrack] {name}: finished before (run {run_id}); skipped (resume=true)",
+          file=sys.stderr, flush=True)
+    if multirun:
+        jobs = Path(hc.sweep.dir) / JOBS_DIR
+        jobs.mkdir(parents=True, exist_ok=True)
+        (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
+            {"name": name, "status": "FINISHED", "guard": "ok", "metrics": {}, "run_id": run_id,
+             "error": f"finished before (run {run_id}): skipped, resume=true", "tags": {},
+             "params": {}, "aggregate": None}))
+    return True
 
 
 def skip(hc: HydraConfig, refused: Refused) -> None:

@@ -121,6 +121,17 @@ def _meets(probes: list[Probe], budget_mib: Optional[float]) -> Optional[float]:
     return (budget_mib - line[1]) / line[0]
 
 
+def memory_pressure(probes: list[Probe], value: int, budget_mib: Optional[float]) -> bool:
+    """Whether a probe at ``value`` killed from outside (SIGKILL, a timeout) may have run out of
+    memory: the fitting probes' line of peak memory reaches 90% of the budget there. Without a
+    budget or a line there is no evidence, and the kill is no miss (issue 43: a stray kill at
+    ~600 MiB of an 8 GiB budget turned the answer into batch 3)."""
+    line = linear_fit([(p.value, p.peak_mib) for p in probes if p.fits and p.peak_mib is not None])
+    if budget_mib is None or line is None:
+        return False
+    return line[0] * value + line[1] >= 0.9 * budget_mib
+
+
 def stop_reason(probes: list[Probe], max_value: int, max_probes: int, resolution: float) -> str:
     """Why the search ended: ``resolution`` (bracketed), ``max_batch``, ``max_probes`` (the
     answer is then a lower bound) or ``nothing_fits``."""
@@ -248,6 +259,11 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
                                    conf.memory.value, kind, have, s.max_batch)
     spec = job_spec(conf, arch, job_dir)
     spec.scenario = "fit"
+    # the searched value and the probes' step counts are the probes' names, not the search's:
+    # the parent shared its name with a probe at the start value (issue 43)
+    spec.steps = spec.warmup_steps = None
+    if s.axis == "batch_size":
+        spec.batch_size = None
     name = records.run_name(spec, conf.size.name)
     fit_id = uuid.uuid4().hex
     tags = {"fxtrack.framework": conf.framework.name, "fxtrack.model": arch.name,
@@ -279,6 +295,18 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
         _, result, _ = _probe_job(job, s.axis, value).run(child_dir, fit_id, conf.devices,
                                                           scenario="fit", repeat=repeat,
                                                           tags=tag)
+        if found["fit"] == KILLED and not memory_pressure(probes, value, bound_mib):
+            # killed from outside (or timed out) where the probes' line sees no memory
+            # pressure: not a miss; probed again, and a second kill leaves the answer open
+            first = result.error
+            _, result, _ = _probe_job(job, s.axis, value).run(
+                job_dir / f"{folder}-again", fit_id, conf.devices, scenario="fit",
+                repeat=repeat, tags=tag)
+            if found["fit"] == KILLED:
+                stopped.append(f"{s.axis}={value} was stopped twice ({first}; {result.error}) "
+                               "with no sign of memory pressure: whether it fits is unknown, "
+                               f"so the answer is uncertain (at least {largest(probes) or '-'})")
+                raise _Stop
         if found["fit"] is None:  # not a memory verdict: the search cannot go on honestly
             stopped.append(f"{s.axis}={value}: {result.error}")
             raise _Stop
@@ -297,6 +325,9 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
                 repeats.append(extra.throughput)
     except _Stop:
         outcome.status, outcome.error = "FAILED", stopped[0]
+    except Exception as e:  # noqa: BLE001 - a bug in the search: the parent closes FAILED with
+        # what was probed, not RUNNING for ever (issue 43)
+        outcome.status, outcome.error = "FAILED", f"the search failed: {type(e).__name__}: {e}"
     except (KeyboardInterrupt, SystemExit):  # a signal stopped a probe (its run is KILLED):
         # close this parent too, with what was probed, before the sweep exits
         tags.update({"fxtrack.status": "failed", "fxtrack.error": "interrupted"})

@@ -95,6 +95,7 @@ class Job:
         config["framework"]["python"] = conf.framework.python or sys.executable
         self.config = config  # what is logged: resolved, without credentials
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
+        self.held_parents: dict[str, Path] = {}  # result id -> its held fallback (hold_parent)
 
     def run(self, job_dir: Path, parent: str | None, devices: int,
             scenario: str | None = None, repeat: int | None = None,
@@ -103,7 +104,7 @@ class Job:
         """Run the worker at ``devices``, enrich, log; returns (run name, Result, run id).
         ``repeat``: which of ``repeats`` this run is (its parent is then the config's aggregate).
         ``tags``: the caller's own tags from the Result, before it is logged (a fit probe's)."""
-        from fxtrack.tracking import records
+        from fxtrack.tracking import records, spool
 
         spec = job_spec(self.conf, self.arch, job_dir)
         spec.devices = devices
@@ -112,37 +113,80 @@ class Job:
             spec.repeat = repeat
         name = records.run_name(spec, self.conf.size.name, repeat)
         start_ms = int(time.time() * 1000)
-        result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s,
-                            meanwhile=self.load_tracking)
-        if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
-            print(f"{name}: node {spec.node_rank} {result.status.lower()}"
-                  + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
-            return name, result, "node"
-        if result.status == "FINISHED":
-            enrich(result, spec, self.conf)
-        if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
-            result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
-        if tags is not None:
-            result.tags.update(tags(result))
-        result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
         config = dict(self.config, devices=devices)
-        summary = summary_line(name, result)
-        self.last_record = record = records.job_record(
-            spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
-            name, summary)
-        artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
-                     "result.json": Path(spec.result_path),
-                     "environment.json": records.environment_json(),
-                     "worker.log": log_tail(job_dir / "worker.log")}
-        if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
-            artifacts["model"] = Path(result.artifacts["model"]).parent
-        if "serve_requests" in result.artifacts:  # scenario=serve: one row per request
-            artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
-        run_id, where = self.log(record, artifacts)
-        print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
-        self.log_children(spec, result, config, name)
+        # only node 0 talks to MLflow
+        held = self.hold(spec, job_dir, config, parent, start_ms, name) if spec.node_rank == 0 \
+            else None
+        try:
+            result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s,
+                                meanwhile=self.load_tracking)
+            if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
+                print(f"{name}: node {spec.node_rank} {result.status.lower()}"
+                      + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
+                return name, result, "node"
+            if result.status == "FINISHED":
+                enrich(result, spec, self.conf)
+            if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
+                result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
+            if tags is not None:
+                result.tags.update(tags(result))
+            result.tags["config_id"] = config_id(config)
+            result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
+            summary = summary_line(name, result)
+            self.last_record = record = records.job_record(
+                spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
+                name, summary)
+            artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
+                         "result.json": Path(spec.result_path),
+                         "environment.json": records.environment_json(),
+                         "worker.log": log_tail(job_dir / "worker.log")}
+            if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
+                artifacts["model"] = Path(result.artifacts["model"]).parent
+            if "serve_requests" in result.artifacts:  # scenario=serve: one row per request
+                artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
+            run_id, where = self.log(record, artifacts)
+            print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
+            self.log_children(spec, result, config, name)
+            spool.drop(held)
+        except Exception:  # an error of this process's own: no fallback saying it was killed
+            spool.drop(held)
+            raise
         stop_if_interrupted()
         return name, result, run_id
+
+    def log_failed(self, job_dir: Path, parent: str | None, error: str) -> str | None:
+        """A FAILED run for a cell whose own orchestrator code raised before it logged one."""
+        from fxtrack.tracking import records
+
+        spec = job_spec(self.conf, self.arch, job_dir)
+        name = records.run_name(spec, self.conf.size.name)
+        config = dict(self.config, devices=self.conf.devices)
+        result = Result(spec.result_id, status="FAILED", error=error,
+                        tags={"config_id": config_id(config)})
+        self.last_record = record = records.job_record(
+            spec, result, config, self.uri, self.conf.tracking.experiment, parent,
+            int(time.time() * 1000), name, summary_line(name, result))
+        return self.log(record, {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config))})[0]
+
+    def hold(self, spec: JobSpec, job_dir: Path, config: dict, parent: str | None,
+             start_ms: int, name: str) -> Path | None:
+        """The run's fallback in the spool while its worker runs (``spool.hold``): if this
+        process is killed outright, ``fxtrack sync`` logs the worker's finished result, or the
+        run FAILED with why, once (the worker stops with this process)."""
+        from fxtrack.tracking import records, spool
+
+        failed = Result(spec.result_id, status="FAILED", error=records.GONE,
+                        tags={"config_id": config_id(config)})
+        record = records.job_record(spec, failed, config, self.uri,
+                                    self.conf.tracking.experiment, parent, start_ms, name,
+                                    f"{name}: FAILED: {records.GONE}")
+        try:
+            return spool.hold(records.held_job(record, str(job_dir), config),
+                              {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
+                               "environment.json": records.environment_json()})
+        except spool.SpoolError as e:  # the run goes on; only a kill would need the fallback
+            print(f"fxtrack: no fallback for this run in the spool ({e})", file=sys.stderr)
+            return None
 
     def log_children(self, spec: JobSpec, result: Result, config: dict, name: str) -> None:
         """The run's windows (Result.children: scenario=serve's rate-search probes) as child
@@ -154,14 +198,17 @@ class Job:
             child_spec = dataclasses.replace(spec, result_id=uuid.uuid4().hex)
             tags = {k: v for k, v in result.tags.items() if k in _CHILD_TAGS}
             tags.update(child["tags"], serve_probe_of=spec.result_id)
-            child_result = Result(child_spec.result_id, status=result.status,
+            # a window that ended is a finished run, whatever stopped its parent afterwards
+            child_result = Result(child_spec.result_id, status="FINISHED",
                                   metrics=dict(child["metrics"]), series=dict(child["series"]),
                                   tags=tags, resolved=result.resolved)
             child_name = f"{name}-{child['suffix']}"
+            now = int(time.time() * 1000)
             record = records.job_record(child_spec, child_result, config, self.uri,
                                         self.conf.tracking.experiment, spec.result_id,
-                                        int(time.time() * 1000), child_name,
+                                        child.get("start_time_ms") or now, child_name,
                                         summary_line(child_name, child_result))
+            record["end_time_ms"] = child.get("end_time_ms") or now  # the window's own span
             files = {f"{role}.json": Path(path) for role, path in child["artifacts"].items()}
             self.log(record, files)
 
@@ -187,7 +234,40 @@ class Job:
         run_id, where, message = writer.log_record(record, artifacts, self.uri)
         if message:
             print(message, file=sys.stderr)
+        if record["kind"] == "sweep":  # a parent: fit's search, scaling, a repeats aggregate
+            self.hold_parent(record)
         return run_id, where
+
+    def hold_parent(self, record: dict) -> None:
+        """While a parent run is RUNNING, its FAILED closing record waits in the spool
+        (``spool.hold``): if this process is killed outright, ``fxtrack sync`` closes it with
+        why instead of leaving it RUNNING for ever; its own closing record drops it."""
+        from fxtrack.tracking import records, spool
+
+        spool.drop(self.held_parents.pop(record["result_id"], None))
+        if record["status"] != "RUNNING":
+            return
+        gone = dict(record, status="FAILED", tags=dict(
+            record["tags"], **{"fxtrack.status": "failed", "fxtrack.error": records.GONE_PARENT}))
+        try:
+            self.held_parents[record["result_id"]] = spool.hold(gone, {})
+        except spool.SpoolError as e:
+            print(f"fxtrack: no fallback for {record['run_name']} in the spool ({e})",
+                  file=sys.stderr)
+
+
+# keys that do not change what is measured: where it is logged, how it is shown, when to stop
+_NOT_IDENTITY = ("tracking", "resume", "verbose", "timeout_s")
+
+
+def config_id(config: dict) -> str:
+    """A run's configuration as one id (tag ``fxtrack.config_id``): ``resume=true`` skips a run
+    whose id already has a FINISHED run in the store."""
+    import hashlib
+    import json
+
+    same = {k: v for k, v in config.items() if k not in _NOT_IDENTITY}
+    return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:

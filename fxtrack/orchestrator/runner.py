@@ -21,8 +21,8 @@ from typing import Callable
 
 import fxtrack
 from fxtrack.environment import redact_text, worker_environment
-from fxtrack.job import JobSpec, Result
-from fxtrack.worker.__main__ import GATE_ENV
+from fxtrack.job import JobSpec, Result, children_path, streamed_children
+from fxtrack.worker.__main__ import GATE_ENV, PARENT_ENV
 
 _PACKAGE_ROOT = str(Path(fxtrack.__file__).resolve().parent.parent)
 LOG_TAIL_BYTES = 64 * 1024
@@ -47,10 +47,12 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     spec_path, log_path = job_dir / "spec.json", job_dir / "worker.log"
     spec.dump(spec_path)
     Path(spec.result_path).unlink(missing_ok=True)
+    children_path(spec.result_path).unlink(missing_ok=True)
     env = worker_environment(os.environ)
     # The worker imports fxtrack from this checkout even under another venv's interpreter.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [_PACKAGE_ROOT, env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
+    env[PARENT_ENV] = str(os.getpid())  # the worker stops when this process is gone
     cmd = worker_command(spec, python or sys.executable, spec_path)
     gate_read = gate = None
     if meanwhile is not None and cmd[1:3] == ["-m", "fxtrack.worker"]:
@@ -64,7 +66,8 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
         try:
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                    pass_fds=() if gate_read is None else (gate_read,))
+                                    pass_fds=() if gate_read is None else (gate_read,),
+                                    preexec_fn=_parent_death_signal(cmd))
         except OSError as e:
             msg = f"cannot start the worker with framework.python={cmd[0]}: {e.strerror or e}"
             log.write(f"[fxtrack] {msg}\n".encode())
@@ -92,6 +95,19 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
         timed_out = _wait(proc, timeout_s)
         tee.join(timeout=10)
     return _outcome(spec, proc.returncode, timed_out, timeout_s, log_path)
+
+
+def _parent_death_signal(cmd: list[str]) -> Callable[[], None] | None:
+    """torchrun is not fxtrack's code and watches no parent: the kernel sends it SIGTERM (which
+    it passes on to its ranks) when this process dies. fxtrack's own worker watches its parent
+    itself (worker.__main__.die_with_parent)."""
+    if "torch.distributed.run" not in cmd or not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    PR_SET_PDEATHSIG = 1
+    return lambda: prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
 
 
 def _close_gate(write_fd: int | None, go: bool) -> None:
@@ -225,6 +241,8 @@ def _kill_group(proc: subprocess.Popen, sig: int) -> None:
 def _outcome(spec: JobSpec, code: int, timed_out: bool, timeout_s: float, log: Path) -> Result:
     result_path = Path(spec.result_path)
     result = Result.read(result_path) if result_path.exists() else Result(spec.result_id)
+    if not result.children:  # a worker stopped mid-search: the windows that had ended
+        result.children = streamed_children(result_path)
     if spec.node_rank != 0 and code == 0 and not timed_out:
         result.status = "FINISHED"  # a non-zero node writes no Result: node 0 reports for all
     if _INTERRUPTED:

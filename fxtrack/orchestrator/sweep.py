@@ -89,7 +89,8 @@ class SweepRun(Callback):
         jobs = [json.loads(p.read_text()) for p in sorted(jobs_dir.glob("*.json"))]
         skipped = [j for j in jobs if j.get("skipped")]
         unsupported = [j for j in jobs if _unsupported(j) and not j.get("skipped")]
-        failed = [j for j in jobs if j["status"] != "FINISHED" and not _unsupported(j)]
+        failed = [j for j in jobs if (j["status"] != "FINISHED" and not _unsupported(j))
+                  or numbers_wrong(j.get("guard", "ok"))]
         verdict = closing_table(jobs)
         aggregates = [json.loads(p.read_text())
                       for p in sorted((jobs_dir / AGGREGATES_DIR).glob("*.json"))]
@@ -179,12 +180,9 @@ class SweepRun(Callback):
             return {}
         return {"report": out}
 
-    def _deliver(self, config: DictConfig, status: str, note: str | None = None,
-                 params: dict[str, Any] | None = None,
-                 artifacts: dict[str, Any] | None = None) -> None:
-        from fxtrack.tracking import records, writer
+    def _record(self, config: DictConfig, status: str, note: str | None) -> dict[str, Any]:
+        from fxtrack.tracking import records
 
-        uri = self._uri(config)
         name = f"sweep-{time.strftime('%Y%m%d-%H%M%S', time.localtime(self.started))}"
         overrides = records.redact_overrides(list(config.hydra.overrides.task))
         tags = {"fxtrack.sweep": " ".join(overrides)}
@@ -192,16 +190,38 @@ class SweepRun(Callback):
             tags["fxtrack.not_supported"] = "\n".join(self.not_supported)[:MAX_TAG_CHARS]
         if note:
             tags.update(records.note(note))
-        record = records.parent_record(self.sweep_id, uri, config.tracking.experiment, name,
-                                       tags, status, start_time_ms=int(self.started * 1000))
+        return records.parent_record(self.sweep_id, self._uri(config), config.tracking.experiment,
+                                     name, tags, status, start_time_ms=int(self.started * 1000))
+
+    def _deliver(self, config: DictConfig, status: str, note: str | None = None,
+                 params: dict[str, Any] | None = None,
+                 artifacts: dict[str, Any] | None = None) -> None:
+        from fxtrack.tracking import spool, writer
+
+        uri = self._uri(config)
+        record = self._record(config, status, note)
         record["params"] = params or {}
         run_id, _, message = writer.log_record(record, artifacts or {}, uri)
         self.spooled = run_id is None
         if status == "RUNNING":
             self.run_id = run_id
+            # the sweep's last word if this process is killed outright: sync closes it FAILED
+            gone = self._record(config, "FAILED", f"FAILED: {GONE}")
+            gone["tags"]["fxtrack.error"] = GONE
+            try:
+                self.held = spool.hold(gone, {})
+            except spool.SpoolError as e:
+                print(f"fxtrack: no fallback for the sweep's parent in the spool ({e})",
+                      file=sys.stderr)
+        else:
+            spool.drop(getattr(self, "held", None))
         if message:
             print(f"fxtrack: the sweep's parent run: {message.removeprefix('fxtrack: ')}",
                   file=sys.stderr)
+
+
+GONE = ("the sweep's orchestrator was gone before it closed the sweep (killed: SIGKILL, the "
+        "OOM killer, a reboot); closed by fxtrack sync")
 
 
 def code_size(frameworks: list[str]) -> tuple[dict[str, Any], str]:
@@ -219,6 +239,14 @@ def code_size(frameworks: list[str]) -> tuple[dict[str, Any], str]:
     rows = [",".join(["metric", *frameworks])]
     rows += [",".join([k, *(f"{figures[fw].get(k, 0):g}" for fw in frameworks)]) for k in keys]
     return params, "\n".join(rows) + "\n"
+
+
+def numbers_wrong(guard: str) -> bool:
+    """A guard that says the run's numbers are wrong (a loss gone NaN / inf) fails the exit
+    status, single run or sweep; a loss that did not fall in a few steps stays a warning."""
+    from fxtrack.scenarios.train import NOT_FINITE
+
+    return guard == NOT_FINITE
 
 
 def skipped_job(name: str, why: str) -> dict[str, Any]:

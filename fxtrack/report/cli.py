@@ -83,7 +83,14 @@ def main(argv: list[str]) -> int:
     runs = selection.runs
 
     out = args.out.resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        if not os.access(out, os.W_OK):
+            raise PermissionError(f"cannot write in {out}")
+    except OSError as e:  # a file in its place, no permission, a read-only mount
+        print(f"{PROG}: --out {args.out}: cannot write the report there "
+              f"({type(e).__name__}: {e.strerror or e}): choose another --out", file=sys.stderr)
+        return 1
     # Charts are only seen through the Markdown and HTML pages; a CSV-only report skips them.
     from fxtrack.report import fit
 

@@ -98,6 +98,8 @@ class Drawn:
 
 def charts(frame: pd.DataFrame, out: Path) -> list[Drawn]:
     """One Pareto chart per model and axes pair with at least one point, saved under ``out``."""
+    from fxtrack.report.charts import _slug  # the file names every chart uses
+
     configs = samples.configs(frame)
     drawn = []
     pairs = sorted(set(zip(configs["model"], configs["label"]))) if not configs.empty else []
@@ -108,7 +110,8 @@ def charts(frame: pd.DataFrame, out: Path) -> list[Drawn]:
                 continue
             marks = frontier([(p.x, p.y) for p in found], axes[3], axes[6])
             never = sorted({p.framework for p in found} - {p.framework for p, m in zip(found, marks) if m})
-            name = model if label == architectures.display_name(model) else "".join(c if c.isalnum() else "_" for c in label)
+            # a model name may hold '/': the slug every chart's file name uses
+            name = _slug(model if label == architectures.display_name(model) else label)
             path = out / f"pareto-{axes[0]}-{name}.png"
             title = f"Trade-offs: {label}, {axes[0]}"
             _draw(found, marks, axes, title, path)

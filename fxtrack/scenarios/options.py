@@ -14,22 +14,41 @@ import math
 from typing import Any, Optional
 
 
+def finite(owner: str, **values: Any) -> None:
+    """The one check every numeric option goes through (a number given as text too): NaN and
+    inf pass every ``value <= 0`` refusal (a NaN timeout_s turned the watchdog off, issue 43)."""
+    for key, value in values.items():
+        if isinstance(value, str):
+            try:
+                value = float(value)
+            except ValueError:
+                continue  # a word ("search"): the option's own check says what it takes
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{owner}{key} must be a finite number, got {value}")
+
+
+def finite_fields(owner: str, obj: Any) -> None:
+    """``finite`` over every field of a dataclass instance: a new float key is covered too."""
+    finite(owner, **{f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)})
+
+
 def positive(owner: str, **values: Any) -> None:
-    """Raise ValueError unless each value that is set is a finite number above 0: NaN and inf
-    pass a bare ``value <= 0`` and would turn off a watchdog or divide by zero later."""
+    """Raise ValueError unless each value that is set is a finite number above 0."""
+    finite(owner, **values)
     for key, value in values.items():
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{owner}{key} must be a number, got {value!r}")
-        if not math.isfinite(value) or value <= 0:
+        if value <= 0:
             raise ValueError(f"{owner}{key} must be a positive number, got {value}")
 
 
 def at_least(owner: str, floor: float, **values: Any) -> None:
     """Raise ValueError unless each value that is set is finite and >= ``floor``."""
+    finite(owner, **values)
     for key, value in values.items():
-        if value is not None and (not math.isfinite(value) or value < floor):
+        if value is not None and value < floor:
             raise ValueError(f"{owner}{key} must be >= {floor:g}, got {value}")
 
 
@@ -38,6 +57,9 @@ class Options:
     """What every scenario's options have: the scenario's name (``scenario=<name>``)."""
 
     name: str = ""
+
+    def __post_init__(self) -> None:  # every subclass's numeric option, present and future
+        finite_fields("scenario.", self)
 
 
 @dataclasses.dataclass
@@ -69,6 +91,7 @@ class PipelineOptions(Options):
     loader_workers: int = 2  # loader processes / parallel calls
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         positive("scenario.", dataset_samples=self.dataset_samples)
         at_least("scenario.", 0, loader_workers=self.loader_workers)
 
@@ -83,6 +106,7 @@ class GenerateOptions(Options):
     new_tokens: int = 128  # tokens decoded greedily after the prompt
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         positive("scenario.", prompt_len=self.prompt_len, new_tokens=self.new_tokens)
 
 
@@ -101,6 +125,7 @@ class FitOptions(Options):
     memory_gib: Optional[float] = None  # None: the pre-check's memory; on a GPU its total
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         positive("scenario.", max_probes=self.max_probes, max_batch=self.max_batch,
                  resolution=self.resolution, memory_gib=self.memory_gib)
         if self.axis not in ("batch_size", "seq_len"):
@@ -119,6 +144,7 @@ class SloOptions:
     e2e_ms: Optional[float] = None
 
     def __post_init__(self) -> None:
+        finite_fields("scenario.slo.", self)
         positive("scenario.slo.", ttft_ms=self.ttft_ms, tpot_ms=self.tpot_ms, e2e_ms=self.e2e_ms)
 
     def as_dict(self) -> dict[str, Optional[float]]:
@@ -150,6 +176,7 @@ class ServeOptions(Options):
         if isinstance(self.slo, dict):  # read back from a JobSpec's JSON
             self.slo = SloOptions(**self.slo)
         self.rate = str(self.rate)
+        super().__post_init__()
         positive("scenario.", prompt_len=self.prompt_len, new_tokens=self.new_tokens,
                  burstiness=self.burstiness, max_batch=self.max_batch,
                  concurrency=self.concurrency, resolution=self.resolution,

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from fxtrack import families
+from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
 from fxtrack.scenarios.options import ServeOptions, from_json
 
@@ -378,6 +379,8 @@ class Window:
     requests: list[Request]
     figures: dict[str, float]
     verdict: str = ""
+    started_ms: Optional[int] = None  # epoch ms, for the child run's start and end
+    ended_ms: Optional[int] = None
 
 
 def run(backend: Any, result: Any) -> None:
@@ -411,6 +414,7 @@ def run(backend: Any, result: Any) -> None:
 
     def window(rate: Optional[float]) -> Window:
         before = compiles()
+        started_ms = int(time.time() * 1000)  # wall clock: the probe's child run's start
         if rate is None:
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
                                 buckets=buckets, tokens=tokens, duration_s=o["duration_s"],
@@ -428,7 +432,8 @@ def run(backend: Any, result: Any) -> None:
         served.append(len(reqs))
         if before is not None:  # compilations inside the window: 0 when warm-up covered it
             figures["serve_recompiles"] = float(compiles() - before)
-        return Window(rate, reqs, figures)
+        return Window(rate, reqs, figures, started_ms=started_ms,
+                      ended_ms=int(time.time() * 1000))
 
     m = result.metrics
     # every window measured as the timed scenarios' are: the contention check, system metrics,
@@ -447,10 +452,14 @@ def run(backend: Any, result: Any) -> None:
             start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
             probes: list[Window] = []
 
+            children: list[dict[str, Any]] = []
+
             def passes(rate: float) -> bool:
                 w = window(rate)
                 w.verdict = probe_verdict(w.figures, o["slo"])
                 probes.append(w)
+                children.append(_child(backend, len(probes) - 1, w))
+                append_child(backend.spec.result_path, children[-1])  # kept if the worker dies
                 return w.verdict == "pass"
 
             found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
@@ -469,7 +478,7 @@ def run(backend: Any, result: Any) -> None:
             # the figures of the highest passing probe (else the last)
             reported = ([w for w in probes if w.rate == found.max_rate_rps] or probes[-1:])[-1]
             result.tags["serve_probes"] = str(len(probes))
-            result.children = [_child(backend, i, w) for i, w in enumerate(probes)]
+            result.children = children
             # every window's compilations, the probes' included
             if uncounted is None:
                 reported.figures["serve_recompiles"] = sum(w.figures["serve_recompiles"]
@@ -504,4 +513,5 @@ def _child(backend: Any, index: int, w: Window) -> dict[str, Any]:
     return {"suffix": f"probe{index}-rate{w.rate:.3g}", "metrics": dict(w.figures),
             "tags": {"serve_probe": w.verdict, "serve_probe_index": str(index)},
             "series": {"serve_request_e2e_ms": [r.e2e_ms() for r in w.requests]},
-            "artifacts": {"serve_requests": str(path)}}
+            "artifacts": {"serve_requests": str(path)},
+            "start_time_ms": w.started_ms, "end_time_ms": w.ended_ms}

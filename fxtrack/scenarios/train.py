@@ -72,11 +72,16 @@ def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], Opti
     return count
 
 
+# the guard's verdict on a run whose numbers are wrong, not only unusual: it fails the run's exit
+# status (issue 43), where a loss that did not fall in a few steps is a warning
+NOT_FINITE = "loss is not finite"
+
+
 def guard(backend: Backend, params: int, losses: list[float]) -> str:
     """The correctness guard: finite loss that falls, and the canonical parameter count."""
     arch = backend.arch
     if not all(math.isfinite(x) for x in losses):
-        return "loss is not finite"
+        return NOT_FINITE
     if len(losses) > 1 and not losses[-1] < losses[0]:
         return f"loss did not fall ({losses[0]:.4g} -> {losses[-1]:.4g})"
     return param_guard(arch, params)

@@ -64,6 +64,9 @@ def classify(e: BaseException, record: dict[str, Any]) -> TrackingUnavailable:
     if unreachable(e):  # before the status: MLflow reports a refused connection as a 500
         return ServerUnreachable(f"cannot reach the tracking server at {record.get('uri')} "
                                  f"({_root_cause(e)}); it may be down or restarting")
+    damaged = corrupt_store(e, record.get("uri"))
+    if damaged:
+        return TrackingRejected(damaged)
     if isinstance(e, mlflow.exceptions.MlflowException):
         status = e.get_http_status_code()
         if status == 401:
@@ -102,6 +105,19 @@ def unreachable(e: BaseException) -> bool:
                              ConnectionError, TimeoutError, socket.gaierror)):
             return True
     return False
+
+
+def corrupt_store(e: BaseException, uri: Optional[str]) -> Optional[str]:
+    """What to say when ``e`` comes from an embedded store whose file is no (longer a) sqlite
+    database: it is not a server that is not answering, and retrying cannot help. None for
+    anything else (a locked database, sqlite's OperationalError, is busy, not damaged)."""
+    import sqlite3
+
+    for link in _chain(e):
+        if isinstance(link, sqlite3.DatabaseError) and not isinstance(link, sqlite3.OperationalError):
+            return (f"the store {redact_uri_text(uri or '?')} is damaged ({first_line(link)}): "
+                    "move the file aside (or restore it from a backup) and run again")
+    return None
 
 
 def _root_cause(e: BaseException) -> str:

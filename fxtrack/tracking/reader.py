@@ -18,6 +18,7 @@ import pandas as pd
 from mlflow.tracking import MlflowClient
 
 from fxtrack.environment import redact_uri, redact_uri_text
+from fxtrack.tracking.errors import corrupt_store
 from fxtrack.tracking.health import mlflow_defaults
 
 _PAGE = 1000  # runs per search request; the file and SQL stores cap pages at 50,000
@@ -47,14 +48,14 @@ def load_runs(uri: str, experiment: str, filter_string: Optional[str] = None) ->
     where = redact_uri(uri)
     _require_sqlite_file(uri, experiment)
     mlflow_defaults()  # a server that is down fails the read in seconds, as it fails a write
-    client = MlflowClient(uri)
     try:
+        client = MlflowClient(uri)
         exp = client.get_experiment_by_name(experiment)
-    except mlflow.exceptions.MlflowException as e:
-        raise ReadError(f"cannot read {where}: {_first_line(e)}") from e
-    except (OSError, ConnectionError) as e:
-        raise ReadError(f"cannot reach {where}: {type(e).__name__}: "
-                        f"{redact_uri_text(str(e))}") from e
+    except Exception as e:  # noqa: BLE001 - a damaged store is said as such, the rest below
+        damaged = corrupt_store(e, uri)
+        if damaged:
+            raise ReadError(damaged) from e
+        _read_error(e, where)
     active = exp is not None and exp.lifecycle_stage != "deleted"
     projects = _project_runs(client, exp.experiment_id if active else None, experiment,
                              filter_string or "", where)
@@ -68,6 +69,31 @@ def load_runs(uri: str, experiment: str, filter_string: Optional[str] = None) ->
                               f"{filter_string!r}")
         raise NoRunsFound(f"experiment {experiment!r} at {where} has no runs yet")
     return pd.DataFrame([_row(run) for run in runs])
+
+
+def _read_error(e: Exception, where: str) -> None:
+    """``e`` as the ReadError that says it (re-raised as it is when it is no read error)."""
+    if isinstance(e, mlflow.exceptions.MlflowException):
+        raise ReadError(f"cannot read {where}: {_first_line(e)}") from e
+    if isinstance(e, (OSError, ConnectionError)):
+        raise ReadError(f"cannot reach {where}: {type(e).__name__}: "
+                        f"{redact_uri_text(str(e))}") from e
+    raise e
+
+
+def finished_run(uri: str, experiment: str, config_id: str) -> Optional[str]:
+    """The id of a FINISHED run of ``config_id`` (tag ``fxtrack.config_id``) in ``experiment``,
+    or None (no store yet: nothing is created)."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return None
+    mlflow_defaults()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = client.search_runs([exp.experiment_id], f"tags.`fxtrack.config_id` = '{config_id}' "
+                               "and attributes.status = 'FINISHED'", max_results=1)
+    return found[0].info.run_id if found else None
 
 
 def experiment_names(uri: str) -> list[str]:

@@ -325,3 +325,49 @@ def sync_advice(uri: str) -> str:
     return (f"deliver later with `fxtrack sync --uri {redact_uri(uri)}` once that server "
             "answers (a mistyped URI: give the right one to --uri; a plain `fxtrack sync` "
             "retries the URI each result was spooled with)")
+
+
+GONE_PARENT = ("its orchestrator was gone before it closed this run (killed: SIGKILL, the OOM "
+               "killer, a reboot); closed by fxtrack sync")
+GONE = ("its orchestrator was gone before it logged the run (killed: SIGKILL, the OOM killer, "
+        "a reboot)")
+
+
+def held_job(record: dict[str, Any], job_dir: str, config: dict[str, Any]) -> dict[str, Any]:
+    """The fallback a job holds in the spool while its worker runs (``spool.hold``): FAILED,
+    saying why, unless the worker's own result is there when sync delivers it (``adopted``)."""
+    return dict(record, adopt={"job_dir": job_dir, "config": config})
+
+
+def adopted(record: dict[str, Any], files: list[tuple[str, Any]]
+            ) -> tuple[dict[str, Any], list[tuple[str, Any]]]:
+    """A held job record delivered by sync because its orchestrator died: the worker's
+    finished ``result.json`` becomes the run (same result id: logged once), else the FAILED
+    fallback; either way with the worker's log."""
+    adopt = record.pop("adopt", None)
+    if not adopt:
+        return record, files
+    from pathlib import Path
+
+    job_dir = Path(adopt["job_dir"])
+    spec_path, result_path, log = (job_dir / "spec.json", job_dir / "result.json",
+                                   job_dir / "worker.log")
+    files = [(n, p) for n, p in files if n not in ("result.json", "worker.log")]
+    if log.is_file():
+        files.append(("worker.log", log))
+    try:
+        result = Result.read(result_path) if result_path.is_file() else None
+        spec = JobSpec.read(spec_path)
+    except (OSError, ValueError, TypeError):
+        result = None
+    if result is None or result.status != "FINISHED" or result.result_id != record["result_id"]:
+        return record, files
+    name = record["run_name"]
+    new = job_record(spec, result, adopt["config"], record["uri"], record["experiment"],
+                     record["parent_result_id"], record["start_time_ms"], name,
+                     f"{name}: FINISHED; logged by fxtrack sync, as {GONE} (no MFU or cost "
+                     "figures: the orchestrator adds those)")
+    new.update(experiment_id=record.get("experiment_id"), adopt_run_id=record.get("adopt_run_id"))
+    if "fxtrack.config_id" in record["tags"]:  # the orchestrator's tag: resume=true finds it
+        new["tags"]["fxtrack.config_id"] = record["tags"]["fxtrack.config_id"]
+    return new, [*files, ("result.json", result_path)]

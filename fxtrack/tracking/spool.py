@@ -27,6 +27,7 @@ import psutil
 RECORD = "record.json"
 BAD = "bad"
 _CLAIM = ".claim-"
+_HELD = ".held-"  # hold(): a live process's fallback record, no sync's to take
 # A claim whose process cannot be checked (another host) is taken back after this long (s).
 CLAIM_LEASE_S = float(os.environ.get("FXTRACK_CLAIM_LEASE_S", "3600"))
 
@@ -64,10 +65,11 @@ def check_writable() -> Path:
     return root
 
 
-def write(record: dict[str, Any], artifacts: dict[str, Path | str]) -> Path:
+def write(record: dict[str, Any], artifacts: dict[str, Path | str], suffix: str = "") -> Path:
     """Spool one run: ``record`` (JSON-able) plus artifact files (paths copied, strings written).
-    Raises SpoolError (and leaves no partial entry behind) when it cannot be written whole."""
-    entry = spool_dir() / record["result_id"]
+    Raises SpoolError (and leaves no partial entry behind) when it cannot be written whole.
+    ``suffix``: the entry's name after the result id (``hold``'s)."""
+    entry = spool_dir() / (record["result_id"] + suffix)
     tmp = entry.with_name(f"{entry.name}.tmp-{os.getpid()}")
     try:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -97,9 +99,23 @@ def artifacts(entry: Path) -> list[tuple[str, Path]]:
     return [(p.name, p) for p in sorted(folder.iterdir())] if folder.is_dir() else []
 
 
+def hold(record: dict[str, Any], artifacts: dict[str, Path | str]) -> Path:
+    """Spool ``record`` as this process's last word, kept from every sync while this process
+    lives: what the run must say if the process is killed before it logs or closes the run
+    itself (SIGKILL, the OOM killer, a reboot; issue 43). ``drop`` it once the run is logged;
+    if the process dies first, the next ``scan`` gives it to sync."""
+    return write(record, artifacts, suffix=f"{_HELD}{socket.gethostname()}-{os.getpid()}")
+
+
+def drop(held: Optional[Path]) -> None:
+    """This process logged (or closed) the run itself: its held fallback is not needed."""
+    if held is not None:
+        remove(held)
+
+
 def _is_entry(p: Path) -> bool:
-    return p.is_dir() and _CLAIM not in p.name and ".tmp" not in p.name and p.name != BAD \
-        and not p.name.startswith(".")
+    return p.is_dir() and _CLAIM not in p.name and _HELD not in p.name and ".tmp" not in p.name \
+        and p.name != BAD and not p.name.startswith(".")
 
 
 class Scan(NamedTuple):
@@ -214,7 +230,7 @@ def claim(entry: Path) -> Optional[Path]:
 
 def release(claimed: Path) -> Path:
     """Give a claimed entry back to the spool (its delivery failed; it is retried later)."""
-    entry = claimed.with_name(claimed.name.split(_CLAIM)[0])
+    entry = claimed.with_name(claimed.name.split(_CLAIM)[0].split(_HELD)[0])
     if entry.exists():  # rewritten meanwhile (a sweep parent's closing record): that one wins
         remove(claimed)
         return entry
@@ -230,7 +246,11 @@ def _claim_suffix() -> str:
 
 
 def alive(pid: int) -> bool:
-    return psutil.pid_exists(pid)
+    """``pid`` runs (a zombie, killed but not yet reaped by its parent, does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # no such process (or it ended meanwhile)
+        return False
 
 
 def reclaim_stale() -> None:
@@ -245,6 +265,17 @@ def reclaim_stale() -> None:
             continue
         dead = owner_host == host and pid.isdigit() and not alive(int(pid))
         if dead or age > CLAIM_LEASE_S:
+            release(p)
+    # a held fallback waits as long as its process lives (a run may take hours); on another
+    # host, whose processes cannot be checked, for a day
+    for p in spool_dir().glob(f"*{_HELD}*"):
+        owner_host, _, pid = p.name.split(_HELD, 1)[1].rpartition("-")
+        try:
+            age = time.time() - p.stat().st_mtime
+        except OSError:
+            continue
+        if (owner_host == host and pid.isdigit() and not alive(int(pid))) or \
+                (owner_host != host and age > 24 * 3600):
             release(p)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -94,7 +95,10 @@ def main(argv: list[str]) -> int:
     mlflow_cli = Path(sys.executable).with_name("mlflow")
     command = [str(mlflow_cli) if mlflow_cli.is_file() else "mlflow", "ui", "--backend-store-uri",
                uri, "--host", args.host, "--port", str(args.port)]
-    ui = subprocess.Popen(command, env=ui_env(), stdout=sys.stderr)  # stdout: the link alone
+    # its own process group: mlflow ui starts workers of its own, and stopping the UI stops
+    # them all (a SIGTERM to mlflow's CLI alone left them listening, issue 43)
+    ui = subprocess.Popen(command, env=ui_env(), stdout=sys.stderr,  # stdout: the link alone
+                          start_new_session=True)
     base = f"http://{args.host}:{args.port}"
     try:
         if not wait_until_up(base, ui, 300):  # a loaded machine starts mlflow ui slowly
@@ -107,9 +111,27 @@ def main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if ui.poll() is None:
-            ui.terminate()
-            ui.wait(timeout=30)
+        stop_group(ui)
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM to ``proc``'s process group, then SIGKILL to what is left after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:  # the whole group is gone
+            break
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+        deadline = time.monotonic() + grace_s  # the leader is gone; its workers may linger
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
 
 
 def wait_until_up(base: str, server: subprocess.Popen, timeout_s: float) -> bool:

@@ -54,7 +54,7 @@ def check_target(uri: str, experiment: str) -> None:
 def log_entry(entry: Path, uri: Optional[str] = None) -> str:
     """Log one spool entry (to ``uri``, else the record's own); returns the run id.
     Raises TrackingUnavailable (or one of its kinds) when it cannot be logged now."""
-    record, files = load_entry(entry)
+    record, files = records.adopted(*load_entry(entry))
     return _deliver_record(record, files, uri or record["uri"])
 
 

@@ -208,6 +208,31 @@ def count_params(spec_path: Path) -> int:
     return 0
 
 
+PARENT_ENV = "FXTRACK_ORCHESTRATOR_PID"
+
+
+def die_with_parent(poll_s: float = 0.5) -> None:
+    """End this worker's process group when its parent (the orchestrator, or torchrun for a
+    rank) is gone: an orchestrator killed outright (SIGKILL, the OOM killer) cannot stop the
+    worker, which in a session of its own ran on to the end unwatched (issue 43)."""
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+    expected = os.environ.get(PARENT_ENV)
+    if "RANK" not in os.environ and expected and int(expected) != parent:
+        parent = -1  # the orchestrator was gone before this line: the check below fires at once
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        # no last word: stdout is a pipe to the dead orchestrator (a print raises EPIPE)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="fxtrack-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if len(argv) == 5 and argv[0] in ("--matmul", "--describe"):
         return answer_probe(argv[0], *argv[1:])
@@ -220,6 +245,7 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     spec = JobSpec.read(Path(argv[0]))
+    die_with_parent()
     prepare_environment(spec)
     result = run(spec)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
