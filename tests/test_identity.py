@@ -323,3 +323,13 @@ def test_doctor_says_which_module_a_framework_lacks():
     assert install_line("jax", "jax") == "not installed (jax missing): pip install 'fxtrack[jax]'"
     line = install_line("tensorflow", "keras")
     assert "not installed (keras missing)" not in line and "needs keras" in line
+
+
+def test_a_suggested_command_is_never_wrapped():
+    from fxtrack.report import render
+    from fxtrack.report.tables import Table
+
+    command = "python -m fxtrack framework=jax model=vit scenario=inference batch_size=1 repeats=3 size=tiny"
+    text = render.text_table(Table("gaps", ["model", "objective", "command"],
+                                   [["vit", "Inference latency at batch 1", command]]))
+    assert command in text  # whole, to paste, though the table runs past 100 columns
