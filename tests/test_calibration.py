@@ -128,26 +128,6 @@ def test_a_quiet_cached_peak_replaces_this_processs_contended_one(tmp_path, monk
     assert "peak_contended" not in tags and metrics["mfu"] == pytest.approx(0.5)
 
 
-def test_installing_another_framework_does_not_move_a_runs_mfu(tmp_path, monkeypatch, capsys):
-    """Issue 42: the same JAX run read 8.4% MFU with only JAX installed and 6.3% once torch was
-    (its faster matmul became everyone's peak). The yardstick is the run's own framework's."""
-    from fxtrack.job import Result
-    from fxtrack.orchestrator.job import summary_line
-
-    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
-    monkeypatch.setattr(calibration, "frameworks", lambda: ["jax", "torch"])
-    _trials(monkeypatch, {"jax": 0.332}, frac=0.0)  # only JAX installed
-    alone, tags = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 0.028, {})
-    assert tags["peak_tflops_source"] == "own-matmul:jax"
-    _trials(monkeypatch, {"jax": 0.332, "torch": 0.412}, frac=0.0)  # torch installed since
-    calibration.calibrate("cpu", "fp32", "cpu", {}, refresh=True)  # e.g. fxtrack doctor
-    after, tags = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 0.028, {})
-    assert after["mfu"] == alone["mfu"] == pytest.approx(0.028 / 0.332)
-    assert after["peak_tflops"] == 0.332 and tags["peak_tflops_source"] == "own-matmul:jax"
-    line = summary_line("jax-vit", Result("r", status="FINISHED", metrics=after, tags=tags))
-    assert "MFU 8.4% (of jax's own matmul peak)" in line
-
-
 # ---------------------------------------------------------------- sizing the probe to the device
 
 class FakeDevice:

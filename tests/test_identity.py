@@ -323,3 +323,39 @@ def test_doctor_says_which_module_a_framework_lacks():
     assert install_line("jax", "jax") == "not installed (jax missing): pip install 'fxtrack[jax]'"
     line = install_line("tensorflow", "keras")
     assert "not installed (keras missing)" not in line and "needs keras" in line
+
+
+def test_a_suggested_command_is_never_wrapped():
+    from fxtrack.report import render
+    from fxtrack.report.tables import Table
+
+    command = "python -m fxtrack framework=jax model=vit scenario=inference batch_size=1 repeats=3 size=tiny"
+    text = render.text_table(Table("gaps", ["model", "objective", "command"],
+                                   [["vit", "Inference latency at batch 1", command]]))
+    assert command in text  # whole, to paste, though the table runs past 100 columns
+
+
+def test_installing_another_framework_does_not_move_a_runs_mfu(tmp_path, monkeypatch, capsys):
+    """Issue 42: the same JAX run read 8.4% MFU with only JAX installed and 6.3% once torch was
+    (its faster matmul became everyone's peak). The yardstick is the run's own framework's."""
+    from fxtrack.job import Result
+    from fxtrack.orchestrator import calibration
+    from fxtrack.orchestrator.job import summary_line
+
+    def _trials(monkeypatch, rates, frac):  # stand-in probes: rates[fw] TFLOP/s, else not installed
+        monkeypatch.setattr(calibration, "_UNCACHED", {})
+        monkeypatch.setattr(calibration, "_trial", lambda fw, *a: (
+            {"installed": True, "tflops": rates[fw]} if fw in rates else {"installed": False}, frac))
+
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "frameworks", lambda: ["jax", "torch"])
+    _trials(monkeypatch, {"jax": 0.332}, frac=0.0)  # only JAX installed
+    alone, tags = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 0.028, {})
+    assert tags["peak_tflops_source"] == "own-matmul:jax"
+    _trials(monkeypatch, {"jax": 0.332, "torch": 0.412}, frac=0.0)  # torch installed since
+    calibration.calibrate("cpu", "fp32", "cpu", {}, refresh=True)  # e.g. fxtrack doctor
+    after, tags = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 0.028, {})
+    assert after["mfu"] == alone["mfu"] == pytest.approx(0.028 / 0.332)
+    assert after["peak_tflops"] == 0.332 and tags["peak_tflops_source"] == "own-matmul:jax"
+    line = summary_line("jax-vit", Result("r", status="FINISHED", metrics=after, tags=tags))
+    assert "MFU 8.4% (of jax's own matmul peak)" in line

@@ -61,8 +61,9 @@ WIDTH = 100  # a terminal table's most columns: wider cells wrap (never cut)
 
 def fit_widths(table: Table, width: int = WIDTH, narrowest: int = 12) -> Optional[list]:
     """Each column's wrap width so that the table fits ``width`` columns (None: as it is): the
-    column of the longest cells that can still give gives a character at a time, never below ``narrowest``
-    nor its longest word (a name, an id, a figure whole) unless the table cannot fit otherwise."""
+    column of the longest cells that can still give gives a character at a time, never below
+    ``narrowest`` nor its longest word (a name, an id, a figure whole) unless the table cannot
+    fit otherwise; a column of commands never wraps."""
     cols = [[str(c) for c in col] for col in zip(table.header, *table.rows)]
     # tabulate keeps 2 spaces of padding beside a header (its MIN_PADDING)
     natural = [max(len(line) + 2 * (i == 0) for i, c in enumerate(col)
@@ -71,9 +72,12 @@ def fit_widths(table: Table, width: int = WIDTH, narrowest: int = 12) -> Optiona
     floor = [min(n, max(narrowest, max(len(w) + 2 * (i == 0) for i, c in enumerate(col)
                                        for w in re.split(r"[\s-]+", c) or [""])))
              for n, col in zip(natural, cols)]
+    # a command stays on one line, to paste whole (the table runs wider instead)
+    floor = [n if any(c.startswith("python -m ") for c in col[1:]) else f
+             for n, f, col in zip(natural, floor, cols)]
     mean = [sum(map(len, col[1:])) / max(len(col) - 1, 1) for col in cols]
     limits = list(natural)
-    for least in (floor, [min(n, narrowest) for n in natural]):  # words whole, if it fits
+    for least in (floor, [f if f == n else min(n, narrowest) for f, n in zip(floor, natural)]):
         while sum(limits) + 2 * (len(limits) - 1) > width:
             can = [k for k in range(len(limits)) if limits[k] > least[k]]
             if not can:
