@@ -242,6 +242,24 @@ def test_suggested_commands_use_what_ran_here_and_a_size_that_fits(frame):
         "python -m fxtrack framework=jax model=llama_8b scenario=train repeats=3 size=tiny")
 
 
+def test_suggestions_name_only_the_frameworks_installed_here(frame, monkeypatch):
+    """The store's runs may come from another machine: a suggestion names what this one has."""
+    from types import SimpleNamespace
+
+    from fxtrack.config import frameworks
+    from fxtrack.report import claim_plans
+
+    monkeypatch.setattr(frameworks, "installed", lambda: ("jax",))
+    _, missing = answer.blocks(frame)
+    latency = next(m for m in missing if m.model == "vit" and m.objective.key == "latency")
+    assert "python -m fxtrack framework=jax model=vit" in latency.command()
+    claim = SimpleNamespace(conditions={"model": "resnet50", "scenario": "train"}, test="ratio",
+                            arm_keys=("framework",), kind="ratio",
+                            arms=[{"framework": "torch", "value": 1.0}, {"framework": "jax", "value": 1.1}])
+    (line,) = claim_plans.plan(claim, "cpu")
+    assert line.startswith("# needs framework=torch (not in this install)")
+
+
 def test_claims_plan_comments_out_a_precision_this_cpu_lacks(monkeypatch):
     from types import SimpleNamespace
 

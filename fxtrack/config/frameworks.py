@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from pathlib import Path
 
 from fxtrack.frameworks.declaration import Framework, declaration
@@ -57,3 +58,10 @@ def _declared(dirs: tuple[Path, ...]) -> tuple[tuple[str, Framework], ...]:
             raise ValueError(f"framework/{name}.yaml: package {package!r} declares no "
                              f"framework ({e})") from e
     return tuple(sorted(found.items(), key=lambda item: (item[1].report_order, item[0])))
+
+
+def installed() -> tuple[str, ...]:
+    """The declared frameworks whose own package this interpreter finds (found, not imported:
+    a suggestion names only what can run here). A framework in another venv
+    (``framework.python``) is not seen."""
+    return tuple(name for name in declared() if importlib.util.find_spec(name) is not None)

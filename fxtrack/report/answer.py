@@ -162,14 +162,17 @@ class Missing:
 
 
 def _suggested(configs: pd.DataFrame, model: str, objective: Objective) -> Missing:
-    """The objective's command as this store's machine can run it: its frameworks (those the
-    runs used: a framework never run here may not be installed), and ``size=tiny`` where the
+    """The objective's command as this machine can run it: its frameworks (those the runs used
+    that are installed here), and ``size=tiny`` where the
     model ran only tiny here or the memory check refuses the full size on this hardware."""
+    from fxtrack.config.frameworks import installed
+
     of_model = configs[configs["model"] == model]
-    fws = tuple(dict.fromkeys(f for f in configs["framework"] if f != "-"))
+    here = installed()  # the store's runs may come from another machine: what this one has
+    fws = tuple(dict.fromkeys(f for f in configs["framework"] if f != "-" and f in here))
     sizes = set(of_model["size"])
     size = "tiny" if sizes == {"tiny"} or _refused(model, objective, of_model) else "full"
-    return Missing(objective, model, fws or None, size)
+    return Missing(objective, model, fws or here or None, size)
 
 
 def _refused(model: str, objective: Objective, runs: pd.DataFrame) -> bool:

@@ -29,12 +29,6 @@ def machine_kind() -> str:
     return "gpu" if shutil.which("nvidia-smi") or Path("/proc/driver/nvidia").exists() else "cpu"
 
 
-def _available(group: str, option: str) -> bool:
-    from fxtrack.paths import CONF_DIR
-
-    return (CONF_DIR / group / f"{option}.yaml").is_file()
-
-
 def plan(claim: Any, machine: str) -> list[str]:  # a fxtrack.report.claims.Claim
     """``python -m fxtrack ...`` lines that measure the claim's arms (a comment says when one
     needs hardware or a framework this machine or install lacks)."""
@@ -108,7 +102,9 @@ def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> s
     if _too_large(values, machine):
         needs.append("more memory than this machine has (the memory check refuses the full "
                      "size here; size=tiny runs but does not test the claim)")
-    missing = [fw for fw in values.get("framework", []) if not _available("framework", fw)]
+    from fxtrack.config.frameworks import installed
+
+    missing = [fw for fw in values.get("framework", []) if fw not in installed()]
     if missing:
         needs.append(f"framework={','.join(missing)} (not in this install)")
     return f"# needs {' and '.join(needs)}: {line}" if needs else line
