@@ -406,7 +406,9 @@ def test_a_sweep_goes_on_past_a_bad_cell_and_prints_its_closing_table(tmp_path):
     assert list((tmp_path / "home").rglob("*.held-*")) == []  # no fallback left behind
 
 
-SERVE = ["scenario=serve", "scenario.slo.e2e_ms=5000", "scenario.num_requests=4"]
+# serve builds at its largest bucket: max_batch=2 is TINY's batch_size=2
+SERVE = ["scenario=serve", "scenario.slo.e2e_ms=5000", "scenario.num_requests=4",
+         "scenario.max_batch=2"]
 
 
 @pytest.mark.parametrize("stop", ["sigkill-worker", "sigterm-main"])
@@ -417,7 +419,11 @@ def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop)
                             cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     reaper.append(proc)
-    wait_for(lambda: len(streamed(tmp_path)) >= 2, 600, "two finished probes")
+    def two_probes() -> bool:
+        assert proc.poll() is None, f"the run ended before two probes: {proc.stderr.read()}"
+        return len(streamed(tmp_path)) >= 2
+
+    wait_for(two_probes, 600, "two finished probes")
     if stop == "sigkill-worker":
         os.kill(worker_pids(tmp_path)[0], signal.SIGKILL)
     else:
