@@ -552,3 +552,24 @@ def test_a_model_name_with_a_slash_makes_a_pareto_chart_file(tmp_path, monkeypat
     monkeypatch.setattr(pareto, "_draw", lambda found, marks, axes, title, path: drawn.append(path))
     pareto.charts(pd.DataFrame(), tmp_path)
     assert drawn and all(p.parent == tmp_path and "org_t5" in p.name for p in drawn)
+
+
+def test_report_md_escapes_what_the_page_escapes(tmp_path):
+    """Case 7: report.md passed a name's raw HTML through (Markdown renders it), which the HTML
+    page escapes; a | in a name ended its table cell."""
+    from fxtrack.report import render
+    from fxtrack.report.charts import Chart
+    from fxtrack.report.tables import Section, Table
+
+    bad = "<script>alert(1)</script>|x"
+    (tmp_path / "c.png").write_bytes(b"\x89PNG\r\n")  # the page embeds the file
+    chart = Chart(title=f"throughput of {bad}", path=tmp_path / "c.png", caption="")
+    report = render.Report(f"fxtrack report: {bad}", [f"experiment {bad!r}"],
+                           [Section(f"Models {bad}", [Table(f"t {bad}", ["model", "figure"],
+                                                            [[bad, "1.0"]])])], [chart])
+    md = render.markdown(report)
+    page = render.html_page(report)
+    assert "<script>" not in md and "<script>" not in page
+    assert md.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 6  # title, meta, chart, 3 in the tables
+    row = next(line for line in md.splitlines() if line.startswith("| &lt;script"))
+    assert row.count(" | ") == 1 and "\\|x" in row  # the | stays inside its cell

@@ -101,8 +101,15 @@ def text(tables: list[Table]) -> str:
 
 
 def _md(value: str) -> str:
-    """A Markdown table cell: a literal | would end the cell."""
-    return value.replace("|", "\\|")
+    """Text in Markdown as the page escapes it in HTML: a model, experiment or tag name holding
+    ``<script>`` stays text (Markdown passes raw HTML through), a literal | would end a table
+    cell, a newline a row."""
+    return html.escape(str(value), quote=False).replace("|", "\\|").replace("\n", " ")
+
+
+def _md_title(value: str) -> str:
+    """A chart's title inside ``![...]``: escaped, and its brackets literal."""
+    return _md(value).replace("[", "\\[").replace("]", "\\]")
 
 
 def _md_text(value: str) -> str:
@@ -112,14 +119,15 @@ def _md_text(value: str) -> str:
 
 def markdown(report: Report) -> str:
     """Markdown with the charts linked as files beside it."""
-    out = [f"# {report.title}", "", *[f"- {line}" for line in report.meta], ""]
+    out = [f"# {_md(report.title)}", "", *[f"- {_md(line)}" for line in report.meta], ""]
     out += _md_sections(report.lead)
     for c in report.lead_charts:
-        out += [f"![{c.title}]({c.path.name})", "", "*" + _md(c.caption).replace("*", r"\*") + "*", ""]
+        out += [f"![{_md_title(c.title)}]({c.path.name})", "",
+                "*" + _md(c.caption).replace("*", r"\*") + "*", ""]
     if report.charts:
         out += ["## Charts", ""]
         for c in report.charts:
-            out += [f"![{c.title}]({c.path.name})", ""]
+            out += [f"![{_md_title(c.title)}]({c.path.name})", ""]
             if c.caption:  # its own * marks are literal there, not emphasis
                 out += ["*" + _md(c.caption).replace("*", r"\*") + "*", ""]
     out += _md_sections(report.sections)
@@ -129,11 +137,11 @@ def markdown(report: Report) -> str:
 def _md_sections(sections: list[Section]) -> list[str]:
     out = []
     for section in sections:
-        out += [f"## {section.title}", ""]
+        out += [f"## {_md(section.title)}", ""]
         if section.intro:
-            out += [_md_text(section.intro), ""]
+            out += [_md_text(_md(section.intro)), ""]
         for table in section.tables:
-            out += [f"### {table.title}", "", _grid(table, "pipe", _md)]
+            out += [f"### {_md(table.title)}", "", _grid(table, "pipe", _md)]
             out += [""] + [f"*{_md_text(_md(note))}*  " for note in table.notes] + [""]
     return out
 
