@@ -547,8 +547,9 @@ def test_a_model_name_with_a_slash_makes_a_pareto_chart_file(tmp_path, monkeypat
 
     drawn: list[Path] = []
     point = types.SimpleNamespace(x=1.0, y=2.0, framework="torch")
-    monkeypatch.setattr(pareto.samples, "configs", lambda frame: pd.DataFrame({"model": ["org/t5"]}))
-    monkeypatch.setattr(pareto, "points", lambda frame, model, axes: [point])
+    monkeypatch.setattr(pareto.samples, "configs",
+                        lambda frame: pd.DataFrame({"model": ["org/t5"], "label": ["org/t5"]}))
+    monkeypatch.setattr(pareto, "points", lambda frame, model, axes, label=None: [point])
     monkeypatch.setattr(pareto, "_draw", lambda found, marks, axes, title, path: drawn.append(path))
     pareto.charts(pd.DataFrame(), tmp_path)
     assert drawn and all(p.parent == tmp_path and "org_t5" in p.name for p in drawn)
