@@ -92,3 +92,26 @@ def seed_peak_cache(cache: Path) -> dict[str, str]:
     (cache / "peak_flops.json").write_text(json.dumps(
         {key: {fw: entry for fw in calibration.frameworks()}}))
     return {"FXTRACK_CACHE": str(cache)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _free_framework_state():
+    """After each test module, what the frameworks it imported in this process hold on to:
+    JAX's compiled executables, Keras' graph and name state, TorchDynamo's compiled frames, and
+    the models the module's tests left unreferenced. One pytest process runs the whole suite;
+    without this, each in-process framework module's caches stay for the rest of the run.
+    Frameworks a module did not import are not imported here."""
+    yield
+    import gc
+
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+    if "keras" in sys.modules:
+        sys.modules["keras"].backend.clear_session()
+    if "torch._dynamo" in sys.modules:
+        sys.modules["torch._dynamo"].reset()
+    gc.collect()
+    if sys.platform.startswith("linux"):  # hand glibc's freed arenas back to the system
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)

@@ -4,16 +4,22 @@ declaring it. hardware=gpu without a GPU fails in one clear line; scenario=infer
 scenario=checkpoint (an exact restore, a serving export) and scenario=pipeline run where the
 capabilities are declared, and are a "not supported" run, with the declared reason, where they
 are not; two nodes train as one job where no declared limit refuses it; a lever whose
-capability is undeclared is refused before any work. What is one framework's own (parity with
-its reference, its idioms) stays in its own test file.
+capability is undeclared is refused before any work. Training, generation and serving run for
+every framework at tiny size too: ``RUN_HERE`` says how each scenario of ``scenarios()`` runs
+here (``ELSEWHERE``, which file tests the orchestrator's own sweeps), and a scenario in neither
+fails ``test_every_scenario_is_covered``. The one "loss falls" check and the one
+parameter-count check of the suite live here. What is one framework's own (parity with its
+reference, its idioms) stays in its own test file.
 
 Cost: each framework's jobs run one after another in ONE fresh worker process (``BATCH``), as a
 real worker runs them (its environment prepared before the framework is imported: Keras picks
-its backend then), once per module; the tests read their results. Tiny models, 3 steps."""
+its backend then), once per module; the tests read their results. Tiny models, 3 steps (training: 20, for its
+loss to fall)."""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,6 +31,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import job_spec
+from fxtrack import architectures
 from fxtrack.config.frameworks import declared
 from fxtrack.frameworks.declaration import LEVERS, Framework
 from fxtrack.job import JobSpec, Result
@@ -44,6 +51,37 @@ NEEDS = {"inference": ("inference",), "checkpoint": ("checkpoint", "inference", 
 MODELS = {"inference": ("resnet50", "bert"), "checkpoint": ("resnet50", "bert", "vit"),
           "pipeline": ("resnet50", "bert")}
 PIPELINE = {"dataset_samples": 32, "loader_workers": 1}
+
+# The scenarios run here for every framework that may run them (the framework-neutral rules and
+# its declaration say which: ``scenario_refusal``): scenario -> (models, JobSpec overrides).
+# Training: 20 losses (19 timed steps and the warm-up) at batch 4, every model family (tiny
+# ResNet's BatchNorm is unstable at batch 2 on Keras' torch backend, see tests/test_keras.py).
+SERVE = {"prompt_len": 8, "new_tokens": 3, "rate": "40", "num_requests": 8, "max_batch": 2,
+         "batch_buckets": [1, 2], "slo": {}}  # as the orchestrator writes them (every model)
+RUN_HERE: dict[str, tuple[tuple[str, ...], dict]] = {
+    "train": (("resnet50", "bert", "vit", "llama"), dict(steps=19, warmup_steps=1, batch_size=4)),
+    "generate": (("llama",), dict(options={"prompt_len": 8, "new_tokens": 3})),
+    "serve": (("vit", "llama"), dict(batch_size=None, warmup_steps=1, options=SERVE)),
+}
+# Scenarios that are the orchestrator's sweeps of training runs (one worker per probe or
+# device count), not one worker job: where their tests live.
+ELSEWHERE = {"fit": "test_fit.py", "scaling": "test_scaling.py"}
+
+
+def scenarios() -> list[str]:
+    """Every scenario fxtrack has, by name: the one place the suite reads the list (the
+    scenario registry, ``fxtrack.scenarios.SCENARIOS``, replaces conf/scenario/ here)."""
+    return sorted(path.stem for path in (CONF_DIR / "scenario").glob("*.yaml"))
+
+
+def scenario_refusal(name: str, scenario: str, model: str) -> str | None:
+    """Why ``name`` has no path for ``scenario`` on ``model`` (the rules and the framework's
+    declaration, as validation reads them), or None."""
+    return refusal(Combination(framework=name, scenario=scenario, precision="fp32",
+                               device_kind="cpu", family=architectures.family(model)),
+                   FRAMEWORKS[name])
+
+
 GLOBAL_BATCH = 4  # two nodes x one device x batch 2
 # The restore guard is shared scenario code: tested once, on the first framework with a
 # checkpoint, by a restore that restores nothing.
@@ -118,6 +156,11 @@ def jobs(name: str, work: Path) -> dict[str, tuple[JobSpec, bool]]:
         else:
             for model in models:
                 add(f"{scenario}-{model}", model, **kw)
+    for scenario, (models, overrides) in RUN_HERE.items():
+        for model in models:
+            if not scenario_refusal(name, scenario, model):
+                add(f"{scenario}-{model}", model, scenario=scenario,
+                    runner=f"fxtrack.scenarios.{scenario}:run", **overrides)
     if name == GUARDED:
         add("hollow-restore", "vit", hollow=True, scenario="checkpoint",
             runner="fxtrack.scenarios.checkpoint:run")
@@ -173,6 +216,70 @@ def _finished(result: Result) -> dict:
     assert result.status == "FINISHED", result.error
     assert result.guard == "ok", result.guard
     return result.metrics
+
+
+def run_here(scenario: str) -> list:
+    """(framework, model) for every framework and ``scenario``'s models in RUN_HERE; skipped,
+    with the refusal, where the framework has no path for it."""
+    out = []
+    for name in NAMES:
+        for model in RUN_HERE[scenario][0]:
+            why = scenario_refusal(name, scenario, model)
+            out.append(pytest.param(name, model, id=f"{name}-{model}",
+                                    marks=[pytest.mark.skip(reason=why)] if why else []))
+    return out
+
+
+def test_every_scenario_is_covered():
+    """A new scenario is run here for every framework, or names the file of its sweep tests."""
+    covered = set(MODELS) | set(RUN_HERE) | set(ELSEWHERE)
+    assert set(scenarios()) <= covered, sorted(set(scenarios()) - covered)
+    assert all((ROOT / "tests" / f).exists() for f in ELSEWHERE.values())
+
+
+# --- training, generation, serving -------------------------------------------------------------
+
+@pytest.mark.parametrize("name, model", run_here("train"))
+def test_loss_falls_over_20_steps(results, name, model):
+    """The suite's one "loss falls" check: every framework, every model family, 20 steps."""
+    result = results(name)[f"train-{model}"]
+    _finished(result)
+    losses = result.series["loss"]
+    assert len(losses) == 20 and all(math.isfinite(x) for x in losses), losses
+    if architectures.spec(model).generates:  # a fresh LM starts near log(vocab): 0.2 nats
+        assert losses[-1] < losses[0] - 0.2, losses
+    else:  # the image and masked-LM models learn their fixed synthetic batch fast
+        assert losses[-1] < 0.5 * losses[0], losses
+    assert len(result.series["step_time_ms"]) == 19
+    assert result.metrics["throughput_samples_per_s"] > 0
+
+
+@pytest.mark.parametrize("model", RUN_HERE["train"][0])
+def test_every_framework_builds_the_same_parameter_count(results, model):
+    """The suite's one cross-framework parameter count: each framework's tiny model has the
+    same trainable parameters (the canonical sizes, against architectures.PARAM_COUNTS, are
+    counted without allocating in each framework's own file)."""
+    counts = {name: results(name)[f"train-{model}"].metrics.get("param_count")
+              for name in NAMES if not scenario_refusal(name, "train", model)}
+    assert len(counts) >= 2 and len(set(counts.values())) == 1, counts
+    if model == "llama":  # the closed form of the Llama family
+        assert next(iter(counts.values())) == architectures.llama_params(
+            architectures.resolve(model, "tiny"))["total"]
+
+
+@pytest.mark.parametrize("name, model", run_here("generate"))
+def test_generate_decodes_through_the_kv_cache(results, name, model):
+    m = _finished(results(name)[f"generate-{model}"])  # guard: cached decode = uncached forward
+    assert m["tokens_per_s"] > 0 and m["kv_cache_mib"] > 0
+
+
+@pytest.mark.parametrize("name, model", run_here("serve"))
+def test_serve_answers_every_request(results, name, model):
+    m = _finished(results(name)[f"serve-{model}"])
+    assert m["serve_requests"] == SERVE["num_requests"]
+    assert m["serve_e2e_ms_p50"] > 0 and m["request_throughput_rps"] > 0
+    if architectures.spec(model).generates:
+        assert m["serve_ttft_ms_p50"] > 0
 
 
 # --- hardware=gpu without a GPU ---------------------------------------------------------------

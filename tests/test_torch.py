@@ -1,6 +1,6 @@
 """PyTorch models and backend on tiny settings; canonical sizes counted on the meta device. The
-scenario contract every framework keeps (gpu without a GPU, checkpoint, inference, pipeline, two
-nodes) is tests/test_conformance.py."""
+scenario contract every framework keeps (gpu without a GPU, training with a falling loss,
+generation, serving, checkpoint, inference, pipeline, two nodes) is tests/test_conformance.py."""
 
 from __future__ import annotations
 
@@ -12,10 +12,7 @@ torch = pytest.importorskip("torch")
 
 from fxtrack import architectures, flops  # noqa: E402
 from fxtrack.frameworks.torch import models  # noqa: E402
-from fxtrack.job import Result  # noqa: E402
-from fxtrack.scenarios import train  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
-from conftest import backend_class  # noqa: E402
 
 
 @pytest.mark.parametrize("model", architectures.MODELS)
@@ -25,18 +22,6 @@ def test_canonical_parameter_counts(model):
     assert all(p.is_meta for p in net.parameters())  # llama_8b's 32 GB of fp32 never allocated
     assert sum(p.numel() for p in net.parameters() if p.requires_grad) == \
         architectures.PARAM_COUNTS[model]
-
-
-@pytest.mark.parametrize("model", ["resnet50", "bert", "vit"])
-def test_loss_falls_over_20_steps(spec_factory, model):
-    spec = spec_factory("torch", model, steps=19, warmup_steps=1)
-    result = Result(spec.result_id)
-    train.run(backend_class(spec)(spec), result)
-    losses = result.series["loss"]
-    assert len(losses) == 20 and all(math.isfinite(x) for x in losses)
-    assert losses[-1] < 0.5 * losses[0]
-    assert result.guard == "ok"
-    assert len(result.series["step_time_ms"]) == 19
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
@@ -88,6 +73,7 @@ def test_architecture_flops_match_flop_counter(model):
     assert abs(counted - expected) / expected < 0.05, (counted, expected)
 
 
+@pytest.mark.slow  # 66 s on the shared 2-core machine: two CLI processes, torchrun
 def test_two_nodes_on_loopback_train_as_one_job(tmp_path):
     """Two node processes (torchrun static rendezvous on 127.0.0.1), one DDP rank each; node 0
     reports the global throughput to MLflow, node 1 logs nothing. The orchestrator's side of
