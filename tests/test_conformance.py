@@ -36,6 +36,7 @@ from fxtrack.config.frameworks import declared
 from fxtrack.frameworks.declaration import LEVERS, Framework
 from fxtrack.job import JobSpec, Result
 from fxtrack.orchestrator.runner import worker_command
+from fxtrack import scenarios as registry
 from fxtrack.paths import CONF_DIR
 from fxtrack.scenarios.rules import Combination, refusal
 
@@ -69,9 +70,9 @@ ELSEWHERE = {"fit": "test_fit.py", "scaling": "test_scaling.py"}
 
 
 def scenarios() -> list[str]:
-    """Every scenario fxtrack has, by name: the one place the suite reads the list (the
-    scenario registry, ``fxtrack.scenarios.SCENARIOS``, replaces conf/scenario/ here)."""
-    return sorted(path.stem for path in (CONF_DIR / "scenario").glob("*.yaml"))
+    """Every scenario fxtrack has, by name: the one place the suite reads the list, the
+    scenario registry (``fxtrack.scenarios.SCENARIOS``)."""
+    return sorted(registry.names())
 
 
 def scenario_refusal(name: str, scenario: str, model: str) -> str | None:
@@ -149,7 +150,7 @@ def jobs(name: str, work: Path) -> dict[str, tuple[JobSpec, bool]]:
         out[key] = (job_spec(name, model, work / key, **kw), hollow)
 
     for scenario, models in MODELS.items():
-        kw = dict(scenario=scenario, runner=f"fxtrack.scenarios.{scenario}:run",
+        kw = dict(scenario=scenario, runner=registry.get(scenario).runner,
                   options=PIPELINE if scenario == "pipeline" else {})
         if missing(framework, scenario):
             add(f"refused-{scenario}", "vit", **kw)
@@ -160,7 +161,7 @@ def jobs(name: str, work: Path) -> dict[str, tuple[JobSpec, bool]]:
         for model in models:
             if not scenario_refusal(name, scenario, model):
                 add(f"{scenario}-{model}", model, scenario=scenario,
-                    runner=f"fxtrack.scenarios.{scenario}:run", **overrides)
+                    runner=registry.get(scenario).runner, **overrides)
     if name == GUARDED:
         add("hollow-restore", "vit", hollow=True, scenario="checkpoint",
             runner="fxtrack.scenarios.checkpoint:run")
