@@ -60,7 +60,8 @@ def columns(frame: pd.DataFrame) -> list[str]:
     return list(declared()) + options(frame)
 
 
-def _column(frame: pd.DataFrame, tag: Optional[str], param: Optional[str]) -> pd.Series:
+def column(frame: pd.DataFrame, tag: Optional[str], param: Optional[str]) -> pd.Series:
+    """A run's value of a key from its tag, else its param (None where it logged neither)."""
     out = pd.Series([None] * len(frame), index=frame.index, dtype=object)
     for name in (f"tags.{tag}" if tag else None, f"params.{param}" if param else None):
         if name and name in frame.columns:
@@ -73,7 +74,7 @@ def read(frame: pd.DataFrame) -> pd.DataFrame:
     a lever's default where it was not), indexed like ``frame``."""
     out = pd.DataFrame(index=frame.index)
     for col, (tag, param) in declared().items():
-        out[col] = _column(frame, tag, param)
+        out[col] = column(frame, tag, param)
     # framework.compile as asked: the param holds what ran (true/false); the compile_rule tag
     # says whether that was auto's choice ("auto: ..."), tune's ("tuned: ...") or forced
     if "tags.fxtrack.compile_rule" in frame.columns:

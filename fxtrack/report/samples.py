@@ -67,14 +67,6 @@ def identity_columns(frame: pd.DataFrame, *filters: str) -> list[str]:
     return out
 
 
-def _column(frame: pd.DataFrame, tag: Optional[str], param: Optional[str]) -> pd.Series:
-    out = pd.Series([None] * len(frame), index=frame.index, dtype=object)
-    for name in (f"tags.{tag}" if tag else None, f"params.{param}" if param else None):
-        if name and name in frame.columns:
-            out = out.where(out.notna(), frame[name].astype(object))
-    return out
-
-
 def configs(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per benchmark run of a ``search_runs`` frame: its identity (strings; a lever's
     default where not logged), kind, provenance and metrics. Sweep parents, reports and runs
@@ -85,7 +77,7 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
                       ("result_id", "fxtrack.result_id"), ("check", "fxtrack.status"),
                       ("device", "fxtrack.device"), ("framework_version", "fxtrack.framework_version"),
                       ("git_commit", "fxtrack.git_commit"), ("host", "fxtrack.host")):
-        runs[name] = _column(frame, tag, None)
+        runs[name] = ident.column(frame, tag, None)
     runs["run_id"] = frame["run_id"]
     runs["start_time"] = frame["start_time"]
     runs["status"] = frame["status"]

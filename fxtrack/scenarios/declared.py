@@ -50,4 +50,4 @@ FIT = register(Scenario(
 SERVE = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
     o.ServeOptions, "fxtrack.scenarios.serve:run", refusal=serve_refusal, trains=False,
-    decodes=True, serves=True, section="fxtrack.report.serving:section"))
+    decodes=True, section="fxtrack.report.serving:section"))

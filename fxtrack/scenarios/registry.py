@@ -43,7 +43,6 @@ class Scenario:
     decodes: bool = False  # a language model holds a KV cache, not a batch's logits
     reads_files: bool = False  # its data comes from files on disk (the logged dataset's source)
     deploys: bool = False  # runtime= and quantize= apply (the report's deployment table)
-    serves: bool = False  # requests under load (the report's serving section and closing table)
     # "module:function" of the orchestrator's driver (job, job_dir, parent) -> (name, result,
     # run id): a probe search or a device sweep; None: one job (repeats=N aggregate N of them)
     driver: Optional[str] = None
@@ -103,7 +102,7 @@ def get(name: str) -> Scenario:
 
 
 def where(**flags: Any) -> tuple[str, ...]:
-    """The names of the scenarios whose attributes equal ``flags`` (``where(serves=True)``)."""
+    """The names of the scenarios whose attributes equal ``flags`` (``where(deploys=True)``)."""
     return tuple(s.name for s in SCENARIOS.values()
                  if all(getattr(s, k) == v for k, v in flags.items()))
 
