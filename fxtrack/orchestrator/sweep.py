@@ -279,7 +279,8 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
             next((f.format(m[k]) for k, f in HEADLINE if k in m), "-")
         rows.append([j["name"], status, figure, _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0),
                      note or ""])  # wrapped to the terminal's width, never cut
-    return _text("Jobs:", ["run", "status", "samples/s", "step p50 ms", "peak MiB", "note"], rows)
+    return _text("Jobs:", ["run", "status", "samples/s", "step p50 ms", "peak MiB", "note"], rows,
+                 whole=("status",))
 
 
 def aggregate_table(aggregates: list[dict[str, Any]]) -> str:
@@ -301,13 +302,14 @@ def aggregate_table(aggregates: list[dict[str, Any]]) -> str:
                  ["config", "repeats", "samples/s (median)", "95% interval", "+-%", "note"], rows)
 
 
-def _text(title: str, header: list[str], rows: list[list[str]]) -> str:
+def _text(title: str, header: list[str], rows: list[list[str]],
+          whole: tuple[str, ...] = ()) -> str:
     """The report's one text renderer (imported here: pandas and matplotlib load only when a
     sweep ends), with a blank line either side as the console shows it."""
     from fxtrack.report.render import text_table
     from fxtrack.report.tables import Table
 
-    return "\n".join(["", text_table(Table(title, header, rows)), ""])
+    return "\n".join(["", text_table(Table(title, header, rows, whole=whole)), ""])
 
 
 def _unsupported(job: dict[str, Any]) -> bool:

@@ -72,9 +72,10 @@ def fit_widths(table: Table, width: int = WIDTH, narrowest: int = 12) -> Optiona
     floor = [min(n, max(narrowest, max(len(w) + 2 * (i == 0) for i, c in enumerate(col)
                                        for w in re.split(r"[\s-]+", c) or [""])))
              for n, col in zip(natural, cols)]
-    # a command stays on one line, to paste whole (the table runs wider instead)
-    floor = [n if any(c.startswith("python -m ") for c in col[1:]) else f
-             for n, f, col in zip(natural, floor, cols)]
+    # a command stays on one line, to paste whole, and so does a column the table keeps whole
+    # (a status: "NOT SUPPORTED" split over two lines reads as two words); the table runs wider
+    floor = [n if col[0] in table.whole or any(c.startswith("python -m ") for c in col[1:])
+             else f for n, f, col in zip(natural, floor, cols)]
     mean = [sum(map(len, col[1:])) / max(len(col) - 1, 1) for col in cols]
     limits = list(natural)
     for least in (floor, [f if f == n else min(n, narrowest) for f, n in zip(floor, natural)]):

@@ -31,6 +31,7 @@ class Table:
     header: list[str]
     rows: list[list[str]]
     notes: list[str] = dataclasses.field(default_factory=list)
+    whole: tuple[str, ...] = ()  # headers of the columns a terminal table never wraps
 
 
 @dataclasses.dataclass
