@@ -189,8 +189,11 @@ def test_a_sweep_skips_its_cells_without_a_path_and_runs_the_rest(tmp_path):
     listed = err.index("fxtrack: 1 of 2 jobs are not supported and will be skipped")
     assert "framework=tensorflow parallel=fsdp" in err[listed:].splitlines()[1]
     assert listed < err.index("job 1/2")  # up front, before any job
-    assert re.search(r"tensorflow-vit-train-fp32-x2\S*-fsdp\S*\s+NOT SUPPORTED \(not run\)", err), err
-    assert re.search(r"torch-vit-train-fp32-x2\S*-fsdp\S*\s+FINISHED", err), err
+    # the closing table: a run's name wraps at its hyphens to fit 100 columns, its status whole
+    lines = err.splitlines()
+    assert any(line.startswith("tensorflow-") and "NOT SUPPORTED (not run)" in line
+               for line in lines), err
+    assert any(line.startswith("torch-") and re.search(r"\sFINISHED\s", line) for line in lines), err
     runs = _runs(tmp_path)
     children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
     (parent,) = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
