@@ -99,25 +99,13 @@ def _framework_keys() -> str:
 def _scenario_keys() -> str:
     """Each registered scenario, its summary and its options with their defaults, from the
     registry (each default is written once, in fxtrack/scenarios/options.py)."""
-    import dataclasses
-
     from fxtrack import scenarios
-
-    def options(cls: type, prefix: str = "scenario.") -> list[str]:
-        out = []
-        for f in dataclasses.fields(cls):
-            if f.name == "name":
-                continue
-            default = (f.default_factory() if f.default_factory is not dataclasses.MISSING
-                       else f.default)
-            out += (options(type(default), f"{prefix}{f.name}.")
-                    if dataclasses.is_dataclass(default)
-                    else [f"{prefix}{f.name}={'null' if default is None else default}"])
-        return out
+    from fxtrack.scenarios.options import defaults
 
     lines = []
     for s in scenarios.SCENARIOS.values():
-        keys = options(s.options)
+        keys = [f"{key}={'null' if value is None else value}"
+                for key, value in defaults(s.options).items()]
         lines.append(f"  {s.name}: {s.summary}\n" + (
             textwrap.fill(" ".join(keys), 98, initial_indent="    ", subsequent_indent="    ")
             + "\n" if keys else ""))

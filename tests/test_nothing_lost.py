@@ -117,6 +117,17 @@ def wait_for(what, timeout_s: float, why: str):
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {why}")
 
 
+def kill_then_sync(proc: subprocess.Popen, tmp_path: Path) -> list:
+    """SIGKILL the orchestrator, see its worker stop with it, run ``fxtrack sync``; the store's
+    runs after it."""
+    proc.kill()
+    proc.wait(timeout=30)
+    wait_for(lambda: not worker_pids(tmp_path), 10, "the worker to stop with its orchestrator")
+    out = sync(tmp_path)
+    assert out.returncode == 0, out.stderr
+    return store_runs(tmp_path)
+
+
 def worker_pids(tmp_path: Path) -> list[int]:
     return [pid for pid in processes_mentioning(str(tmp_path)) if b"fxtrack.worker" in
             Path(f"/proc/{pid}/cmdline").read_bytes()]
@@ -197,12 +208,7 @@ def test_a_worker_dies_with_its_sigkilled_orchestrator(tmp_path, reaper):
     reaper.append(proc)
     worker = wait_for(lambda: worker_pids(tmp_path), 300, "the first worker")[0]
     wait_for(lambda: past_the_gate(worker), 300, "the worker to pass its gate")
-    proc.kill()
-    proc.wait(timeout=30)
-    wait_for(lambda: not worker_pids(tmp_path), 10, "the worker to stop with its orchestrator")
-    out = sync(tmp_path)
-    assert out.returncode == 0, out.stderr
-    runs = store_runs(tmp_path)
+    runs = kill_then_sync(proc, tmp_path)
     assert sorted(r.info.status for r in runs) == ["FAILED", "FAILED"]  # the parent, the cell
     child = next(r for r in runs if "mlflow.parentRunId" in r.data.tags)
     assert "orchestrator was gone" in child.data.tags["fxtrack.error"]
@@ -524,12 +530,7 @@ def test_a_fit_under_a_sigkilled_orchestrator_is_closed_by_sync(tmp_path, reaper
                             stderr=subprocess.DEVNULL)
     reaper.append(proc)
     wait_for(lambda: worker_pids(tmp_path), 300, "the first probe's worker")
-    proc.kill()
-    proc.wait(timeout=30)
-    wait_for(lambda: not worker_pids(tmp_path), 10, "the probe to stop with its orchestrator")
-    out = sync(tmp_path)
-    assert out.returncode == 0, out.stderr
-    runs = store_runs(tmp_path)
+    runs = kill_then_sync(proc, tmp_path)
     assert sorted(r.info.status for r in runs) == ["FAILED", "FAILED"]  # the parent, its probe
     parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
     assert parent.data.tags["fxtrack.scenario"] == "fit"

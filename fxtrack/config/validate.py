@@ -59,16 +59,11 @@ def valid_keys(frameworks: Iterable[str]) -> set[str]:
 
 def scenario_keys() -> set[str]:
     """``scenario.<option>`` of every registered scenario, a nested dataclass's keys included
-    (``scenario.slo.e2e_ms``)."""
-    def keys(prefix: str, cls: type) -> set[str]:
-        out = set()
-        for f in dataclasses.fields(cls):
-            inner = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-            out |= (keys(f"{prefix}{f.name}.", type(inner)) if dataclasses.is_dataclass(inner)
-                    else {f"{prefix}{f.name}"})
-        return out
+    (``scenario.slo.e2e_ms``), and ``scenario.name``."""
+    from fxtrack.scenarios.options import defaults
 
-    return {key for s in scenarios.SCENARIOS.values() for key in keys("scenario.", s.options)}
+    return {"scenario.name"} | {key for s in scenarios.SCENARIOS.values()
+                                for key in defaults(s.options)}
 
 
 def open_prefixes() -> set[str]:

@@ -215,6 +215,21 @@ class ServeOptions(Options):
         return sorted(set(self.batch_buckets or [self.max_batch]))
 
 
+def defaults(cls: type, prefix: str = "scenario.") -> dict[str, Any]:
+    """Each option of ``cls`` as its dotted key (``scenario.slo.e2e_ms``: a nested dataclass's
+    keys included) with its default; the scenario's name left out."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name == "name":
+            continue
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if dataclasses.is_dataclass(default):
+            out.update(defaults(type(default), f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = default
+    return out
+
+
 def from_json(cls: type, values: Any) -> Options:
     """``cls`` from a JobSpec's options (a dict read back from JSON, or already ``cls``); keys
     ``cls`` does not have are an error, so that a misspelt option never silently defaults."""
