@@ -475,7 +475,8 @@ def test_gpu_check_launches_two_gpus_as_the_orchestrator_does(gpu_check, monkeyp
     result = gpu_check.run_job("torch", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path,
                                60, devices=2)
     assert result.error == "no result"  # nothing ran: no figure is made up
-    assert ran[0][1:5] == ["-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone"]
+    assert ran[0][1:5] == ["-m", "fxtrack.frameworks.torch.launch", "--nproc-per-node=2",
+                          "--standalone"]
     spec = JobSpec.read(tmp_path / "torch-resnet50-scaling-bf16-x2.spec.json")
     assert (spec.devices, spec.launcher, spec.runner) == (2, "torchrun",
                                                           "fxtrack.scenarios.train:run")

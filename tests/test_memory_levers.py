@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import backend_class, job_spec
+from fxtrack.orchestrator.runner import TORCHRUN
 from fxtrack.worker.__main__ import prepare_environment, run
 
 RANKS = Path(__file__).with_name("levers_ranks.py")
@@ -30,7 +31,7 @@ def ranks(framework: str, model: str, parallel: str, memory: str, port: int,
     ``arch``: JSON overrides of the model's dims (model=custom: its builder)."""
     cmd = [sys.executable, str(RANKS), framework, model, parallel, memory, "2", arch]
     if framework == "torch":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        cmd = [sys.executable, *TORCHRUN, "--nproc-per-node=2",
                f"--master-port={port}", *cmd[1:]]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=RANKS.parent)
     lines = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]

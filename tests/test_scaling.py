@@ -45,7 +45,8 @@ def test_scaling_metrics_arithmetic():
 def test_torchrun_launch_commands(tmp_path):
     spec = job_spec("torch", "vit", launcher="torchrun", devices=4)
     cmd = worker_command(spec, "py", tmp_path / "spec.json")
-    assert cmd[:5] == ["py", "-m", "torch.distributed.run", "--nproc-per-node=4", "--standalone"]
+    assert cmd[:5] == ["py", "-m", "fxtrack.frameworks.torch.launch", "--nproc-per-node=4",
+                       "--standalone"]
     spec = job_spec("torch", "vit", launcher="torchrun", devices=2, nodes=2, node_rank=1,
                         coordinator="10.1.2.3:29500")
     cmd = worker_command(spec, "py", tmp_path / "spec.json")

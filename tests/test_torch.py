@@ -106,3 +106,34 @@ def test_two_nodes_on_loopback_train_as_one_job(tmp_path):
     world = 2  # nodes x devices: throughput counts the global batch
     steps_s = only.data.metrics["step_time_ms_mean"] / 1e3
     assert only.data.metrics["throughput_samples_per_s"] == pytest.approx(2 * world / steps_s, rel=0.3)
+
+
+RANK_SOCKETS = """
+import json, os, psutil, torch.distributed as dist
+dist.init_process_group("gloo")
+dist.barrier()  # every rank up: the store and gloo's sockets are all open now
+if dist.get_rank() == 0:
+    agent = psutil.Process(os.getppid())
+    print(json.dumps(sorted({c.laddr.ip for p in [agent, *agent.children(recursive=True)]
+                             for c in p.net_connections("tcp") if c.status == "LISTEN"})))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_a_one_machine_torchrun_job_listens_on_loopback_only(tmp_path):
+    """devices=2 on one machine: torchrun's rendezvous store (torch's own binds every
+    interface) and gloo listen on 127.0.0.1 alone, through the launcher the orchestrator uses."""
+    import json
+    import subprocess
+    import sys
+
+    from fxtrack.orchestrator.runner import TORCHRUN
+
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SOCKETS)
+    proc = subprocess.run([sys.executable, *TORCHRUN, "--nproc-per-node=2", "--standalone",
+                           str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("[")]
+    assert json.loads(line) == ["127.0.0.1"], line  # the store's listener is among them

@@ -101,7 +101,7 @@ def _parent_death_signal(cmd: list[str]) -> Callable[[], None] | None:
     """torchrun is not fxtrack's code and watches no parent: the kernel sends it SIGTERM (which
     it passes on to its ranks) when this process dies. fxtrack's own worker watches its parent
     itself (worker.__main__.die_with_parent)."""
-    if "torch.distributed.run" not in cmd or not sys.platform.startswith("linux"):
+    if TORCHRUN[-1] not in cmd or not sys.platform.startswith("linux"):
         return None
     import ctypes
 
@@ -148,6 +148,11 @@ class _forwarding:
             signal.signal(sig, handler)
 
 
+# torchrun, its rendezvous store on 127.0.0.1 when every rank is on this machine (torch's own
+# listens on every interface: fxtrack.frameworks.torch.launch)
+TORCHRUN = ("-m", "fxtrack.frameworks.torch.launch")
+
+
 def worker_command(spec: JobSpec, python: str, spec_path: Path) -> list[str]:
     """``python -m fxtrack.worker SPEC``, or under torchrun one worker per device (and node)."""
     worker = ["-m", "fxtrack.worker", str(spec_path)]
@@ -159,8 +164,7 @@ def worker_command(spec: JobSpec, python: str, spec_path: Path) -> list[str]:
                  f"--master-addr={host}", f"--master-port={port}"]
     else:
         where = ["--standalone"]
-    return [python, "-m", "torch.distributed.run", f"--nproc-per-node={spec.devices}", *where,
-            *worker]
+    return [python, *TORCHRUN, f"--nproc-per-node={spec.devices}", *where, *worker]
 
 
 # Start-up chatter frameworks print whatever their log level (TensorFlow's oneDNN notice and absl
