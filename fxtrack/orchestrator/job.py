@@ -278,10 +278,11 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    if families.of(spec.arch).user_model:  # a user's model: its builder's module is its model code,
+    model_code = families.of(spec.arch).model_code
+    if model_code is not None:  # e.g. a user's model: its builder's module is its model code,
         from fxtrack.measure import complexity  # which differs run to run (fxtrack's own does not)
 
-        builder = spec.arch["dims"][declaration(spec.package).builder_key]
+        builder = model_code(spec.arch["dims"], declaration(spec.package).builder_key)
         m.update(complexity.code_metrics(spec.framework, builder))
     m.update(cost.cost_metrics(conf.hardware.price_per_hour, spec.devices, spec.nodes, m))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
