@@ -449,6 +449,27 @@ def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop)
     assert worker_pids(tmp_path) == []
 
 
+def test_a_rate_search_under_a_sigkilled_orchestrator_keeps_its_probes_through_sync(
+        tmp_path, reaper):
+    """Each probe is held in the spool the moment its window ends: the orchestrator killed
+    outright after two probes, ``fxtrack sync`` logs both as child runs of the closed run."""
+    proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *TINY, "steps=2", *SERVE],
+                            cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    reaper.append(proc)
+    wait_for(lambda: proc.poll() is None and len(streamed(tmp_path)) >= 2, 600,
+             "two finished probes")
+    time.sleep(1.5)  # the orchestrator looks for new probes every half second
+    runs = kill_then_sync(proc, tmp_path)
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status != "RUNNING" and parent.data.tags["fxtrack.scenario"] == "serve"
+    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert 2 <= len(probes) <= len(streamed(tmp_path))  # a probe of its last 0.5 s may be gone
+    assert {r.info.status for r in probes} == {"FINISHED"}
+    assert all(r.data.tags["fxtrack.serve_probe"] in ("pass", "slo", "saturated") for r in probes)
+    assert len(runs) == len(probes) + 1  # nothing logged twice, nothing unlinked
+
+
 def streamed(tmp_path: Path) -> list:
     from fxtrack.job import streamed_children
 
