@@ -32,10 +32,11 @@ def scaling_metrics(throughput: dict[int, float]) -> dict[str, float]:
     return metrics
 
 
-def measured(throughput: dict[int, float]) -> dict[str, float]:
+def measured_metrics(throughput: dict[int, float]) -> dict[str, float]:
     """The parent's figures from the device counts measured so far."""
-    return {**scaling_metrics(throughput),
-            **{f"throughput_samples_per_s_x{n}": t for n, t in throughput.items()}}
+    metrics = scaling_metrics(throughput)
+    metrics.update({f"throughput_samples_per_s_x{n}": t for n, t in throughput.items()})
+    return metrics
 
 
 def run_scaling(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optional[str]]:
@@ -76,9 +77,9 @@ def run_scaling(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result,
     except (KeyboardInterrupt, SystemExit):  # a signal stopped a child (its run is KILLED):
         # close this parent too, with what was measured, before the sweep exits
         tags.update({"fxtrack.status": "failed", "fxtrack.error": "interrupted"})
-        log_parent("KILLED", measured(throughput))
+        log_parent("KILLED", measured_metrics(throughput))
         raise
-    outcome.metrics = measured(throughput)
+    outcome.metrics = measured_metrics(throughput)
     if devices in throughput:
         outcome.metrics["throughput_samples_per_s"] = throughput[devices]
     if outcome.status == "FINISHED" and outcome.metrics:
