@@ -20,6 +20,7 @@ from omegaconf import MISSING, II, OmegaConf
 
 from fxtrack import architectures, families
 from fxtrack.config import slurm
+from fxtrack.frameworks.declaration import import_path
 from fxtrack.policy import COMPILE_REQUESTS
 from fxtrack.scenarios import SCENARIOS
 from fxtrack.scenarios.options import at_least, finite, finite_fields, positive
@@ -282,7 +283,8 @@ def model_schemas() -> dict[str, type]:
     for name in families.names():
         if name not in _MODEL_SCHEMAS:
             family = families.get(name)
-            _MODEL_SCHEMAS[name] = CustomConfig if family.user_model else sized_schema(family)
+            _MODEL_SCHEMAS[name] = (sized_schema(family) if family.config_schema is None
+                                    else import_path(family.config_schema))
     return dict(_MODEL_SCHEMAS)
 
 

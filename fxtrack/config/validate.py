@@ -17,6 +17,7 @@ from fxtrack import architectures, families
 from fxtrack.config import schema
 from fxtrack.config.frameworks import declared
 from fxtrack.config.schema import FxtrackConfig
+from fxtrack.frameworks.declaration import import_path
 from fxtrack import scenarios
 from fxtrack.scenarios import rules
 
@@ -182,12 +183,10 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     why = scenario.refusal(conf.scenario, families.of(arch), conf.batch_size)
     if why is not None:
         raise ConfigError(why)
-    why = refusal(conf, arch) or user_model_refusal(conf, arch)
+    why = refusal(conf, arch) or family_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
     if scenario.config_check is not None:  # e.g. fit's budget: the search finds what fits
-        from fxtrack.frameworks.declaration import import_path
-
         why = import_path(scenario.config_check)(conf, arch)
         if why is not None:
             raise ConfigError(why)
@@ -202,11 +201,11 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
     """Why the run cannot fit its device's memory, from the architecture table (model=custom:
     from a shape-only build of the user's model in a short worker), or None."""
-    from fxtrack.config import memory, user_model
+    from fxtrack.config import memory
 
     s = conf.scenario
-    count = ((lambda: user_model.abstract_param_count(conf, arch))
-             if families.of(arch).user_model else None)
+    counter = families.of(arch).abstract_count
+    count = None if counter is None else (lambda: import_path(counter)(conf, arch))
     return memory.refusal(
         arch, s.name, conf.precision.name, conf.batch_size,
         expected_device_kind(conf.hardware.name), devices=conf.devices,
@@ -216,13 +215,8 @@ def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[st
         prompt_len=getattr(s, "prompt_len", 0), new_tokens=getattr(s, "new_tokens", 0))
 
 
-def user_model_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """model=custom: why this cell cannot run (levers, builder unset, module not importable),
-    or None (fxtrack.config.user_model)."""
-    from fxtrack.config import user_model
-
-    try:
-        user_model.check(conf, arch)
-    except user_model.CellNotSupported as e:
-        return str(e)
-    return None
+def family_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
+    """The model family's own check of the cell (``Family.config_check``; model=custom: levers,
+    builder unset, module not importable), one line, or None."""
+    check = families.of(arch).config_check
+    return None if check is None else import_path(check)(conf, arch)

@@ -142,10 +142,10 @@ def _model_name(spec: JobSpec) -> str:
     """The model as the name says it: ``custom[build_t5]`` for a user's model (the function
     this framework's builder names, once), the architecture's name otherwise."""
     name = spec.arch["name"]
-    if not families.of(spec.arch).user_model:
+    label = families.of(spec.arch).run_label
+    if label is None:
         return name
-    builder = spec.arch.get("dims", {}).get(declaration(spec.package).builder_key) or ""
-    return f"custom[{str(builder).rpartition(':')[2]}]" if builder else name
+    return label(spec.arch.get("dims", {}), declaration(spec.package).builder_key, name)
 
 
 def _settings_set(spec: JobSpec) -> list[str]:
@@ -164,16 +164,9 @@ def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
     """Model sizes set apart from ``size``'s (``model.layers=2``): they make another model."""
     from fxtrack import architectures
 
-    if families.of(spec.arch).user_model:  # the builder is in the model's name; its kwargs here
-        dims = spec.arch.get("dims", {})
-        kwargs = dict(dims.get("kwargs") or {})
-        default = architectures.resolve(spec.arch["name"]).dims
-        plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
-        # a plain model and an LM of one builder are two configs: kind shows where not plain
-        shown = {k: plain(v) for k, v in dims.items()
-                 if k in ("optimizer", "lr", "kind", "seq_axis", "shard_modules", "remat_modules")
-                 and plain(default.get(k)) != plain(v)}
-        return {**shown, **{k: plain(v) for k, v in kwargs.items()}}
+    shown = families.of(spec.arch).dims_shown
+    if shown is not None:  # e.g. a user's model: its builder is in the name, its kwargs here
+        return shown(spec.arch.get("dims", {}), architectures.resolve(spec.arch["name"]).dims)
     try:
         default = architectures.resolve(spec.arch["name"], size).dims
     except (KeyError, ValueError):  # e.g. model=custom: no table entry to differ from
