@@ -57,6 +57,13 @@ class Family:
     seq_len_search: bool = False  # scenario=fit may search model.seq_len
     is_lm: Callable[["Arch"], bool] = _never  # its rate is read in tokens/s (tokens_per_s)
     user_model: bool = False  # model=custom: the user's builder; fewer levers apply
+    # Real data (data=<name>, fxtrack.data): (its Split) -> the dims the data sets (input
+    # shape, classes, vocabulary); raises ValueError, one line, where the family cannot take
+    # it; None: the family trains on synthetic data only
+    data_dims: Optional[Callable[[Any], dict[str, Any]]] = None
+    # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
+    # reference runs that set them: fxtrack.families.quality); empty: none declared
+    quality: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Family] = {}

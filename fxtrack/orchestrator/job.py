@@ -41,6 +41,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options=conf.scenario,  # the scenario's typed options; JSON across the boundary
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
+        data=dataclasses.asdict(conf.data),
     )
 
 

@@ -22,6 +22,17 @@ def serve_refusal(options: o.ServeOptions, family: Any, batch_size: Optional[int
     return why
 
 
+def converge_refusal(options: o.ConvergeOptions, family: Any,
+                     batch_size: Optional[int]) -> Optional[str]:
+    """A metric this kind of model has no figure for, one line, before any work."""
+    lm = family.is_lm(None) if family.data_dims is not None else False
+    if options.metric == "bits_per_byte" and not lm:
+        return "scenario.metric=bits_per_byte is a language model's; use accuracy or loss"
+    if options.metric == "accuracy" and lm:
+        return "scenario.metric=accuracy is a classifier's; a language model takes bits_per_byte or loss"
+    return None
+
+
 TRAIN = register(Scenario(
     "train", "training steps on synthetic data: throughput, step time, memory, MFU",
     o.TrainOptions, "fxtrack.scenarios.train:run"))
@@ -51,3 +62,7 @@ SERVE = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
     o.ServeOptions, "fxtrack.scenarios.serve:run", refusal=serve_refusal, trains=False,
     decodes=True, section="fxtrack.report.serving:section"))
+CONVERGE = register(Scenario(
+    "converge", "training on real data to a held-out target: time, steps and samples to it",
+    o.ConvergeOptions, "fxtrack.scenarios.converge:run", refusal=converge_refusal,
+    needs=("converge",), real_data=True))

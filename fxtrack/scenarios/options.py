@@ -132,6 +132,47 @@ class FitOptions(Options):
             raise ValueError(f"scenario.axis must be batch_size or seq_len, got {self.axis!r}")
 
 
+# scenario=converge's held-out metrics and the range a target of each may take
+CONVERGE_METRICS = {"accuracy": (0.0, 1.0), "loss": (0.0, math.inf), "bits_per_byte": (0.0, 8.0)}
+
+
+@dataclasses.dataclass
+class ConvergeOptions(Options):
+    """Train on real data (``data=``) until the held-out ``metric`` meets ``target``, evaluating
+    every ``eval_every`` steps, within ``max_epochs``; each None: the family's default for the
+    dataset (fxtrack.families.quality)."""
+
+    name: str = "converge"
+    metric: Optional[str] = None  # accuracy (higher is better) | loss | bits_per_byte (lower)
+    target: Optional[float] = None
+    eval_every: Optional[int] = None  # optimiser steps between evaluations
+    max_epochs: Optional[int] = None  # the budget: a run that misses the target by then ends
+    lr: Optional[float] = None  # AdamW's peak learning rate
+    warmup_frac: float = 0.05  # share of the budget's steps warming up linearly, then cosine
+    eval_samples: int = 1024  # held-out samples evaluated (the first ones: the same each time)
+    trajectory_steps: int = 10  # the first K training losses kept for the trajectory check
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive("scenario.", eval_every=self.eval_every, max_epochs=self.max_epochs,
+                 lr=self.lr, eval_samples=self.eval_samples,
+                 trajectory_steps=self.trajectory_steps)
+        at_least("scenario.", 0, warmup_frac=self.warmup_frac)
+        if self.warmup_frac >= 1:
+            raise ValueError(f"scenario.warmup_frac must be below 1, got {self.warmup_frac}")
+        if self.metric is not None and self.metric not in CONVERGE_METRICS:
+            raise ValueError(f"scenario.metric must be one of {', '.join(CONVERGE_METRICS)}, "
+                             f"got {self.metric!r}")
+        if self.target is not None:
+            if self.metric is None:
+                raise ValueError("scenario.target needs scenario.metric (accuracy, loss or "
+                                 "bits_per_byte)")
+            low, high = CONVERGE_METRICS[self.metric]
+            if not low < float(self.target) <= high:
+                raise ValueError(f"scenario.target={self.target} is outside {self.metric}'s "
+                                 f"range ({low:g}, {high:g}]")
+
+
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 

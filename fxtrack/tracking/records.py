@@ -195,6 +195,9 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
     """What the run read, for MLflow's dataset input (``log_inputs``): fxtrack's synthetic data
     (or, for scenario=pipeline, the files written from it that the loader read), named by model,
     with the seed and shapes as the digest so runs on the same data show the same dataset."""
+    real = resolved.get("dataset")
+    if real is not None:  # data=<name> (fxtrack.data): the data itself, by its content hash
+        return real_dataset_input(real, scenarios.get(spec.scenario).trains)
     batch = resolved.get("batch_size")
     if batch is None or families.of(spec.arch).describe is None:  # a user's model: its
         return None  # builder's data, whose shapes only the worker saw
@@ -220,6 +223,22 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
                 "targets": None}}),
             "profile": json.dumps({"batch_size": int(batch)}),
             "context": "training" if scenario.trains else "inference"}
+
+
+def real_dataset_input(real: dict[str, Any], trains: bool) -> dict[str, Any]:
+    """A run's real data (``Result.resolved["dataset"]``, written by scenario=converge) as the
+    same dataset input: its name, content digest, source, sample schema and split sizes."""
+    dtype = {"bytes": "uint8"}.get(real["kind"], "float32")
+    return {"name": f"data-{real['name']}", "digest": str(real["digest"])[:36],
+            "source_type": "local", "source": json.dumps({"source": real["source"],
+                                                          "holdout": real.get("holdout")}),
+            "schema": json.dumps({"mlflow_tensorspec": {
+                "features": json.dumps([{"name": real["kind"], "type": "tensor",
+                                         "tensor-spec": {"dtype": dtype,
+                                                         "shape": [-1, *real["shape"]]}}]),
+                "targets": json.dumps({"classes": real["classes"]})}}),
+            "profile": json.dumps(real["sizes"]),
+            "context": "training" if trains else "inference"}
 
 
 def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
@@ -256,6 +275,7 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         "params": params_from(config, result.resolved, result.tags), "tags": tags,
         "metrics": result.metrics, "series": result.series,
         "series_times_ms": series_times(result.series, end_ms, result.series_times_ms),
+        "series_steps": result.series_steps,
         "inputs": [dataset] if dataset else [],
         "logged_model": logged_model(result),
     }

@@ -67,6 +67,8 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
     },
     absent={
+        "converge": "scenario=converge's host-batch step at a scheduled learning rate is "
+                    "written for torch only so far (issue 44); framework=torch",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         # jax2onnx (the deploy-jax extra) converts fxtrack's own models from their pure

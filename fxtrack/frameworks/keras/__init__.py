@@ -82,6 +82,8 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.keras.buckets",
     },
     absent={
+        "converge": "scenario=converge's host-batch step at a scheduled learning rate is "
+                    "written for torch only so far (issue 44); framework=torch",
         "user_serving_export": "framework=keras has no checkpoint path yet, for any model; "
                                "framework=tensorflow checkpoints and exports the same "
                                "model.keras builder",

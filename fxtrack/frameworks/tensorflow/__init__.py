@@ -71,6 +71,8 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
+        "converge": "scenario=converge's host-batch step at a scheduled learning rate is "
+                    "written for torch only so far (issue 44); framework=torch",
         "user_native_int8": "no maintained dynamic int8 path in the framework itself; use "
                             "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
