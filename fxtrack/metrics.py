@@ -108,6 +108,8 @@ METRICS: tuple[Metric, ...] = (
     _m("train_time_s", "s", NEITHER, "training time of the whole run, compilation excluded",
        CONVERGE),
     _m("steps_trained", "steps", NEITHER, "optimiser steps the run took", CONVERGE),
+    _m("loss_divergence_max", "ratio", LOWER,
+       "largest relative gap of the first training losses from the first framework's", CONVERGE),
     _m("final_eval_accuracy", "fraction", HIGHER, "the last evaluation's accuracy", CONVERGE),
     _m("final_eval_loss", "nats", LOWER, "the last evaluation's cross-entropy", CONVERGE),
     _m("final_eval_bits_per_byte", "bits/byte", LOWER, "the last evaluation's bits per byte",

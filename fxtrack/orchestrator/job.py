@@ -127,6 +127,7 @@ class Job:
                 return name, result, "node"
             if result.status == "FINISHED":
                 enrich(result, spec, self.conf)
+                cross_check(result, spec)
             if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
                 result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
             if tags is not None:
@@ -269,6 +270,19 @@ def config_id(config: dict) -> str:
 
     same = {k: v for k, v in config.items() if k not in _NOT_IDENTITY}
     return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+# what a scenario's cross-check keeps between the runs of this process (a sweep's jobs, in order)
+_CROSS_CHECKED: dict = {}
+
+
+def cross_check(result: Result, spec: JobSpec) -> None:
+    """The scenario's check of this run against earlier ones of the sweep, if it has one."""
+    check = scenarios.get(spec.scenario).cross_check
+    if check is not None:
+        from fxtrack.frameworks.declaration import import_path
+
+        import_path(check)(result, spec, _CROSS_CHECKED)
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:

@@ -170,9 +170,29 @@ def run(backend: Backend, result: Result) -> None:
     result.series["eval_train_s"] = [p["train_s"] - compile_s for p in history]
     for key in (f"eval_{s['metric']}", "eval_train_s"):  # logged at the step evaluated
         result.series_steps[key] = [int(p["step"]) for p in history]
-    result.tags["trajectory_steps"] = str(min(options.trajectory_steps, len(losses)))
     if not all(math.isfinite(x) for x in losses):
         result.guard = "loss is not finite"
+
+
+def cross_check(result: Result, spec: Any, held: dict) -> None:
+    """At fp32, the first ``scenario.trajectory_steps`` training losses of this run against
+    those of the first framework that ran the same model, data, seed, batch and options in this
+    process (a sweep's earlier cell): ``loss_divergence_max`` and the ``trajectory`` tag
+    (``matched`` / ``diverged@<step>``; the first framework's run: ``reference``)."""
+    if spec.precision != "fp32" or "loss" not in result.series:
+        return
+    options = options_of(spec)
+    key = repr((spec.arch, spec.data, spec.seed, result.resolved.get("batch_size"),
+                sorted(vars(options).items()), spec.parallel, spec.memory))
+    losses = result.series["loss"][:options.trajectory_steps]
+    first = held.setdefault(key, (spec.framework, losses))
+    if first[0] == spec.framework:
+        result.tags["trajectory"] = "reference"
+        return
+    worst, tag = trajectory(losses, first[1], options.trajectory_tol)
+    result.metrics["loss_divergence_max"] = worst
+    result.tags["trajectory"] = tag
+    result.tags["trajectory_reference"] = first[0]
 
 
 def dataset_record(split: data.Split, cfg: dict[str, Any]) -> dict[str, Any]:

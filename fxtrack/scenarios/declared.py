@@ -65,4 +65,5 @@ SERVE = register(Scenario(
 CONVERGE = register(Scenario(
     "converge", "training on real data to a held-out target: time, steps and samples to it",
     o.ConvergeOptions, "fxtrack.scenarios.converge:run", refusal=converge_refusal,
-    needs=("converge",), real_data=True))
+    needs=("converge",), real_data=True,
+    cross_check="fxtrack.scenarios.converge:cross_check"))

@@ -150,13 +150,14 @@ class ConvergeOptions(Options):
     lr: Optional[float] = None  # AdamW's peak learning rate
     warmup_frac: float = 0.05  # share of the budget's steps warming up linearly, then cosine
     eval_samples: int = 1024  # held-out samples evaluated (the first ones: the same each time)
-    trajectory_steps: int = 10  # the first K training losses kept for the trajectory check
+    trajectory_steps: int = 10  # the first K training losses compared with the first framework's
+    trajectory_tol: float = 1e-3  # relative difference per step beyond which they diverged
 
     def __post_init__(self) -> None:
         super().__post_init__()
         positive("scenario.", eval_every=self.eval_every, max_epochs=self.max_epochs,
                  lr=self.lr, eval_samples=self.eval_samples,
-                 trajectory_steps=self.trajectory_steps)
+                 trajectory_steps=self.trajectory_steps, trajectory_tol=self.trajectory_tol)
         at_least("scenario.", 0, warmup_frac=self.warmup_frac)
         if self.warmup_frac >= 1:
             raise ValueError(f"scenario.warmup_frac must be below 1, got {self.warmup_frac}")

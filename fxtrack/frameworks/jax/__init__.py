@@ -51,6 +51,7 @@ FRAMEWORK = Framework(
                           "device, JAX's documented idiom; false: measured 2-5% faster on XLA:CPU"),
     },
     capabilities={
+        "converge": "fxtrack.frameworks.jax.converge",
         "inference": "fxtrack.frameworks.jax.inference",
         "pipeline": "fxtrack.frameworks.jax.pipeline",
         "checkpoint": "fxtrack.frameworks.jax.checkpoint",
@@ -67,8 +68,6 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
     },
     absent={
-        "converge": "scenario=converge's host-batch step at a scheduled learning rate is "
-                    "written for torch only so far (issue 44); framework=torch",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         # jax2onnx (the deploy-jax extra) converts fxtrack's own models from their pure

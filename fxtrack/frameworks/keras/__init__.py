@@ -75,6 +75,7 @@ FRAMEWORK = Framework(
     uncompiled_builds_graph=True,
     model_key="keras",  # model=custom: the same keras.Model builder as framework=tensorflow's
     capabilities={
+        "converge": "fxtrack.frameworks.keras.converge",
         "inference": "fxtrack.frameworks.keras.inference",
         "calibration": "fxtrack.frameworks.keras.devices",
         "user_model": "fxtrack.frameworks.keras.user_model",
@@ -82,8 +83,6 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.keras.buckets",
     },
     absent={
-        "converge": "scenario=converge's host-batch step at a scheduled learning rate is "
-                    "written for torch only so far (issue 44); framework=torch",
         "user_serving_export": "framework=keras has no checkpoint path yet, for any model; "
                                "framework=tensorflow checkpoints and exports the same "
                                "model.keras builder",

@@ -51,6 +51,7 @@ FRAMEWORK = Framework(
     prepare_environment=prepare_environment,
     uncompiled_builds_graph=True,  # a plain tf.function still traces a graph on the first step
     capabilities={
+        "converge": "fxtrack.frameworks.tensorflow.converge",
         "inference": "fxtrack.frameworks.tensorflow.inference",
         "pipeline": "fxtrack.frameworks.tensorflow.pipeline",
         "checkpoint": "fxtrack.frameworks.tensorflow.checkpoint",
@@ -71,8 +72,6 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
-        "converge": "scenario=converge's host-batch step at a scheduled learning rate is "
-                    "written for torch only so far (issue 44); framework=torch",
         "user_native_int8": "no maintained dynamic int8 path in the framework itself; use "
                             "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
