@@ -23,7 +23,7 @@ class Quality:
 
 _REF = "docs/converge.md#reference-runs-2026-12-04"
 # ViT at 2 layers, hidden 64 on MNIST's 28-pixel digits cut in 7-pixel patches (16 patches)
-VIT = {"mnist": Quality("accuracy", 0.85, 5, 10, 64, 1e-3,
+VIT = {"mnist": Quality("accuracy", 0.8, 5, 20, 64, 3e-3,
                         dict(layers=2, hidden=64, heads=4, mlp_dim=128, patch=7), _REF)}
 # Llama at 2 layers, hidden 64 on stdlib bytes, 64-byte windows
 LLAMA = {"pycode": Quality("bits_per_byte", 3.5, 2, 20, 32, 3e-3,

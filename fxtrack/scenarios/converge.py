@@ -11,6 +11,7 @@ A run that misses the target within its budget is FINISHED with ``reached_target
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -82,6 +83,40 @@ def trajectory(losses: list[float], reference: list[float],
     return worst, "matched" if first_bad is None else f"diverged@{first_bad}"
 
 
+def batches(n: int, batch: int, seed: int, total: int) -> Any:
+    """The training samples of each of ``total`` steps: each epoch one seeded permutation
+    (``fxtrack.data.epoch_order``) cut into ``batch``-sample batches, its last partial one
+    dropped."""
+    step, epoch = 0, 0
+    while True:
+        order = data.epoch_order(n, seed, epoch)
+        for b in range(n // batch):
+            if step == total:
+                return
+            yield order[b * batch:(b + 1) * batch]
+            step += 1
+        epoch += 1
+
+
+def config_check(conf: Any, arch: Any) -> Optional[str]:
+    """Before any work (the config layer's check): an option neither set nor declared by the
+    family for this dataset, one line; None when the run has every setting."""
+    spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data={"name": conf.data.name},
+                               batch_size=conf.batch_size)
+    try:
+        settings(spec, conf.scenario)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@dataclasses.dataclass
+class _Spec:  # what settings() reads of a JobSpec
+    arch: dict = dataclasses.field(default_factory=dict)
+    data: dict = dataclasses.field(default_factory=dict)
+    batch_size: Optional[int] = None
+
+
 def settings(spec: Any, options: Any) -> dict[str, Any]:
     """The run's metric, target, budget, rate and batch: each option, else the family's
     default for this dataset (fxtrack.families.quality); ValueError where neither is set."""
@@ -94,7 +129,7 @@ def settings(spec: Any, options: Any) -> dict[str, Any]:
         if value is None:
             raise ValueError(f"scenario.{key} is not set and model family "
                              f"{spec.arch['family']!r} declares no default for "
-                             f"data={spec.data['name']}")
+                             f"data={spec.data['name']}: set scenario.{key}")
         out[key] = value
     out["batch_size"] = spec.batch_size or (declared.batch_size if declared else 32)
     return out
@@ -111,6 +146,8 @@ def run(backend: Backend, result: Result) -> None:
     batch = s["batch_size"]
     steps_per_epoch = n_train // batch  # the last partial batch dropped
     total = steps_per_epoch * s["max_epochs"]
+    if options.max_steps is not None:
+        total = min(total, options.max_steps)
     warmup = max(1, round(total * options.warmup_frac))
     spec.batch_size = batch
     timed.build(backend, result)
@@ -126,37 +163,32 @@ def run(backend: Backend, result: Result) -> None:
             total_score, count = total_score + figure, count + n
         return total_score / count
 
-    step, train_s, eval_s, step_times, losses = 0, 0.0, 0.0, [], []
+    train_s, eval_s, step_times, losses = 0.0, 0.0, [], []
     history: list[dict[str, float]] = []
     reached = False
     eprint(f"[fxtrack] converge: {s['metric']} to {s['target']} on data={split.name}, "
-           f"{steps_per_epoch} steps/epoch, at most {s['max_epochs']} epochs")
-    for epoch in range(s["max_epochs"]):
-        order = data.epoch_order(n_train, spec.seed, epoch)
-        for b in range(steps_per_epoch):
-            host = data.batch(split, order[b * batch:(b + 1) * batch], seq_len)
-            t0 = time.perf_counter()
-            handle = trainer.train_on_host(backend, host, lr_at(step, total, s["lr"], warmup))
-            step_times.append(time.perf_counter() - t0)
-            train_s += step_times[-1]
-            step += 1
-            losses.append(backend.loss_value(handle))
-            if step % s["eval_every"] and step != total:
-                continue
-            t0 = time.perf_counter()
-            value = evaluate()
-            eval_s += time.perf_counter() - t0
-            history.append({"step": step, "train_s": train_s, "value": value})
-            if met(s["metric"], value, s["target"]):
-                reached = True
-                break
-        if reached:
+           f"{steps_per_epoch} steps/epoch, at most {total} steps ({s['max_epochs']} epochs)")
+    for step, rows in enumerate(batches(n_train, batch, spec.seed, total), start=1):
+        host = data.batch(split, rows, seq_len)
+        t0 = time.perf_counter()
+        handle = trainer.train_on_host(backend, host, lr_at(step - 1, total, s["lr"], warmup))
+        step_times.append(time.perf_counter() - t0)
+        train_s += step_times[-1]
+        losses.append(backend.loss_value(handle))
+        if step % s["eval_every"] and step != total:
+            continue
+        t0 = time.perf_counter()
+        value = evaluate()
+        eval_s += time.perf_counter() - t0
+        history.append({"step": step, "train_s": train_s, "value": value})
+        if met(s["metric"], value, s["target"]):
+            reached = True
             break
     compile_s = (max(0.0, step_times[0] - statistics.median(step_times[1:]))
                  if len(step_times) > 1 else 0.0)
     m = result.metrics
     m.update(eval_time_s=eval_s, compile_time_s=compile_s, reached_target=float(reached),
-             train_time_s=train_s - compile_s, steps_trained=float(step),
+             train_time_s=train_s - compile_s, steps_trained=float(len(losses)),
              param_count=float(backend.param_count()),
              loss_first=losses[0], loss_last=losses[-1])
     m[f"final_eval_{s['metric']}"] = history[-1]["value"]

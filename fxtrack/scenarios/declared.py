@@ -24,12 +24,17 @@ def serve_refusal(options: o.ServeOptions, family: Any, batch_size: Optional[int
 
 def converge_refusal(options: o.ConvergeOptions, family: Any,
                      batch_size: Optional[int]) -> Optional[str]:
-    """A metric this kind of model has no figure for, one line, before any work."""
+    """A metric this kind of model has no figure for, or a target outside the metric's range
+    (the family's default metric when none is set), one line, before any work."""
     lm = family.is_lm(None) if family.data_dims is not None else False
     if options.metric == "bits_per_byte" and not lm:
         return "scenario.metric=bits_per_byte is a language model's; use accuracy or loss"
     if options.metric == "accuracy" and lm:
         return "scenario.metric=accuracy is a classifier's; a language model takes bits_per_byte or loss"
+    try:
+        options.target_refusal(options.metric or ("bits_per_byte" if lm else "accuracy"))
+    except ValueError as e:
+        return str(e)
     return None
 
 
@@ -65,5 +70,5 @@ SERVE = register(Scenario(
 CONVERGE = register(Scenario(
     "converge", "training on real data to a held-out target: time, steps and samples to it",
     o.ConvergeOptions, "fxtrack.scenarios.converge:run", refusal=converge_refusal,
-    needs=("converge",), real_data=True,
+    needs=("converge",), real_data=True, config_check="fxtrack.scenarios.converge:config_check",
     cross_check="fxtrack.scenarios.converge:cross_check"))

@@ -147,6 +147,7 @@ class ConvergeOptions(Options):
     target: Optional[float] = None
     eval_every: Optional[int] = None  # optimiser steps between evaluations
     max_epochs: Optional[int] = None  # the budget: a run that misses the target by then ends
+    max_steps: Optional[int] = None  # and at most this many optimiser steps (None: no cap)
     lr: Optional[float] = None  # AdamW's peak learning rate
     warmup_frac: float = 0.05  # share of the budget's steps warming up linearly, then cosine
     eval_samples: int = 1024  # held-out samples evaluated (the first ones: the same each time)
@@ -156,6 +157,7 @@ class ConvergeOptions(Options):
     def __post_init__(self) -> None:
         super().__post_init__()
         positive("scenario.", eval_every=self.eval_every, max_epochs=self.max_epochs,
+                 max_steps=self.max_steps,
                  lr=self.lr, eval_samples=self.eval_samples,
                  trajectory_steps=self.trajectory_steps, trajectory_tol=self.trajectory_tol)
         at_least("scenario.", 0, warmup_frac=self.warmup_frac)
@@ -165,13 +167,14 @@ class ConvergeOptions(Options):
             raise ValueError(f"scenario.metric must be one of {', '.join(CONVERGE_METRICS)}, "
                              f"got {self.metric!r}")
         if self.target is not None:
-            if self.metric is None:
-                raise ValueError("scenario.target needs scenario.metric (accuracy, loss or "
-                                 "bits_per_byte)")
-            low, high = CONVERGE_METRICS[self.metric]
-            if not low < float(self.target) <= high:
-                raise ValueError(f"scenario.target={self.target} is outside {self.metric}'s "
-                                 f"range ({low:g}, {high:g}]")
+            self.target_refusal(self.metric or "loss")  # every metric's targets are above 0
+
+    def target_refusal(self, metric: str) -> None:
+        """Raise ValueError when ``target`` lies outside ``metric``'s range."""
+        low, high = CONVERGE_METRICS[metric]
+        if self.target is not None and not low < float(self.target) <= high:
+            raise ValueError(f"scenario.target={self.target} is outside {metric}'s range "
+                             f"({low:g}, {high:g}]")
 
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")

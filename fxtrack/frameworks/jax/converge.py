@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fxtrack.frameworks import initial
 from fxtrack.frameworks.base import ADAMW, optimizer_choice
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.jax import parallel, train
@@ -28,6 +29,7 @@ def _scheduled(backend: JaxBackend) -> None:
     if kind != "adamw":
         raise NotSupported(f"scenario=converge schedules AdamW; model family "
                            f"{backend.arch.family!r} trains with {kind}")
+    same_start(backend)
     tx = optax.inject_hyperparams(optax.adamw)(
         learning_rate=lr, b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"],
         weight_decay=ADAMW["weight_decay"])
@@ -55,3 +57,38 @@ def outputs(backend: JaxBackend, batch: dict) -> Any:
     x = jnp.asarray(train.model_inputs(batch))
     logits = forward(backend.state.params, backend.state.batch_stats, x)
     return np.asarray(logits, dtype=np.float32)
+
+
+# Flax path part -> PyTorch's (fxtrack.frameworks.torch.models), where they differ
+_RENAMES = {"fc1": "0", "fc2": "2", "input_layernorm": "attn_norm",
+            "post_attention_layernorm": "mlp_norm", "self_attn": "attn"}
+_LEAVES = {"kernel": "weight", "scale": "weight", "embedding": "weight"}
+
+
+def torch_name(path: tuple) -> str:
+    """A Flax parameter's path as PyTorch names the same parameter."""
+    parts = [_RENAMES.get(str(p), str(p)) for p in path]
+    return ".".join([*parts[:-1], _LEAVES.get(parts[-1], parts[-1])])
+
+
+def _from_torch_layout(leaf: str, shape: tuple, name: str, seed: int) -> Any:
+    """``initial.value`` of a Flax parameter of ``shape``: drawn in PyTorch's layout (Linear
+    (out, in), Conv (O, I, kH, kW)) and laid out the Flax way."""
+    if leaf == "kernel" and len(shape) == 2:
+        return initial.value(name, shape[::-1], seed).T
+    if leaf == "kernel" and len(shape) == 4:  # (kH, kW, I, O) <- (O, I, kH, kW)
+        kh, kw, i, o = shape
+        return initial.value(name, (o, i, kh, kw), seed).transpose(2, 3, 1, 0)
+    return initial.value(name, shape, seed)
+
+
+def same_start(backend: JaxBackend) -> None:
+    """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares)."""
+    from flax import nnx
+
+    flat = nnx.to_flat_state(backend.state.params)
+    drawn = [(path, var.replace(value=jnp.asarray(_from_torch_layout(
+        str(path[-1]), tuple(var.value.shape), torch_name(path), backend.spec.seed),
+        var.value.dtype))) for path, var in flat]
+    params = parallel.replicate(nnx.from_flat_state(drawn), backend.mesh)
+    backend.state = backend.state._replace(params=params)

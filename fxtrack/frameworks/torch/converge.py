@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from fxtrack.frameworks import initial
 from fxtrack.frameworks.torch import data, train
 
 if TYPE_CHECKING:  # annotations only (the backend does not import this module)
@@ -23,6 +24,9 @@ def _on_device(backend: TorchBackend, batch: dict) -> dict[str, torch.Tensor]:
 
 
 def train_on_host(backend: TorchBackend, batch: dict, lr: float) -> torch.Tensor:
+    if not getattr(backend, "same_start", False):  # before the first step
+        same_start(backend)
+        backend.same_start = True
     for group in backend.opt.param_groups:
         group["lr"] = lr
     backend.model.train()
@@ -36,3 +40,11 @@ def outputs(backend: TorchBackend, batch: dict) -> Any:
                                                 enabled=amp is not None):
         logits = backend.model(train.model_input(_on_device(backend, batch)))
     return logits.float().cpu().numpy()
+
+
+def same_start(backend: TorchBackend) -> None:
+    """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares)."""
+    with torch.no_grad():
+        for name, param in backend.model.named_parameters():
+            param.copy_(torch.from_numpy(initial.value(name, tuple(param.shape),
+                                                       backend.spec.seed)))
