@@ -22,6 +22,11 @@ CONVERGE = ("scenario=converge", "model=vit", "size=tiny", "model.layers=1", "mo
             "model.heads=2", "model.mlp_dim=32")
 
 
+# data=file has no declared defaults (fxtrack.families.quality): the run names its own
+OWN_TARGET = ("scenario.metric=accuracy", "scenario.target=0.9", "scenario.max_epochs=1",
+              "scenario.eval_every=5", "scenario.lr=0.01")
+
+
 def tiny_images(path: Path, n: int = 96, side: int = 8, classes: int = 3) -> Path:
     """A learnable .npz: each class a bright band in its own rows, plus noise."""
     rng = np.random.default_rng(0)
@@ -80,8 +85,11 @@ def test_the_family_takes_its_shape_from_the_data(tmp_path):
     conf, arch = validate(composed(*CONVERGE, "data=mnist", "model.patch=7"))
     assert (arch.image_size, arch.num_classes) == (28, 10)
     path = tiny_images(tmp_path / "d.npz")
-    conf, arch = validate(composed(*CONVERGE, "data=file", f"data.path={path}", "model.patch=4"))
+    conf, arch = validate(composed(*CONVERGE, "data=file", f"data.path={path}", "model.patch=4",
+                                   *OWN_TARGET))
     assert (arch.image_size, arch.num_classes) == (8, 3)
+    assert "set scenario.metric" in refusal(*CONVERGE, "data=file", f"data.path={path}",
+                                            "model.patch=4")  # no default for the user's data
     conf, arch = validate(composed("scenario=converge", "model=llama", "size=tiny",
                                    "data=pycode", "model.vocab_size=1000"))
     assert arch.vocab_size == 256
@@ -103,7 +111,7 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
     assert "NaN or inf (first in row 3" in refusal(*CONVERGE, *file, f"data.path={bad}")
     small = tiny_images(tmp_path / "s.npz", n=20)
     assert "fewer than batch_size=64" in refusal(*CONVERGE, *file, f"data.path={small}",
-                                                  "model.patch=4", "batch_size=64")
+                                                  "model.patch=4", "batch_size=64", *OWN_TARGET)
     assert "must be divisible by model.patch" in refusal(*CONVERGE, "data=mnist")  # 28 by 16
     assert "image models take square images" in refusal(*CONVERGE, "data=mnist1d")
     assert "outside accuracy's range" in refusal(*CONVERGE, "data=mnist", "model.patch=7",
@@ -130,6 +138,17 @@ def test_time_to_target_and_the_schedule_are_what_they_say():
     assert bits / n == pytest.approx((1.0 + -math.log2(0.8)) / 2)
 
 
+def converge_spec(spec_factory, path: Path, **options):
+    """A torch converge JobSpec on the tiny data=file set at ``path``."""
+    dims = dict(image_size=8, num_classes=3, patch=4, layers=1, hidden=16, heads=2, mlp_dim=32)
+    return spec_factory("torch", "vit", scenario="converge",
+                        runner="fxtrack.scenarios.converge:run", batch_size=16, arch=dims,
+                        data={"name": "file", "path": str(path), "label": "label",
+                              "holdout": 0.2},
+                        options={"metric": "accuracy", "target": 1.0, "max_epochs": 2,
+                                 "eval_every": 100, "lr": 1e-2, **options})
+
+
 def test_a_planted_optimizer_difference_fails_the_trajectory_check(spec_factory, monkeypatch,
                                                                    tmp_path):
     """Two torch runs from the same start: equal losses match; another AdamW eps in one of
@@ -138,16 +157,9 @@ def test_a_planted_optimizer_difference_fails_the_trajectory_check(spec_factory,
     from fxtrack.worker.__main__ import run
 
     path = tiny_images(tmp_path / "d.npz")
-    dims = dict(image_size=8, num_classes=3, patch=4, layers=1, hidden=16, heads=2, mlp_dim=32)
 
     def losses() -> list[float]:
-        spec = spec_factory("torch", "vit", scenario="converge",
-                            runner="fxtrack.scenarios.converge:run", batch_size=16,
-                            data={"name": "file", "path": str(path), "label": "label",
-                                  "holdout": 0.2},
-                            options={"metric": "accuracy", "target": 1.0, "max_epochs": 2,
-                                     "eval_every": 100, "lr": 1e-2}, arch=dims)
-        result = run(spec)
+        result = run(converge_spec(spec_factory, path))
         assert result.status == "FINISHED", result.error
         return result.series["loss"][:8]
 
@@ -159,15 +171,25 @@ def test_a_planted_optimizer_difference_fails_the_trajectory_check(spec_factory,
     assert worst > 1e-4  # same start's: only the update differs
 
 
+def test_a_missed_target_is_a_finished_run_that_says_so(spec_factory, tmp_path):
+    from fxtrack.worker.__main__ import run
+
+    result = run(converge_spec(spec_factory, tiny_images(tmp_path / "d.npz"), eval_every=2))
+    m = result.metrics
+    assert result.status == "FINISHED" and result.error is None and m["reached_target"] == 0.0
+    assert "time_to_target_s" not in m and m["final_eval_accuracy"] < 1.0
+    assert m["steps_trained"] == 2 * (76 // 16)  # the whole budget: 96 rows, 20 held out
+    assert result.series_steps["eval_accuracy"] == [2, 4, 6, 8]
+
+
 @pytest.fixture(scope="module")
 def converge_sweep(tmp_path_factory):
-    """One sweep, two torch cells on a tiny data=file set: a reachable target and an
-    impossible one (accuracy 1.0 on noisy held-out rows within one epoch)."""
+    """One sweep of the four frameworks on a tiny data=file set to a reachable target."""
     cwd = tmp_path_factory.mktemp("converge")
     path = tiny_images(cwd / "d.npz", n=200)
-    done = run_fxtrack(cwd, "-m", *CONVERGE, "framework=torch", "data=file",
+    done = run_fxtrack(cwd, "-m", *CONVERGE, "framework=torch,jax,tensorflow,keras", "data=file",
                        f"data.path={path}", "model.patch=4", "batch_size=16",
-                       "scenario.metric=accuracy", "scenario.target=0.6,1.0",
+                       "scenario.metric=accuracy", "scenario.target=0.6",
                        "scenario.max_epochs=2", "scenario.eval_every=2", "scenario.lr=1e-2",
                        env=seed_peak_cache(cwd / "cache"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -176,29 +198,33 @@ def converge_sweep(tmp_path_factory):
     client = mlflow.MlflowClient(f"sqlite:///{cwd}/mlflow.db")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
                               "tags.`fxtrack.scenario` = 'converge'")
-    assert len(runs) == 2
+    runs = {r.data.tags["fxtrack.framework"]: r for r in runs if "reached_target" in r.data.metrics}
+    assert sorted(runs) == ["jax", "keras", "tensorflow", "torch"]
     return client, runs
 
 
 def test_time_to_target_is_recomputed_from_the_logged_eval_history(converge_sweep):
     client, runs = converge_sweep
-    run = next(r for r in runs if r.data.metrics["reached_target"] == 1.0)
-    m = run.data.metrics
-    accuracy = {p.step: p.value for p in client.get_metric_history(run.info.run_id, "eval_accuracy")}
-    train_s = {p.step: p.value for p in client.get_metric_history(run.info.run_id, "eval_train_s")}
-    first = min(step for step, value in accuracy.items() if value >= 0.6)
-    assert m["steps_to_target"] == first and m["samples_to_target"] == first * 16
-    assert m["time_to_target_s"] == pytest.approx(train_s[first])
-    assert run.data.tags["fxtrack.trajectory"] == "reference"  # the sweep's first torch cell
-    dataset = run.inputs.dataset_inputs[0].dataset
+    for framework, run in runs.items():
+        m = run.data.metrics
+        assert m["reached_target"] == 1.0, framework
+        history = client.get_metric_history(run.info.run_id, "eval_accuracy")
+        train_s = {p.step: p.value for p in client.get_metric_history(run.info.run_id,
+                                                                      "eval_train_s")}
+        first = min(p.step for p in history if p.value >= 0.6)
+        assert m["steps_to_target"] == first and m["samples_to_target"] == first * 16
+        assert m["time_to_target_s"] == pytest.approx(train_s[first])
+    dataset = runs["torch"].inputs.dataset_inputs[0].dataset
     assert dataset.name == "data-file" and json.loads(dataset.profile) == {"train": 160,
                                                                            "held_out": 40}
 
 
-def test_a_missed_target_is_a_finished_run_that_says_so(converge_sweep):
-    client, runs = converge_sweep
-    missed = [r for r in runs if r.data.metrics["reached_target"] == 0.0]
-    assert len(missed) == 1 and missed[0].info.status == "FINISHED"
-    m = missed[0].data.metrics
-    assert "time_to_target_s" not in m and m["final_eval_accuracy"] < 1.0
-    assert m["steps_trained"] == 2 * (160 // 16)  # the whole budget
+def test_every_framework_starts_where_the_first_did(converge_sweep):
+    """The same start (fxtrack.frameworks.initial), batch order and optimiser: at fp32 the
+    first training losses of jax, tensorflow and keras match torch's, the sweep's first."""
+    _, runs = converge_sweep
+    assert runs["torch"].data.tags["fxtrack.trajectory"] == "reference"
+    for framework in ("jax", "tensorflow", "keras"):
+        tags, m = runs[framework].data.tags, runs[framework].data.metrics
+        assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
+        assert tags["fxtrack.trajectory_reference"] == "torch"

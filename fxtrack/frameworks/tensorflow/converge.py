@@ -9,11 +9,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from fxtrack.frameworks import keras_models
+
 if TYPE_CHECKING:  # annotations only (the backend does not import this module)
     from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
 
 
+def _same_start(backend) -> None:
+    """Before the first step: the start every framework shares (fxtrack.frameworks.initial)."""
+    if not getattr(backend, "same_start", False):
+        keras_models.load_initial(backend.model, backend.spec.seed)
+        backend.same_start = True
+
+
 def train_on_host(backend: TensorFlowBackend, batch: dict, lr: float) -> np.ndarray:
+    _same_start(backend)
     backend.opt.learning_rate.assign(lr)
     with tf.device(backend.device):
         on_device = {k: tf.constant(v) for k, v in batch.items()}
