@@ -329,6 +329,11 @@ def summary_line(name: str, result: Result) -> str:
     if result.tags.get("peak_contended") == "true":
         notes += ("  NOTE: no MFU: the peak FLOP/s was calibrated while other processes used the "
                   "cores (not cached; a quiet run calibrates again)")
+    if m.get("reached_target") == 0.0:  # scenario=converge: FINISHED, the target not met
+        notes += "  NOTE: target not reached within the budget"
+    if result.tags.get("trajectory", "").startswith("diverged"):
+        notes += (f"  NOTE: training losses {result.tags['trajectory']} from "
+                  f"{result.tags.get('trajectory_reference')}'s")
     if m.get("step_time_cv", 0.0) > NOISY_CV:
         notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
     if is_contended(m.get("host_other_cpu_frac")):

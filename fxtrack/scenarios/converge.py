@@ -122,11 +122,11 @@ def settings(spec: Any, options: Any) -> dict[str, Any]:
     default for this dataset (fxtrack.families.quality); ValueError where neither is set."""
     declared = families.of(spec.arch).quality.get(spec.data["name"])
     out = {}
-    for key in ("metric", "target", "eval_every", "max_epochs", "lr"):
+    for key in ("metric", "target", "eval_every", "max_epochs", "lr", "max_steps"):
         value = getattr(options, key)
         if value is None and declared is not None:
             value = getattr(declared, key)
-        if value is None:
+        if value is None and key != "max_steps":  # max_steps: None is no cap
             raise ValueError(f"scenario.{key} is not set and model family "
                              f"{spec.arch['family']!r} declares no default for "
                              f"data={spec.data['name']}: set scenario.{key}")
@@ -146,8 +146,8 @@ def run(backend: Backend, result: Result) -> None:
     batch = s["batch_size"]
     steps_per_epoch = n_train // batch  # the last partial batch dropped
     total = steps_per_epoch * s["max_epochs"]
-    if options.max_steps is not None:
-        total = min(total, options.max_steps)
+    if s["max_steps"] is not None:
+        total = min(total, s["max_steps"])
     warmup = max(1, round(total * options.warmup_frac))
     spec.batch_size = batch
     timed.build(backend, result)

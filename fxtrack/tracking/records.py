@@ -76,6 +76,10 @@ HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p50
              ("export_s", "export {:.2f} s"),
              ("max_rate_under_slo_rps", "max rate under SLO {:.2f} req/s"),
              ("goodput_rps", "goodput {:.2f} req/s"), ("serve_e2e_ms_p99", "E2E p99 {:.1f} ms"), ("peak_mem_device_mib", "device peak {:.0f} MiB"),
+             ("time_to_target_s", "to target {:.1f} s"), ("steps_to_target", "in {:.0f} steps"),
+             ("final_eval_accuracy", "held-out accuracy {:.3f}"),
+             ("final_eval_bits_per_byte", "held-out {:.3f} bits/byte"),
+             ("final_eval_loss", "held-out loss {:.3f}"),
              ("peak_rss_mib", "RSS peak {:.0f} MiB"), ("mfu", "MFU {:.1%}")]
 
 
