@@ -228,3 +228,30 @@ def test_every_framework_starts_where_the_first_did(converge_sweep):
         tags, m = runs[framework].data.tags, runs[framework].data.metrics
         assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
         assert tags["fxtrack.trajectory_reference"] == "torch"
+
+
+def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):
+    """bf16 against the same framework's fp32 run earlier in the sweep: kept within
+    scenario.quality_tol, lost beyond it; no baseline said so."""
+    from fxtrack.job import Result
+
+    held: dict = {}
+    options = {"metric": "accuracy", "target": 0.8, "quality_tol": 0.02}
+
+    def checked(precision: str, final: float, seconds: float, framework: str = "torch") -> Result:
+        spec = spec_factory(framework, "vit", scenario="converge", precision=precision,
+                            compile_request="auto", options=options,
+                            data={"name": "mnist", "holdout": 0.2})
+        result = Result("r", resolved={"metric": "accuracy", "batch_size": 8},
+                        series={"loss": [2.3, 2.2]},
+                        metrics={"final_eval_accuracy": final, "time_to_target_s": seconds})
+        converge.cross_check(result, spec, held)
+        return result
+
+    assert "lever_quality" not in checked("fp32", 0.90, 10.0).tags  # the baseline itself
+    kept = checked("bf16", 0.89, 5.0)
+    assert kept.tags["lever_quality"] == "kept"
+    assert kept.metrics["final_eval_vs_fp32"] == pytest.approx(-0.01)
+    assert kept.metrics["time_to_target_x_fp32"] == pytest.approx(0.5)
+    assert checked("bf16", 0.85, 5.0).tags["lever_quality"] == "lost"
+    assert checked("bf16", 0.9, 5.0, "jax").tags["lever_quality"] == "no fp32 baseline"

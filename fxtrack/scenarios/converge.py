@@ -207,17 +207,26 @@ def run(backend: Backend, result: Result) -> None:
 
 
 def cross_check(result: Result, spec: Any, held: dict) -> None:
-    """At fp32, the first ``scenario.trajectory_steps`` training losses of this run against
-    those of the first framework that ran the same model, data, seed, batch and options in this
-    process (a sweep's earlier cell): ``loss_divergence_max`` and the ``trajectory`` tag
-    (``matched`` / ``diverged@<step>``; the first framework's run: ``reference``)."""
-    if spec.precision != "fp32" or "loss" not in result.series:
+    """Checks of this run against earlier runs of this process (a sweep's earlier cells, on the
+    same model, data, seed, batch and options): the trajectory (``trajectory_check``) and a
+    lever's quality (``lever_check``)."""
+    if "loss" not in result.series:
         return
     options = options_of(spec)
-    key = repr((spec.arch, spec.data, spec.seed, result.resolved.get("batch_size"),
-                sorted(vars(options).items()), spec.parallel, spec.memory))
+    same = repr((spec.arch, spec.data, spec.seed, result.resolved.get("batch_size"),
+                 sorted(vars(options).items())))
+    lever_check(result, spec, held, same, options)
+    if spec.precision == "fp32":
+        trajectory_check(result, spec, held, repr((same, spec.parallel, spec.memory)), options)
+
+
+def trajectory_check(result: Result, spec: Any, held: dict, key: str, options: Any) -> None:
+    """At fp32, the first ``scenario.trajectory_steps`` training losses against those of the
+    first framework that ran the same configuration: ``loss_divergence_max`` and the
+    ``trajectory`` tag (``matched`` / ``diverged@<step>``; the first framework's run:
+    ``reference``)."""
     losses = result.series["loss"][:options.trajectory_steps]
-    first = held.setdefault(key, (spec.framework, losses))
+    first = held.setdefault(("trajectory", key), (spec.framework, losses))
     if first[0] == spec.framework:
         result.tags["trajectory"] = "reference"
         return
@@ -225,6 +234,40 @@ def cross_check(result: Result, spec: Any, held: dict) -> None:
     result.metrics["loss_divergence_max"] = worst
     result.tags["trajectory"] = tag
     result.tags["trajectory_reference"] = first[0]
+
+
+def is_baseline(spec: Any) -> bool:
+    """fp32 with no lever: no sharding, no recomputation, the compile rule's own choice and the
+    framework's default settings (the run a lever is compared with)."""
+    from fxtrack.frameworks.declaration import declaration
+
+    settings = declaration(spec.package).settings
+    return (spec.precision == "fp32" and spec.parallel == "ddp" and spec.memory == "none"
+            and spec.compile_request == "auto"
+            and all(spec.framework_settings.get(k, v.default) == v.default
+                    for k, v in settings.items()))
+
+
+def lever_check(result: Result, spec: Any, held: dict, key: str, options: Any) -> None:
+    """A lever's run (bf16, a compile mode, fsdp, checkpointing) against the same framework's
+    fp32 baseline earlier in the sweep: ``final_eval_vs_fp32`` (signed, in the metric's units,
+    positive is better), ``time_to_target_x_fp32`` and the ``lever_quality`` tag: ``kept``,
+    ``lost`` (worse by more than ``scenario.quality_tol``) or ``no fp32 baseline``."""
+    metric = result.resolved["metric"]
+    final = result.metrics[f"final_eval_{metric}"]
+    mine = (final, result.metrics.get("time_to_target_s"))
+    if is_baseline(spec):
+        held.setdefault(("baseline", spec.framework, key), mine)
+        return
+    base = held.get(("baseline", spec.framework, key))
+    if base is None:
+        result.tags["lever_quality"] = "no fp32 baseline"
+        return
+    better = (final - base[0]) if HIGHER_IS_BETTER[metric] else (base[0] - final)
+    result.metrics["final_eval_vs_fp32"] = better
+    if mine[1] is not None and base[1]:
+        result.metrics["time_to_target_x_fp32"] = mine[1] / base[1]
+    result.tags["lever_quality"] = "lost" if better < -options.quality_tol else "kept"
 
 
 def dataset_record(split: data.Split, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -153,6 +153,7 @@ class ConvergeOptions(Options):
     eval_samples: int = 1024  # held-out samples evaluated (the first ones: the same each time)
     trajectory_steps: int = 10  # the first K training losses compared with the first framework's
     trajectory_tol: float = 1e-3  # relative difference per step beyond which they diverged
+    quality_tol: float = 0.01  # a lever's final metric this much worse than fp32's: lost
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -160,6 +161,7 @@ class ConvergeOptions(Options):
                  max_steps=self.max_steps,
                  lr=self.lr, eval_samples=self.eval_samples,
                  trajectory_steps=self.trajectory_steps, trajectory_tol=self.trajectory_tol)
+        at_least("scenario.", 0, quality_tol=self.quality_tol)
         at_least("scenario.", 0, warmup_frac=self.warmup_frac)
         if self.warmup_frac >= 1:
             raise ValueError(f"scenario.warmup_frac must be below 1, got {self.warmup_frac}")
