@@ -255,3 +255,11 @@ def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):
     assert kept.metrics["time_to_target_x_fp32"] == pytest.approx(0.5)
     assert checked("bf16", 0.85, 5.0).tags["lever_quality"] == "lost"
     assert checked("bf16", 0.9, 5.0, "jax").tags["lever_quality"] == "no fp32 baseline"
+
+
+def test_the_report_keeps_mlperfs_rules():
+    from fxtrack.report.converge import middle
+
+    assert middle([3.0, 1.0, 2.0, None]) == (None, "4 run(s): needs repeats=5")
+    assert middle([5.0, 1.0, 2.0, 3.0, None]) == ([2.0, 3.0, 5.0], "")  # a miss is the slowest
+    assert middle([5.0, None, 2.0, 3.0, None])[1] == "1 of the kept runs missed the target"

@@ -152,7 +152,8 @@ def run(backend: Backend, result: Result) -> None:
     spec.batch_size = batch
     timed.build(backend, result)
     result.resolved.update(batch_size=batch, steps=total, metric=s["metric"],
-                           target=s["target"], dataset=dataset_record(split, spec.data))
+                           dataset=dataset_record(split, spec.data),
+                           scenario={k: v for k, v in s.items() if k != "batch_size"})
     held = list(range(min(options.eval_samples, data.samples(split, seq_len, held=True))))
 
     def evaluate() -> float:

@@ -71,4 +71,4 @@ CONVERGE = register(Scenario(
     "converge", "training on real data to a held-out target: time, steps and samples to it",
     o.ConvergeOptions, "fxtrack.scenarios.converge:run", refusal=converge_refusal,
     needs=("converge",), real_data=True, config_check="fxtrack.scenarios.converge:config_check",
-    cross_check="fxtrack.scenarios.converge:cross_check"))
+    cross_check="fxtrack.scenarios.converge:cross_check", section="fxtrack.report.converge:section"))

@@ -91,7 +91,8 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any],
                 tags: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Flattened config params with what the worker resolved in place of what was asked
     (``hardware.name=auto`` -> the device kind, ``framework.compile=auto`` -> true|false, the
-    threads it read back, the default batch/steps), unset (None) keys and fxtrack's module
+    threads it read back, the default batch/steps, scenario options left to the model family's
+    defaults), unset (None) keys and fxtrack's module
     paths left out, and secrets removed."""
     tags = tags or {}
     params = {k: v for k, v in flatten(config).items()
@@ -101,6 +102,9 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any],
             params[key] = resolved[key]
     if "device_kind" in resolved:
         params["hardware.name"] = resolved["device_kind"]
+    for key, value in (resolved.get("scenario") or {}).items():  # options the worker filled in
+        if not _unset(value):
+            params[f"scenario.{key}"] = value
     if "compile" in resolved:
         params["framework.compile"] = str(bool(resolved["compile"])).lower()
     if tags.get("cpu_threads"):

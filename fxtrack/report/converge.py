@@ -1,0 +1,94 @@
+"""The report's time-to-quality section (scenario=converge), by MLPerf Training's rules: each
+framework's runs of one model, data and target (``repeats=N`` seeds), a verdict only from five
+runs or more, the fastest and the slowest dropped, a missed target counted as slower than any
+that reached it (and shown), the mean of the rest with its 95% interval, and each framework's
+ratio to the fastest with its Welch interval (fxtrack/stats.py)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import pandas as pd
+
+from fxtrack import stats
+from fxtrack.report.tables import Section, Table, fmt
+from fxtrack.scenarios import of_section
+
+MIN_RUNS = 5  # MLPerf Training's fewest runs for a result (its benchmarks ask 5 to 10)
+GROUP = ["tags.fxtrack.model", "params.data.name", "params.scenario.target",
+         "tags.fxtrack.precision", "tags.fxtrack.hardware"]
+INTRO = ("Training time to the held-out target (time_to_target_s: the steps' time, evaluation "
+         "and compilation excluded). MLPerf Training's rules: at least 5 runs (repeats=5), the "
+         "fastest and the slowest dropped, a run that missed the target counts as the slowest "
+         "and a missed run among those kept leaves no figure; the mean of the rest with its 95% "
+         "interval, and the ratio to the fastest framework with its interval.")
+
+
+def middle(times: list[Optional[float]]) -> tuple[Optional[list[float]], str]:
+    """MLPerf's kept runs of ``times`` (None: missed the target): the fastest and slowest
+    dropped; (their times, "") or (None, why there is no figure)."""
+    if len(times) < MIN_RUNS:
+        return None, f"{len(times)} run(s): needs repeats={MIN_RUNS}"
+    ranked = sorted(times, key=lambda t: math.inf if t is None else t)[1:-1]
+    missed = sum(t is None for t in ranked)
+    if missed:
+        return None, f"{missed} of the kept runs missed the target"
+    return [float(t) for t in ranked], ""
+
+
+def runs_of(frame: pd.DataFrame) -> pd.DataFrame:
+    """Every single converge run (not an aggregate) that finished."""
+    if frame.empty or "tags.fxtrack.scenario" not in frame or "metrics.reached_target" not in frame:
+        return frame.iloc[0:0]
+    found = frame[frame["tags.fxtrack.scenario"].isin(of_section(__name__))
+                  & frame["metrics.reached_target"].notna()].copy()
+    for column in GROUP:
+        if column not in found:
+            found[column] = None
+    return found
+
+
+def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
+    found = runs_of(frame)
+    if found.empty:
+        return None
+    tables = []
+    for key, group in found.groupby(GROUP, dropna=False):
+        model, data, target, precision, hardware = key
+        kept = {}
+        for framework, own in group.groupby("tags.fxtrack.framework"):
+            times = [None if r["metrics.reached_target"] != 1.0 else r["metrics.time_to_target_s"]
+                     for _, r in own.iterrows()]
+            kept[framework] = (own, times, *middle(times))
+        means = {fw: sum(k[2]) / len(k[2]) for fw, k in kept.items() if k[2]}
+        best = min(means, key=means.get) if means else None
+        rows = []
+        for framework, (own, times, middle_times, why) in sorted(kept.items()):
+            reached = sum(t is not None for t in times)
+            interval = ratio = "-"
+            if middle_times:
+                ci = stats.log_t_interval(middle_times)
+                interval = f"[{ci.low:,.1f}, {ci.high:,.1f}]"
+                if best is not None and framework != best:
+                    r = stats.ratio_interval(stats.log_summary(middle_times),
+                                             stats.log_summary(kept[best][2]))
+                    ratio = (f"{means[framework] / means[best]:.2f}x"
+                             + ("" if r is None else f" [{r[0]:.2f}, {r[1]:.2f}]"))
+                elif framework == best:
+                    ratio = "fastest"
+            finals = [v for c in own.columns if c.startswith("metrics.final_eval_")
+                      and not c.endswith("_vs_fp32") for v in own[c].dropna()]
+            tags = sorted(set(own.get("tags.fxtrack.trajectory", pd.Series(dtype=object))
+                              .dropna().astype(str)))
+            rows.append([framework, str(len(times)), str(reached),
+                         fmt(means.get(framework)), interval, ratio or "-",
+                         fmt(stats.median(finals), 3) if finals else "-",
+                         ", ".join(tags) or "-", why or "-"])
+        title = (f"Time to quality: {model} on data={data}, target {target} "
+                 f"({precision}, {hardware})")
+        tables.append(Table(title, ["framework", "runs", "reached", "time to target s",
+                                    "95% interval", "ratio to fastest [95%]",
+                                    "final metric (median)", "trajectory", "no figure because"],
+                            rows))
+    return Section("Time to quality", tables, INTRO)
