@@ -98,6 +98,11 @@ def batches(n: int, batch: int, seed: int, total: int) -> Any:
         epoch += 1
 
 
+def run_seed(spec: Any) -> int:
+    """The seed a converge run trains from: ``seed`` + which of ``repeats`` it is."""
+    return spec.seed + spec.repeat
+
+
 def config_check(conf: Any, arch: Any) -> Optional[str]:
     """Before any work (the config layer's check): an option neither set nor declared by the
     family for this dataset, one line; None when the run has every setting."""
@@ -139,6 +144,8 @@ def run(backend: Backend, result: Result) -> None:
     """Fill ``result`` (docs/contract.md, scenario=converge)."""
     spec, options = backend.spec, options_of(backend.spec)
     trainer = backend.capability("converge")  # before the build: NotSupported costs nothing
+    # repeats=N are N seeded runs (MLPerf's): repeat k starts from, and orders by, seed + k
+    spec.seed = run_seed(spec)
     s = settings(spec, options)
     split = data.load(spec.data)
     seq_len = int(spec.arch["dims"].get("seq_len", 1))
@@ -176,12 +183,15 @@ def run(backend: Backend, result: Result) -> None:
         step_times.append(time.perf_counter() - t0)
         train_s += step_times[-1]
         losses.append(backend.loss_value(handle))
+        if not math.isfinite(losses[-1]):  # the guard fails the run; no step would mend it
+            break
         if step % s["eval_every"] and step != total:
             continue
         t0 = time.perf_counter()
         value = evaluate()
         eval_s += time.perf_counter() - t0
         history.append({"step": step, "train_s": train_s, "value": value})
+        eprint(f"[fxtrack] step {step}: held-out {s['metric']} {value:.4f}")
         if met(s["metric"], value, s["target"]):
             reached = True
             break
@@ -192,7 +202,8 @@ def run(backend: Backend, result: Result) -> None:
              train_time_s=train_s - compile_s, steps_trained=float(len(losses)),
              param_count=float(backend.param_count()),
              loss_first=losses[0], loss_last=losses[-1])
-    m[f"final_eval_{s['metric']}"] = history[-1]["value"]
+    if history:  # none when the loss went NaN before the first evaluation
+        m[f"final_eval_{s['metric']}"] = history[-1]["value"]
     hit = time_to_target(history, s["metric"], s["target"], compile_s)
     if hit is not None:
         m.update(time_to_target_s=hit["time_to_target_s"],
@@ -214,7 +225,7 @@ def cross_check(result: Result, spec: Any, held: dict) -> None:
     if "loss" not in result.series:
         return
     options = options_of(spec)
-    same = repr((spec.arch, spec.data, spec.seed, result.resolved.get("batch_size"),
+    same = repr((spec.arch, spec.data, run_seed(spec), result.resolved.get("batch_size"),
                  sorted(vars(options).items())))
     lever_check(result, spec, held, same, options)
     if spec.precision == "fp32":
@@ -255,7 +266,9 @@ def lever_check(result: Result, spec: Any, held: dict, key: str, options: Any) -
     positive is better), ``time_to_target_x_fp32`` and the ``lever_quality`` tag: ``kept``,
     ``lost`` (worse by more than ``scenario.quality_tol``) or ``no fp32 baseline``."""
     metric = result.resolved["metric"]
-    final = result.metrics[f"final_eval_{metric}"]
+    final = result.metrics.get(f"final_eval_{metric}")
+    if final is None:  # never evaluated (its loss went NaN first): nothing to compare
+        return
     mine = (final, result.metrics.get("time_to_target_s"))
     if is_baseline(spec):
         held.setdefault(("baseline", spec.framework, key), mine)
