@@ -263,3 +263,23 @@ def test_the_report_keeps_mlperfs_rules():
     assert middle([3.0, 1.0, 2.0, None]) == (None, "4 run(s): needs repeats=5")
     assert middle([5.0, 1.0, 2.0, 3.0, None]) == ([2.0, 3.0, 5.0], "")  # a miss is the slowest
     assert middle([5.0, None, 2.0, 3.0, None])[1] == "1 of the kept runs missed the target"
+
+
+def test_the_time_to_quality_section_counts_runs_and_gives_a_ratio_with_its_interval():
+    import pandas as pd
+
+    from fxtrack.report.converge import section
+
+    rows = [{"tags.fxtrack.framework": fw, "tags.fxtrack.scenario": "converge",
+             "tags.fxtrack.model": "vit", "params.data.name": "mnist",
+             "params.scenario.target": "0.8", "tags.fxtrack.precision": "fp32",
+             "tags.fxtrack.hardware": "cpu", "tags.fxtrack.kind": None,
+             "metrics.reached_target": 1.0, "metrics.time_to_target_s": t,
+             "metrics.final_eval_accuracy": 0.8}
+            for fw, times in (("jax", [1.0, 1.1, 0.9, 1.2, 1.0]), ("torch", [2.0, 2.2, 1.9, 2.1, 2.0]))
+            for t in times]
+    rows.append({**rows[0], "tags.fxtrack.kind": "aggregate"})  # a repeats=5 aggregate: left out
+    table = section(pd.DataFrame(rows), pd.DataFrame(rows)).tables[0]
+    jax, torch = table.rows
+    assert jax[:3] == ["jax", "5", "5"] and jax[5] == "fastest"
+    assert torch[5].startswith("1.97x [")  # (2.0 + 2.1 + 2.0) / (1.0 + 1.1 + 1.0)

@@ -41,8 +41,10 @@ def runs_of(frame: pd.DataFrame) -> pd.DataFrame:
     """Every single converge run (not an aggregate) that finished."""
     if frame.empty or "tags.fxtrack.scenario" not in frame or "metrics.reached_target" not in frame:
         return frame.iloc[0:0]
+    kind = frame.get("tags.fxtrack.kind", pd.Series([None] * len(frame), index=frame.index))
     found = frame[frame["tags.fxtrack.scenario"].isin(of_section(__name__))
-                  & frame["metrics.reached_target"].notna()].copy()
+                  & frame["metrics.reached_target"].notna()
+                  & (kind != "aggregate")].copy()  # a repeats=N aggregate holds medians
     for column in GROUP:
         if column not in found:
             found[column] = None
@@ -69,7 +71,7 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
             interval = ratio = "-"
             if middle_times:
                 ci = stats.log_t_interval(middle_times)
-                interval = f"[{ci.low:,.1f}, {ci.high:,.1f}]"
+                interval = f"[{ci.low:.3g}, {ci.high:.3g}]"
                 if best is not None and framework != best:
                     r = stats.ratio_interval(stats.log_summary(middle_times),
                                              stats.log_summary(kept[best][2]))
@@ -82,7 +84,7 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
             tags = sorted(set(own.get("tags.fxtrack.trajectory", pd.Series(dtype=object))
                               .dropna().astype(str)))
             rows.append([framework, str(len(times)), str(reached),
-                         fmt(means.get(framework)), interval, ratio or "-",
+                         "-" if framework not in means else f"{means[framework]:.3g}", interval, ratio or "-",
                          fmt(stats.median(finals), 3) if finals else "-",
                          ", ".join(tags) or "-", why or "-"])
         title = (f"Time to quality: {model} on data={data}, target {target} "
