@@ -7,7 +7,8 @@ ratio to the fastest with its Welch interval (fxtrack/stats.py)."""
 from __future__ import annotations
 
 import math
-from typing import Optional
+from pathlib import Path
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -94,3 +95,65 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
                                     "final metric (median)", "trajectory", "no figure because"],
                             rows))
     return Section("Time to quality", tables, INTRO)
+
+
+METRICS = ("accuracy", "loss", "bits_per_byte")
+
+
+def charts(frame: pd.DataFrame, out: Path,
+           histories: Callable[[list[str], list[str]], dict]) -> list:
+    """One chart per model, data, target, precision and hardware: each framework's held-out
+    metric against its training seconds (``eval_train_s``: evaluation and compilation left
+    out), every run a line, the target dashed. ``histories``: (run ids, keys) -> run id -> key
+    -> (step, value) points (tracking.reader.metric_histories)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from fxtrack.report.charts import Chart
+
+    found = runs_of(frame)
+    if found.empty:
+        return []
+    keys = ["eval_train_s", *(f"eval_{m}" for m in METRICS)]
+    points = histories(list(found["run_id"]), keys)
+    drawn = []
+    for key, group in found.groupby(GROUP, dropna=False):
+        model, data, target, precision, hardware = key
+        fig, ax = plt.subplots(figsize=(6.5, 4.4))
+        colours: dict = {}
+        metric = None
+        for _, r in group.sort_values("tags.fxtrack.framework").iterrows():
+            own = points.get(r["run_id"], {})
+            metric = next((m for m in METRICS if f"eval_{m}" in own), metric)
+            if metric is None or "eval_train_s" not in own:
+                continue
+            seconds = dict(own["eval_train_s"])
+            xy = [(seconds[s], v) for s, v in own[f"eval_{metric}"] if s in seconds]
+            fw = r["tags.fxtrack.framework"]
+            colour = colours.setdefault(fw, f"C{len(colours)}")
+            labelled = fw in ax.get_legend_handles_labels()[1]  # one legend entry per framework
+            ax.plot([p[0] for p in xy], [p[1] for p in xy], color=colour, alpha=0.8,
+                    label=None if labelled else fw)
+        if metric is None:
+            plt.close(fig)
+            continue
+        try:
+            ax.axhline(float(target), color="grey", linestyle="--", linewidth=1)
+        except (TypeError, ValueError):
+            pass
+        ax.set_xlabel("training seconds (evaluation and compilation excluded)")
+        ax.set_ylabel(f"held-out {metric}")
+        title = f"Time to quality: {model} on data={data} ({precision}, {hardware})"
+        ax.set_title(title, fontsize=10)
+        ax.legend(title="framework", fontsize=8)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        name = "".join(c if c.isalnum() else "_" for c in f"converge_{model}_{data}_{target}_{precision}")
+        path = out / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        drawn.append(Chart(title, path, "each line one run (repeats: one per seed); dashed: "
+                                        "the target"))
+    return drawn
