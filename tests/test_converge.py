@@ -200,11 +200,11 @@ def converge_sweep(tmp_path_factory):
                               "tags.`fxtrack.scenario` = 'converge'")
     runs = {r.data.tags["fxtrack.framework"]: r for r in runs if "reached_target" in r.data.metrics}
     assert sorted(runs) == ["jax", "keras", "tensorflow", "torch"]
-    return client, runs
+    return client, runs, cwd
 
 
 def test_time_to_target_is_recomputed_from_the_logged_eval_history(converge_sweep):
-    client, runs = converge_sweep
+    client, runs, _ = converge_sweep
     for framework, run in runs.items():
         m = run.data.metrics
         assert m["reached_target"] == 1.0, framework
@@ -222,12 +222,22 @@ def test_time_to_target_is_recomputed_from_the_logged_eval_history(converge_swee
 def test_every_framework_starts_where_the_first_did(converge_sweep):
     """The same start (fxtrack.frameworks.initial), batch order and optimiser: at fp32 the
     first training losses of jax, tensorflow and keras match torch's, the sweep's first."""
-    _, runs = converge_sweep
+    _, runs, _ = converge_sweep
     assert runs["torch"].data.tags["fxtrack.trajectory"] == "reference"
     for framework in ("jax", "tensorflow", "keras"):
         tags, m = runs[framework].data.tags, runs[framework].data.metrics
         assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
         assert tags["fxtrack.trajectory_reference"] == "torch"
+
+
+def test_the_report_has_a_time_to_quality_section_and_chart(converge_sweep):
+    cwd = converge_sweep[2]
+    done = run_fxtrack(cwd, "report", "--out", str(cwd / "report"), "--format", "md")
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = (cwd / "report" / "report.md").read_text()
+    assert "### Time to quality: vit on data=file, target 0.6 (fp32, cpu)" in page
+    assert "1 run(s): needs repeats=5" in page  # single runs: no figure, said why
+    assert (cwd / "report" / "converge_vit_file_0_6_fp32.png").stat().st_size > 10_000
 
 
 def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):
