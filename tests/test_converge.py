@@ -93,6 +93,16 @@ def test_the_family_takes_its_shape_from_the_data(tmp_path):
     conf, arch = validate(composed("scenario=converge", "model=llama", "size=tiny",
                                    "data=pycode", "model.vocab_size=1000"))
     assert arch.vocab_size == 256
+    import pandas as pd
+
+    table = pd.DataFrame(np.random.default_rng(0).random((40, 16)), columns=[f"p{i}" for i in range(16)])
+    table["digit"] = np.arange(40) % 4
+    table.to_parquet(tmp_path / "t.parquet")  # flat rows of 16 pixels: 4 x 4 grey images
+    conf, arch = validate(composed(*CONVERGE, "data=file", f"data.path={tmp_path}/t.parquet",
+                                   "data.label=digit", "model.patch=2", *OWN_TARGET))
+    assert (arch.image_size, arch.num_classes) == (4, 4)
+    assert "a decoder LM trains on a byte corpus" in refusal(
+        "scenario=converge", "model=llama", "size=tiny", "data=mnist")
 
 
 def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
