@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -212,6 +213,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         _finite_fields("data.", self)
+        if self.path:  # the worker, or a launcher's job elsewhere, reads the same file
+            self.path = os.path.abspath(os.path.expanduser(self.path))
         if not 0 < self.holdout < 1:
             raise ValueError(f"data.holdout must be between 0 and 1, got {self.holdout}")
 
