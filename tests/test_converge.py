@@ -129,6 +129,7 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
     assert "bits_per_byte is a language model's" in refusal(
         *CONVERGE, "data=mnist", "model.patch=7", "scenario.metric=bits_per_byte")
     assert "trains on real data" in refusal(*CONVERGE)
+    assert "runs on one device" in refusal(*CONVERGE, "data=mnist", "model.patch=7", "devices=2")
     assert "drop data=mnist" in refusal("scenario=train", "size=tiny", "data=mnist")
 
 

@@ -104,8 +104,13 @@ def run_seed(spec: Any) -> int:
 
 
 def config_check(conf: Any, arch: Any) -> Optional[str]:
-    """Before any work (the config layer's check): an option neither set nor declared by the
-    family for this dataset, one line; None when the run has every setting."""
+    """Before any work (the config layer's check): more than one device (the host batches are
+    not sharded over devices yet, nor the shared start loaded into sharded parameters), or an
+    option neither set nor declared by the family for this dataset, one line; None when the
+    run may go."""
+    if conf.devices * conf.hardware.nodes > 1:
+        return ("scenario=converge runs on one device: its batches are not split over devices "
+                "yet (nor parallel=fsdp's shards given the shared start); set devices=1")
     spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data={"name": conf.data.name},
                                batch_size=conf.batch_size)
     try:
