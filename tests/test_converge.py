@@ -120,8 +120,10 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
     np.savez(bad, x=x, y=np.zeros(8, int))
     assert "NaN or inf (first in row 3" in refusal(*CONVERGE, *file, f"data.path={bad}")
     small = tiny_images(tmp_path / "s.npz", n=20)
-    assert "fewer than batch_size=64" in refusal(*CONVERGE, *file, f"data.path={small}",
-                                                  "model.patch=4", "batch_size=64", *OWN_TARGET)
+    assert "fewer than one batch of 64" in refusal(*CONVERGE, *file, f"data.path={small}",
+                                                    "model.patch=4", "batch_size=64", *OWN_TARGET)
+    assert "fewer than one batch of 32" in refusal(*CONVERGE, *file, f"data.path={small}",
+                                                    "model.patch=4", *OWN_TARGET)  # the default
     assert "must be divisible by model.patch" in refusal(*CONVERGE, "data=mnist")  # 28 by 16
     assert "image models take square images" in refusal(*CONVERGE, "data=mnist1d")
     assert "outside accuracy's range" in refusal(*CONVERGE, "data=mnist", "model.patch=7",

@@ -178,7 +178,6 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     except ValueError as e:
         where = f"data={conf.data.name} sets {dims}: " if dims else ""
         raise ConfigError(where + str(e).splitlines()[0]) from None
-    check_data_batch(conf, arch)
     if not scenario.implemented:
         raise ConfigError(f"scenario={scenario.name} is not implemented yet (implemented: "
                           f"{', '.join(scenarios.where(implemented=True))})")
@@ -230,19 +229,6 @@ def data_dims(conf: FxtrackConfig, scenario: scenarios.Scenario) -> dict:
     except ValueError as e:  # DataError included
         why = str(e).splitlines()[0]
         raise ConfigError(why if why.startswith("data") else f"data={name}: {why}") from None
-
-
-def check_data_batch(conf: FxtrackConfig, arch: architectures.Arch) -> None:
-    """Fewer training samples than one batch: one line, before any work."""
-    from fxtrack import data
-
-    split = data.load(conf.data)
-    if split is None or conf.batch_size is None:
-        return
-    have = data.samples(split, int(arch.dims.get("seq_len", 1)))
-    if have < conf.batch_size:
-        raise ConfigError(f"data={conf.data.name} has {have} training samples, fewer than "
-                          f"batch_size={conf.batch_size}")
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

@@ -114,9 +114,13 @@ def config_check(conf: Any, arch: Any) -> Optional[str]:
     spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data={"name": conf.data.name},
                                batch_size=conf.batch_size)
     try:
-        settings(spec, conf.scenario)
+        batch = settings(spec, conf.scenario)["batch_size"]
     except ValueError as e:
         return str(e)
+    have = data.samples(data.load(conf.data), int(arch.dims.get("seq_len", 1)))
+    if have < batch:
+        return (f"data={conf.data.name} has {have} training samples, fewer than one batch of "
+                f"{batch}; set a smaller batch_size")
     return None
 
 
@@ -160,6 +164,9 @@ def run(backend: Backend, result: Result) -> None:
     total = steps_per_epoch * s["max_epochs"]
     if s["max_steps"] is not None:
         total = min(total, s["max_steps"])
+    if total < 1:  # validation refuses it; a spec written by other means gets the same line
+        raise ValueError(f"data={split.name} has {n_train} training samples, fewer than one "
+                         f"batch of {batch}")
     warmup = max(1, round(total * options.warmup_frac))
     spec.batch_size = batch
     timed.build(backend, result)
