@@ -162,7 +162,7 @@ def test_help_lists_a_registered_scenario_and_its_options_with_their_defaults(to
 
     text = usage()
     assert "  toy: widgets made per step (a test's toy)\n    scenario.widgets=3 scenario.gain=1.0" in text
-    assert "scenario: checkpoint, fit, generate, inference, pipeline, scaling, serve, toy, train" in text
+    assert "scenario: checkpoint, converge, fit, generate, inference, pipeline, scaling, serve, toy, train" in text
     assert "scenario.max_batch=4096" in text and "scenario.max_batch=4 " in text  # fit's, serve's
 
 

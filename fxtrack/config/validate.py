@@ -169,11 +169,16 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     drop_other_scenarios_keys(cfg, sweep)
     try:
         conf: FxtrackConfig = OmegaConf.to_object(cfg)
-        arch = architectures.resolve(conf.model.name, conf.size.name,
-                                     **{k: v for k, v in vars(conf.model).items() if k != "name"})
     except Exception as e:  # noqa: BLE001 - omegaconf wraps __post_init__ errors in its own types
         raise ConfigError(str(e).splitlines()[0]) from None
     scenario = scenarios.get(conf.scenario.name)
+    dims = data_dims(conf, scenario)  # real data sets the input shape, classes, vocabulary
+    try:
+        arch = architectures.resolve(conf.model.name, conf.size.name, **{
+            **{k: v for k, v in vars(conf.model).items() if k != "name"}, **dims})
+    except ValueError as e:
+        where = f"data={conf.data.name} sets {dims}: " if dims else ""
+        raise ConfigError(where + str(e).splitlines()[0]) from None
     if not scenario.implemented:
         raise ConfigError(f"scenario={scenario.name} is not implemented yet (implemented: "
                           f"{', '.join(scenarios.where(implemented=True))})")
@@ -196,6 +201,33 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     if why is not None:
         raise WontFit(why, conf, arch)
     return conf, arch
+
+
+def data_dims(conf: FxtrackConfig, scenario: scenarios.Scenario) -> dict:
+    """The dims real data sets (``Family.data_dims``: input shape, classes, vocabulary), once
+    the data is read and checked (fxtrack.data); ConfigError, one line, for data that cannot be
+    used, a scenario that does not read it, or a shape the family cannot take."""
+    from fxtrack import data
+
+    name = conf.data.name
+    if name == data.SYNTHETIC:
+        if scenario.real_data:
+            raise ConfigError(f"scenario={scenario.name} trains on real data: add data=mnist, "
+                              "data=pycode or data=file data.path=FILE")
+        return {}
+    if not scenario.real_data:
+        raise ConfigError(f"data={name} is read by scenario="
+                          f"{'/'.join(scenarios.where(real_data=True))}; "
+                          f"scenario={scenario.name} times synthetic batches: drop data={name}")
+    family = families.get(architectures.family(conf.model.name))
+    try:
+        split = data.load(conf.data)
+        if family.data_dims is None:
+            raise data.DataError(f"model={conf.model.name} trains on synthetic data only")
+        return family.data_dims(split)
+    except ValueError as e:  # DataError included
+        why = str(e).splitlines()[0]
+        raise ConfigError(why if why.startswith("data") else f"data={name}: {why}") from None
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

@@ -78,6 +78,13 @@ class Family:
     # its data may be random (nothing to learn in a few steps): a loss that does not fall is a
     # warning tag, not a failed guard
     flat_loss_warns: bool = False
+    # Real data (data=<name>, fxtrack.data): (its Split) -> the dims the data sets (input
+    # shape, classes, vocabulary); raises ValueError, one line, where the family cannot take
+    # it; None: the family trains on synthetic data only
+    data_dims: Optional[Callable[[Any], dict[str, Any]]] = None
+    # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
+    # reference runs that set them: fxtrack.families.quality); empty: none declared
+    quality: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Family] = {}

@@ -41,6 +41,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options=conf.scenario,  # the scenario's typed options; JSON across the boundary
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
+        data=dataclasses.asdict(conf.data),
     )
 
 
@@ -128,6 +129,7 @@ class Job:
                 return name, result, "node"
             if result.status == "FINISHED":
                 enrich(result, spec, self.conf)
+                cross_check(result, spec)
             if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
                 result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
             if tags is not None:
@@ -331,6 +333,19 @@ def config_id(config: dict) -> str:
     return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+# what a scenario's cross-check keeps between the runs of this process (a sweep's jobs, in order)
+_CROSS_CHECKED: dict = {}
+
+
+def cross_check(result: Result, spec: JobSpec) -> None:
+    """The scenario's check of this run against earlier ones of the sweep, if it has one."""
+    check = scenarios.get(spec.scenario).cross_check
+    if check is not None:
+        from fxtrack.frameworks.declaration import import_path
+
+        import_path(check)(result, spec, _CROSS_CHECKED)
+
+
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     """Figures the orchestrator adds: MFU against the one peak per device and precision, and the
     cost per 1M samples (tokens). (Code size is the same on every run of a framework: the sweep's
@@ -376,6 +391,11 @@ def summary_line(name: str, result: Result) -> str:
     if result.tags.get("peak_contended") == "true":
         notes += ("  NOTE: no MFU: the peak FLOP/s was calibrated while other processes used the "
                   "cores (not cached; a quiet run calibrates again)")
+    if m.get("reached_target") == 0.0:  # scenario=converge: FINISHED, the target not met
+        notes += "  NOTE: target not reached within the budget"
+    if result.tags.get("trajectory", "").startswith("diverged"):
+        notes += (f"  NOTE: training losses {result.tags['trajectory']} from "
+                  f"{result.tags.get('trajectory_reference')}'s")
     if m.get("step_time_cv", 0.0) > NOISY_CV:
         notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
     if is_contended(m.get("host_other_cpu_frac")):

@@ -25,6 +25,22 @@ def serve_refusal(options: o.ServeOptions, family: Any, batch_size: Optional[int
     return why
 
 
+def converge_refusal(options: o.ConvergeOptions, family: Any,
+                     batch_size: Optional[int]) -> Optional[str]:
+    """A metric this kind of model has no figure for, or a target outside the metric's range
+    (the family's default metric when none is set), one line, before any work."""
+    lm = family.is_lm(None) if family.data_dims is not None else False
+    if options.metric == "bits_per_byte" and not lm:
+        return "scenario.metric=bits_per_byte is a language model's; use accuracy or loss"
+    if options.metric == "accuracy" and lm:
+        return "scenario.metric=accuracy is a classifier's; a language model takes bits_per_byte or loss"
+    try:
+        options.target_refusal(options.metric or ("bits_per_byte" if lm else "accuracy"))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 TRAIN = register(Scenario(
     "train", "training steps on synthetic data: throughput, step time, memory, MFU",
     o.TrainOptions, "fxtrack.scenarios.train:run", objectives=(
@@ -83,3 +99,14 @@ SERVE = register(Scenario(
         Objective("serve", "Serving capacity under the SLOs",
                   ("max_rate_under_slo_rps", "goodput_rps"), "common",
                   ("serves", "as many requests/s of"), _MEASURE % "serve", rank=40),)))
+CONVERGE = register(Scenario(
+    "converge", "training on real data to a held-out target: time, steps and samples to it",
+    o.ConvergeOptions, "fxtrack.scenarios.converge:run", refusal=converge_refusal,
+    needs=("converge",), real_data=True, config_check="fxtrack.scenarios.converge:config_check",
+    cross_check="fxtrack.scenarios.converge:cross_check", section="fxtrack.report.converge:section",
+    objectives=(
+        # on real data (MLPerf Training's rule: a verdict from 5 seeds, fastest and slowest dropped)
+        Objective("quality", "Time to quality", ("time_to_target_s",), "common",
+                  ("trains", "to its target in the time of"),
+                  (_MEASURE % "converge").replace("repeats=3", "data=mnist repeats=5"), rank=10,
+                  fraction=True),)))

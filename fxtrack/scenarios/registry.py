@@ -72,6 +72,11 @@ class Scenario:
     decodes: bool = False  # a language model holds a KV cache, not a batch's logits
     reads_files: bool = False  # its data comes from files on disk (the logged dataset's source)
     deploys: bool = False  # runtime= and quantize= apply (the report's deployment table)
+    real_data: bool = False  # trains on data=<name> (fxtrack.data), never on synthetic batches
+    # "module:function" (result, spec, held) the orchestrator calls on each finished run before
+    # logging it, with one dict (``held``) for the whole process: a check of a run against an
+    # earlier one of the sweep (converge's trajectory against the first framework's); None: none
+    cross_check: Optional[str] = None
     # "module:function" of the orchestrator's driver (job, job_dir, parent) -> (name, result,
     # run id): a probe search or a device sweep; None: one job (repeats=N aggregate N of them)
     driver: Optional[str] = None

@@ -70,6 +70,7 @@ FRAMEWORK = Framework(
         "user_remat": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
         "serve_buckets": "fxtrack.frameworks.torch.buckets",
+        "converge": "fxtrack.frameworks.torch.converge",
     },
     limits=(
         Limit("quantize=dynamic_int8 with runtime=native on a GPU",
