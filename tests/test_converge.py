@@ -251,6 +251,9 @@ def test_the_report_has_a_time_to_quality_section_and_chart(converge_sweep):
     assert "### Time to quality: vit on data=file, target 0.6 (fp32, cpu)" in page
     assert "1 run(s): needs repeats=5" in page  # single runs: no figure, said why
     assert (cwd / "report" / "converge_vit_file_0_6_fp32.png").stat().st_size > 10_000
+    done = run_fxtrack(cwd, "report", "--out", str(cwd / "html"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "(time to quality, batch" in (cwd / "html" / "index.html").read_text()  # its block
 
 
 def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):

@@ -107,6 +107,6 @@ CONVERGE = register(Scenario(
     objectives=(
         # on real data (MLPerf Training's rule: a verdict from 5 seeds, fastest and slowest dropped)
         Objective("quality", "Time to quality", ("time_to_target_s",), "common",
-                  ("trains", "to its target in the time of"),
+                  ("reaches its target on", "the time of"),
                   (_MEASURE % "converge").replace("repeats=3", "data=mnist repeats=5"), rank=10,
                   fraction=True),)))
