@@ -67,6 +67,7 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
     },
     absent={
+        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         # jax2onnx (the deploy-jax extra) converts fxtrack's own models from their pure

@@ -71,6 +71,7 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
+        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "user_native_int8": "no maintained dynamic int8 path in the framework itself; use "
                             "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "

@@ -77,6 +77,7 @@ FRAMEWORK = Framework(
               INT8_CPU_ONLY),
     ),
     absent={
+        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "user_tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert "
                               "through TensorFlow); use runtime=onnxruntime",
         "tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert through "
