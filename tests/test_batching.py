@@ -5,6 +5,9 @@ virtual clock: exact and fast."""
 from __future__ import annotations
 
 
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -160,3 +163,33 @@ def test_continuous_batching_is_refused_with_each_frameworks_declared_reason():
     for fw in ("torch", "tensorflow", "jax", "keras"):
         why = str(declaration(f"fxtrack.frameworks.{fw}").unsupported("slot_decode"))
         assert "per-slot KV-cache positions" in why and "\n" not in why
+
+
+def test_a_tiny_continuous_window_on_torch_logs_its_policy_lengths_and_cold_start(tmp_path):
+    """torch, tiny Llama, batching=continuous at one rate with lognormal lengths: every request
+    completes with its own prompt and output lengths, no compilation inside the window, the
+    cold-start figures and the tail tag logged."""
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("torch")
+    from conftest import run_fxtrack, seed_peak_cache
+
+    proc = run_fxtrack(tmp_path, "scenario=serve", "framework=torch", "model=llama", "size=tiny",
+                       "hardware=cpu", "scenario.batching=continuous", "scenario.rate=20",
+                       "scenario.length_dist=lognormal", "scenario.num_requests=12",
+                       "scenario.prompt_len=8", "scenario.new_tokens=4", "scenario.max_batch=3",
+                       "warmup_steps=1", env=seed_peak_cache(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("fxtrack").experiment_id])
+    m, tags = run.data.metrics, run.data.tags
+    assert tags["fxtrack.serve_batching"] == "continuous"
+    assert tags["fxtrack.serve_length_dist"] == "lognormal"
+    assert tags["fxtrack.serve_p99_undersized"] == "true"  # 12 requests, not 459
+    assert m["serve_requests"] == m["serve_percentile_requests"] == 12
+    assert m["failed_requests"] == 0 and m.get("serve_recompiles", 0) == 0
+    assert m["load_s"] > 0 and m["compile_s"] > 0 and 0 < m["first_request_ms"] < 1e3 * m["compile_s"]
+    path = client.download_artifacts(run.info.run_id, "serve_requests.json", str(tmp_path))
+    rows = json.loads(Path(path).read_text())
+    assert all(r["tokens"] == r["new_tokens"] and not r["failed"] for r in rows)
+    assert len({r["prompt_len"] for r in rows}) > 1 and len({r["new_tokens"] for r in rows}) > 1
+    assert max(r["batch_id"] for r in rows) > 0  # admitted at different steps

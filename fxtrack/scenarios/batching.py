@@ -63,6 +63,24 @@ def _clipped_mu(mean: float, sigma: float) -> float:
     return (lo + hi) / 2
 
 
+PROMPT_BUCKET_FLOOR = 16  # the smallest padded prompt length compiled
+
+
+def prompt_buckets(longest: int) -> list[int]:
+    """The padded prompt lengths a slot's prefill is compiled for: powers of two from
+    PROMPT_BUCKET_FLOOR below ``longest``, then ``longest``: log2 shapes, padding under 2x."""
+    out, size = [], PROMPT_BUCKET_FLOOR
+    while size < longest:
+        out.append(size)
+        size *= 2
+    return out + [longest]
+
+
+def bucket_for(size: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``size``."""
+    return min(b for b in buckets if b >= size)
+
+
 def min_queries_for(percentile: float, confidence: float = 0.99) -> int:
     """The fewest requests behind a ``percentile`` (e.g. 99) for MLPerf Inference's
     early-stopping rule to accept it at ``confidence`` when none exceeded it: the least n with

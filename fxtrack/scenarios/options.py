@@ -201,6 +201,9 @@ class ServeOptions(Options):
         if self.length_dist == "uniform" and self.length_sigma >= 1:
             raise ValueError("scenario.length_sigma is the uniform's half-width as a fraction "
                              f"of the mean: below 1, got {self.length_sigma}")
+        if self.batching == "continuous" and self.batch_buckets is not None:
+            raise ValueError("scenario.batching=continuous steps every one of scenario.max_batch "
+                             "slots at once; drop scenario.batch_buckets")
         if self.batching == "continuous" and self.concurrency is not None:
             raise ValueError("scenario.batching=continuous serves an open loop; drop "
                              "scenario.concurrency or use scenario.batching=static")

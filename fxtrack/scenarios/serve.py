@@ -33,7 +33,8 @@ import numpy as np
 from fxtrack import families
 from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
-from fxtrack.scenarios.batching import draw_lengths, min_queries_for
+from fxtrack.scenarios.batching import (bucket_for, continuous_window, draw_lengths,
+                                        min_queries_for)
 from fxtrack.scenarios.options import ServeOptions, from_json
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
@@ -119,10 +120,6 @@ def arrival_gaps(rate: float, n: int, burstiness: float, seed: int) -> np.ndarra
         raise ValueError(f"need rate > 0 and burstiness > 0, got {rate} and {burstiness}")
     rng = np.random.default_rng(seed)
     return rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
-
-
-def bucket_for(size: int, buckets: Sequence[int]) -> int:
-    return min(b for b in buckets if b >= size)
 
 
 def arrivals_within(rate: float, burstiness: float, seed: int, duration_s: float) -> np.ndarray:
@@ -422,6 +419,20 @@ def _compile_counter(backend: Any) -> tuple[Callable[[], Optional[int]], Optiona
     return (lambda: module.compiles(backend)), None
 
 
+def slot_server(slots: Any, prompt_len: int) -> Server:
+    """A slot decoder (continuous batching) as a Server for the warm-up, the first request and
+    the search's first rate: ``len(new_tokens)`` requests of ``prompt_len`` tokens admitted at
+    once, decoded until the longest ends."""
+
+    def serve(bucket: int, new_tokens: Sequence[int]) -> list[float]:
+        times = [slots.prefill(i, prompt_len) for i in range(len(new_tokens))]
+        for _ in range(max(new_tokens) - 1):
+            times.append(slots.step(list(range(len(new_tokens)))))
+        return times[len(new_tokens) - 1:]
+
+    return serve
+
+
 @dataclasses.dataclass
 class Window:
     """One served window: its rate (None: closed loop), records, figures and, in a search,
@@ -447,8 +458,9 @@ def run(backend: Any, result: Any) -> None:
     if why is not None:
         raise ValueError(why)
     o = options_of(options)
-    if o["batching"] == "continuous":  # NotSupported with the declared reason, before any work
-        backend.capability("slot_decode")
+    continuous = o["batching"] == "continuous"
+    if continuous:  # NotSupported with the framework's declared reason, before any work
+        slot_module = backend.capability("slot_decode")
     buckets = sorted(set(o["batch_buckets"]))
     backend.spec.batch_size = max(buckets)
     seed = backend.spec.seed
@@ -469,12 +481,19 @@ def run(backend: Any, result: Any) -> None:
     build(backend, result)
     load_s = time.perf_counter() - t
     t = time.perf_counter()
-    server = _servers(backend, buckets, lm, prompt_len, longest)
+    if continuous:
+        slots = slot_module.prepare_slots(backend, o["max_batch"], prompt_len, longest)
+        server = slot_server(slots, prompt_len)
+    else:
+        server = _servers(backend, buckets, lm, prompt_len, longest)
     first = time.perf_counter()
     server(buckets[0], [longest])  # the first request after start, before any warm-up
     first_request_ms = (time.perf_counter() - first) * 1e3
     for bucket in buckets[1:]:
         server(bucket, [longest])
+    if continuous:  # every prompt bucket's prefill
+        for padded in slots.buckets:
+            slots.prefill(0, padded)
     compile_s = time.perf_counter() - t  # every bucket prepared and run once
     for _ in range(max(1, int(result.resolved["warmup_steps"])) - 1):  # the rest of warm-up
         for bucket in buckets:
@@ -492,15 +511,22 @@ def run(backend: Any, result: Any) -> None:
                                 concurrency=int(o["concurrency"]), prompt_lens=prompt_lens,
                                 timeout_ms=o["timeout_ms"])
         else:
-            if o["duration_s"] is not None:
+            if o["duration_s"] is not None:  # (one seeded draw of arrivals per rate)
                 arrivals = arrivals_within(rate, o["burstiness"], seed, o["duration_s"])
             else:
                 gaps = arrival_gaps(rate, len(tokens), o["burstiness"], seed)
                 arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
-            reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
-                                buckets=buckets, tokens=tokens[:len(arrivals)],
-                                arrivals_s=arrivals, prompt_lens=prompt_lens[:len(arrivals)],
-                                timeout_ms=o["timeout_ms"])
+            if continuous:
+                reqs = [Request(i, float(a), int(k), prompt_len=int(n))
+                        for i, (a, k, n) in enumerate(zip(arrivals, tokens, prompt_lens))]
+                continuous_window(slots, reqs, max_batch=o["max_batch"],
+                                  timeout_ms=o["timeout_ms"])
+            else:
+                reqs = serve_window(server, max_batch=o["max_batch"],
+                                    max_wait_ms=o["max_wait_ms"], buckets=buckets,
+                                    tokens=tokens[:len(arrivals)], arrivals_s=arrivals,
+                                    prompt_lens=prompt_lens[:len(arrivals)],
+                                    timeout_ms=o["timeout_ms"])
         figures = request_metrics(reqs, o["slo"], lm, rate)
         served.append(len(reqs))
         if before is not None:  # compilations inside the window: 0 when warm-up covered it
@@ -572,6 +598,9 @@ def run(backend: Any, result: Any) -> None:
         f = reported.figures
         short = f["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * f["requested_rate_rps"]
         result.tags["serve_rate_short"] = "true" if short else "false"
+    if continuous:
+        result.tags.update(serve_prefill=getattr(slot_module, "PREFILL", "whole"),
+                           serve_prompt_buckets=",".join(map(str, slots.buckets)))
     result.tags.update(serve_mode="closed" if o["concurrency"] is not None else "open",
                        serve_batching=o["batching"],
                        serve_length_dist=o["length_dist"] if lm else "fixed",

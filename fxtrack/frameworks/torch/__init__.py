@@ -70,6 +70,7 @@ FRAMEWORK = Framework(
         "user_remat": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
         "serve_buckets": "fxtrack.frameworks.torch.buckets",
+        "slot_decode": "fxtrack.frameworks.torch.slots",
     },
     limits=(
         Limit("quantize=dynamic_int8 with runtime=native on a GPU",
@@ -77,7 +78,6 @@ FRAMEWORK = Framework(
               INT8_CPU_ONLY),
     ),
     absent={
-        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "user_tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert "
                               "through TensorFlow); use runtime=onnxruntime",
         "tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert through "
