@@ -182,7 +182,7 @@ def test_continuous_slots_decode_each_request_as_its_own_greedy_run():
     from fxtrack.frameworks.torch import slots as torch_slots
 
     _, backend = _backend(_tiny())  # the reference's weights: greedy tokens vary
-    slots = torch_slots.prepare_slots(backend, 2, prompt_len=20, longest=6)
+    slots = torch_slots.prepare_slots(backend, 2, prompt_buckets=[16, 20], longest=6)
     assert slots.buckets == [16, 20]
     got: dict[str, list[int]] = {"a": [], "b": [], "c": []}
     owner = {0: "a"}

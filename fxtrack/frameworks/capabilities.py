@@ -17,7 +17,7 @@ import inspect
 from pathlib import Path
 from types import ModuleType
 from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Optional,
-                    Protocol)
+                    Protocol, Sequence)
 
 if TYPE_CHECKING:
     from fxtrack.frameworks.decoding import Decoder
@@ -143,9 +143,10 @@ class SlotDecode(Protocol):
     its own cache position; a request prefilled into a free slot while the others decode;
     shapes padded to declared buckets), fxtrack.scenarios.batching.SlotDecoder."""
 
-    def prepare_slots(self, backend: Any, slots: int, prompt_len: int, longest: int) -> Any:
-        """A SlotDecoder of ``slots`` slots for prompts up to ``prompt_len`` tokens and up to
-        ``longest`` new tokens."""
+    def prepare_slots(self, backend: Any, slots: int, prompt_buckets: Sequence[int],
+                      longest: int) -> Any:
+        """A SlotDecoder of ``slots`` slots, each prompt padded to the smallest of
+        ``prompt_buckets`` that holds it, up to ``longest`` new tokens."""
 
 
 class UserServingExport(Protocol):

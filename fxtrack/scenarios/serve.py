@@ -34,7 +34,7 @@ from fxtrack import families
 from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
 from fxtrack.scenarios.batching import (bucket_for, continuous_window, draw_lengths,
-                                        min_queries_for)
+                                        min_queries_for, prompt_buckets)
 from fxtrack.scenarios.options import ServeOptions, from_json
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
@@ -482,7 +482,8 @@ def run(backend: Any, result: Any) -> None:
     load_s = time.perf_counter() - t
     t = time.perf_counter()
     if continuous:
-        slots = slot_module.prepare_slots(backend, o["max_batch"], prompt_len, longest)
+        slots = slot_module.prepare_slots(backend, o["max_batch"], prompt_buckets(prompt_len),
+                                          longest)
         server = slot_server(slots, prompt_len)
     else:
         server = _servers(backend, buckets, lm, prompt_len, longest)

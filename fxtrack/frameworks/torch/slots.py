@@ -4,7 +4,7 @@ at its own position.
 
 A request's prefill runs at admission on its slot's rows of the cache alone (a view: the
 forward writes the shared tensors in place), its prompt padded at the end to the smallest
-prompt bucket that holds it (``batching.prompt_buckets``) and its first token read at its last
+prompt bucket that holds it (the scenario's ``batching.prompt_buckets``) and its first token read at its last
 real position; padded positions hold K/V that the per-row mask hides until decode overwrites
 them. A decode step runs every slot at once (one static shape), each at its own position; only
 the occupied slots advance. Whole prefill (not chunked)."""
@@ -21,7 +21,6 @@ import torch
 from fxtrack.frameworks.torch import FRAMEWORK
 from fxtrack.frameworks.torch.generate import _context
 from fxtrack.frameworks.torch.train import AMP_DTYPES
-from fxtrack.scenarios.batching import bucket_for, prompt_buckets
 
 if TYPE_CHECKING:
     from fxtrack.frameworks.torch.backend import TorchBackend
@@ -30,11 +29,13 @@ PREFILL = "whole"  # a request's prompt in one pass at admission (not chunked)
 
 
 class TorchSlots:
-    def __init__(self, backend: TorchBackend, slots: int, prompt_len: int, longest: int) -> None:
+    def __init__(self, backend: TorchBackend, slots: int, prompt_buckets: Sequence[int],
+                 longest: int) -> None:
         self.model, self.device = backend.model.eval(), backend.device
         self.amp = AMP_DTYPES[backend.spec.precision]
         arch = backend.arch
-        self.buckets = prompt_buckets(prompt_len)
+        self.buckets = sorted(prompt_buckets)
+        prompt_len = self.buckets[-1]
         shape = (slots, arch.kv_heads, prompt_len + longest, arch.hidden // arch.heads)
         dtype = self.amp or torch.float32
         self.cache = [(torch.zeros(shape, dtype=dtype, device=self.device),
@@ -60,7 +61,7 @@ class TorchSlots:
         return self.model(token[:, None], cache=self.cache, pos=pos)[:, -1].argmax(-1)
 
     def prefill(self, slot: int, prompt_len: int) -> float:
-        padded = bucket_for(prompt_len, self.buckets)
+        padded = min(b for b in self.buckets if b >= prompt_len)
         view = [(k[slot:slot + 1], v[slot:slot + 1]) for k, v in self.cache]
         with _context(self.device, self.amp):
             token = self._prefill(self.ids[:, :padded], view)[prompt_len - 1]
@@ -78,5 +79,6 @@ class TorchSlots:
         return time.perf_counter()
 
 
-def prepare_slots(backend: TorchBackend, slots: int, prompt_len: int, longest: int) -> TorchSlots:
-    return TorchSlots(backend, slots, prompt_len, longest)
+def prepare_slots(backend: TorchBackend, slots: int, prompt_buckets: Sequence[int],
+                  longest: int) -> TorchSlots:
+    return TorchSlots(backend, slots, prompt_buckets, longest)
