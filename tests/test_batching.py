@@ -193,3 +193,25 @@ def test_a_tiny_continuous_window_on_torch_logs_its_policy_lengths_and_cold_star
     assert all(r["tokens"] == r["new_tokens"] and not r["failed"] for r in rows)
     assert len({r["prompt_len"] for r in rows}) > 1 and len({r["new_tokens"] for r in rows}) > 1
     assert max(r["batch_id"] for r in rows) > 0  # admitted at different steps
+
+
+def test_the_report_names_each_batching_policy():
+    import pandas as pd
+
+    from fxtrack.report import serving
+
+    runs = pd.DataFrame([
+        {"scenario": "serve", "model": "llama", "framework": "torch", "run_id": f"t{policy}",
+         "tags.fxtrack.serve_batching": policy, "metrics.max_rate_under_slo_rps": rate,
+         "metrics.goodput_rps": rate * 0.9}
+        for policy, rate in (("static", 4.0), ("continuous", 8.0))])
+    rows = {r[0]: r for r in serving.section(runs).tables[0].rows}
+    assert rows["torch continuous"][2] == "1.00x" and rows["torch static"][2] == "0.50x"
+    table = serving.closing_table([
+        {"name": "torch-llama-serve", "status": "FINISHED",
+         "tags": {"fxtrack.scenario": "serve", "fxtrack.serve_batching": "continuous",
+                  "fxtrack.serve_p99_undersized": "true"},
+         "metrics": {"max_rate_under_slo_rps": 8.0, "serve_e2e_ms_p99": 120.0, "load_s": 1.5,
+                     "compile_s": 2.25, "first_request_ms": 340.0}}])
+    assert "continuous" in table and "120.0 (few)" in table
+    assert "1.50" in table and "2.25" in table and "340.0" in table
