@@ -492,9 +492,10 @@ def run(backend: Any, result: Any) -> None:
     first_request_ms = (time.perf_counter() - first) * 1e3
     for bucket in buckets[1:]:
         server(bucket, [longest])
-    if continuous:  # every prompt bucket's prefill
+    if continuous:  # every prompt bucket's prefill, into every slot (each slot's cache view)
         for padded in slots.buckets:
-            slots.prefill(0, padded)
+            for slot in range(o["max_batch"]):
+                slots.prefill(slot, padded)
     compile_s = time.perf_counter() - t  # every bucket prepared and run once
     for _ in range(max(1, int(result.resolved["warmup_steps"])) - 1):  # the rest of warm-up
         for bucket in buckets:
