@@ -65,9 +65,9 @@ FRAMEWORK = Framework(
         "user_remat": "fxtrack.frameworks.jax.user_model",
         "generate": "fxtrack.frameworks.jax.generate",
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
+        "slot_decode": "fxtrack.frameworks.jax.slots",
     },
     absent={
-        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
                          "TensorFlow); use runtime=onnxruntime",
         # jax2onnx (the deploy-jax extra) converts fxtrack's own models from their pure
