@@ -64,6 +64,7 @@ FRAMEWORK = Framework(
         "user_tflite_export": "fxtrack.frameworks.tensorflow.user_deployment",
         "generate": "fxtrack.frameworks.tensorflow.generate",
         "serve_buckets": "fxtrack.frameworks.tensorflow.buckets",
+        "slot_decode": "fxtrack.frameworks.tensorflow.slots",
     },
     limits=(
         Limit("hardware.nodes > 1 with devices > 1 on a CPU",
@@ -71,7 +72,6 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
-        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "user_native_int8": "no maintained dynamic int8 path in the framework itself; use "
                             "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
