@@ -7,7 +7,7 @@ on each, then prints a closing table. Every Result JSON lands in ``$OUT`` (or ./
 
 ``--all`` is the prepared device check (docs/running-on-a-gpu.md), the first thing to run on a
 new GPU: ResNet-50, BERT and ViT train and inference at bf16, the 1B Llama's train, generate and
-serve, a fit search (ViT-B/16 at bf16, at most ``FIT_CHECK_PROBES`` probes) and, where a second
+serve, a converge run (ViT on MNIST at bf16 to its declared target, ``CONVERGE_CHECK``), a fit search (ViT-B/16 at bf16, at most ``FIT_CHECK_PROBES`` probes) and, where a second
 GPU is visible, a 2-process scaling check (ResNet-50 at 1 and 2 GPUs; torch through torchrun), in
 each framework; the table shows each figure beside its published reference
 (fxtrack/claims.yaml) where one exists, and the memory readings side by side: each framework's
@@ -376,6 +376,9 @@ def main() -> int:
             print(line, flush=True)
             if row is not None:  # None: skipped, and said why; never a figure made up
                 rows.append(row)
+            line, problems = converge_check(fw, out, args.timeout)
+            print(line, flush=True)
+            extra.append((line, fw, "vit", "bf16", {}, problems))
     header = ("framework", "model", "scenario", "prec", "batch", "samples/s", "reference",
               "p50 ms", "dev MiB", "resv MiB", "nvml MiB", "rss MiB", "MFU", "MFU cal",
               "J/sample", "guard")
@@ -545,6 +548,50 @@ def scaling_check(fw: str, rows: list, args: argparse.Namespace, out: Path,
     return (f"scaling {fw} {model} {precision}: x2 speedup {x2.metrics['speedup_x2']:.2f}, "
             f"efficiency {x2.metrics['scaling_efficiency']:.0%}"), (
         fw, model, "scaling x2", precision, batch, x2, problems)
+
+
+# --all's converge check (issue 44): ViT on MNIST at bf16 to the family's declared target, at the
+# reference dims (docs/converge.md), from the shared start; reached or not, and the time
+CONVERGE_CHECK = ("vit", "mnist", "bf16")
+
+
+def converge_check(fw: str, out: Path, timeout_s: float,
+                   hardware: str = "gpu") -> tuple[str, list[str]]:
+    """One scenario=converge worker; (its line, problems: it failed or missed the target)."""
+    from fxtrack import data, families
+
+    model, dataset, precision = CONVERGE_CHECK
+    quality = families.get(architectures.family(model)).quality[dataset]
+    split = data.load({"name": dataset, "path": None, "label": "label", "holdout": 0.2})
+    dims = {**quality.dims, **families.get(architectures.family(model)).data_dims(split)}
+    name = f"{fw}-{model}-converge-{precision}"
+    spec = JobSpec(result_id=uuid.uuid4().hex, framework=fw, package=f"fxtrack.frameworks.{fw}",
+                   scenario="converge", runner="fxtrack.scenarios.converge:run",
+                   arch=architectures.resolve(model, "tiny", **dims).to_json(),
+                   precision=precision, hardware=hardware, devices=1, compile=True,
+                   compile_request="auto", seed=0, batch_size=None, steps=None,
+                   warmup_steps=None, result_path=str(out / f"{name}.json"), progress=False,
+                   data={"name": dataset, "path": None, "label": "label", "holdout": 0.2})
+    spec_path = out / f"{name}.spec.json"
+    spec.dump(spec_path)
+    with open(out / f"{name}.log", "w") as log:
+        try:
+            subprocess.run(worker_command(spec, sys.executable, spec_path),
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=log,
+                           stderr=subprocess.STDOUT, timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    path = Path(spec.result_path)
+    r = Result.read(path) if path.exists() else Result(spec.result_id, error="no result")
+    m = r.metrics
+    if r.status != "FINISHED":
+        return f"{name}: FAILED: {r.error}", [f"converge failed: {r.error}"]
+    if m.get("reached_target") != 1.0:
+        return (f"{name}: missed accuracy {quality.target} (final "
+                f"{m.get('final_eval_accuracy', float('nan')):.3f})", ["converge missed its target"])
+    return (f"{name}: accuracy {quality.target} reached at step {m['steps_to_target']:.0f}, "
+            f"{m['time_to_target_s']:.1f} s of training (eval {m['eval_time_s']:.1f} s, "
+            f"compile {m['compile_time_s']:.1f} s)"), []
 
 
 def memory_legend(rows: list) -> str:

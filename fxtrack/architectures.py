@@ -158,10 +158,11 @@ def models_where(test: Callable[[families.Family], bool]) -> tuple[str, ...]:
     return tuple(name for name, (fam, _, _) in _TABLE.items() if test(families.get(fam)))
 
 
-def is_user_model(name: str) -> bool:
-    """Whether model ``name`` is a user's (model=custom: its builder's, not fxtrack's)."""
+def runs_carry_model_code(name: str) -> bool:
+    """Whether model ``name``'s code is measured on each run (``Family.model_code``: a user's
+    builder module), not counted once per framework in fxtrack's own source."""
     found = spec(name)
-    return found is not None and found.user_model
+    return found is not None and found.model_code is not None
 
 
 def size_default(name: str, size: str, key: str) -> Any:

@@ -44,6 +44,8 @@ class JobSpec:
     quantize: str = "none"  # none | dynamic_int8
     # framework.<key> of the keys only this framework declares (Framework.settings)
     framework_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # data.<key> (fxtrack.data): name, path, label, holdout; synthetic: today's batches
+    data: dict[str, Any] = dataclasses.field(default_factory=lambda: {"name": "synthetic"})
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
@@ -64,6 +66,9 @@ class Result:
     # epoch ms of each value of the series sampled on a clock (system/...); the others' times
     # are derived from the step times (tracking.records.series_times)
     series_times_ms: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    # the step of each value of a series logged at chosen steps (scenario=converge's evaluations);
+    # a series not named here is logged at steps 0, 1, 2, ...
+    series_steps: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     tags: dict[str, str] = dataclasses.field(default_factory=dict)
     resolved: dict[str, Any] = dataclasses.field(default_factory=dict)  # defaults the worker chose
     # files the run leaves for the record, by role: "model" -> the exported deployment artefact

@@ -18,7 +18,8 @@ LOWER, HIGHER, NEITHER = "lower", "higher", "neither"  # NEITHER: a figure, not 
 # The scenarios each group of keys is logged by (the contract's Metrics subsections).
 TIMED = ("train", "inference", "generate", "scaling", "pipeline")
 WINDOW = TIMED + ("serve",)  # measured windows: the host load, system metrics, NVML
-AGGREGATE = ("aggregate",)  # an aggregate run of repeats=N, any scenario
+AGGREGATE = ("aggregate",)
+CONVERGE = ("converge",)  # an aggregate run of repeats=N, any scenario
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,9 @@ METRICS: tuple[Metric, ...] = (
     _m(_STEP, "ms", LOWER, "per-step wall time over the timed steps"),
     _m("step_time_cv", "ratio", LOWER, "step-time standard deviation / mean"),
     _m("first_step_time_s", "s", LOWER, "the first step, compilation included"),
-    _m("compile_time_s", "s", LOWER, "first step minus the median timed step"),
-    _m("param_count", "parameters", NEITHER, "trainable parameters of the built model"),
+    _m("compile_time_s", "s", LOWER, "first step minus the median timed step", TIMED + CONVERGE),
+    _m("param_count", "parameters", NEITHER, "trainable parameters of the built model",
+       TIMED + CONVERGE),
     _m("flops_per_sample", "FLOP", NEITHER, "model FLOPs per sample"),
     _m("tokens_per_s", "tokens/s", HIGHER, "language models: samples/s x tokens per sample"),
     _m("achieved_tflops", "TFLOP/s", HIGHER, "flops_per_sample x throughput"),
@@ -90,10 +92,32 @@ METRICS: tuple[Metric, ...] = (
     _m("code_{sloc|lloc|cc}_{model|train|data|devices|checkpoint}", "as above", LOWER,
        "the same per API dimension"),
     # scenario=train (and scaling children)
-    _m("loss_first", "loss", NEITHER, "the first step's loss", ("train", "scaling")),
-    _m("loss_last", "loss", NEITHER, "the last step's loss", ("train", "scaling")),
+    _m("loss_first", "loss", NEITHER, "the first step's loss", ("train", "scaling") + CONVERGE),
+    _m("loss_last", "loss", NEITHER, "the last step's loss", ("train", "scaling") + CONVERGE),
     _m("state_mib_per_device", "MiB", LOWER, "training state held by the fullest device",
        ("train", "scaling")),
+    # scenario=converge
+    _m("time_to_target_s", "s", LOWER, "training time to the first evaluation meeting the target",
+       CONVERGE),
+    _m("steps_to_target", "steps", LOWER, "optimiser steps to that evaluation", CONVERGE),
+    _m("samples_to_target", "samples", LOWER, "training samples to that evaluation", CONVERGE),
+    _m("reached_target", "0 or 1", HIGHER, "1 when the target was met within the budget",
+       CONVERGE),
+    _m("eval_time_s", "s", NEITHER, "time spent evaluating, kept out of the training time",
+       CONVERGE),
+    _m("train_time_s", "s", NEITHER, "training time of the whole run, compilation excluded",
+       CONVERGE),
+    _m("steps_trained", "steps", NEITHER, "optimiser steps the run took", CONVERGE),
+    _m("loss_divergence_max", "ratio", LOWER,
+       "largest relative gap of the first training losses from the first framework's", CONVERGE),
+    _m("final_eval_vs_fp32", "metric units", HIGHER,
+       "a lever's final metric against its framework's fp32 run, positive is better", CONVERGE),
+    _m("time_to_target_x_fp32", "ratio", LOWER,
+       "a lever's time to target / its framework's fp32 run's", CONVERGE),
+    _m("final_eval_accuracy", "fraction", HIGHER, "the last evaluation's accuracy", CONVERGE),
+    _m("final_eval_loss", "nats", LOWER, "the last evaluation's cross-entropy", CONVERGE),
+    _m("final_eval_bits_per_byte", "bits/byte", LOWER, "the last evaluation's bits per byte",
+       CONVERGE),
     # scenario=inference
     _m("latency_ms_{p50|p90|p99}", "ms", LOWER, "one batch's forward time", ("inference",)),
     _m("output_max_abs_err", "logit units", LOWER, "largest difference from native fp32",

@@ -135,7 +135,7 @@ def test_compile_mode_is_torchs_own_setting():
     ("batch_size=0", "batch_size must be a positive number, got 0"),
     ("steps=-1", "steps must be a positive number, got -1"),
     ("devices=0", "devices must be a positive number, got 0"),
-    ("scenario=nonsense", "scenario=nonsense: no such option; scenario is one of checkpoint, fit,"),
+    ("scenario=nonsense", "scenario=nonsense: no such option; scenario is one of checkpoint, converge, fit,"),
 ])
 def test_bad_input_fails_before_any_work(tmp_path, override, message):
     """Every kind of config mistake: one line on stderr, exit status 2, nothing run."""

@@ -91,6 +91,8 @@ def _families() -> dict[str, list[str]]:
         "f'throughput_samples_per_s_x{n}'": ["throughput_samples_per_s_x1",
                                             "throughput_samples_per_s_x8"],
         "f'{label}_latency_ms_p50'": ["live_latency_ms_p50", "export_latency_ms_p50"],
+        "f\"final_eval_{s['metric']}\"": ["final_eval_accuracy", "final_eval_loss",
+                                            "final_eval_bits_per_byte"],
         "f'latency_ms_p{q}'": ["latency_ms_p50", "latency_ms_p90", "latency_ms_p99"],
         "f'resident_{key}'": resident,
         "f'resident_{k}'": resident,
@@ -475,7 +477,7 @@ def undocumented_declarations() -> list[str]:
             missing.append(f"scenario={name}")
     models = _group_options("model")
     for model in [*architectures.MODELS, *(f for f in families.names()
-                                           if families.get(f).user_model)]:
+                                           if families.get(f).builder_capability)]:
         if f"`{model}`" not in models:
             missing.append(f"model={model}")
     for family in families.names():

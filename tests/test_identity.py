@@ -237,7 +237,7 @@ def test_suggested_commands_use_what_ran_here_and_a_size_that_fits(frame):
     # an 8B Llama's training state (~128 GB) is refused by the memory check on a CPU host:
     # the suggestion is the size that runs here
     ran = pd.DataFrame([{"model": "llama_8b", "framework": "jax", "size": "full", "hardware": "cpu"}])
-    train = next(o for o in answer.OBJECTIVES if o.key == "train")
+    train = next(o for o in answer.objectives() if o.key == "train")
     assert answer._suggested(ran, "llama_8b", train).command() == (
         "python -m fxtrack framework=jax model=llama_8b scenario=train repeats=3 size=tiny")
 

@@ -124,11 +124,19 @@ def torch_counts():
     return {m: torch_param_count(m) for m in MODELS}
 
 
+def trained_here(keras_backend: str) -> tuple[str, ...]:
+    """Every model on each backend, but on the one framework=keras runs by default, whose
+    models tests/test_conformance.py trains for 20 steps with their parameter counts: there one
+    model for the tags and the compile mode."""
+    return ("vit",) if keras_backend == FRAMEWORK.settings["keras_backend"].default else MODELS
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("keras_backend", KERAS_BACKENDS)
 def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
     pytest.importorskip(keras_backend)
-    jobs = [{"model": m, "batch_size": BATCH.get(m, 2)} for m in MODELS]
+    trained = trained_here(keras_backend)
+    jobs = [{"model": m, "batch_size": BATCH.get(m, 2)} for m in trained]
     jobs.append({"model": "bert", "check_loss": True})
     jobs.append({"model": "resnet50", "inference": True})
     if keras_backend in FORCED:
@@ -142,7 +150,7 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
                  for m in ("resnet50", "bert")]
     out = run_jobs(keras_backend, jobs)
     assert len(out) == len(jobs), out
-    for r in out[:len(MODELS)]:
+    for r in out[:len(trained)]:
         assert r["status"] == "FINISHED", r["error"]
         losses = r["losses"]
         assert len(losses) == 8 and all(math.isfinite(x) for x in losses), r
@@ -153,11 +161,11 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
         assert tags["keras_backend"] == keras_backend and tags["keras_version"]
         assert tags["keras_backend_version"] and tags["framework_version"] == tags["keras_version"]
         assert tags["compile_mode"] == AUTO_ON_CPU[keras_backend], tags
-    loss, inference = out[len(MODELS):len(MODELS) + 2]
+    loss, inference = out[len(trained):len(trained) + 2]
     assert abs(loss["got"] - loss["expected"]) < 1e-4 * abs(loss["expected"]), loss
     assert inference["inference"]["throughput_samples_per_s"] > 0 and 0 < inference["tflops"] < 1e4
     assert inference["compile_mode"] == AUTO_ON_CPU[keras_backend]
-    rest = out[len(MODELS) + 2:]
+    rest = out[len(trained) + 2:]
     if keras_backend in FORCED:
         forced = rest.pop(0)
         assert forced["status"] == "FINISHED", forced["error"]
@@ -175,7 +183,7 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
     if keras_backend == "tensorflow":
         # train_on_batch under Keras' own tf.function trains exactly as fxtrack's GradientTape
         # step: the same initial weights, batch, loss and optimiser updates
-        keras_losses = {r["model"]: r["losses"] for r in out[:len(MODELS)]}
+        keras_losses = {r["model"]: r["losses"] for r in out[:len(trained)]}
         for native in rest:
             assert native["native"] == pytest.approx(keras_losses[native["model"]], rel=1e-5)
 

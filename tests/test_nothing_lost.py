@@ -449,6 +449,27 @@ def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop)
     assert worker_pids(tmp_path) == []
 
 
+def test_a_rate_search_under_a_sigkilled_orchestrator_keeps_its_probes_through_sync(
+        tmp_path, reaper):
+    """Each probe is held in the spool the moment its window ends: the orchestrator killed
+    outright after two probes, ``fxtrack sync`` logs both as child runs of the closed run."""
+    proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *TINY, "steps=2", *SERVE],
+                            cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    reaper.append(proc)
+    wait_for(lambda: proc.poll() is None and len(streamed(tmp_path)) >= 2, 600,
+             "two finished probes")
+    time.sleep(1.5)  # the orchestrator looks for new probes every half second
+    runs = kill_then_sync(proc, tmp_path)
+    [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert parent.info.status != "RUNNING" and parent.data.tags["fxtrack.scenario"] == "serve"
+    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert 2 <= len(probes) <= len(streamed(tmp_path))  # a probe of its last 0.5 s may be gone
+    assert {r.info.status for r in probes} == {"FINISHED"}
+    assert all(r.data.tags["fxtrack.serve_probe"] in ("pass", "slo", "saturated") for r in probes)
+    assert len(runs) == len(probes) + 1  # nothing logged twice, nothing unlinked
+
+
 def streamed(tmp_path: Path) -> list:
     from fxtrack.job import streamed_children
 
@@ -575,3 +596,67 @@ def test_report_md_escapes_what_the_page_escapes(tmp_path):
     assert md.count("&lt;script&gt;alert(1)&lt;/script&gt;") == 6  # title, meta, chart, 3 in the tables
     row = next(line for line in md.splitlines() if line.startswith("| &lt;script"))
     assert row.count(" | ") == 1 and "\\|x" in row  # the | stays inside its cell
+
+
+def parent_with(tmp_path, monkeypatch, second, *overrides: str):
+    """A scaling run or repeats in this process on a tiny ViT: the first child finishes, the
+    second raises ``second``; (what escaped, the logged records, the children run)."""
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+    from fxtrack.config.validate import validate
+    from fxtrack.orchestrator import repeats, scaling
+    from fxtrack.orchestrator.job import Job
+
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
+            f"tracking.uri=sqlite:///{tmp_path / 'm.db'}", *overrides])
+        conf, arch = validate(cfg)
+    job = Job(cfg, conf, arch, str(tmp_path))
+    logged: list[dict] = []
+    monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id", "store"))
+    children: list[int] = []
+
+    def run(self, job_dir, parent, devices, scenario=None, repeat=None, tags=None):
+        children.append(devices if repeat is None else repeat)
+        if len(children) == 2:
+            raise second
+        return "child", Result("r", status="FINISHED",
+                               metrics={"throughput_samples_per_s": 10.0}), "id"
+
+    monkeypatch.setattr(Job, "run", run)
+    escaped = None
+    try:
+        if conf.scenario.name == "scaling":
+            scaling.run_scaling(job, tmp_path, None)
+        else:
+            repeats.run_all(job, tmp_path)
+    except BaseException as e:  # noqa: BLE001 - what the caller would see
+        escaped = e
+    return escaped, logged, children
+
+
+@pytest.mark.parametrize("overrides", [("scenario=scaling", "devices=2"), ("repeats=3",)],
+                         ids=["scaling", "repeats"])
+@pytest.mark.parametrize("second, status", [(RuntimeError("a bug"), "FAILED"),
+                                            (SystemExit(143), "KILLED")], ids=["error", "signal"])
+def test_scaling_and_repeats_close_their_parent_on_any_exception(tmp_path, monkeypatch,
+                                                                 overrides, second, status):
+    """Issue 43: every orchestrator path closes its runs on any exception, with what its
+    finished children measured; a signal still ends the process."""
+    escaped, logged, children = parent_with(tmp_path, monkeypatch, second, *overrides)
+    assert children[0] in (0, 1) and len(children) == 2  # stopped at the second child
+    assert [r["status"] for r in logged] == ["RUNNING", status]  # opened, then closed
+    closed = logged[-1]
+    if status == "FAILED":
+        assert "RuntimeError: a bug" in closed["tags"]["fxtrack.error"]
+        # scaling's parent answers FAILED; repeats' cell fails with the error itself
+        assert escaped is (second if "repeats=3" in overrides else None)
+    else:
+        assert closed["tags"]["fxtrack.error"] == "interrupted" and escaped is second
+    figure = ("throughput_samples_per_s_x1" if "scenario=scaling" in overrides
+              else "throughput_samples_per_s")
+    assert closed["metrics"][figure] == 10.0  # the finished child's figure is kept

@@ -3,6 +3,9 @@ compare's pairing, with no shared file edited (issue 29)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pandas as pd
 import pytest
 
@@ -186,3 +189,28 @@ def test_a_registered_family_flows_through_config_run_name_report_and_compare(
     paired = compare.compare(frame.iloc[[0]], frame.iloc[[1]], "throughput_samples_per_s", False,
                              ident)
     assert [p.config["model"] for p in paired.pairs] == ["mlp2"]
+
+
+# a family attribute read as ``.user_model`` (not the fxtrack.config.user_model module, nor the
+# frameworks' capability of that name)
+_USER_MODEL_BRANCH = re.compile(r"(?<!config)\.user_model\b")
+
+
+def test_the_user_model_branch_scan_finds_what_it_must():
+    found = [line for line in ('if families.of(arch).user_model:', 'spec.user_model and x',
+                               'from fxtrack.config import user_model',
+                               '"fxtrack.config.user_model:refusal"')
+             if _USER_MODEL_BRANCH.search(line)]
+    assert found == ['if families.of(arch).user_model:', 'spec.user_model and x']
+
+
+def test_no_user_model_branch_outside_frameworks_and_families():
+    """Issue 41 item 4: shared code asks the family (fxtrack.families.spec.Family's fields)
+    what a user's model needs, not whether the model is one."""
+    root = Path(__file__).resolve().parent.parent / "fxtrack"
+    offenders = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+                 for path in sorted(root.rglob("*.py"))
+                 if not {root / "frameworks", root / "families"} & set(path.parents)
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if _USER_MODEL_BRANCH.search(line)]
+    assert not offenders, offenders

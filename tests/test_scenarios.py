@@ -57,7 +57,11 @@ def toy_section(runs, frame):
 
 TOY = scenarios.Scenario("toy", "widgets made per step (a test's toy)", ToyOptions,
                          f"{__name__}:toy_run", refusal=toy_refusal,
-                         section=f"{__name__}:toy_section")
+                         section=f"{__name__}:toy_section", objectives=(
+    scenarios.Objective("widgets", "Widgets per step", ("toy_widgets",), "common",
+                        ("makes", "as many widgets of"),
+                        "python -m fxtrack -m framework={frameworks} model={model} scenario=toy",
+                        rank=15),))
 
 # a stand-in framework whose worker backend counts steps: the worker imports it by this module
 FRAMEWORK = Framework(name="toyfw", backend=f"{__name__}:ToyBackend", extra="toyfw",
@@ -158,7 +162,7 @@ def test_help_lists_a_registered_scenario_and_its_options_with_their_defaults(to
 
     text = usage()
     assert "  toy: widgets made per step (a test's toy)\n    scenario.widgets=3 scenario.gain=1.0" in text
-    assert "scenario: checkpoint, fit, generate, inference, pipeline, scaling, serve, toy, train" in text
+    assert "scenario: checkpoint, converge, fit, generate, inference, pipeline, scaling, serve, toy, train" in text
     assert "scenario.max_batch=4096" in text and "scenario.max_batch=4 " in text  # fit's, serve's
 
 
@@ -168,6 +172,18 @@ def test_the_docs_ask_for_a_registered_scenarios_row(toy):
     assert "scenario=toy" in undocumented_declarations()
     scenarios.unregister("toy")
     assert "scenario=toy" not in undocumented_declarations()
+
+
+def test_the_answer_page_reads_a_registered_scenarios_objectives(toy):
+    from fxtrack.report import answer
+
+    keys = [o.key for o in answer.objectives()]
+    assert keys.index("fit") < keys.index("widgets") < keys.index("latency")  # by its rank
+    [widgets] = [o for o in answer.objectives() if o.key == "widgets"]
+    assert widgets.scenario == "toy"
+    assert widgets.command.startswith("python -m fxtrack -m framework=torch,tensorflow,jax,keras ")
+    scenarios.unregister("toy")
+    assert "widgets" not in [o.key for o in answer.objectives()]
 
 
 def test_a_name_taken_or_options_untyped_is_refused():

@@ -94,9 +94,11 @@ def check(conf: Any, arch: Arch) -> Optional[str]:
     have = budget(s.memory_gib, kind, conf.devices)
     why = refusal(arch, s.axis, conf.precision.name, conf.batch_size, conf.memory.value, have,
                   s.max_batch)
-    if why is not None or not families.of(arch).user_model:
+    counter = families.of(arch).abstract_count
+    if why is not None or counter is None:
         return why
-    from fxtrack.config import user_model
+    from fxtrack.frameworks.declaration import import_path
 
-    _, why = user_model.abstract_param_count(conf, arch)
+    # a model a builder makes: whether the builder takes batch_size (a shape-only build says)
+    _, why = import_path(counter)(conf, arch)
     return why.removeprefix("NotSupported: ") if "ignores batch_size" in why else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -20,6 +21,7 @@ from omegaconf import MISSING, II, OmegaConf
 
 from fxtrack import architectures, families
 from fxtrack.config import slurm
+from fxtrack.frameworks.declaration import import_path
 from fxtrack.policy import COMPILE_REQUESTS
 from fxtrack.scenarios import SCENARIOS
 from fxtrack.scenarios.options import at_least, finite, finite_fields, positive
@@ -201,6 +203,24 @@ class SizeConfig:
 
 
 @dataclasses.dataclass
+class DataConfig:
+    """data=<name>: what a run trains and evaluates on (``fxtrack.data``); the model family takes
+    its input shape, classes or vocabulary from it. ``synthetic``: the generated batches."""
+
+    name: str = MISSING  # synthetic | mnist | mnist1d | pycode | file
+    path: Optional[str] = None  # data=file: a .npz (x, y), .parquet or .csv
+    label: str = "label"  # data=file, a table: the label column (the others are features)
+    holdout: float = 0.2  # the held-out share (mnist, pycode, file; mnist1d keeps its own)
+
+    def __post_init__(self) -> None:
+        _finite_fields("data.", self)
+        if self.path:  # the worker, or a launcher's job elsewhere, reads the same file
+            self.path = os.path.abspath(os.path.expanduser(self.path))
+        if not 0 < self.holdout < 1:
+            raise ValueError(f"data.holdout must be between 0 and 1, got {self.holdout}")
+
+
+@dataclasses.dataclass
 class TrackingConfig:
     experiment: str = "fxtrack"
     # None: $MLFLOW_TRACKING_URI, else sqlite:///<launch directory>/mlflow.db
@@ -239,6 +259,7 @@ class FxtrackConfig:
     scenario: Any = MISSING
     hardware: HardwareConfig = MISSING
     size: SizeConfig = MISSING
+    data: DataConfig = MISSING
     batch_size: Optional[int] = None  # per device; None: the hardware's default for the model
     devices: int = 1  # data-parallel device count
     steps: Optional[int] = None  # timed steps; None: the hardware's default
@@ -271,6 +292,7 @@ _GROUP_SCHEMAS = {
     "precision": PrecisionConfig,
     "hardware": HardwareConfig,
     "size": SizeConfig,
+    "data": DataConfig,
 }
 # family -> its schema, made once per family so that register() stays idempotent
 _MODEL_SCHEMAS: dict[str, type] = {}
@@ -282,7 +304,8 @@ def model_schemas() -> dict[str, type]:
     for name in families.names():
         if name not in _MODEL_SCHEMAS:
             family = families.get(name)
-            _MODEL_SCHEMAS[name] = CustomConfig if family.user_model else sized_schema(family)
+            _MODEL_SCHEMAS[name] = (sized_schema(family) if family.config_schema is None
+                                    else import_path(family.config_schema))
     return dict(_MODEL_SCHEMAS)
 
 

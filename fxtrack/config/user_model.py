@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 import fxtrack
-from fxtrack import families
 from fxtrack.architectures import Arch
 from fxtrack.environment import worker_environment
 from fxtrack.frameworks import user_builder
@@ -37,10 +36,18 @@ class CellNotSupported(ValueError):
     (``fxtrack.config.validate`` raises it as a Refused: a sweep skips the cell)."""
 
 
+def refusal(conf: Any, arch: Arch) -> Optional[str]:
+    """The family's config check (``Family.config_check``): why this cell cannot run (levers,
+    builder unset, module not importable), one line, or None."""
+    try:
+        check(conf, arch)
+    except CellNotSupported as e:
+        return str(e)
+    return None
+
+
 def check(conf: Any, arch: Arch) -> None:
     """Raise CellNotSupported with the one-line reason, or return when the cell can run."""
-    if not families.of(arch).user_model:
-        return
     framework = declaration(conf.framework.package)
     if not framework.has("user_model"):
         raise CellNotSupported(str(framework.unsupported("user_model", "model=custom")))

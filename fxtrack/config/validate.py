@@ -17,6 +17,7 @@ from fxtrack import architectures, families
 from fxtrack.config import schema
 from fxtrack.config.frameworks import declared
 from fxtrack.config.schema import FxtrackConfig
+from fxtrack.frameworks.declaration import import_path
 from fxtrack import scenarios
 from fxtrack.scenarios import rules
 
@@ -168,11 +169,16 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     drop_other_scenarios_keys(cfg, sweep)
     try:
         conf: FxtrackConfig = OmegaConf.to_object(cfg)
-        arch = architectures.resolve(conf.model.name, conf.size.name,
-                                     **{k: v for k, v in vars(conf.model).items() if k != "name"})
     except Exception as e:  # noqa: BLE001 - omegaconf wraps __post_init__ errors in its own types
         raise ConfigError(str(e).splitlines()[0]) from None
     scenario = scenarios.get(conf.scenario.name)
+    dims = data_dims(conf, scenario)  # real data sets the input shape, classes, vocabulary
+    try:
+        arch = architectures.resolve(conf.model.name, conf.size.name, **{
+            **{k: v for k, v in vars(conf.model).items() if k != "name"}, **dims})
+    except ValueError as e:
+        where = f"data={conf.data.name} sets {dims}: " if dims else ""
+        raise ConfigError(where + str(e).splitlines()[0]) from None
     if not scenario.implemented:
         raise ConfigError(f"scenario={scenario.name} is not implemented yet (implemented: "
                           f"{', '.join(scenarios.where(implemented=True))})")
@@ -182,12 +188,10 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     why = scenario.refusal(conf.scenario, families.of(arch), conf.batch_size)
     if why is not None:
         raise ConfigError(why)
-    why = refusal(conf, arch) or user_model_refusal(conf, arch)
+    why = refusal(conf, arch) or family_refusal(conf, arch)
     if why is not None:
         raise Refused(why, conf, arch)
     if scenario.config_check is not None:  # e.g. fit's budget: the search finds what fits
-        from fxtrack.frameworks.declaration import import_path
-
         why = import_path(scenario.config_check)(conf, arch)
         if why is not None:
             raise ConfigError(why)
@@ -199,14 +203,41 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     return conf, arch
 
 
+def data_dims(conf: FxtrackConfig, scenario: scenarios.Scenario) -> dict:
+    """The dims real data sets (``Family.data_dims``: input shape, classes, vocabulary), once
+    the data is read and checked (fxtrack.data); ConfigError, one line, for data that cannot be
+    used, a scenario that does not read it, or a shape the family cannot take."""
+    from fxtrack import data
+
+    name = conf.data.name
+    if name == data.SYNTHETIC:
+        if scenario.real_data:
+            raise ConfigError(f"scenario={scenario.name} trains on real data: add data=mnist, "
+                              "data=pycode or data=file data.path=FILE")
+        return {}
+    if not scenario.real_data:
+        raise ConfigError(f"data={name} is read by scenario="
+                          f"{'/'.join(scenarios.where(real_data=True))}; "
+                          f"scenario={scenario.name} times synthetic batches: drop data={name}")
+    family = families.get(architectures.family(conf.model.name))
+    try:
+        split = data.load(conf.data)
+        if family.data_dims is None:
+            raise data.DataError(f"model={conf.model.name} trains on synthetic data only")
+        return family.data_dims(split)
+    except ValueError as e:  # DataError included
+        why = str(e).splitlines()[0]
+        raise ConfigError(why if why.startswith("data") else f"data={name}: {why}") from None
+
+
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
     """Why the run cannot fit its device's memory, from the architecture table (model=custom:
     from a shape-only build of the user's model in a short worker), or None."""
-    from fxtrack.config import memory, user_model
+    from fxtrack.config import memory
 
     s = conf.scenario
-    count = ((lambda: user_model.abstract_param_count(conf, arch))
-             if families.of(arch).user_model else None)
+    counter = families.of(arch).abstract_count
+    count = None if counter is None else (lambda: import_path(counter)(conf, arch))
     return memory.refusal(
         arch, s.name, conf.precision.name, conf.batch_size,
         expected_device_kind(conf.hardware.name), devices=conf.devices,
@@ -216,13 +247,8 @@ def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[st
         prompt_len=getattr(s, "prompt_len", 0), new_tokens=getattr(s, "new_tokens", 0))
 
 
-def user_model_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """model=custom: why this cell cannot run (levers, builder unset, module not importable),
-    or None (fxtrack.config.user_model)."""
-    from fxtrack.config import user_model
-
-    try:
-        user_model.check(conf, arch)
-    except user_model.CellNotSupported as e:
-        return str(e)
-    return None
+def family_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
+    """The model family's own check of the cell (``Family.config_check``; model=custom: levers,
+    builder unset, module not importable), one line, or None."""
+    check = families.of(arch).config_check
+    return None if check is None else import_path(check)(conf, arch)

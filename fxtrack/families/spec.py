@@ -56,7 +56,35 @@ class Family:
     generates: bool = False  # a decoder LM: scenario=generate, serve decodes tokens
     seq_len_search: bool = False  # scenario=fit may search model.seq_len
     is_lm: Callable[["Arch"], bool] = _never  # its rate is read in tokens/s (tokens_per_s)
-    user_model: bool = False  # model=custom: the user's builder; fewer levers apply
+    # A model a builder makes (model=custom) answers these itself; None: fxtrack's own model.
+    # Parts that live in the config layer are "module:function" strings, imported where used,
+    # so this package imports nothing above it.
+    config_schema: Optional[str] = None  # "module:Class" of model.*; None: its size keys
+    config_check: Optional[str] = None  # (conf, arch) -> why the cell cannot run, or None
+    # (conf, arch) -> (parameters, why not): counted from a shape-only build, as there is no
+    # table or formula to read them from
+    abstract_count: Optional[str] = None
+    resizable: bool = True  # size= and model.<key> make it smaller (False: only its own kwargs)
+    # (dims, builder key) -> the "module:function" whose module is the model's code: measured
+    # per run (fxtrack's own code is counted once per framework)
+    model_code: Optional[Callable[[dict[str, Any], str], str]] = None
+    # (dims, builder key, name) -> the model as a run's name says it (``custom[build_t5]``)
+    run_label: Optional[Callable[[dict[str, Any], str, str], str]] = None
+    # (dims, the table's dims) -> the dims a run's name shows; None: the size keys set apart
+    dims_shown: Optional[Callable[[dict[str, Any], dict[str, Any]], dict[str, str]]] = None
+    # the framework capability that builds, runs, exports and counts the FLOPs of its model
+    # (a user's: ``user_model`` and its ``user_*`` exports); None: fxtrack's own builders
+    builder_capability: Optional[str] = None
+    # its data may be random (nothing to learn in a few steps): a loss that does not fall is a
+    # warning tag, not a failed guard
+    flat_loss_warns: bool = False
+    # Real data (data=<name>, fxtrack.data): (its Split) -> the dims the data sets (input
+    # shape, classes, vocabulary); raises ValueError, one line, where the family cannot take
+    # it; None: the family trains on synthetic data only
+    data_dims: Optional[Callable[[Any], dict[str, Any]]] = None
+    # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
+    # reference runs that set them: fxtrack.families.quality); empty: none declared
+    quality: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _REGISTRY: dict[str, Family] = {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fxtrack.families import quality
 from fxtrack.families.spec import Family
 from fxtrack.families.vision import check_heads, encoder_layer_flops
 
@@ -134,6 +135,14 @@ def _llama_activations(a: "Arch", phase: str, batch: int, act_bytes: int, memory
     return {"activations": held, "logits": 4.0 * 3 * tokens * a.vocab_size}
 
 
+def byte_dims(split: Any) -> dict[str, Any]:
+    """A byte corpus sets the vocabulary (256); the sequence length stays the model's."""
+    if split.kind != "bytes":
+        raise ValueError(f"data={split.name} holds {split.kind}; a decoder LM trains on a byte "
+                         "corpus (data=pycode)")
+    return {"vocab_size": int(split.classes)}
+
+
 def _check_bert(name: str, d: dict[str, Any]) -> None:
     check_heads(d)
     if d["seq_len"] > d["max_position"]:
@@ -158,4 +167,4 @@ LLAMA = Family("llama", size_keys=(*BERT.size_keys, "kv_heads"),
                forward_flops=_llama_flops, generate_flops=_llama_generate_flops,
                params=lambda a: llama_params(a)["total"], activations=_llama_activations,
                memory_note="fused attention assumed", generates=True, seq_len_search=True,
-               is_lm=lambda a: True)
+               is_lm=lambda a: True, data_dims=byte_dims, quality=quality.LLAMA)

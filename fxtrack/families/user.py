@@ -24,5 +24,33 @@ def _declared_optimizer(arch: "Arch", global_batch: int) -> tuple[str, float]:
     return arch.optimizer, float(arch.lr)
 
 
-CUSTOM = Family("custom", optimizer=_declared_optimizer, user_model=True,
-                is_lm=lambda a: a.dims.get("kind") == "lm")
+def _plain(value: Any) -> str:
+    return "x".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+
+
+def _run_label(dims: dict[str, Any], builder_key: str, name: str) -> str:
+    """``custom[build_t5]``: the function this framework's builder names, once."""
+    builder = dims.get(builder_key) or ""
+    return f"custom[{str(builder).rpartition(':')[2]}]" if builder else name
+
+
+# what a run's name shows of a user's model besides its builder: a plain model and an LM of
+# one builder are two configs, so kind shows where it is not the default
+_SHOWN = ("optimizer", "lr", "kind", "seq_axis", "shard_modules", "remat_modules")
+
+
+def _dims_shown(dims: dict[str, Any], default: dict[str, Any]) -> dict[str, str]:
+    """The declarations set apart from the defaults, then the builder's kwargs."""
+    shown = {k: _plain(v) for k, v in dims.items()
+             if k in _SHOWN and _plain(default.get(k)) != _plain(v)}
+    return {**shown, **{k: _plain(v) for k, v in dict(dims.get("kwargs") or {}).items()}}
+
+
+CUSTOM = Family("custom", optimizer=_declared_optimizer,
+                is_lm=lambda a: a.dims.get("kind") == "lm",
+                config_schema="fxtrack.config.schema:CustomConfig",
+                config_check="fxtrack.config.user_model:refusal",
+                abstract_count="fxtrack.config.user_model:abstract_param_count",
+                resizable=False, model_code=lambda dims, key: dims[key],
+                run_label=_run_label, dims_shown=_dims_shown, builder_capability="user_model",
+                flat_loss_warns=True)

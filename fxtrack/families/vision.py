@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fxtrack.families import quality
 from fxtrack.families.spec import Family, sgd_lr
 
 Arch = Any  # fxtrack.architectures.Arch, which imports this package
@@ -84,6 +85,15 @@ def _check_vit(name: str, d: dict[str, Any]) -> None:
         raise ValueError(f"model.image_size ({d['image_size']}) must be divisible by model.patch ({d['patch']})")
 
 
+def image_dims(split: Any) -> dict[str, Any]:
+    """Real images set the input size and the classes. Grey images are fed as three equal
+    channels (the models' stems take RGB), which the data's batches do."""
+    if split.kind != "images":
+        raise ValueError(f"data={split.name} holds {split.kind} of shape {split.shape}; the "
+                         "image models take square images (N, H, W[, C])")
+    return {"image_size": int(split.shape[0]), "num_classes": int(split.classes)}
+
+
 def _sgd(arch: "Arch", global_batch: int) -> tuple[str, float]:
     return "sgd", sgd_lr(global_batch)
 
@@ -94,4 +104,4 @@ RESNET = Family("resnet", size_keys=("image_size", "num_classes"), check=_check_
 VIT = Family("vit", size_keys=("image_size", "num_classes", "patch", "layers", "hidden", "heads",
                                "mlp_dim"),
              check=_check_vit, batch=image_batch, describe=image_shapes, forward_flops=_vit_flops,
-             dataset="jpeg")
+             dataset="jpeg", data_dims=image_dims, quality=quality.VIT)

@@ -224,6 +224,19 @@ class UserModel(Protocol):
         fxtrack.worker --params)."""
 
 
+class Converge(Protocol):
+    """scenario=converge: optimiser steps on host batches of real data at a scheduled learning
+    rate, and the model's outputs on held-out batches."""
+
+    def train_on_host(self, backend: Any, batch: dict, lr: float) -> Any:
+        """One optimiser step at learning rate ``lr`` on a NumPy batch (fxtrack.data.batch);
+        a loss handle for ``backend.loss_value``."""
+
+    def outputs(self, backend: Any, batch: dict) -> Any:
+        """The model's logits on a NumPy batch, as a NumPy float32 array (no gradient, the
+        model in inference mode)."""
+
+
 # capability name -> its protocol (Framework.capabilities names a module for each it has)
 PROTOCOLS: dict[str, type] = {
     "inference": Inference, "pipeline": Pipeline, "checkpoint": Checkpoint,
@@ -234,7 +247,7 @@ PROTOCOLS: dict[str, type] = {
     "user_serving_export": UserServingExport, "user_onnx_export": UserOnnxExport,
     "user_tflite_export": UserTfliteExport, "user_native_int8": UserNativeInt8,
     "user_sharded_state": UserShardedState, "user_remat": UserRemat,
-    "user_model": UserModel,
+    "user_model": UserModel, "converge": Converge,
 }
 
 # A function's parameters as (name, has a default), in order; None: the name is bound in the

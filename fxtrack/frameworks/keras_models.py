@@ -438,3 +438,54 @@ def llama(arch: Arch) -> keras.Model:
 def build(arch: Arch) -> keras.Model:
     """The Keras model for ``arch`` under the current global dtype policy."""
     return {"resnet": resnet, "vit": vit, "bert": bert, "llama": llama}[arch.family](arch)
+
+
+# scenario=converge's shared start (fxtrack.frameworks.initial): a weight's path here -> the
+# name PyTorch's model gives the same parameter, and whether it is a matrix to transpose
+_TORCH_NAMES = [
+    (r"block(\d+)_(norm1|norm2)/gamma", r"blocks.\1.\2.weight"),
+    (r"block(\d+)_(norm1|norm2)/beta", r"blocks.\1.\2.bias"),
+    (r"block(\d+)_attn_(qkv|proj)/(kernel|bias)", r"blocks.\1.attn.\2.\3"),
+    (r"block(\d+)_mlp_fc1/(kernel|bias)", r"blocks.\1.mlp.0.\2"),
+    (r"block(\d+)_mlp_fc2/(kernel|bias)", r"blocks.\1.mlp.2.\2"),
+    (r"final_norm/gamma", "norm.weight"), (r"final_norm/beta", "norm.bias"),
+    (r"final_norm/scale", "norm.weight"),
+    (r"cls_token/token", "cls_token"), (r"pos_embed/embeddings", "pos_embed"),
+    (r"embed_tokens/embeddings", "embed_tokens.weight"),
+    (r"layer(\d+)/(attn_norm|mlp_norm)/scale", r"blocks.\1.\2.weight"),
+    (r"layer(\d+)/(q_proj|k_proj|v_proj|o_proj)/kernel", r"blocks.\1.attn.\2.kernel"),
+    (r"layer(\d+)/(gate_proj|up_proj|down_proj)/kernel", r"blocks.\1.mlp.\2.kernel"),
+    (r"(patch_embed|head)/(kernel|bias)", r"\1.\2"),
+]
+
+
+def torch_name(path: str) -> str:
+    """A Keras weight's path (``block0_attn_qkv/kernel``, ``llama/layer0/q_proj/kernel``) as
+    PyTorch's name of it, ``kernel`` kept as the leaf (the caller lays it out)."""
+    import re
+
+    path = path.removeprefix("llama/")
+    for pattern, target in _TORCH_NAMES:
+        if re.fullmatch(pattern, path):
+            return re.sub(pattern, target, path)
+    raise ValueError(f"no PyTorch name for the Keras weight {path!r}")
+
+
+def load_initial(model: keras.Model, seed: int) -> None:
+    """Every trainable weight from ``fxtrack.frameworks.initial`` in Keras' layout (dense
+    kernels (in, out), conv kernels (kH, kW, I, O), the position table without its batch axis)."""
+    from fxtrack.frameworks import initial
+
+    for weight in model.trainable_weights:
+        name, shape = torch_name(weight.path), tuple(weight.shape)
+        if name.endswith(".kernel") and len(shape) == 2:
+            value = initial.value(name[:-len("kernel")] + "weight", shape[::-1], seed).T
+        elif name.endswith(".kernel"):  # (kH, kW, I, O) <- (O, I, kH, kW)
+            kh, kw, i, o = shape
+            value = initial.value(name[:-len("kernel")] + "weight", (o, i, kh, kw),
+                                  seed).transpose(2, 3, 1, 0)
+        elif name == "pos_embed":
+            value = initial.value(name, (1, *shape), seed)[0]
+        else:
+            value = initial.value(name, shape, seed)
+        weight.assign(value.astype(weight.dtype) if hasattr(value, "astype") else value)

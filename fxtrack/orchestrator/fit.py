@@ -19,6 +19,7 @@ from typing import Callable, Optional
 
 from fxtrack import families
 from fxtrack.job import Result
+from fxtrack.search import bracket_search
 
 FITS, OUT_OF_MEMORY, OVER_BUDGET, KILLED = "fits", "out_of_memory", "over_budget", "killed"
 # The frameworks' own out-of-memory errors: torch OutOfMemoryError, XLA RESOURCE_EXHAUSTED,
@@ -61,53 +62,42 @@ def search(probe: Callable[[int], Probe], start: int, max_value: int, max_probes
     Returns the probes in order; the answer is ``largest(probes)``."""
     probes: list[Probe] = []
 
-    def run(value: int) -> Probe:
-        p = probe(value)
-        probes.append(p)
-        return p
+    def run(value: int) -> bool:
+        probes.append(probe(value))
+        return probes[-1].fits
 
-    fit, miss = 0, None  # the largest value that fitted, the smallest that did not
-    value = min(max(1, start), max_value)
-    guided = False  # the value came from the line (a hop to just past where it meets the budget)
-    while len(probes) < max_probes:
-        if run(value).fits:
-            fit = value
-            if value >= max_value or miss is not None:
-                break
-            # a line whose guess past the budget still fitted underestimates: double instead
-            meets = None if guided else _meets(probes, budget_mib)
-            guided = meets is not None and meets <= 2 * value
-            if meets is None:
-                value = 2 * value
-            elif meets > 2 * value:
-                value = int(0.95 * meets)
-            else:
-                value = max(value + 1, math.ceil(meets + tolerance(value, resolution) / 2))
-            value = min(value, max_value)
-        else:
-            miss = value
-            if fit or value == 1:
-                break
-            value = max(1, value // 2)
+    guided = [False]  # the last hop came from the line (to just past where it meets the budget)
+
+    def grow(value: int) -> int:
+        # a line whose guess past the budget still fitted underestimates: double instead
+        meets = None if guided[0] else _meets(probes, budget_mib)
+        guided[0] = meets is not None and meets <= 2 * value
+        if meets is None:
+            return 2 * value
+        if meets > 2 * value:
+            return int(0.95 * meets)
+        return max(value + 1, math.ceil(meets + tolerance(value, resolution) / 2))
+
     step = tolerance(1, resolution) if resolution >= 1 else 1
-    trust_line = True  # off for one probe after the line's guess fitted: it underestimated
-    while (miss is not None and fit and miss - fit > tolerance(fit, resolution)
-           and len(probes) < max_probes):
+    last_split: list = [None, False]  # the last middle probed, and whether the line chose it
+
+    def split(fit: int, miss: int) -> int:
+        # a peak that grows slower than the line (an allocator's plateau) keeps its guesses
+        # just under the budget, creeping: after a guided middle fitted, bisect the next one
+        trust_line = not (last_split[1] and last_split[0] == fit)
         middle = (fit + miss) // 2
         meets = _meets(probes, budget_mib) if trust_line else None
-        guided = meets is not None and fit + 1 < int(0.99 * meets) < miss - 1
-        if guided:
+        line_guided = meets is not None and fit + 1 < int(0.99 * meets) < miss - 1
+        if line_guided:
             middle = int(0.99 * meets)  # just inside the budget: it should fit
         if step > 1 and (middle // step) * step > fit:  # on the step's grid where it can be
             middle = (middle // step) * step
-        if run(middle).fits:
-            fit = middle
-            # a peak that grows slower than the line (an allocator's plateau) keeps its
-            # guesses just under the budget, creeping: bisect the next probe instead
-            trust_line = not guided
-        else:
-            miss = middle
-            trust_line = True
+        last_split[:] = [middle, line_guided]
+        return middle
+
+    bracket_search(run, start, upper=max_value, lower=1, integer=True, max_probes=max_probes,
+                   narrow=lambda fit, miss: miss - fit <= tolerance(fit, resolution),
+                   grow=grow, split=split)
     return probes
 
 

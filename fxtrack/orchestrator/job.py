@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from fxtrack import architectures, families, scenarios
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.frameworks.declaration import declaration
-from fxtrack.job import JobSpec, Result
+from fxtrack.job import JobSpec, Result, children_path, streamed_children
 from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator.runner import log_tail, run_worker
 from fxtrack.tracking.records import HEADLINE, NOISY_CV
@@ -41,6 +41,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
         options=conf.scenario,  # the scenario's typed options; JSON across the boundary
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
+        data=dataclasses.asdict(conf.data),
     )
 
 
@@ -117,15 +118,18 @@ class Job:
         # only node 0 talks to MLflow
         held = self.hold(spec, job_dir, config, parent, start_ms, name) if spec.node_rank == 0 \
             else None
+        children = _Children(self, spec, config, name) if spec.node_rank == 0 else None
         try:
             result = run_worker(spec, job_dir, self.conf.framework.python, self.conf.timeout_s,
-                                meanwhile=self.load_tracking)
+                                meanwhile=self.load_tracking,
+                                while_running=None if children is None else children.keep)
             if spec.node_rank != 0:  # only node 0 talks to MLflow; its Result covers every node
                 print(f"{name}: node {spec.node_rank} {result.status.lower()}"
                       + (f": {result.error}" if result.error else ""), file=sys.stderr, flush=True)
                 return name, result, "node"
             if result.status == "FINISHED":
                 enrich(result, spec, self.conf)
+                cross_check(result, spec)
             if repeat is not None and tags is None:  # -> fxtrack.repeat, fxtrack.repeat_of (the
                 result.tags.update(repeat=str(repeat), repeat_of=parent or "")  # report skips these)
             if tags is not None:
@@ -146,10 +150,12 @@ class Job:
                 artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
             run_id, where = self.log(record, artifacts)
             print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
-            self.log_children(spec, result, config, name)
+            self.log_children(spec, result, config, name, children)
             spool.drop(held)
         except Exception:  # an error of this process's own: no fallback saying it was killed
             spool.drop(held)
+            if children is not None:
+                children.drop()
             raise
         stop_if_interrupted()
         return name, result, run_id
@@ -188,29 +194,21 @@ class Job:
             print(f"fxtrack: no fallback for this run in the spool ({e})", file=sys.stderr)
             return None
 
-    def log_children(self, spec: JobSpec, result: Result, config: dict, name: str) -> None:
+    def log_children(self, spec: JobSpec, result: Result, config: dict, name: str,
+                     kept: "_Children | None" = None) -> None:
         """The run's windows (Result.children: scenario=serve's rate-search probes) as child
         runs of it, each with its own figures, verdict and per-request records; tagged
-        ``fxtrack.serve_probe_of`` so the report counts them through their parent."""
-        from fxtrack.tracking import records
-
-        for child in result.children:
-            child_spec = dataclasses.replace(spec, result_id=uuid.uuid4().hex)
-            tags = {k: v for k, v in result.tags.items() if k in _CHILD_TAGS}
-            tags.update(child["tags"], serve_probe_of=spec.result_id)
-            # a window that ended is a finished run, whatever stopped its parent afterwards
-            child_result = Result(child_spec.result_id, status="FINISHED",
-                                  metrics=dict(child["metrics"]), series=dict(child["series"]),
-                                  tags=tags, resolved=result.resolved)
-            child_name = f"{name}-{child['suffix']}"
-            now = int(time.time() * 1000)
-            record = records.job_record(child_spec, child_result, config, self.uri,
-                                        self.conf.tracking.experiment, spec.result_id,
-                                        child.get("start_time_ms") or now, child_name,
-                                        summary_line(child_name, child_result))
-            record["end_time_ms"] = child.get("end_time_ms") or now  # the window's own span
-            files = {f"{role}.json": Path(path) for role, path in child["artifacts"].items()}
+        ``fxtrack.serve_probe_of`` so the report counts them through their parent. Each was
+        held in the spool as it ended (``kept``): logged now under the same result id, so a
+        sync after a kill cannot log one twice."""
+        tags = {k: v for k, v in result.tags.items() if k in _CHILD_TAGS}
+        for i, child in enumerate(result.children):
+            result_id = kept.result_id(i) if kept is not None else uuid.uuid4().hex
+            record, files = child_record(self, spec, child, tags, result.resolved, config,
+                                         name, result_id)
             self.log(record, files)
+        if kept is not None:
+            kept.drop()
 
     def load_tracking(self) -> None:
         """MLflow imported and the store opened (the embedded store created or migrated) for
@@ -256,6 +254,71 @@ class Job:
                   file=sys.stderr)
 
 
+def child_record(job: "Job", spec: JobSpec, child: dict, parent_tags: dict[str, str],
+                 resolved: dict, config: dict, name: str, result_id: str
+                 ) -> tuple[dict, dict[str, Path]]:
+    """One streamed window (a serve probe) as a child run's record and files."""
+    from fxtrack.tracking import records
+
+    child_spec = dataclasses.replace(spec, result_id=result_id)
+    tags = dict(parent_tags)
+    tags.update(child["tags"], serve_probe_of=spec.result_id)
+    # a window that ended is a finished run, whatever stopped its parent afterwards
+    child_result = Result(result_id, status="FINISHED", metrics=dict(child["metrics"]),
+                          series=dict(child["series"]), tags=tags, resolved=resolved)
+    child_name = f"{name}-{child['suffix']}"
+    now = int(time.time() * 1000)
+    record = records.job_record(child_spec, child_result, config, job.uri,
+                                job.conf.tracking.experiment, spec.result_id,
+                                child.get("start_time_ms") or now, child_name,
+                                summary_line(child_name, child_result))
+    record["end_time_ms"] = child.get("end_time_ms") or now  # the window's own span
+    files = {f"{role}.json": Path(path) for role, path in child["artifacts"].items()}
+    return record, files
+
+
+class _Children:
+    """A run's streamed children (``children.jsonl``: serve's probe windows), each held in
+    the spool the moment the worker writes it: if this process is then killed outright,
+    ``fxtrack sync`` logs every finished probe as a child of the run (issue 41 item 3)."""
+
+    def __init__(self, job: "Job", spec: JobSpec, config: dict, name: str) -> None:
+        self.job, self.spec, self.config, self.name = job, spec, config, name
+        self.path = children_path(spec.result_path)
+        self.ids: list[str] = []
+        self.held: list[Path] = []
+
+    def result_id(self, index: int) -> str:
+        while len(self.ids) <= index:
+            self.ids.append(uuid.uuid4().hex)
+        return self.ids[index]
+
+    def keep(self) -> None:
+        """Hold each child written since the last call (run_worker's ``while_running``)."""
+        from fxtrack.tracking import spool
+
+        if not self.path.is_file():
+            return
+        streamed = streamed_children(self.spec.result_path)
+        for i in range(len(self.held), len(streamed)):
+            record, files = child_record(self.job, self.spec, streamed[i], {}, {}, self.config,
+                                         self.name, self.result_id(i))
+            try:
+                self.held.append(spool.hold(record, files))
+            except spool.SpoolError as e:  # the run goes on; it logs its children at the end
+                print(f"fxtrack: no fallback for the run's children in the spool ({e})",
+                      file=sys.stderr)
+                self.path = Path(os.devnull)  # not asked again: is_file() is False
+                return
+
+    def drop(self) -> None:
+        from fxtrack.tracking import spool
+
+        for held in self.held:
+            spool.drop(held)
+        self.held = []
+
+
 # keys that do not change what is measured: where it is logged, how it is shown, when to stop
 _NOT_IDENTITY = ("tracking", "resume", "verbose", "timeout_s")
 
@@ -270,6 +333,19 @@ def config_id(config: dict) -> str:
     return hashlib.sha256(json.dumps(same, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+# what a scenario's cross-check keeps between the runs of this process (a sweep's jobs, in order)
+_CROSS_CHECKED: dict = {}
+
+
+def cross_check(result: Result, spec: JobSpec) -> None:
+    """The scenario's check of this run against earlier ones of the sweep, if it has one."""
+    check = scenarios.get(spec.scenario).cross_check
+    if check is not None:
+        from fxtrack.frameworks.declaration import import_path
+
+        import_path(check)(result, spec, _CROSS_CHECKED)
+
+
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     """Figures the orchestrator adds: MFU against the one peak per device and precision, and the
     cost per 1M samples (tokens). (Code size is the same on every run of a framework: the sweep's
@@ -278,10 +354,11 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    if families.of(spec.arch).user_model:  # a user's model: its builder's module is its model code,
+    model_code = families.of(spec.arch).model_code
+    if model_code is not None:  # e.g. a user's model: its builder's module is its model code,
         from fxtrack.measure import complexity  # which differs run to run (fxtrack's own does not)
 
-        builder = spec.arch["dims"][declaration(spec.package).builder_key]
+        builder = model_code(spec.arch["dims"], declaration(spec.package).builder_key)
         m.update(complexity.code_metrics(spec.framework, builder))
     m.update(cost.cost_metrics(conf.hardware.price_per_hour, spec.devices, spec.nodes, m))
     if "achieved_tflops" not in m:  # e.g. checkpoint: no timed compute, no MFU
@@ -314,6 +391,11 @@ def summary_line(name: str, result: Result) -> str:
     if result.tags.get("peak_contended") == "true":
         notes += ("  NOTE: no MFU: the peak FLOP/s was calibrated while other processes used the "
                   "cores (not cached; a quiet run calibrates again)")
+    if m.get("reached_target") == 0.0:  # scenario=converge: FINISHED, the target not met
+        notes += "  NOTE: target not reached within the budget"
+    if result.tags.get("trajectory", "").startswith("diverged"):
+        notes += (f"  NOTE: training losses {result.tags['trajectory']} from "
+                  f"{result.tags.get('trajectory_reference')}'s")
     if m.get("step_time_cv", 0.0) > NOISY_CV:
         notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
     if is_contended(m.get("host_other_cpu_frac")):

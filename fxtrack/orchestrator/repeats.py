@@ -152,33 +152,48 @@ def run_all(job, job_dir):
     aggregate = aggregate_id(uuid.uuid4().hex, 0)
     _open(job, job_dir, aggregate, None)
     entries, outcome = [], None
-    for i in range(job.conf.repeats):
-        (job_dir / f"repeat{i}").mkdir(parents=True, exist_ok=True)
-        name, result, run_id = job.run(job_dir / f"repeat{i}", aggregate, job.conf.devices, repeat=i)
-        record = job.last_record or {}
-        entries.append({"name": name, "status": result.status, "guard": result.guard,
-                        "metrics": result.metrics, "tags": record.get("tags", {}),
-                        "params": record.get("params", {})})
-        if outcome is None or outcome[1].status == "FINISHED":
-            outcome = (name, result, run_id)
+    try:
+        for i in range(job.conf.repeats):  # each repeat is logged by job.run as it ends
+            (job_dir / f"repeat{i}").mkdir(parents=True, exist_ok=True)
+            name, result, run_id = job.run(job_dir / f"repeat{i}", aggregate, job.conf.devices,
+                                           repeat=i)
+            record = job.last_record or {}
+            entries.append({"name": name, "status": result.status, "guard": result.guard,
+                            "metrics": result.metrics, "tags": record.get("tags", {}),
+                            "params": record.get("params", {})})
+            if outcome is None or outcome[1].status == "FINISHED":
+                outcome = (name, result, run_id)
+    except Exception as e:  # this process's own error: the aggregate closes FAILED with why and
+        # the finished repeats' figures, not RUNNING until a sync (issue 43); the cell fails
+        close(job, aggregate, None, entries, None,
+              stopped=("FAILED", f"the repeats failed: {type(e).__name__}: {e}"))
+        raise
+    except (KeyboardInterrupt, SystemExit):  # a signal stopped a repeat (its run is KILLED)
+        close(job, aggregate, None, entries, None, stopped=("KILLED", "interrupted"))
+        raise
     close(job, aggregate, None, entries, None)
     return outcome
 
 
 def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, Any]],
-          jobs_dir) -> dict[str, Any]:
+          jobs_dir, stopped: Optional[tuple[str, str]] = None) -> dict[str, Any]:
     """Log the aggregate's figures and close it; in a sweep, leave its line for the closing
-    table in ``jobs_dir/aggregates``. Returns the aggregate entry."""
+    table in ``jobs_dir/aggregates``. ``stopped``: (status, why) when the repeats were cut
+    short. Returns the aggregate entry."""
     from fxtrack.tracking import records
 
     done = [e for e in entries if e["status"] == "FINISHED"]
     metrics = aggregate_metrics([e["metrics"] for e in done])
     name = _name_and_tags(job, Path("."))[0]  # the repeats' name without their -r<i>
     tags = aggregate_tags(entries, job.conf.repeats)
+    status = "FINISHED" if done else "FAILED"
+    if stopped is not None:
+        status = stopped[0]
+        tags.update({"fxtrack.status": "failed", "fxtrack.error": stopped[1][:500]})
     line = summary(name, metrics, tags)
     tags.update(records.note(line))
     record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
-                                   "FINISHED" if done else "FAILED", parent, metrics)
+                                   status, parent, metrics)
     record["params"] = (done or entries)[0].get("params", {}) if entries else {}
     run_id, where = job.log(record, {})
     print(f"{line}  [{where}]", file=sys.stderr, flush=True)

@@ -35,7 +35,8 @@ def interrupted() -> int | None:
 
 
 def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: float,
-               echo: bool = True, meanwhile: Callable[[], None] | None = None) -> Result:
+               echo: bool = True, meanwhile: Callable[[], None] | None = None,
+               while_running: Callable[[], None] | None = None) -> Result:
     """Run the worker for ``spec`` under ``python`` (default: this interpreter), tee its output
     to ``job_dir/worker.log`` (and the terminal when ``echo``), and return its Result.
 
@@ -43,7 +44,10 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     imports its framework and builds the model; the worker waits at its gate
     (worker.__main__.gate_after_build) until it is done, so that work never shares the cores
     with a warm-up or timed window. Under torchrun (no way to hand the gate to its ranks) it
-    is done before the worker starts."""
+    is done before the worker starts.
+
+    ``while_running``: called about every half second while the worker runs, and once after
+    it ends (keeping each streamed child the moment it appears)."""
     spec_path, log_path = job_dir / "spec.json", job_dir / "worker.log"
     spec.dump(spec_path)
     Path(spec.result_path).unlink(missing_ok=True)
@@ -92,8 +96,10 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
             _close_gate(gate, go)
             if not go:
                 _stop(proc, None)
-        timed_out = _wait(proc, timeout_s)
+        timed_out = _wait(proc, timeout_s, while_running)
         tee.join(timeout=10)
+        if while_running is not None:  # what the worker wrote in its last half second
+            while_running()
     return _outcome(spec, proc.returncode, timed_out, timeout_s, log_path)
 
 
@@ -206,11 +212,14 @@ def _tee(stream, log, echo: bool, quiet: bool = True) -> None:
             sys.stderr.buffer.flush()
 
 
-def _wait(proc: subprocess.Popen, timeout_s: float) -> bool:
+def _wait(proc: subprocess.Popen, timeout_s: float,
+          while_running: Callable[[], None] | None = None) -> bool:
     """Wait for the worker; past ``timeout_s`` stop its whole process group. True if timed out.
     After a forwarded signal, the worker gets 10 s to stop before SIGKILL."""
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and not _INTERRUPTED:
+        if while_running is not None:
+            while_running()
         left = deadline - time.monotonic()
         if left <= 0:
             _stop(proc, signal.SIGTERM)

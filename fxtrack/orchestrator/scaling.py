@@ -32,6 +32,13 @@ def scaling_metrics(throughput: dict[int, float]) -> dict[str, float]:
     return metrics
 
 
+def measured_metrics(throughput: dict[int, float]) -> dict[str, float]:
+    """The parent's figures from the device counts measured so far."""
+    metrics = scaling_metrics(throughput)
+    metrics.update({f"throughput_samples_per_s_x{n}": t for n, t in throughput.items()})
+    return metrics
+
+
 def run_scaling(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optional[str]]:
     """Run every device count as a child of one scaling parent; returns the parent's outcome."""
     from fxtrack.orchestrator.job import job_spec
@@ -54,17 +61,25 @@ def run_scaling(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result,
     log_parent("RUNNING", {})
     outcome = Result(scaling_id, status="FINISHED")
     throughput: dict[int, float] = {}
-    for n in device_counts(devices):
-        child_dir = job_dir / f"x{n}"
-        child_dir.mkdir(parents=True, exist_ok=True)
-        _, result, _ = job.run(child_dir, scaling_id, n, scenario="scaling")
-        if result.status == "FINISHED":
-            throughput[n] = result.metrics["throughput_samples_per_s"]
-            outcome.tags.update(result.tags)
-        else:
-            outcome.status, outcome.error = "FAILED", f"x{n}: {result.error}"
-    outcome.metrics = scaling_metrics(throughput)
-    outcome.metrics.update({f"throughput_samples_per_s_x{n}": t for n, t in throughput.items()})
+    try:
+        for n in device_counts(devices):  # each child is logged by job.run as it ends
+            child_dir = job_dir / f"x{n}"
+            child_dir.mkdir(parents=True, exist_ok=True)
+            _, result, _ = job.run(child_dir, scaling_id, n, scenario="scaling")
+            if result.status == "FINISHED":
+                throughput[n] = result.metrics["throughput_samples_per_s"]
+                outcome.tags.update(result.tags)
+            else:
+                outcome.status, outcome.error = "FAILED", f"x{n}: {result.error}"
+    except Exception as e:  # noqa: BLE001 - this process's own error: the parent closes FAILED
+        # with the device counts measured, not RUNNING until a sync (issue 43)
+        outcome.status, outcome.error = "FAILED", f"the scaling run failed: {type(e).__name__}: {e}"
+    except (KeyboardInterrupt, SystemExit):  # a signal stopped a child (its run is KILLED):
+        # close this parent too, with what was measured, before the sweep exits
+        tags.update({"fxtrack.status": "failed", "fxtrack.error": "interrupted"})
+        log_parent("KILLED", measured_metrics(throughput))
+        raise
+    outcome.metrics = measured_metrics(throughput)
     if devices in throughput:
         outcome.metrics["throughput_samples_per_s"] = throughput[devices]
     if outcome.status == "FINISHED" and outcome.metrics:

@@ -1,7 +1,7 @@
 """The answer first: per model and machine, which framework wins each objective and by how much.
 
-One block per objective (OBJECTIVES, the one list of which metric each reads: the integrator of
-``scenario=fit`` / ``scenario=serve`` adjusts the names there). Every config (framework with its
+One block per objective (``objectives()``: each scenario declares its own, with the metric it
+reads, in ``fxtrack.scenarios.declared``). Every config (framework with its
 mode and levers) of a model on one machine is a candidate; each framework stands on its best
 config; the best framework is the reference and every other framework's ratio to it carries the
 Welch 95% interval of fxtrack/stats.py (through samples.ratio and verdicts.Ratio, the report's
@@ -16,13 +16,13 @@ from typing import Optional
 
 import pandas as pd
 
-from fxtrack import architectures
-from fxtrack import metrics as registry
+from fxtrack import architectures, scenarios
 from fxtrack.config.frameworks import declared, identity_settings
 from fxtrack.report import identity, samples
 from fxtrack.report.lm import lm_models
 from fxtrack.report.select import LEVERS
 from fxtrack.report.verdicts import Ratio
+from fxtrack.scenarios import Objective
 
 NO_CLEAR, SINGLE = "no clear difference", "single runs: no verdict"
 # Friendly names for sentences; an unknown framework keeps its own name.
@@ -33,70 +33,16 @@ BACKEND_WORDS = {name: f"{FRAMEWORK_WORDS.get('keras', 'Keras')}-on-{words}"
                  for name, words in FRAMEWORK_WORDS.items() if name != "keras"}
 
 
-@dataclasses.dataclass(frozen=True)
-class Objective:
-    key: str
-    title: str
-    scenario: str
-    metrics: tuple[str, ...]  # the first of these a run logged is the figure
-    batch: str  # "common": the batch size most frameworks ran; "one": batch 1; "largest"
-    phrase: tuple[str, str]  # sentence: "<fw> <verb> <model> <r>x <adjective> <other>"
-    command: str  # what measures it; {model} is filled in
-    lm_only: bool = False
-    # the best's figure as a fraction of the other's, "in 0.88x [..] the peak memory of": a
-    # lower-is-better amount reads wrongly as "1.14x less"
-    fraction: bool = False
-
-    @property
-    def lower(self) -> bool:
-        """Lower is better: the metric registry's direction of the objective's figure."""
-        return registry.lookup(self.metrics[0]).lower_is_better
-
-
-OBJECTIVES = (
-    Objective("train", "Training throughput", "train", ("throughput_samples_per_s",),
-              "common", ("trains", "as fast as"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=train repeats=3"),
-    Objective("fit", "Largest batch that fits", "fit",
-              ("max_batch_size", "throughput_at_max_samples_per_s"), "largest",
-              ("fits", "as large a batch of"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=fit repeats=3"),
-    Objective("latency", "Inference latency at batch 1", "inference", ("latency_ms_p50",),
-              "one", ("answers one sample of", "faster than"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=inference batch_size=1 repeats=3"),
-    Objective("inference", "Inference throughput at the largest batch", "inference",
-              ("throughput_samples_per_s",), "largest", ("infers", "as fast as"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=inference repeats=3"),
-    Objective("serve", "Serving capacity under the SLOs", "serve",
-              ("max_rate_under_slo_rps", "goodput_rps"), "common",
-              ("serves", "as many requests/s of"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=serve repeats=3"),
-    Objective("ttft", "Generation: time to first token", "generate", ("ttft_ms_p50",),
-              "common", ("starts generating", "faster than"),
-              "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
-              "repeats=3", lm_only=True),
-    Objective("decode", "Generation: decode tokens/s", "generate", ("decode_tokens_per_s",),
-              "common", ("decodes", "as fast as"),
-              "python -m fxtrack -m framework=torch,jax,keras model={model} scenario=generate "
-              "repeats=3", lm_only=True),
-    Objective("memory", "Peak memory at equal batch", "train",
-              ("peak_mem_device_mib", "peak_rss_mib"), "common", ("trains", "the peak memory of"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=train repeats=3", fraction=True),
-    Objective("cost", "Cost per 1M samples", "train", ("cost_per_1m_samples",), "common",
-              ("trains", "cheaper than"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=train repeats=3 hardware.price_per_hour=<price>"),
-    Objective("compile", "Compile / first-step time", "train", ("first_step_time_s", "compile_time_s"),
-              "common", ("starts training", "faster than"),
-              "python -m fxtrack -m framework=torch,tensorflow,jax,keras model={model} "
-              "scenario=train repeats=3"),
-)
+def objectives() -> tuple[Objective, ...]:
+    """The answer page's objectives, declared by the scenarios (``Scenario.objectives``), each
+    command naming the declared frameworks that can run its scenario."""
+    found = []
+    for objective in scenarios.objectives():
+        needs = scenarios.get(objective.scenario).needs
+        able = [name for name, f in declared().items() if all(n in f.capabilities for n in needs)]
+        found.append(dataclasses.replace(objective, command=objective.command.replace(
+            "{frameworks}", ",".join(able))))
+    return tuple(found)
 
 
 @dataclasses.dataclass
@@ -237,7 +183,7 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
     tags = _run_tags(frame)
     # one set of blocks per model at each of its sizes: a tiny run never speaks for the full model
     for (model, label), of_model in configs.groupby(["model", "label"], sort=True):
-        for objective in OBJECTIVES:
+        for objective in objectives():
             if objective.lm_only and model not in lm_models():
                 continue
             runs = of_model[of_model["scenario"] == objective.scenario]

@@ -92,10 +92,11 @@ def main(argv: list[str]) -> int:
               f"({type(e).__name__}: {e.strerror or e}): choose another --out", file=sys.stderr)
         return 1
     # Charts are only seen through the Markdown and HTML pages; a CSV-only report skips them.
-    from fxtrack.report import fit
+    from fxtrack.report import converge, fit
 
     drawn = (charts.draw(runs, out) + trend.charts(frame, out) + fit.charts(frame, out)
              + serving.charts(frame, runs, out)
+             + converge.charts(frame, out, lambda ids, keys: reader.metric_histories(uri, ids, keys))
              if {"md", "html"} & set(args.formats) else [])
     source = f"experiment {args.experiment!r} at {redact_uri(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),

@@ -236,7 +236,7 @@ def code_size(runs: pd.DataFrame) -> list[Table]:
     from fxtrack.measure.complexity import code_metrics
 
     tables = []
-    user = runs["model"].map(architectures.is_user_model).astype(bool)
+    user = runs["model"].map(architectures.runs_carry_model_code).astype(bool)
     own = runs[~user]
     # keras-jax, keras-torch: one implementation, counted once
     fws = list(dict.fromkeys(fw.partition("-")[0] for fw in frameworks(own))) if len(own) else []

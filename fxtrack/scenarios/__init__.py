@@ -3,9 +3,11 @@
 
 from fxtrack.scenarios.registry import (
     SCENARIOS,
+    Objective,
     Scenario,
     get,
     names,
+    objectives,
     of_section,
     options_of,
     register,
@@ -14,5 +16,5 @@ from fxtrack.scenarios.registry import (
 )
 from fxtrack.scenarios import declared as _declared  # noqa: F401 - registers fxtrack's own
 
-__all__ = ["SCENARIOS", "Scenario", "get", "names", "of_section", "options_of", "register", "unregister",
+__all__ = ["SCENARIOS", "Objective", "Scenario", "get", "names", "objectives", "of_section", "options_of", "register", "unregister",
            "where"]

@@ -27,9 +27,10 @@ def _mib(directory: Path) -> float:
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     # Asked for before the build, so that a framework without one costs nothing.
-    user_model = families.of(backend.arch).user_model  # a user's model: its own forward and export
+    builder = families.of(backend.arch).builder_capability
+    user_model = builder is not None  # e.g. a user's model: its own forward and export
     state, inference, serving = (backend.capability(name) for name in (
-        "checkpoint", "user_model" if user_model else "inference",
+        "checkpoint", builder or "inference",
         "user_serving_export" if user_model else "serving_export"))
     _, _, steps, warmup = build(backend, result)
     for _ in range(warmup):  # optimiser moments exist: the state is a real training state

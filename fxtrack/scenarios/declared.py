@@ -7,7 +7,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from fxtrack.scenarios import options as o
-from fxtrack.scenarios.registry import Scenario, register
+from fxtrack.scenarios.registry import Objective, Scenario, register
+
+# what measures an objective: {frameworks} and {model} are filled in by the answer page
+_MEASURE = "python -m fxtrack -m framework={frameworks} model={model} scenario=%s repeats=3"
 
 
 def serve_refusal(options: o.ServeOptions, family: Any, batch_size: Optional[int]) -> Optional[str]:
@@ -22,16 +25,54 @@ def serve_refusal(options: o.ServeOptions, family: Any, batch_size: Optional[int
     return why
 
 
+def converge_refusal(options: o.ConvergeOptions, family: Any,
+                     batch_size: Optional[int]) -> Optional[str]:
+    """A metric this kind of model has no figure for, or a target outside the metric's range
+    (the family's default metric when none is set), one line, before any work."""
+    lm = family.is_lm(None) if family.data_dims is not None else False
+    if options.metric == "bits_per_byte" and not lm:
+        return "scenario.metric=bits_per_byte is a language model's; use accuracy or loss"
+    if options.metric == "accuracy" and lm:
+        return "scenario.metric=accuracy is a classifier's; a language model takes bits_per_byte or loss"
+    try:
+        options.target_refusal(options.metric or ("bits_per_byte" if lm else "accuracy"))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 TRAIN = register(Scenario(
     "train", "training steps on synthetic data: throughput, step time, memory, MFU",
-    o.TrainOptions, "fxtrack.scenarios.train:run"))
+    o.TrainOptions, "fxtrack.scenarios.train:run", objectives=(
+        Objective("train", "Training throughput", ("throughput_samples_per_s",), "common",
+                  ("trains", "as fast as"), _MEASURE % "train", rank=0),
+        Objective("memory", "Peak memory at equal batch", ("peak_mem_device_mib", "peak_rss_mib"),
+                  "common", ("trains", "the peak memory of"), _MEASURE % "train", rank=70,
+                  fraction=True),
+        Objective("cost", "Cost per 1M samples", ("cost_per_1m_samples",), "common",
+                  ("trains", "cheaper than"),
+                  _MEASURE % "train" + " hardware.price_per_hour=<price>", rank=80),
+        Objective("compile", "Compile / first-step time", ("first_step_time_s", "compile_time_s"),
+                  "common", ("starts training", "faster than"), _MEASURE % "train", rank=90))))
 INFERENCE = register(Scenario(
     "inference", "forward-only latency per batch, in the framework or a deployment runtime",
-    o.InferenceOptions, "fxtrack.scenarios.inference:run", trains=False, deploys=True))
+    o.InferenceOptions, "fxtrack.scenarios.inference:run", trains=False, deploys=True,
+    objectives=(
+        Objective("latency", "Inference latency at batch 1", ("latency_ms_p50",), "one",
+                  ("answers one sample of", "faster than"),
+                  (_MEASURE % "inference").replace(" repeats", " batch_size=1 repeats"), rank=20),
+        Objective("inference", "Inference throughput at the largest batch",
+                  ("throughput_samples_per_s",), "largest", ("infers", "as fast as"),
+                  _MEASURE % "inference", rank=30))))
 GENERATE = register(Scenario(
     "generate", "greedy decoding with a KV cache: time to first token, decode tokens/s",
     o.GenerateOptions, "fxtrack.scenarios.generate:run", needs=("generate",), trains=False,
-    decodes=True))
+    decodes=True, objectives=(
+        Objective("ttft", "Generation: time to first token", ("ttft_ms_p50",), "common",
+                  ("starts generating", "faster than"), _MEASURE % "generate", rank=50,
+                  lm_only=True),
+        Objective("decode", "Generation: decode tokens/s", ("decode_tokens_per_s",), "common",
+                  ("decodes", "as fast as"), _MEASURE % "generate", rank=60, lm_only=True))))
 SCALING = register(Scenario(
     "scaling", "training throughput at 1, 2, 4, ... devices and the scaling efficiency",
     o.ScalingOptions, "fxtrack.scenarios.train:run",
@@ -46,8 +87,26 @@ FIT = register(Scenario(
     "fit", "the largest batch (or sequence) that trains within a memory budget",
     o.FitOptions, "fxtrack.scenarios.train:run",  # each probe is a short training run
     config_check="fxtrack.config.fit:check", memory_floor=False,
-    driver="fxtrack.orchestrator.fit:run_fit", section="fxtrack.report.fit:section"))
+    driver="fxtrack.orchestrator.fit:run_fit", section="fxtrack.report.fit:section",
+    objectives=(
+        Objective("fit", "Largest batch that fits",
+                  ("max_batch_size", "throughput_at_max_samples_per_s"), "largest",
+                  ("fits", "as large a batch of"), _MEASURE % "fit", rank=10),)))
 SERVE = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
     o.ServeOptions, "fxtrack.scenarios.serve:run", refusal=serve_refusal, trains=False,
-    decodes=True, section="fxtrack.report.serving:section"))
+    decodes=True, section="fxtrack.report.serving:section", objectives=(
+        Objective("serve", "Serving capacity under the SLOs",
+                  ("max_rate_under_slo_rps", "goodput_rps"), "common",
+                  ("serves", "as many requests/s of"), _MEASURE % "serve", rank=40),)))
+CONVERGE = register(Scenario(
+    "converge", "training on real data to a held-out target: time, steps and samples to it",
+    o.ConvergeOptions, "fxtrack.scenarios.converge:run", refusal=converge_refusal,
+    needs=("converge",), real_data=True, config_check="fxtrack.scenarios.converge:config_check",
+    cross_check="fxtrack.scenarios.converge:cross_check", section="fxtrack.report.converge:section",
+    objectives=(
+        # on real data (MLPerf Training's rule: a verdict from 5 seeds, fastest and slowest dropped)
+        Objective("quality", "Time to quality", ("time_to_target_s",), "common",
+                  ("trains", "to its target in the time of"),
+                  (_MEASURE % "converge").replace("repeats=3", "data=mnist repeats=5"), rank=10,
+                  fraction=True),)))

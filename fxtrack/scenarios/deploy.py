@@ -102,7 +102,8 @@ def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
     result.resolved["device_kind"] = backend.device_kind()
-    user = families.of(backend.arch).user_model  # a user's model: its own exports and FLOPs
+    # a model a builder makes (a user's): its own exports and FLOPs
+    user = families.of(backend.arch).builder_capability is not None
     ex = backend.capability(rules.export_capability(spec, user))  # the worker checked the rules
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}

@@ -18,8 +18,9 @@ def run(backend: Backend, result: Result) -> None:
         deploy.run(backend, result)
     else:
         result.tags.update(runtime="native", quantize="none")
-        if families.of(backend.arch).user_model:  # a user's model: its framework's own forward
-            user = backend.capability("user_model")
+        builder = families.of(backend.arch).builder_capability
+        if builder is not None:  # e.g. a user's model: its framework's own forward
+            user = backend.capability(builder)
             run_timed(backend, result, lambda: user.prepare_inference(backend),
                       user_flops(backend, result, "forward"))
         else:

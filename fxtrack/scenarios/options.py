@@ -132,6 +132,53 @@ class FitOptions(Options):
             raise ValueError(f"scenario.axis must be batch_size or seq_len, got {self.axis!r}")
 
 
+# scenario=converge's held-out metrics and the range a target of each may take
+CONVERGE_METRICS = {"accuracy": (0.0, 1.0), "loss": (0.0, math.inf), "bits_per_byte": (0.0, 8.0)}
+
+
+@dataclasses.dataclass
+class ConvergeOptions(Options):
+    """Train on real data (``data=``) until the held-out ``metric`` meets ``target``, evaluating
+    every ``eval_every`` steps, within ``max_epochs``; each None: the family's default for the
+    dataset (fxtrack.families.quality)."""
+
+    name: str = "converge"
+    metric: Optional[str] = None  # accuracy (higher is better) | loss | bits_per_byte (lower)
+    target: Optional[float] = None
+    eval_every: Optional[int] = None  # optimiser steps between evaluations
+    max_epochs: Optional[int] = None  # the budget: a run that misses the target by then ends
+    max_steps: Optional[int] = None  # and at most this many optimiser steps (None: no cap)
+    lr: Optional[float] = None  # AdamW's peak learning rate
+    warmup_frac: float = 0.05  # share of the budget's steps warming up linearly, then cosine
+    eval_samples: int = 1024  # held-out samples evaluated (the first ones: the same each time)
+    trajectory_steps: int = 10  # the first K training losses compared with the first framework's
+    trajectory_tol: float = 1e-3  # relative difference per step beyond which they diverged
+    quality_tol: float = 0.01  # a lever's final metric this much worse than fp32's: lost
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive("scenario.", eval_every=self.eval_every, max_epochs=self.max_epochs,
+                 max_steps=self.max_steps,
+                 lr=self.lr, eval_samples=self.eval_samples,
+                 trajectory_steps=self.trajectory_steps, trajectory_tol=self.trajectory_tol)
+        at_least("scenario.", 0, quality_tol=self.quality_tol)
+        at_least("scenario.", 0, warmup_frac=self.warmup_frac)
+        if self.warmup_frac >= 1:
+            raise ValueError(f"scenario.warmup_frac must be below 1, got {self.warmup_frac}")
+        if self.metric is not None and self.metric not in CONVERGE_METRICS:
+            raise ValueError(f"scenario.metric must be one of {', '.join(CONVERGE_METRICS)}, "
+                             f"got {self.metric!r}")
+        if self.target is not None:
+            self.target_refusal(self.metric or "loss")  # every metric's targets are above 0
+
+    def target_refusal(self, metric: str) -> None:
+        """Raise ValueError when ``target`` lies outside ``metric``'s range."""
+        low, high = CONVERGE_METRICS[metric]
+        if self.target is not None and not low < float(self.target) <= high:
+            raise ValueError(f"scenario.target={self.target} is outside {metric}'s range "
+                             f"({low:g}, {high:g}]")
+
+
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 
 

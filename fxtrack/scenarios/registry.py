@@ -23,6 +23,35 @@ def _no_refusal(options: Any, family: Any, batch_size: Optional[int]) -> Optiona
 
 
 @dataclasses.dataclass(frozen=True)
+class Objective:
+    """One block of the answer page (``fxtrack.report.answer``): which framework wins it, read
+    from the runs of the scenario that declares it. Plain data, so the registry imports nothing
+    above it."""
+
+    key: str
+    title: str
+    metrics: tuple[str, ...]  # the first of these a run logged is the figure
+    batch: str  # "common": the batch size most frameworks ran; "one": batch 1; "largest"
+    phrase: tuple[str, str]  # sentence: "<fw> <verb> <model> <r>x <adjective> <other>"
+    # what measures it: {frameworks} (those declaring the scenario's needs) and {model} are
+    # filled in by the answer page
+    command: str
+    rank: int  # where its block stands on the answer page (lower: higher up)
+    lm_only: bool = False
+    # the best's figure as a fraction of the other's, "in 0.88x [..] the peak memory of": a
+    # lower-is-better amount reads wrongly as "1.14x less"
+    fraction: bool = False
+    scenario: str = ""  # the declaring scenario's name (objectives() fills it in)
+
+    @property
+    def lower(self) -> bool:
+        """Lower is better: the metric registry's direction of the objective's figure."""
+        from fxtrack import metrics
+
+        return metrics.lookup(self.metrics[0]).lower_is_better
+
+
+@dataclasses.dataclass(frozen=True)
 class Scenario:
     """What shared code may ask about a scenario."""
 
@@ -43,12 +72,18 @@ class Scenario:
     decodes: bool = False  # a language model holds a KV cache, not a batch's logits
     reads_files: bool = False  # its data comes from files on disk (the logged dataset's source)
     deploys: bool = False  # runtime= and quantize= apply (the report's deployment table)
+    real_data: bool = False  # trains on data=<name> (fxtrack.data), never on synthetic batches
+    # "module:function" (result, spec, held) the orchestrator calls on each finished run before
+    # logging it, with one dict (``held``) for the whole process: a check of a run against an
+    # earlier one of the sweep (converge's trajectory against the first framework's); None: none
+    cross_check: Optional[str] = None
     # "module:function" of the orchestrator's driver (job, job_dir, parent) -> (name, result,
     # run id): a probe search or a device sweep; None: one job (repeats=N aggregate N of them)
     driver: Optional[str] = None
     sweeps_devices: bool = False  # runs at 1, 2, ..., devices (the memory check takes each)
     # "module:function" (runs, frame) -> Optional[Section] of fxtrack.report; None: the tables
     section: Optional[str] = None
+    objectives: tuple[Objective, ...] = ()  # its blocks of the answer page
 
     @property
     def repeatable(self) -> bool:
@@ -105,6 +140,14 @@ def where(**flags: Any) -> tuple[str, ...]:
     """The names of the scenarios whose attributes equal ``flags`` (``where(deploys=True)``)."""
     return tuple(s.name for s in SCENARIOS.values()
                  if all(getattr(s, k) == v for k, v in flags.items()))
+
+
+def objectives() -> tuple[Objective, ...]:
+    """Every registered scenario's answer-page objectives, in page order, each naming its
+    scenario."""
+    found = [dataclasses.replace(o, scenario=s.name)
+             for s in SCENARIOS.values() for o in s.objectives]
+    return tuple(sorted(found, key=lambda o: o.rank))
 
 
 def of_section(module: str) -> tuple[str, ...]:

@@ -35,6 +35,7 @@ from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
 from fxtrack.scenarios.batching import (bucket_for, continuous_window, draw_lengths,
                                         min_queries_for, prompt_buckets)
+from fxtrack.search import bracket_search
 from fxtrack.scenarios.options import ServeOptions, from_json
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
@@ -296,38 +297,12 @@ def search_rate(passes: Callable[[float], bool], start: float, resolution: float
                 max_rate: float = 1e6) -> SearchResult:
     """Double the rate from ``start`` until a probe fails, then bisect the bracket until it is
     narrower than ``resolution`` (relative: 0.1 = 10% of the passing rate)."""
-    probes: list[tuple[float, bool]] = []
-
-    def probe(rate: float) -> bool:
-        ok = passes(rate)
-        probes.append((rate, ok))
-        return ok
-
-    lo, hi, rate = 0.0, math.inf, start
-    while rate <= max_rate:
-        if probe(rate):
-            lo, rate = rate, rate * 2
-        else:
-            hi = rate
-            break
-    if hi == math.inf:
-        return SearchResult(lo, hi, probes)
-    if lo == 0.0:  # the start already fails: halve down to a passing rate
-        rate = hi / 2
-        while rate >= start / 16:  # each low-rate probe takes num_requests / rate seconds
-            if probe(rate):
-                lo = rate
-                break
-            hi, rate = rate, rate / 2
-        if lo == 0.0:
-            return SearchResult(0.0, hi, probes)
-    while hi - lo > resolution * lo:
-        mid = (lo + hi) / 2
-        if probe(mid):
-            lo = mid
-        else:
-            hi = mid
-    return SearchResult(lo, hi, probes)
+    # fxtrack.search's one bracket search; halving stops at start/16, as each low-rate probe
+    # takes num_requests / rate seconds
+    found = bracket_search(passes, start, upper=max_rate, lower=start / 16,
+                           narrow=lambda lo, hi: hi - lo <= resolution * lo)
+    return SearchResult(found.passing or 0.0,
+                        math.inf if found.failing is None else found.failing, found.probes)
 
 
 # ---- the worker side: a framework's step as a Server ------------------------------------------

@@ -13,9 +13,9 @@ from fxtrack.scenarios.timed import run_timed
 
 def run(backend: Backend, result: Result) -> None:
     """Fill ``result`` with the training measurements (docs/contract.md, scenario=train)."""
-    user_model = families.of(backend.arch).user_model
+    counted = families.of(backend.arch).forward_flops is None  # its framework counts FLOPs
     handles = run_timed(backend, result, lambda: backend.train_step,
-                        user_flops(backend, result, "train") if user_model
+                        user_flops(backend, result, "train") if counted
                         else flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
     result.metrics.update(loss_first=losses[0], loss_last=losses[-1])
@@ -31,7 +31,7 @@ def set_guard(backend: Backend, result: Result, losses: list[float]) -> None:
     """``result.guard`` from the losses (``guard``); for a user's model a loss that does not
     fall is a warning tag, not a failed guard."""
     result.guard = guard(backend, int(result.metrics["param_count"]), losses)
-    if families.of(backend.arch).user_model and result.guard.startswith("loss did not fall"):
+    if families.of(backend.arch).flat_loss_warns and result.guard.startswith("loss did not fall"):
         # A user's data may be random (nothing to learn in a few steps): a warning tag, while
         # a loss that is not finite still fails the guard.
         result.tags["loss_not_falling"] = result.guard
@@ -47,10 +47,11 @@ def lm_metrics(backend: Backend, result: Result) -> dict[str, float]:
     if not spec.is_lm(arch):
         return {}
     # a user's LM: the length its inputs had, which only the built model knows
-    seq_len = backend.seq_len if spec.user_model else arch.seq_len
+    built = spec.builder_capability is not None
+    seq_len = backend.seq_len if built else arch.seq_len
     if seq_len is None or "throughput_samples_per_s" not in metrics:
         return {}
-    if spec.user_model:
+    if built:
         result.tags.update(model_kind="lm", seq_len=str(seq_len))
     return {"tokens_per_s": metrics["throughput_samples_per_s"] * seq_len}
 
@@ -60,7 +61,8 @@ def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], Opti
     backward; ``forward``), asked once the model is built and the timed window is over (the
     ``flops_source`` tag says which counter)."""
     def count() -> Optional[float]:
-        counter = getattr(backend.capability("user_model"), f"{step}_flops_per_sample")
+        builder = families.of(backend.arch).builder_capability
+        counter = getattr(backend.capability(builder), f"{step}_flops_per_sample")
         try:
             value, result.tags["flops_source"] = counter(backend)
         except Exception as e:  # noqa: BLE001  (a construct the counter cannot see through)

@@ -49,10 +49,12 @@ def prepare(record: dict[str, Any], files: list[tuple[str, Path | str]]) -> Payl
         metrics = [Metric(str(k), _number(k, v), int(end), 0)
                    for k, v in (record.get("metrics") or {}).items()]
         times = record.get("series_times_ms") or {}
+        chosen = record.get("series_steps") or {}
         for key, values in (record.get("series") or {}).items():
             stamps = times.get(key) or [end] * len(values)
-            metrics += [Metric(str(key), _number(key, v), int(t), i)
-                        for i, (v, t) in enumerate(zip(values, stamps))]
+            steps = chosen.get(key) or range(len(values))
+            metrics += [Metric(str(key), _number(key, v), int(t), int(i))
+                        for v, t, i in zip(values, stamps, steps)]
     except (AttributeError, TypeError, ValueError) as e:
         raise EntryInvalid(f"the record is malformed ({type(e).__name__}: {e})") from None
     _check_names(params, tags, metrics)

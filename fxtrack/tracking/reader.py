@@ -180,3 +180,20 @@ def _first_line(e: Exception) -> str:
     text = getattr(e, "message", None) or str(e)
     # Server errors may quote the URI they were sent to, credentials included.
     return redact_uri_text(text.strip().splitlines()[0][:300]) if text.strip() else type(e).__name__
+
+
+def metric_histories(uri: str, run_ids: list[str],
+                     keys: list[str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """run id -> key -> its (step, value) points, in step order (a series logged at chosen
+    steps: scenario=converge's eval history); a key a run did not log is left out."""
+    client = MlflowClient(uri)
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for run_id in run_ids:
+        for key in keys:
+            try:
+                points = client.get_metric_history(run_id, key)
+            except mlflow.exceptions.MlflowException as e:
+                raise ReadError(f"cannot read {key} of run {run_id}: {_first_line(e)}") from e
+            if points:
+                out.setdefault(run_id, {})[key] = sorted((p.step, p.value) for p in points)
+    return out

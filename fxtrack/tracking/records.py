@@ -76,6 +76,10 @@ HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p50
              ("export_s", "export {:.2f} s"),
              ("max_rate_under_slo_rps", "max rate under SLO {:.2f} req/s"),
              ("goodput_rps", "goodput {:.2f} req/s"), ("serve_e2e_ms_p99", "E2E p99 {:.1f} ms"), ("peak_mem_device_mib", "device peak {:.0f} MiB"),
+             ("time_to_target_s", "to target {:.1f} s"), ("steps_to_target", "in {:.0f} steps"),
+             ("final_eval_accuracy", "held-out accuracy {:.3f}"),
+             ("final_eval_bits_per_byte", "held-out {:.3f} bits/byte"),
+             ("final_eval_loss", "held-out loss {:.3f}"),
              ("peak_rss_mib", "RSS peak {:.0f} MiB"), ("mfu", "MFU {:.1%}")]
 
 
@@ -87,7 +91,8 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any],
                 tags: Optional[dict[str, str]] = None) -> dict[str, Any]:
     """Flattened config params with what the worker resolved in place of what was asked
     (``hardware.name=auto`` -> the device kind, ``framework.compile=auto`` -> true|false, the
-    threads it read back, the default batch/steps), unset (None) keys and fxtrack's module
+    threads it read back, the default batch/steps, scenario options left to the model family's
+    defaults), unset (None) keys and fxtrack's module
     paths left out, and secrets removed."""
     tags = tags or {}
     params = {k: v for k, v in flatten(config).items()
@@ -97,6 +102,9 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any],
             params[key] = resolved[key]
     if "device_kind" in resolved:
         params["hardware.name"] = resolved["device_kind"]
+    for key, value in (resolved.get("scenario") or {}).items():  # options the worker filled in
+        if not _unset(value):
+            params[f"scenario.{key}"] = value
     if "compile" in resolved:
         params["framework.compile"] = str(bool(resolved["compile"])).lower()
     if tags.get("cpu_threads"):
@@ -142,10 +150,10 @@ def _model_name(spec: JobSpec) -> str:
     """The model as the name says it: ``custom[build_t5]`` for a user's model (the function
     this framework's builder names, once), the architecture's name otherwise."""
     name = spec.arch["name"]
-    if not families.of(spec.arch).user_model:
+    label = families.of(spec.arch).run_label
+    if label is None:
         return name
-    builder = spec.arch.get("dims", {}).get(declaration(spec.package).builder_key) or ""
-    return f"custom[{str(builder).rpartition(':')[2]}]" if builder else name
+    return label(spec.arch.get("dims", {}), declaration(spec.package).builder_key, name)
 
 
 def _settings_set(spec: JobSpec) -> list[str]:
@@ -164,16 +172,9 @@ def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
     """Model sizes set apart from ``size``'s (``model.layers=2``): they make another model."""
     from fxtrack import architectures
 
-    if families.of(spec.arch).user_model:  # the builder is in the model's name; its kwargs here
-        dims = spec.arch.get("dims", {})
-        kwargs = dict(dims.get("kwargs") or {})
-        default = architectures.resolve(spec.arch["name"]).dims
-        plain = lambda v: "x".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)  # noqa: E731
-        # a plain model and an LM of one builder are two configs: kind shows where not plain
-        shown = {k: plain(v) for k, v in dims.items()
-                 if k in ("optimizer", "lr", "kind", "seq_axis", "shard_modules", "remat_modules")
-                 and plain(default.get(k)) != plain(v)}
-        return {**shown, **{k: plain(v) for k, v in kwargs.items()}}
+    shown = families.of(spec.arch).dims_shown
+    if shown is not None:  # e.g. a user's model: its builder is in the name, its kwargs here
+        return shown(spec.arch.get("dims", {}), architectures.resolve(spec.arch["name"]).dims)
     try:
         default = architectures.resolve(spec.arch["name"], size).dims
     except (KeyError, ValueError):  # e.g. model=custom: no table entry to differ from
@@ -195,6 +196,9 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
     """What the run read, for MLflow's dataset input (``log_inputs``): fxtrack's synthetic data
     (or, for scenario=pipeline, the files written from it that the loader read), named by model,
     with the seed and shapes as the digest so runs on the same data show the same dataset."""
+    real = resolved.get("dataset")
+    if real is not None:  # data=<name> (fxtrack.data): the data itself, by its content hash
+        return real_dataset_input(real, scenarios.get(spec.scenario).trains)
     batch = resolved.get("batch_size")
     if batch is None or families.of(spec.arch).describe is None:  # a user's model: its
         return None  # builder's data, whose shapes only the worker saw
@@ -220,6 +224,22 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
                 "targets": None}}),
             "profile": json.dumps({"batch_size": int(batch)}),
             "context": "training" if scenario.trains else "inference"}
+
+
+def real_dataset_input(real: dict[str, Any], trains: bool) -> dict[str, Any]:
+    """A run's real data (``Result.resolved["dataset"]``, written by scenario=converge) as the
+    same dataset input: its name, content digest, source, sample schema and split sizes."""
+    dtype = {"bytes": "uint8"}.get(real["kind"], "float32")
+    return {"name": f"data-{real['name']}", "digest": str(real["digest"])[:36],
+            "source_type": "local", "source": json.dumps({"source": real["source"],
+                                                          "holdout": real.get("holdout")}),
+            "schema": json.dumps({"mlflow_tensorspec": {
+                "features": json.dumps([{"name": real["kind"], "type": "tensor",
+                                         "tensor-spec": {"dtype": dtype,
+                                                         "shape": [-1, *real["shape"]]}}]),
+                "targets": json.dumps({"classes": real["classes"]})}}),
+            "profile": json.dumps(real["sizes"]),
+            "context": "training" if trains else "inference"}
 
 
 def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
@@ -256,6 +276,7 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         "params": params_from(config, result.resolved, result.tags), "tags": tags,
         "metrics": result.metrics, "series": result.series,
         "series_times_ms": series_times(result.series, end_ms, result.series_times_ms),
+        "series_steps": result.series_steps,
         "inputs": [dataset] if dataset else [],
         "logged_model": logged_model(result),
     }

@@ -51,6 +51,7 @@ FRAMEWORK = Framework(
                           "device, JAX's documented idiom; false: measured 2-5% faster on XLA:CPU"),
     },
     capabilities={
+        "converge": "fxtrack.frameworks.jax.converge",
         "inference": "fxtrack.frameworks.jax.inference",
         "pipeline": "fxtrack.frameworks.jax.pipeline",
         "checkpoint": "fxtrack.frameworks.jax.checkpoint",

@@ -75,6 +75,7 @@ FRAMEWORK = Framework(
     uncompiled_builds_graph=True,
     model_key="keras",  # model=custom: the same keras.Model builder as framework=tensorflow's
     capabilities={
+        "converge": "fxtrack.frameworks.keras.converge",
         "inference": "fxtrack.frameworks.keras.inference",
         "calibration": "fxtrack.frameworks.keras.devices",
         "user_model": "fxtrack.frameworks.keras.user_model",

@@ -51,6 +51,7 @@ FRAMEWORK = Framework(
     prepare_environment=prepare_environment,
     uncompiled_builds_graph=True,  # a plain tf.function still traces a graph on the first step
     capabilities={
+        "converge": "fxtrack.frameworks.tensorflow.converge",
         "inference": "fxtrack.frameworks.tensorflow.inference",
         "pipeline": "fxtrack.frameworks.tensorflow.pipeline",
         "checkpoint": "fxtrack.frameworks.tensorflow.checkpoint",

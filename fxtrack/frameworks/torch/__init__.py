@@ -71,6 +71,7 @@ FRAMEWORK = Framework(
         "generate": "fxtrack.frameworks.torch.generate",
         "serve_buckets": "fxtrack.frameworks.torch.buckets",
         "slot_decode": "fxtrack.frameworks.torch.slots",
+        "converge": "fxtrack.frameworks.torch.converge",
     },
     limits=(
         Limit("quantize=dynamic_int8 with runtime=native on a GPU",

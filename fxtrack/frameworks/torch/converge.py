@@ -1,0 +1,50 @@
+"""scenario=converge for PyTorch: the built step on host batches of real data, the learning
+rate set per step (the schedule is the scenario's, one formula for every framework), and the
+model's logits on held-out batches."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from fxtrack.frameworks import initial
+from fxtrack.frameworks.torch import data, train
+
+if TYPE_CHECKING:  # annotations only (the backend does not import this module)
+    from fxtrack.frameworks.torch.backend import TorchBackend
+
+
+def _on_device(backend: TorchBackend, batch: dict) -> dict[str, torch.Tensor]:
+    host = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in batch.items()}
+    if "images" in host:
+        host["images"] = host["images"].permute(0, 3, 1, 2)  # NHWC -> NCHW
+    return data.to_device(host, backend.device, backend.channels_last)
+
+
+def train_on_host(backend: TorchBackend, batch: dict, lr: float) -> torch.Tensor:
+    if not getattr(backend, "same_start", False):  # before the first step
+        same_start(backend)
+        backend.same_start = True
+    for group in backend.opt.param_groups:
+        group["lr"] = lr
+    backend.model.train()
+    return backend.train_on(_on_device(backend, batch))
+
+
+def outputs(backend: TorchBackend, batch: dict) -> Any:
+    backend.model.eval()
+    amp = train.AMP_DTYPES[backend.spec.precision]
+    with torch.inference_mode(), torch.autocast(backend.device.type, dtype=amp or torch.float32,
+                                                enabled=amp is not None):
+        logits = backend.model(train.model_input(_on_device(backend, batch)))
+    return logits.float().cpu().numpy()
+
+
+def same_start(backend: TorchBackend) -> None:
+    """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares)."""
+    with torch.no_grad():
+        for name, param in backend.model.named_parameters():
+            param.copy_(torch.from_numpy(initial.value(name, tuple(param.shape),
+                                                       backend.spec.seed)))

@@ -1,0 +1,303 @@
+"""scenario=converge: train on real data (``data=``, fxtrack.data) until the held-out metric
+meets ``scenario.target``, evaluating every ``scenario.eval_every`` steps, within
+``scenario.max_epochs``. One seeded permutation per epoch orders the batches and one schedule
+formula (linear warm-up, then cosine to 0: ``lr_at``) sets AdamW's rate, in every framework.
+
+Clocks: ``time_to_target_s`` counts training steps only, up to the first evaluation that meets
+the target, less the first step's compilation (``compile_time_s``, as the timer defines it:
+the first step's excess over the median step); evaluations are timed apart (``eval_time_s``).
+A run that misses the target within its budget is FINISHED with ``reached_target`` 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Optional
+
+from fxtrack import data, families
+from fxtrack.frameworks.base import Backend
+from fxtrack.job import Result
+from fxtrack.measure.timer import eprint
+from fxtrack.scenarios import timed
+from fxtrack.scenarios.registry import options_of
+
+LN2 = math.log(2.0)
+# what each metric's better direction is (the target is met at or beyond it)
+HIGHER_IS_BETTER = {"accuracy": True, "loss": False, "bits_per_byte": False}
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    """The learning rate of optimiser step ``step`` (0-based) of ``total``: linear warm-up over
+    ``warmup`` steps to ``peak``, then cosine decay to 0 at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def met(metric: str, value: float, target: float) -> bool:
+    return value >= target if HIGHER_IS_BETTER[metric] else value <= target
+
+
+def score(metric: str, logits: Any, labels: Any) -> tuple[float, int]:
+    """(sum over the batch's predictions of the metric's per-prediction figure, predictions):
+    correct ones for accuracy; cross-entropy in nats (loss) or bits (bits_per_byte)."""
+    import numpy as np
+
+    logits = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    labels = np.asarray(labels).reshape(-1)
+    if metric == "accuracy":
+        return float((logits.argmax(-1) == labels).sum()), len(labels)
+    shifted = logits - logits.max(-1, keepdims=True)
+    nll = np.log(np.exp(shifted).sum(-1)) - shifted[np.arange(len(labels)), labels]
+    return float(nll.sum() / (LN2 if metric == "bits_per_byte" else 1.0)), len(labels)
+
+
+def time_to_target(history: list[dict[str, float]], metric: str, target: float,
+                   compile_time_s: float) -> Optional[dict[str, float]]:
+    """The first evaluation in ``history`` (each ``step``, ``train_s``: training seconds so far,
+    ``value``) that meets ``target``, as ``time_to_target_s`` (its training seconds less the
+    compilation) and ``steps_to_target``; None when none does. The logged figure is this
+    function of the logged history (tests recompute it)."""
+    for point in history:
+        if met(metric, point["value"], target):
+            return {"time_to_target_s": point["train_s"] - compile_time_s,
+                    "steps_to_target": point["step"]}
+    return None
+
+
+def trajectory(losses: list[float], reference: list[float],
+               tolerance: float) -> tuple[float, str]:
+    """(largest relative difference over the first common steps, ``matched`` or
+    ``diverged@<step>``, the first 1-based step beyond ``tolerance``): the per-step training
+    losses of one run against a reference run's (the first framework's) from the same start."""
+    worst, first_bad = 0.0, None
+    for step, (mine, theirs) in enumerate(zip(losses, reference), start=1):
+        gap = abs(mine - theirs) / max(abs(theirs), 1e-12)
+        worst = max(worst, gap)
+        if first_bad is None and not gap <= tolerance:  # a NaN loss diverges too
+            first_bad = step
+    return worst, "matched" if first_bad is None else f"diverged@{first_bad}"
+
+
+def batches(n: int, batch: int, seed: int, total: int) -> Any:
+    """The training samples of each of ``total`` steps: each epoch one seeded permutation
+    (``fxtrack.data.epoch_order``) cut into ``batch``-sample batches, its last partial one
+    dropped."""
+    step, epoch = 0, 0
+    while True:
+        order = data.epoch_order(n, seed, epoch)
+        for b in range(n // batch):
+            if step == total:
+                return
+            yield order[b * batch:(b + 1) * batch]
+            step += 1
+        epoch += 1
+
+
+def run_seed(spec: Any) -> int:
+    """The seed a converge run trains from: ``seed`` + which of ``repeats`` it is."""
+    return spec.seed + spec.repeat
+
+
+def config_check(conf: Any, arch: Any) -> Optional[str]:
+    """Before any work (the config layer's check): more than one device (the host batches are
+    not sharded over devices yet, nor the shared start loaded into sharded parameters), or an
+    option neither set nor declared by the family for this dataset, one line; None when the
+    run may go."""
+    if conf.devices * conf.hardware.nodes > 1:
+        return ("scenario=converge runs on one device: its batches are not split over devices "
+                "yet (nor parallel=fsdp's shards given the shared start); set devices=1")
+    spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data={"name": conf.data.name},
+                               batch_size=conf.batch_size)
+    try:
+        batch = settings(spec, conf.scenario)["batch_size"]
+    except ValueError as e:
+        return str(e)
+    have = data.samples(data.load(conf.data), int(arch.dims.get("seq_len", 1)))
+    if have < batch:
+        return (f"data={conf.data.name} has {have} training samples, fewer than one batch of "
+                f"{batch}; set a smaller batch_size")
+    return None
+
+
+@dataclasses.dataclass
+class _Spec:  # what settings() reads of a JobSpec
+    arch: dict = dataclasses.field(default_factory=dict)
+    data: dict = dataclasses.field(default_factory=dict)
+    batch_size: Optional[int] = None
+
+
+def settings(spec: Any, options: Any) -> dict[str, Any]:
+    """The run's metric, target, budget, rate and batch: each option, else the family's
+    default for this dataset (fxtrack.families.quality); ValueError where neither is set."""
+    declared = families.of(spec.arch).quality.get(spec.data["name"])
+    out = {}
+    for key in ("metric", "target", "eval_every", "max_epochs", "lr", "max_steps"):
+        value = getattr(options, key)
+        if value is None and declared is not None:
+            value = getattr(declared, key)
+        if value is None and key != "max_steps":  # max_steps: None is no cap
+            raise ValueError(f"scenario.{key} is not set and model family "
+                             f"{spec.arch['family']!r} declares no default for "
+                             f"data={spec.data['name']}: set scenario.{key}")
+        out[key] = value
+    out["batch_size"] = spec.batch_size or (declared.batch_size if declared else 32)
+    return out
+
+
+def run(backend: Backend, result: Result) -> None:
+    """Fill ``result`` (docs/contract.md, scenario=converge)."""
+    spec, options = backend.spec, options_of(backend.spec)
+    trainer = backend.capability("converge")  # before the build: NotSupported costs nothing
+    # repeats=N are N seeded runs (MLPerf's): repeat k starts from, and orders by, seed + k
+    spec.seed = run_seed(spec)
+    s = settings(spec, options)
+    split = data.load(spec.data)
+    seq_len = int(spec.arch["dims"].get("seq_len", 1))
+    n_train = data.samples(split, seq_len)
+    batch = s["batch_size"]
+    steps_per_epoch = n_train // batch  # the last partial batch dropped
+    total = steps_per_epoch * s["max_epochs"]
+    if s["max_steps"] is not None:
+        total = min(total, s["max_steps"])
+    if total < 1:  # validation refuses it; a spec written by other means gets the same line
+        raise ValueError(f"data={split.name} has {n_train} training samples, fewer than one "
+                         f"batch of {batch}")
+    warmup = max(1, round(total * options.warmup_frac))
+    spec.batch_size = batch
+    timed.build(backend, result)
+    result.resolved.update(batch_size=batch, steps=total, metric=s["metric"],
+                           dataset=dataset_record(split, spec.data),
+                           scenario={k: v for k, v in s.items() if k != "batch_size"})
+    held = list(range(min(options.eval_samples, data.samples(split, seq_len, held=True))))
+
+    def evaluate() -> float:
+        total_score, count = 0.0, 0
+        for start in range(0, len(held), batch):
+            part = data.batch(split, held[start:start + batch], seq_len, held=True)
+            figure, n = score(s["metric"], trainer.outputs(backend, part), part["labels"])
+            total_score, count = total_score + figure, count + n
+        return total_score / count
+
+    train_s, eval_s, step_times, losses = 0.0, 0.0, [], []
+    history: list[dict[str, float]] = []
+    reached = False
+    eprint(f"[fxtrack] converge: {s['metric']} to {s['target']} on data={split.name}, "
+           f"{steps_per_epoch} steps/epoch, at most {total} steps ({s['max_epochs']} epochs)")
+    for step, rows in enumerate(batches(n_train, batch, spec.seed, total), start=1):
+        host = data.batch(split, rows, seq_len)
+        t0 = time.perf_counter()
+        handle = trainer.train_on_host(backend, host, lr_at(step - 1, total, s["lr"], warmup))
+        step_times.append(time.perf_counter() - t0)
+        train_s += step_times[-1]
+        losses.append(backend.loss_value(handle))
+        if not math.isfinite(losses[-1]):  # the guard fails the run; no step would mend it
+            break
+        if step % s["eval_every"] and step != total:
+            continue
+        t0 = time.perf_counter()
+        value = evaluate()
+        eval_s += time.perf_counter() - t0
+        history.append({"step": step, "train_s": train_s, "value": value})
+        eprint(f"[fxtrack] step {step}: held-out {s['metric']} {value:.4f}")
+        if met(s["metric"], value, s["target"]):
+            reached = True
+            break
+    compile_s = (max(0.0, step_times[0] - statistics.median(step_times[1:]))
+                 if len(step_times) > 1 else 0.0)
+    m = result.metrics
+    m.update(eval_time_s=eval_s, compile_time_s=compile_s, reached_target=float(reached),
+             train_time_s=train_s - compile_s, steps_trained=float(len(losses)),
+             param_count=float(backend.param_count()),
+             loss_first=losses[0], loss_last=losses[-1])
+    if history:  # none when the loss went NaN before the first evaluation
+        m[f"final_eval_{s['metric']}"] = history[-1]["value"]
+    hit = time_to_target(history, s["metric"], s["target"], compile_s)
+    if hit is not None:
+        m.update(time_to_target_s=hit["time_to_target_s"],
+                 steps_to_target=float(hit["steps_to_target"]),
+                 samples_to_target=float(hit["steps_to_target"] * batch))
+    result.series["loss"] = losses
+    result.series[f"eval_{s['metric']}"] = [p["value"] for p in history]
+    result.series["eval_train_s"] = [p["train_s"] - compile_s for p in history]
+    for key in (f"eval_{s['metric']}", "eval_train_s"):  # logged at the step evaluated
+        result.series_steps[key] = [int(p["step"]) for p in history]
+    if not all(math.isfinite(x) for x in losses):
+        result.guard = "loss is not finite"
+
+
+def cross_check(result: Result, spec: Any, held: dict) -> None:
+    """Checks of this run against earlier runs of this process (a sweep's earlier cells, on the
+    same model, data, seed, batch and options): the trajectory (``trajectory_check``) and a
+    lever's quality (``lever_check``)."""
+    if "loss" not in result.series:
+        return
+    options = options_of(spec)
+    same = repr((spec.arch, spec.data, run_seed(spec), result.resolved.get("batch_size"),
+                 sorted(vars(options).items())))
+    lever_check(result, spec, held, same, options)
+    if spec.precision == "fp32":
+        trajectory_check(result, spec, held, repr((same, spec.parallel, spec.memory)), options)
+
+
+def trajectory_check(result: Result, spec: Any, held: dict, key: str, options: Any) -> None:
+    """At fp32, the first ``scenario.trajectory_steps`` training losses against those of the
+    first framework that ran the same configuration: ``loss_divergence_max`` and the
+    ``trajectory`` tag (``matched`` / ``diverged@<step>``; the first framework's run:
+    ``reference``)."""
+    losses = result.series["loss"][:options.trajectory_steps]
+    first = held.setdefault(("trajectory", key), (spec.framework, losses))
+    if first[0] == spec.framework:
+        result.tags["trajectory"] = "reference"
+        return
+    worst, tag = trajectory(losses, first[1], options.trajectory_tol)
+    result.metrics["loss_divergence_max"] = worst
+    result.tags["trajectory"] = tag
+    result.tags["trajectory_reference"] = first[0]
+
+
+def is_baseline(spec: Any) -> bool:
+    """fp32 with no lever: no sharding, no recomputation, the compile rule's own choice and the
+    framework's default settings (the run a lever is compared with)."""
+    from fxtrack.frameworks.declaration import declaration
+
+    settings = declaration(spec.package).settings
+    return (spec.precision == "fp32" and spec.parallel == "ddp" and spec.memory == "none"
+            and spec.compile_request == "auto"
+            and all(spec.framework_settings.get(k, v.default) == v.default
+                    for k, v in settings.items()))
+
+
+def lever_check(result: Result, spec: Any, held: dict, key: str, options: Any) -> None:
+    """A lever's run (bf16, a compile mode, fsdp, checkpointing) against the same framework's
+    fp32 baseline earlier in the sweep: ``final_eval_vs_fp32`` (signed, in the metric's units,
+    positive is better), ``time_to_target_x_fp32`` and the ``lever_quality`` tag: ``kept``,
+    ``lost`` (worse by more than ``scenario.quality_tol``) or ``no fp32 baseline``."""
+    metric = result.resolved["metric"]
+    final = result.metrics.get(f"final_eval_{metric}")
+    if final is None:  # never evaluated (its loss went NaN first): nothing to compare
+        return
+    mine = (final, result.metrics.get("time_to_target_s"))
+    if is_baseline(spec):
+        held.setdefault(("baseline", spec.framework, key), mine)
+        return
+    base = held.get(("baseline", spec.framework, key))
+    if base is None:
+        result.tags["lever_quality"] = "no fp32 baseline"
+        return
+    better = (final - base[0]) if HIGHER_IS_BETTER[metric] else (base[0] - final)
+    result.metrics["final_eval_vs_fp32"] = better
+    if mine[1] is not None and base[1]:
+        result.metrics["time_to_target_x_fp32"] = mine[1] / base[1]
+    result.tags["lever_quality"] = "lost" if better < -options.quality_tol else "kept"
+
+
+def dataset_record(split: data.Split, cfg: dict[str, Any]) -> dict[str, Any]:
+    """What the tracking layer logs as the run's MLflow dataset (tracking.records)."""
+    return {"name": split.name, "digest": split.digest, "source": split.source,
+            "kind": split.kind, "shape": list(split.shape), "classes": split.classes,
+            "sizes": split.sizes(), "holdout": cfg.get("holdout")}

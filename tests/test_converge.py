@@ -1,0 +1,308 @@
+"""data=<name> and scenario=converge: the splits, the one-line refusals of bad data before any
+work, the trajectory check, and one tiny end-to-end sweep (torch, data=file) whose logged
+time to target is recomputed from its logged eval history."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fxtrack import data
+from fxtrack.config.validate import ConfigError, validate
+from fxtrack.scenarios import converge
+from tests.conftest import run_fxtrack, seed_peak_cache
+from tests.test_config import composed
+
+CONVERGE = ("scenario=converge", "model=vit", "size=tiny", "model.layers=1", "model.hidden=16",
+            "model.heads=2", "model.mlp_dim=32")
+
+
+# data=file has no declared defaults (fxtrack.families.quality): the run names its own
+OWN_TARGET = ("scenario.metric=accuracy", "scenario.target=0.9", "scenario.max_epochs=1",
+              "scenario.eval_every=5", "scenario.lr=0.01")
+
+
+def tiny_images(path: Path, n: int = 96, side: int = 8, classes: int = 3) -> Path:
+    """A learnable .npz: each class a bright band in its own rows, plus noise."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, classes, n)
+    x = rng.random((n, side, side)).astype(np.float32) * 0.3
+    for i, label in enumerate(y):
+        x[i, label * 2:label * 2 + 2, :] += 1.0
+    np.savez(path, x=x, y=y)
+    return path
+
+
+def refusal(*overrides: str) -> str:
+    with pytest.raises(ConfigError) as e:
+        validate(composed(*overrides))
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_the_split_is_fixed_and_the_held_out_rows_are_never_in_a_training_batch():
+    split = data.load({"name": "mnist", "path": None, "label": "label", "holdout": 0.2})
+    assert split.sizes() == {"train": 4000, "held_out": 1000} and split.shape == (28, 28, 1)
+    assert split.classes == 10 and set(np.unique(split.y_train)) == set(range(10))
+    train, held = data.holdout_rows(5000, 0.2)
+    assert not set(train) & set(held) and len(train) + len(held) == 5000
+    held_rows = {hashlib.sha1(row.tobytes()).digest() for row in split.x_held}
+    n = data.samples(split, 1)
+    for epoch in (0, 1):
+        order = data.epoch_order(n, seed=0, epoch=epoch)
+        for b in range(n // 500):
+            batch = data.batch(split, order[b * 500:(b + 1) * 500], 1)
+            grey = batch["images"][..., :1] * 0.5 + 0.5  # back to the stored pixels
+            assert batch["images"].shape == (500, 28, 28, 3)
+            assert not {hashlib.sha1(row.tobytes()).digest() for row in grey} & held_rows
+
+
+def test_pycode_holds_out_whole_files():
+    files = data.pycode_files()
+    held = [r for r, _ in files if data.holdout_file(r, 0.2)]
+    assert files and 0.1 < len(held) / len(files) < 0.3  # CRC-32 spreads them evenly
+    split = data.load({"name": "pycode", "path": None, "label": "label", "holdout": 0.2})
+    assert split.kind == "bytes" and split.classes == 256
+    taken, read = {"train": b"", "held": b""}, 0
+    for relative, path in files:  # the loader's own walk, up to its cap
+        text = path.read_bytes()
+        taken["held" if data.holdout_file(relative, 0.2) else "train"] += text
+        read += len(text)
+        if read >= data.PYCODE_BYTES:
+            break
+    assert split.x_train.tobytes() == taken["train"] and split.x_held.tobytes() == taken["held"]
+    windows = data.batch(split, [0, 1], 16)
+    assert windows["input_ids"].shape == (2, 16)
+    assert (windows["input_ids"][:, 1:] == windows["labels"][:, :-1]).all()  # the next byte
+
+
+def test_the_family_takes_its_shape_from_the_data(tmp_path):
+    conf, arch = validate(composed(*CONVERGE, "data=mnist", "model.patch=7"))
+    assert (arch.image_size, arch.num_classes) == (28, 10)
+    path = tiny_images(tmp_path / "d.npz")
+    conf, arch = validate(composed(*CONVERGE, "data=file", f"data.path={path}", "model.patch=4",
+                                   *OWN_TARGET))
+    assert (arch.image_size, arch.num_classes) == (8, 3)
+    assert "set scenario.metric" in refusal(*CONVERGE, "data=file", f"data.path={path}",
+                                            "model.patch=4")  # no default for the user's data
+    conf, arch = validate(composed("scenario=converge", "model=llama", "size=tiny",
+                                   "data=pycode", "model.vocab_size=1000"))
+    assert arch.vocab_size == 256
+    import pandas as pd
+
+    table = pd.DataFrame(np.random.default_rng(0).random((40, 16)), columns=[f"p{i}" for i in range(16)])
+    table["digit"] = np.arange(40) % 4
+    table.to_parquet(tmp_path / "t.parquet")  # flat rows of 16 pixels: 4 x 4 grey images
+    conf, arch = validate(composed(*CONVERGE, "data=file", f"data.path={tmp_path}/t.parquet",
+                                   "data.label=digit", "model.patch=2", *OWN_TARGET))
+    assert (arch.image_size, arch.num_classes) == (4, 4)
+    assert "a decoder LM trains on a byte corpus" in refusal(
+        "scenario=converge", "model=llama", "size=tiny", "data=mnist")
+
+
+def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
+    file = ("data=file",)
+    assert "data.path" in refusal(*CONVERGE, *file)
+    assert "is not a readable file" in refusal(*CONVERGE, *file, f"data.path={tmp_path}/none.npz")
+    table = tmp_path / "t.csv"
+    table.write_text("a,b,c,d,e\n1,2,3,4,0\n5,6,7,8,1\n")
+    assert "no label column 'label'" in refusal(*CONVERGE, *file, f"data.path={table}")
+    table.write_text("a,b,c,d,label\n1,2,3,4,0.5\n5,6,7,8,1\n")
+    assert "labels must be integer class ids" in refusal(*CONVERGE, *file, f"data.path={table}")
+    bad = tmp_path / "nan.npz"
+    x = np.zeros((8, 4, 4), np.float32)
+    x[3, 1, 1] = np.nan
+    np.savez(bad, x=x, y=np.zeros(8, int))
+    assert "NaN or inf (first in row 3" in refusal(*CONVERGE, *file, f"data.path={bad}")
+    small = tiny_images(tmp_path / "s.npz", n=20)
+    assert "fewer than one batch of 64" in refusal(*CONVERGE, *file, f"data.path={small}",
+                                                    "model.patch=4", "batch_size=64", *OWN_TARGET)
+    assert "fewer than one batch of 32" in refusal(*CONVERGE, *file, f"data.path={small}",
+                                                    "model.patch=4", *OWN_TARGET)  # the default
+    assert "must be divisible by model.patch" in refusal(*CONVERGE, "data=mnist")  # 28 by 16
+    assert "image models take square images" in refusal(*CONVERGE, "data=mnist1d")
+    assert "outside accuracy's range" in refusal(*CONVERGE, "data=mnist", "model.patch=7",
+                                                 "scenario.metric=accuracy", "scenario.target=1.5")
+    assert "bits_per_byte is a language model's" in refusal(
+        *CONVERGE, "data=mnist", "model.patch=7", "scenario.metric=bits_per_byte")
+    assert "trains on real data" in refusal(*CONVERGE)
+    assert "runs on one device" in refusal(*CONVERGE, "data=mnist", "model.patch=7", "devices=2")
+    assert "drop data=mnist" in refusal("scenario=train", "size=tiny", "data=mnist")
+
+
+def test_time_to_target_and_the_schedule_are_what_they_say():
+    history = [{"step": 10, "train_s": 1.0, "value": 0.4}, {"step": 20, "train_s": 2.5, "value": 0.8},
+               {"step": 30, "train_s": 3.5, "value": 0.9}]
+    assert converge.time_to_target(history, "accuracy", 0.8, 0.5) == {
+        "time_to_target_s": 2.0, "steps_to_target": 20}
+    assert converge.time_to_target(history, "accuracy", 0.95, 0.5) is None
+    assert converge.time_to_target(history, "loss", 0.5, 0.0)["steps_to_target"] == 10
+    rates = [converge.lr_at(s, 100, 1e-3, 10) for s in range(100)]
+    assert rates[9] == pytest.approx(1e-3) and rates[0] == pytest.approx(1e-4)
+    assert rates[-1] < 1e-6 and all(a >= b for a, b in zip(rates[9:], rates[10:]))
+    logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.8, 0.1]]))
+    assert converge.score("accuracy", logits, [0, 2]) == (1.0, 2)
+    bits, n = converge.score("bits_per_byte", logits, [0, 1])
+    assert bits / n == pytest.approx((1.0 + -math.log2(0.8)) / 2)
+
+
+def converge_spec(spec_factory, path: Path, **options):
+    """A torch converge JobSpec on the tiny data=file set at ``path``."""
+    dims = dict(image_size=8, num_classes=3, patch=4, layers=1, hidden=16, heads=2, mlp_dim=32)
+    return spec_factory("torch", "vit", scenario="converge",
+                        runner="fxtrack.scenarios.converge:run", batch_size=16, arch=dims,
+                        data={"name": "file", "path": str(path), "label": "label",
+                              "holdout": 0.2},
+                        options={"metric": "accuracy", "target": 1.0, "max_epochs": 2,
+                                 "eval_every": 100, "lr": 1e-2, **options})
+
+
+def test_a_planted_optimizer_difference_fails_the_trajectory_check(spec_factory, monkeypatch,
+                                                                   tmp_path):
+    """Two torch runs from the same start: equal losses match; another AdamW eps in one of
+    them (a planted optimizer difference) diverges, and the check says at which step."""
+    from fxtrack.frameworks.base import ADAMW
+    from fxtrack.worker.__main__ import run
+
+    path = tiny_images(tmp_path / "d.npz")
+
+    def losses() -> list[float]:
+        result = run(converge_spec(spec_factory, path))
+        assert result.status == "FINISHED", result.error
+        return result.series["loss"][:8]
+
+    reference = losses()
+    assert converge.trajectory(losses(), reference, 1e-6) == (0.0, "matched")
+    monkeypatch.setitem(ADAMW, "eps", 1e-1)
+    worst, tag = converge.trajectory(losses(), reference, 1e-4)
+    assert tag.startswith("diverged@") and int(tag.split("@")[1]) >= 2  # step 1's loss is the
+    assert worst > 1e-4  # same start's: only the update differs
+
+
+def test_a_missed_target_is_a_finished_run_that_says_so(spec_factory, tmp_path):
+    from fxtrack.worker.__main__ import run
+
+    result = run(converge_spec(spec_factory, tiny_images(tmp_path / "d.npz"), eval_every=2))
+    m = result.metrics
+    assert result.status == "FINISHED" and result.error is None and m["reached_target"] == 0.0
+    assert "time_to_target_s" not in m and m["final_eval_accuracy"] < 1.0
+    assert m["steps_trained"] == 2 * (76 // 16)  # the whole budget: 96 rows, 20 held out
+    assert result.series_steps["eval_accuracy"] == [2, 4, 6, 8]
+
+
+@pytest.fixture(scope="module")
+def converge_sweep(tmp_path_factory):
+    """One sweep of the four frameworks on a tiny data=file set to a reachable target."""
+    cwd = tmp_path_factory.mktemp("converge")
+    path = tiny_images(cwd / "d.npz", n=200)
+    done = run_fxtrack(cwd, "-m", *CONVERGE, "framework=torch,jax,tensorflow,keras", "data=file",
+                       f"data.path={path}", "model.patch=4", "batch_size=16",
+                       "scenario.metric=accuracy", "scenario.target=0.6",
+                       "scenario.max_epochs=2", "scenario.eval_every=2", "scenario.lr=1e-2",
+                       env=seed_peak_cache(cwd / "cache"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{cwd}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`fxtrack.scenario` = 'converge'")
+    runs = {r.data.tags["fxtrack.framework"]: r for r in runs if "reached_target" in r.data.metrics}
+    assert sorted(runs) == ["jax", "keras", "tensorflow", "torch"]
+    return client, runs, cwd
+
+
+def test_time_to_target_is_recomputed_from_the_logged_eval_history(converge_sweep):
+    client, runs, _ = converge_sweep
+    for framework, run in runs.items():
+        m = run.data.metrics
+        assert m["reached_target"] == 1.0, framework
+        history = client.get_metric_history(run.info.run_id, "eval_accuracy")
+        train_s = {p.step: p.value for p in client.get_metric_history(run.info.run_id,
+                                                                      "eval_train_s")}
+        first = min(p.step for p in history if p.value >= 0.6)
+        assert m["steps_to_target"] == first and m["samples_to_target"] == first * 16
+        assert m["time_to_target_s"] == pytest.approx(train_s[first])
+    dataset = runs["torch"].inputs.dataset_inputs[0].dataset
+    assert dataset.name == "data-file" and json.loads(dataset.profile) == {"train": 160,
+                                                                           "held_out": 40}
+
+
+def test_every_framework_starts_where_the_first_did(converge_sweep):
+    """The same start (fxtrack.frameworks.initial), batch order and optimiser: at fp32 the
+    first training losses of jax, tensorflow and keras match torch's, the sweep's first."""
+    _, runs, _ = converge_sweep
+    assert runs["torch"].data.tags["fxtrack.trajectory"] == "reference"
+    for framework in ("jax", "tensorflow", "keras"):
+        tags, m = runs[framework].data.tags, runs[framework].data.metrics
+        assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
+        assert tags["fxtrack.trajectory_reference"] == "torch"
+
+
+def test_the_report_has_a_time_to_quality_section_and_chart(converge_sweep):
+    cwd = converge_sweep[2]
+    done = run_fxtrack(cwd, "report", "--out", str(cwd / "report"), "--format", "md")
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = (cwd / "report" / "report.md").read_text()
+    assert "### Time to quality: vit on data=file, target 0.6 (fp32, cpu)" in page
+    assert "1 run(s): needs repeats=5" in page  # single runs: no figure, said why
+    assert (cwd / "report" / "converge_vit_file_0_6_fp32.png").stat().st_size > 10_000
+
+
+def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):
+    """bf16 against the same framework's fp32 run earlier in the sweep: kept within
+    scenario.quality_tol, lost beyond it; no baseline said so."""
+    from fxtrack.job import Result
+
+    held: dict = {}
+    options = {"metric": "accuracy", "target": 0.8, "quality_tol": 0.02}
+
+    def checked(precision: str, final: float, seconds: float, framework: str = "torch") -> Result:
+        spec = spec_factory(framework, "vit", scenario="converge", precision=precision,
+                            compile_request="auto", options=options,
+                            data={"name": "mnist", "holdout": 0.2})
+        result = Result("r", resolved={"metric": "accuracy", "batch_size": 8},
+                        series={"loss": [2.3, 2.2]},
+                        metrics={"final_eval_accuracy": final, "time_to_target_s": seconds})
+        converge.cross_check(result, spec, held)
+        return result
+
+    assert "lever_quality" not in checked("fp32", 0.90, 10.0).tags  # the baseline itself
+    kept = checked("bf16", 0.89, 5.0)
+    assert kept.tags["lever_quality"] == "kept"
+    assert kept.metrics["final_eval_vs_fp32"] == pytest.approx(-0.01)
+    assert kept.metrics["time_to_target_x_fp32"] == pytest.approx(0.5)
+    assert checked("bf16", 0.85, 5.0).tags["lever_quality"] == "lost"
+    assert checked("bf16", 0.9, 5.0, "jax").tags["lever_quality"] == "no fp32 baseline"
+
+
+def test_the_report_keeps_mlperfs_rules():
+    from fxtrack.report.converge import middle
+
+    assert middle([3.0, 1.0, 2.0, None]) == (None, "4 run(s): needs repeats=5")
+    assert middle([5.0, 1.0, 2.0, 3.0, None]) == ([2.0, 3.0, 5.0], "")  # a miss is the slowest
+    assert middle([5.0, None, 2.0, 3.0, None])[1] == "1 of the kept runs missed the target"
+
+
+def test_the_time_to_quality_section_counts_runs_and_gives_a_ratio_with_its_interval():
+    import pandas as pd
+
+    from fxtrack.report.converge import section
+
+    rows = [{"tags.fxtrack.framework": fw, "tags.fxtrack.scenario": "converge",
+             "tags.fxtrack.model": "vit", "params.data.name": "mnist",
+             "params.scenario.target": "0.8", "tags.fxtrack.precision": "fp32",
+             "tags.fxtrack.hardware": "cpu", "tags.fxtrack.kind": None,
+             "metrics.reached_target": 1.0, "metrics.time_to_target_s": t,
+             "metrics.final_eval_accuracy": 0.8}
+            for fw, times in (("jax", [1.0, 1.1, 0.9, 1.2, 1.0]), ("torch", [2.0, 2.2, 1.9, 2.1, 2.0]))
+            for t in times]
+    rows.append({**rows[0], "tags.fxtrack.kind": "aggregate"})  # a repeats=5 aggregate: left out
+    table = section(pd.DataFrame(rows), pd.DataFrame(rows)).tables[0]
+    jax, torch = table.rows
+    assert jax[:3] == ["jax", "5", "5"] and jax[5] == "fastest"
+    assert torch[5].startswith("1.97x [")  # (2.0 + 2.1 + 2.0) / (1.0 + 1.1 + 1.0)
