@@ -21,7 +21,8 @@ Jobs (``--suite seeds``, the default): resnet50 (bf16 at 256 images, fp32 at 256
 framework.compile=auto (the policy's pick for a GPU). ``--suite llama``: canonical llama (1.2B)
 at bf16, training at batch 4 x 2,048 tokens and greedy generation at batch 8, prompt 128, 128
 new tokens (its LM figures: tokens/s, TTFT, decode ms/token and tokens/s, KV cache), and the
-serve job (``SERVE_JOB``); ``all``: both; ``fit``: the fit search of ViT and Llama, 8 probes
+serve jobs (``SERVE_JOB``, ``CONTINUOUS_SERVE_JOB``); ``all``: both; ``fit``: the fit search of
+ViT and Llama, 8 probes
 each. ``--dry-run`` lists the jobs with the memory pre-check's estimate and starts nothing.
 MFU is shown against the datasheet peak of a known GPU (``mfu``) and against the peak measured on
 this GPU at the start (``mfu_calibrated``): each framework's matmul probe (``python -m
@@ -53,6 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fxtrack import architectures  # noqa: E402
+from fxtrack.frameworks.declaration import declaration  # noqa: E402
 from fxtrack.job import JobSpec, Result  # noqa: E402
 from fxtrack.measure import matmul_probe  # noqa: E402
 from fxtrack.measure.peak import datasheet  # noqa: E402
@@ -66,12 +68,15 @@ JOBS = [("resnet50", "train", "bf16", 256, {}), ("resnet50", "train", "fp32", 25
 # Sized for one H200 (the pre-check's floor: ~44 GiB training, ~7 GiB generating; --dry-run)
 LLAMA_JOBS = [("llama", "train", "bf16", 4, {}),
               ("llama", "generate", "bf16", 8, {"prompt_len": 128, "new_tokens": 128})]
-# scenario=serve (issue 32): Poisson arrivals batched by 8, the rate searched under a TPOT and an
-# E2E objective; max_rate_under_slo_rps is the figure.
+# scenario=serve (issues 32, 45): Poisson arrivals, lognormal request lengths, 8 slots, the rate
+# searched under a TPOT and an E2E objective, static then continuous batching (a framework that
+# declares no slot_decode skips the second); max_rate_under_slo_rps is the figure.
 SERVE_JOB = ("llama", "serve", "bf16", 8,
              {"prompt_len": 128, "new_tokens": 128, "max_batch": 8, "rate": "search",
-              "num_requests": 64, "resolution": 0.25, "slo": {"tpot_ms": 50.0, "e2e_ms": 20000.0}})
-LLAMA_JOBS.append(SERVE_JOB)
+              "num_requests": 64, "resolution": 0.25, "length_dist": "lognormal",
+              "batching": "static", "slo": {"tpot_ms": 50.0, "e2e_ms": 20000.0}})
+CONTINUOUS_SERVE_JOB = SERVE_JOB[:4] + ({**SERVE_JOB[4], "batching": "continuous"},)
+LLAMA_JOBS += [SERVE_JOB, CONTINUOUS_SERVE_JOB]
 SUITES = {"seeds": JOBS, "llama": LLAMA_JOBS, "all": JOBS + LLAMA_JOBS}
 # --all: the prepared device check (docs/running-on-a-gpu.md), one ~10-minute budget on an H200:
 # every family's train and inference at bf16, the 1B Llama's train, generate and serve; then the
@@ -135,9 +140,12 @@ def launcher(framework: str) -> str:
     return "process"
 
 
-def job_name(framework: str, model: str, scenario: str, precision: str, devices: int) -> str:
-    """A job's file names in $OUT: <name>.json (its Result), .spec.json, .log."""
-    return f"{framework}-{model}-{scenario}-{precision}-x{devices}"
+def job_name(framework: str, model: str, scenario: str, precision: str, devices: int,
+             options: Optional[dict] = None) -> str:
+    """A job's file names in $OUT: <name>.json (its Result), .spec.json, .log; a serve job's
+    batching policy apart (both policies run)."""
+    policy = (options or {}).get("batching")
+    return f"{framework}-{model}-{scenario}-{precision}-x{devices}" + (f"-{policy}" if policy else "")
 
 
 # A scenario of the orchestrator's whose every worker is another scenario's run
@@ -149,7 +157,7 @@ def run_job(framework: str, model: str, scenario: str, precision: str, batch: in
             devices: int = 1) -> Result:
     """One worker (under torchrun where the framework launches a process per device, as the
     orchestrator starts it), its Result read back."""
-    name = job_name(framework, model, scenario, precision, devices)
+    name = job_name(framework, model, scenario, precision, devices, options)
     spec = JobSpec(result_id=uuid.uuid4().hex, framework=framework,
                    package=f"fxtrack.frameworks.{framework}", scenario=scenario,
                    runner=f"fxtrack.scenarios.{RUNNERS.get(scenario, scenario)}:run",
@@ -347,10 +355,15 @@ def main() -> int:
     rows, extra = [], []
     for fw in installed:
         for model, scenario, precision, batch, options in jobs:
+            absent = declaration(f"fxtrack.frameworks.{fw}").absent.get("slot_decode")
+            if options.get("batching") == "continuous" and absent:
+                print(f"{fw} {model} serve continuous: skipped, declared absent: {absent}",
+                      flush=True)
+                continue
             r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup,
                         out, args.timeout)
             add_mfu(r, precision, 1, calibrated)
-            r.dump(out / f"{job_name(fw, model, scenario, precision, 1)}.json")
+            r.dump(out / f"{job_name(fw, model, scenario, precision, 1, options)}.json")
             problems = check(fw, model, precision, r, scenario)
             rows.append((fw, model, scenario, precision, batch, r, problems))
             print(f"{fw} {model} {scenario} {precision} x{batch}: {r.status} {r.error or ''}",

@@ -68,7 +68,7 @@ def store(tmp_path_factory):
             n += 1
             _log(client, exp, n, fw, "bert", None, None, scenario="serve",
                  metrics={"max_rate_under_slo_rps": rate, "goodput_rps": rate * 0.9, "serve_e2e_ms_p99": p99},
-                 extra_tags={"fxtrack.repeat_of": of})
+                 extra_tags={"fxtrack.repeat_of": of, "fxtrack.serve_batching": "static"})
         n += 1
         rate = stats.median(rates)
         _log(client, exp, n, fw, "bert", None, None, scenario="serve",
@@ -249,6 +249,7 @@ def test_serve_blocks_and_their_trade_off_read_the_serve_metrics(frame, tmp_path
     blocks, missing = answer.blocks(frame)
     serve = _block(blocks, "serve", "bert")
     assert serve.best.framework == "torch" and serve.best.metric == "max_rate_under_slo_rps"
+    assert serve.best.mode.endswith("static batching")  # the policy is part of the answer
     assert serve.verdict(serve.ratios[1]) == "clear"
     assert ("bert", "serve") not in {(m.model, m.objective.key) for m in missing}
     chart = next(d for d in pareto.charts(frame, tmp_path) if d.title.endswith("BERT-base, serve"))

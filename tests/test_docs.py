@@ -96,7 +96,8 @@ def _families() -> dict[str, list[str]]:
         "f'latency_ms_p{q}'": ["latency_ms_p50", "latency_ms_p90", "latency_ms_p99"],
         "f'resident_{key}'": resident,
         "f'resident_{k}'": resident,
-        "f'serve_{name}_ms_p{q}'": [f"serve_{n}_ms_p{q}" for n in ("e2e", "ttft", "tpot", "itl")
+        "f'serve_{name}_ms_p{q}'": [f"serve_{n}_ms_p{q}" for n in ("e2e", "queue", "service", "ttft",
+                                                               "tpot", "itl")
                                  for q in (50, 90, 99)],
         "f'serve_probe_{k}'": ["serve_probe_serve_e2e_ms_p99", "serve_probe_serve_tpot_ms_p99",
                                "serve_probe_goodput_rps"],

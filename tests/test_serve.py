@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fxtrack.scenarios import serve
+from fxtrack.scenarios import batching, serve
 
 
 class VirtualClock:
@@ -62,7 +62,7 @@ def test_arrivals_are_poisson_at_the_requested_rate():
 
 def test_lm_figures_from_the_records_equal_the_logged_ones():
     clock = VirtualClock()
-    tokens = serve.token_counts(40, 8, 3, seed=1)
+    tokens = batching.draw_lengths(40, 8, "uniform", 3 / 8, seed=1)  # 8 +- 3
     reqs = window(clock, fake_server(clock, 0.02, 0.005), rate=30.0, n=40, tokens=tokens)
     figures = serve.request_metrics(reqs, {"ttft_ms": None, "tpot_ms": None, "e2e_ms": None},
                                     lm=True, rate=30.0)
@@ -367,6 +367,13 @@ def test_tensorflow_says_it_cannot_count_compilations():
 @pytest.mark.parametrize("options, message", [
     ({"rate": "4", "duration_s": 0}, "scenario.duration_s must be a positive number"),
     ({"rate": "4", "batch_buckets": [0, 4]}, "do not cover"),
+    ({"rate": "4", "token_spread": 3}, "folded into scenario.length_dist=uniform"),
+    ({"rate": "4", "batching": "dynamic"}, "scenario.batching must be one of static|continuous"),
+    ({"rate": "4", "length_dist": "zipf"}, "scenario.length_dist must be one of"),
+    ({"rate": "4", "length_dist": "uniform", "length_sigma": 1.5}, "below 1"),
+    ({"rate": "4", "timeout_ms": 0}, "scenario.timeout_ms must be a positive number"),
+    ({"rate": "4", "batching": "continuous"}, "a language model's"),
+    ({"concurrency": 2, "batching": "continuous"}, "serves an open loop"),
 ])
 def test_more_bad_serve_input_is_refused_in_one_line(options, message):
     why = serve.refusal(options, lm=False)

@@ -313,3 +313,50 @@ def test_bf16_xla_run_takes_the_kernel_form_and_learns_alike(spec_factory):
     assert tags["matmul_form"] == BF16_KERNEL_FORM
     np.testing.assert_allclose(fast, plain, rtol=2e-2)
     assert fast[-1] < fast[0]
+
+
+def test_continuous_slots_decode_each_request_as_its_own_greedy_run():
+    """scenario.batching=continuous's slots (fxtrack.frameworks.tensorflow.slots): requests of
+    different prompt lengths (padded to their buckets) admitted while others decode, a freed
+    slot reused, each request's tokens equal to an uncached greedy run of its own prompt."""
+    from conftest import backend_class, job_spec
+
+    from fxtrack.frameworks.tensorflow import slots as tf_slots
+
+    spec = job_spec("tensorflow", "llama", compile=False)
+    backend = backend_class(spec)(spec)
+    backend.device_kind()
+    backend.build(2)
+    # x10 the N(0, 0.02) weights: the layers, not the last token's embedding, pick each token
+    backend.model.set_weights([w * 10 for w in backend.model.get_weights()])
+    slots = tf_slots.prepare_slots(backend, 2, prompt_buckets=[16, 20], longest=7)
+    got: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+    owner = {0: "a"}
+
+    def admit(slot, name, length):
+        owner[slot] = name
+        slots.prefill(slot, length)
+        got[name].append(int(slots.last[slot]))
+
+    def step():
+        slots.step(sorted(owner))
+        for slot, name in owner.items():
+            got[name].append(int(slots.last[slot]))
+
+    admit(0, "a", 5)
+    step()
+    admit(1, "b", 18)  # joins while a decodes
+    for _ in range(4):
+        step()
+    admit(0, "c", 3)  # a is done (6 tokens): its slot is reused
+    step()
+    step()
+    full = tf.function(lambda ids: backend.model(ids, training=False))  # one (1, 27) trace
+    for name, length in (("a", 5), ("b", 18), ("c", 3)):
+        seq = np.zeros((1, 27), np.int32)
+        seq[:, :length] = slots.ids[:, :length]
+        for i in range(len(got[name])):
+            logits = full(tf.constant(seq)).numpy()
+            seq[0, length + i] = int(np.argmax(logits[0, length + i - 1]))
+        assert got[name] == seq[0, length:length + len(got[name])].tolist(), name
+    assert len(set(got["a"] + got["b"])) > 2  # not one repeated token: the check can fail

@@ -17,7 +17,7 @@ import inspect
 from pathlib import Path
 from types import ModuleType
 from typing import (TYPE_CHECKING, Any, Callable, ContextManager, Iterator, Mapping, Optional,
-                    Protocol)
+                    Protocol, Sequence)
 
 if TYPE_CHECKING:
     from fxtrack.frameworks.decoding import Decoder
@@ -138,6 +138,17 @@ class ServeBuckets(Protocol):
         """Compilations so far in this process; None where the framework cannot count them."""
 
 
+class SlotDecode(Protocol):
+    """scenario=serve's ``scenario.batching=continuous``: a decoder per KV-cache slot (each slot
+    its own cache position; a request prefilled into a free slot while the others decode;
+    shapes padded to declared buckets), fxtrack.scenarios.batching.SlotDecoder."""
+
+    def prepare_slots(self, backend: Any, slots: int, prompt_buckets: Sequence[int],
+                      longest: int) -> Any:
+        """A SlotDecoder of ``slots`` slots, each prompt padded to the smallest of
+        ``prompt_buckets`` that holds it, up to ``longest`` new tokens."""
+
+
 class UserServingExport(Protocol):
     """model=custom's serving export (scenario=checkpoint)."""
 
@@ -232,6 +243,7 @@ PROTOCOLS: dict[str, type] = {
     "serving_export": ServingExport, "onnx_export": OnnxExport, "tflite_export": TfliteExport,
     "native_int8": NativeInt8, "sharded_state": ShardedState, "remat": Remat,
     "calibration": Calibration, "generate": Generate, "serve_buckets": ServeBuckets,
+    "slot_decode": SlotDecode,
     "user_serving_export": UserServingExport, "user_onnx_export": UserOnnxExport,
     "user_tflite_export": UserTfliteExport, "user_native_int8": UserNativeInt8,
     "user_sharded_state": UserShardedState, "user_remat": UserRemat,

@@ -310,11 +310,14 @@ class RMSNorm(layers.Layer):
 
 def rope(x, positions, theta: float):
     """Rotary embedding, the rotate-half convention (channel i pairs with i + hd/2) on
-    (B, T, heads, hd) at ``positions`` (T,); the angles in fp32, as Hugging Face computes them."""
+    (B, T, heads, hd) at ``positions`` (T,), or (B, T): a position per row (continuous
+    batching's slots); the angles in fp32, as Hugging Face computes them."""
     hd = x.shape[-1]
     inv_freq = 1.0 / (theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))  # (hd/2,)
-    angles = ops.cast(positions, "float32")[:, None] * inv_freq.astype(np.float32)[None]
-    angles = ops.concatenate([angles, angles], axis=-1)[None, :, None, :]  # (1, T, 1, hd)
+    angles = ops.cast(positions, "float32")[..., None] * inv_freq.astype(np.float32)
+    angles = ops.concatenate([angles, angles], axis=-1)
+    # (1, T, 1, hd), or (B, T, 1, hd) per row
+    angles = angles[:, :, None, :] if len(positions.shape) == 2 else angles[None, :, None, :]
     cos, sin = ops.cast(ops.cos(angles), x.dtype), ops.cast(ops.sin(angles), x.dtype)
     x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
     return x * cos + ops.concatenate([-x2, x1], axis=-1) * sin

@@ -212,16 +212,18 @@ def _add(missing: list[Missing], one: Missing) -> None:
 
 def _run_tags(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
     """run id (and an aggregate's result id, through its repeats) -> the tags a block reads:
-    what the compile mode resolved to, whether the cores were contended."""
+    what the compile mode resolved to, whether the cores were contended, a serve run's batching
+    policy."""
     out: dict[str, dict[str, str]] = {}
     cols = {"mode": "tags.fxtrack.compile_mode", "contended": "tags.fxtrack.contended",
-            "of": "tags.fxtrack.repeat_of"}
+            "of": "tags.fxtrack.repeat_of", "batching": "tags.fxtrack.serve_batching"}
     for _, row in frame.iterrows():
         got = {k: str(row[c]) for k, c in cols.items() if c in frame and isinstance(row[c], str)}
         out[row["run_id"]] = got
         if got.get("of"):  # a repeat speaks for its aggregate's mode; any contended repeat counts
             agg = out.setdefault("result:" + got["of"], {})
             agg.setdefault("mode", got.get("mode", ""))
+            agg.setdefault("batching", got.get("batching", ""))
             if got.get("contended") == "true":
                 agg["contended"] = "true"
     return out
@@ -231,8 +233,9 @@ def _entry_tags(group: pd.DataFrame, tags: dict[str, dict[str, str]]) -> dict[st
     found: dict[str, str] = {}
     for _, row in group.iterrows():
         for source in (tags.get(row["run_id"], {}), tags.get(f"result:{row.get('result_id')}", {})):
-            if source.get("mode") and not found.get("mode"):
-                found["mode"] = source["mode"]
+            for key in ("mode", "batching"):
+                if source.get(key) and not found.get(key):
+                    found[key] = source[key]
             if source.get("contended") == "true":
                 found["contended"] = "true"
     return found
@@ -257,6 +260,8 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
         mode = _mode(config) + (f" ({extra['mode']})" if extra.get("mode") else "")
         if apart[group.index[-1]]:
             mode += f", {apart[group.index[-1]]}"
+        if extra.get("batching") and "scenario.batching" not in apart[group.index[-1]]:
+            mode += f", {extra['batching']} batching"  # serving: the policy is the answer's too
         if fw not in best_per_fw or better(one.point, best_per_fw[fw].sample.point):
             best_per_fw[fw] = Entry(fw, mode, one, key)
     if not best_per_fw:

@@ -84,8 +84,10 @@ def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Tab
                           "achieved (req/s)"], rows,
                          ["latency and goodput are the reported window's (with rate=search: the "
                           "highest passing probe's)", "a probe fails when a p99 misses its SLO or "
-                          "when requests complete >10% slower than they arrive (saturated)",
-                          "static batching: a batch is prefilled and decoded together"]))
+                          "when requests complete >10% slower than they arrive (saturated), or "
+                          "when more than 1% of its requests failed",
+                          "static batching: a batch is prefilled and decoded together; "
+                          "continuous: a request joins a free slot at the next decode step"]))
         by_fw = {_label(r): windows(frame, r) for _, r in group.iterrows()}
         rate = common_rate(by_fw) if len(by_fw) > 1 else None
         if len(by_fw) > 1:
@@ -104,8 +106,11 @@ def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Tab
 
 
 def _label(row: pd.Series) -> str:
+    """The framework and, where the run says, its batching policy: a line and a row each."""
     contended = " (contended)" if str(row.get("contended")) == "true" else ""
-    return f"{row['framework']}{contended}"
+    policy = row.get("tags.fxtrack.serve_batching")
+    policy = f" {policy}" if isinstance(policy, str) and policy else ""
+    return f"{row['framework']}{policy}{contended}"
 
 
 def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list:
@@ -144,19 +149,31 @@ def closing_table(jobs: list[dict]) -> str:
     from fxtrack.report.render import text_table
 
     best = max((j["metrics"].get("max_rate_under_slo_rps") or 0.0 for j in served), default=0.0)
-    rows = []
+    rows, cold = [], []
     for j in served:
         m, t = j["metrics"], j["tags"]
         rate = m.get("max_rate_under_slo_rps")
-        rows.append([j["name"] + (" (contended)" if t.get("fxtrack.contended") == "true" else ""),
-                     fmt(rate, 2), f"{rate / best:.2f}x" if rate and best else "-",
+        p99_note = " (few)" if t.get("fxtrack.serve_p99_undersized") == "true" else ""
+        name = j["name"] + (" (contended)" if t.get("fxtrack.contended") == "true" else "")
+        policy = t.get("fxtrack.serve_batching", "-")
+        rows.append([name, policy, fmt(rate, 2), f"{rate / best:.2f}x" if rate and best else "-",
                      fmt(m.get("lowest_failing_rate_rps"), 2), t.get("fxtrack.serve_search_stop", "-"),
-                     fmt(m.get("goodput_rps"), 2), fmt(m.get("serve_e2e_ms_p99")),
-                     fmt(m.get("serve_tpot_ms_p99")), fmt(m.get("serve_recompiles"), 0)])
+                     fmt(m.get("goodput_rps"), 2), fmt(m.get("serve_e2e_ms_p99")) + p99_note,
+                     fmt(m.get("serve_tpot_ms_p99")), fmt(m.get("failed_requests"), 0),
+                     fmt(m.get("serve_recompiles"), 0)])
+        first = m.get("first_request_ms")
+        cold.append([name, policy, fmt(m.get("load_s"), 2), fmt(m.get("compile_s"), 2),
+                     fmt(None if first is None else first / 1e3, 2)])
+    # two tables, not one wide one: tabulate's wrapping of a too-wide table parses "1,385.0"
+    # as a number whatever disable_numparse says, and fails
     return "\n".join(["", text_table(Table(
-        "Serving (max rate under the SLOs; the reported window's figures):",
-        ["run", "max rate req/s", "vs best", "lowest failing", "stopped by", "goodput req/s",
-         "p99 E2E ms", "p99 TPOT ms", "recompiles"], rows)), ""])
+        "Serving (max rate under the SLOs; the reported window's figures; (few): a p99 over "
+        "fewer requests than MLPerf's early-stopping minimum):",
+        ["run", "batching", "max rate req/s", "vs best", "lowest failing", "stopped by",
+         "goodput req/s", "p99 E2E ms", "p99 TPOT ms", "failed", "recompiles"], rows)),
+        text_table(Table("Serving cold start (before the warm window):",
+                         ["run", "batching", "load s", "compile s", "first request s"], cold)),
+        ""])
 
 
 def section(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> Optional[Section]:

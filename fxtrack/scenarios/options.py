@@ -216,7 +216,13 @@ class ServeOptions(Options):
     num_requests: int = 32  # requests per window (each probe of a search)
     duration_s: Optional[float] = None  # or: the requests arriving within this many seconds
     resolution: float = 0.25  # the rate search stops when the bracket is this fraction of the rate
-    token_spread: int = 0  # language models: new tokens uniform in new_tokens +- this (seeded)
+    # static: a batch's requests start and end together; continuous: a request joins a free
+    # KV-cache slot at the next decode step and leaves at its last token (language models)
+    batching: str = "static"
+    length_dist: str = "fixed"  # fixed | uniform | lognormal: prompt and output lengths (seeded)
+    length_sigma: float = 0.5  # lognormal's sigma; uniform: half-width as a fraction of the mean
+    timeout_ms: Optional[float] = None  # a request waiting longer than this is dropped (failed)
+    token_spread: Optional[int] = None  # folded into length_dist=uniform: refused if given
     slo: SloOptions = dataclasses.field(default_factory=SloOptions)
 
     def __post_init__(self) -> None:
@@ -228,7 +234,26 @@ class ServeOptions(Options):
                  burstiness=self.burstiness, max_batch=self.max_batch,
                  concurrency=self.concurrency, resolution=self.resolution,
                  duration_s=self.duration_s)
-        at_least("scenario.", 0, max_wait_ms=self.max_wait_ms, token_spread=self.token_spread)
+        if self.token_spread is not None:
+            raise ValueError("scenario.token_spread is folded into scenario.length_dist=uniform "
+                             "(spread: scenario.length_sigma, a fraction of the mean)")
+        at_least("scenario.", 0, max_wait_ms=self.max_wait_ms, length_sigma=self.length_sigma)
+        positive("scenario.", timeout_ms=self.timeout_ms)
+        if self.batching not in BATCHING:
+            raise ValueError(f"scenario.batching must be one of {'|'.join(BATCHING)}, "
+                             f"got {self.batching!r}")
+        if self.length_dist not in LENGTH_DISTS:
+            raise ValueError(f"scenario.length_dist must be one of {'|'.join(LENGTH_DISTS)}, "
+                             f"got {self.length_dist!r}")
+        if self.length_dist == "uniform" and self.length_sigma >= 1:
+            raise ValueError("scenario.length_sigma is the uniform's half-width as a fraction "
+                             f"of the mean: below 1, got {self.length_sigma}")
+        if self.batching == "continuous" and self.batch_buckets is not None:
+            raise ValueError("scenario.batching=continuous steps every one of scenario.max_batch "
+                             "slots at once; drop scenario.batch_buckets")
+        if self.batching == "continuous" and self.concurrency is not None:
+            raise ValueError("scenario.batching=continuous serves an open loop; drop "
+                             "scenario.concurrency or use scenario.batching=static")
         at_least("scenario.", 2, num_requests=self.num_requests)
         if self.rate != "search":
             try:
@@ -246,6 +271,9 @@ class ServeOptions(Options):
     def refusal(self, lm: bool) -> Optional[str]:
         """What the values alone cannot say: an SLO this model has no figure for, a search
         with nothing to search under; None when it may run."""
+        if not lm and self.batching == "continuous":
+            return ("scenario.batching=continuous schedules decode steps: a language model's "
+                    "(model=llama); this model has scenario.batching=static")
         if not lm:
             lm_set = [k for k in ("ttft_ms", "tpot_ms") if getattr(self.slo, k) is not None]
             if lm_set:
@@ -260,6 +288,10 @@ class ServeOptions(Options):
     def buckets(self) -> list[int]:
         """The batch sizes compiled, smallest first (``batch_buckets``, else ``[max_batch]``)."""
         return sorted(set(self.batch_buckets or [self.max_batch]))
+
+
+BATCHING = ("static", "continuous")
+LENGTH_DISTS = ("fixed", "uniform", "lognormal")  # fxtrack.scenarios.batching.draw_lengths
 
 
 def defaults(cls: type, prefix: str = "scenario.") -> dict[str, Any]:

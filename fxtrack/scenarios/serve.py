@@ -33,6 +33,8 @@ import numpy as np
 from fxtrack import families
 from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
+from fxtrack.scenarios.batching import (bucket_for, continuous_window, draw_lengths,
+                                        min_queries_for, prompt_buckets)
 from fxtrack.search import bracket_search
 from fxtrack.scenarios.options import ServeOptions, from_json
 
@@ -52,10 +54,24 @@ class Request:
     id: int
     arrival_s: float
     new_tokens: int = 1
-    start_s: float = math.nan  # its batch began
+    start_s: float = math.nan  # admitted: its batch began, or (continuous) its prefill
     token_s: list[float] = dataclasses.field(default_factory=list)  # each output token's time
     batch_id: int = -1
     bucket: int = 0
+    prompt_len: int = 0  # language models: its prompt's tokens (0: not a language model)
+    failed: str = ""  # "timeout" (waited past scenario.timeout_ms) or "error: <exception>"
+
+    @property
+    def completed(self) -> bool:
+        return not self.failed and len(self.token_s) >= self.new_tokens
+
+    def queue_ms(self) -> float:
+        """Arrival to admission: waiting, not working."""
+        return (self.start_s - self.arrival_s) * 1e3
+
+    def service_ms(self) -> float:
+        """Admission to last token: working."""
+        return (self.end_s - self.start_s) * 1e3
 
     @property
     def end_s(self) -> float:
@@ -81,9 +97,12 @@ class Request:
 
     def row(self) -> dict[str, Any]:
         """The artifact's row: enough to recompute any figure."""
+        done = bool(self.token_s)
         return {"id": self.id, "arrival_s": self.arrival_s, "start_s": self.start_s,
-                "first_token_s": self.first_token_s, "end_s": self.end_s,
-                "tokens": len(self.token_s), "batch_id": self.batch_id, "bucket": self.bucket,
+                "first_token_s": self.first_token_s if done else None,
+                "end_s": self.end_s if done else None, "prompt_len": self.prompt_len,
+                "new_tokens": self.new_tokens, "tokens": len(self.token_s),
+                "batch_id": self.batch_id, "bucket": self.bucket, "failed": self.failed,
                 "token_s": self.token_s}
 
 
@@ -104,19 +123,6 @@ def arrival_gaps(rate: float, n: int, burstiness: float, seed: int) -> np.ndarra
     return rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
 
 
-def token_counts(n: int, new_tokens: int, spread: int, seed: int) -> list[int]:
-    """Each request's new tokens: ``new_tokens``, or uniform in [new_tokens - spread,
-    new_tokens + spread] (at least 1), seeded."""
-    if spread == 0:
-        return [new_tokens] * n
-    rng = np.random.default_rng(seed + 1)
-    return [max(1, int(t)) for t in rng.integers(new_tokens - spread, new_tokens + spread + 1, n)]
-
-
-def bucket_for(size: int, buckets: Sequence[int]) -> int:
-    return min(b for b in buckets if b >= size)
-
-
 def arrivals_within(rate: float, burstiness: float, seed: int, duration_s: float) -> np.ndarray:
     """The arrival times (s from the first) of the seeded gamma process that fall inside
     ``duration_s``: the window of ``scenario.duration_s`` (the first arrival opens it)."""
@@ -132,20 +138,26 @@ def arrivals_within(rate: float, burstiness: float, seed: int, duration_s: float
 def serve_window(server: Server, *, max_batch: int, max_wait_ms: float, buckets: Sequence[int],
                  tokens: Sequence[int], arrivals_s: Optional[Sequence[float]] = None,
                  concurrency: Optional[int] = None, duration_s: Optional[float] = None,
+                 prompt_lens: Optional[Sequence[int]] = None, timeout_ms: Optional[float] = None,
                  clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep) -> list[Request]:
     """Serve ``len(tokens)`` requests: open loop at ``arrivals_s`` (s from the start), or closed
     loop with ``concurrency`` clients (with ``duration_s``: a client sends no request after
-    that time, at most ``len(tokens)``). Returns the records, times from the window's start."""
+    that time, at most ``len(tokens)``). A request that waited past ``timeout_ms`` when its
+    batch forms is dropped (``failed="timeout"``); a batch whose server call raised is failed
+    (``error``). Returns every record, failed ones included, times from the window's start."""
     if (arrivals_s is None) == (concurrency is None):
         raise ValueError("give arrival times (open loop) or a concurrency (closed loop)")
     n = len(tokens)
+    lens = list(prompt_lens) if prompt_lens is not None else [0] * n
     t0 = clock()
     if arrivals_s is not None:
-        requests = [Request(i, float(a), int(k)) for i, (a, k) in enumerate(zip(arrivals_s, tokens))]
+        requests = [Request(i, float(a), int(k), prompt_len=int(lens[i]))
+                    for i, (a, k) in enumerate(zip(arrivals_s, tokens))]
     else:
-        requests = [Request(i, 0.0, int(tokens[i])) for i in range(min(concurrency, n))]
-    served = 0  # requests[:served] have been served
+        requests = [Request(i, 0.0, int(tokens[i]), prompt_len=int(lens[i]))
+                    for i in range(min(concurrency, n))]
+    served = 0  # requests[:served] have been served or dropped
     batch_id = 0
     while served < n:
         now = clock() - t0
@@ -160,26 +172,40 @@ def serve_window(server: Server, *, max_batch: int, max_wait_ms: float, buckets:
         if close > now:
             sleep(close - now)
             now = clock() - t0
-        batch = [r for r in requests[served:served + max_batch] if r.arrival_s <= now]
-        bucket = bucket_for(len(batch), buckets)
-        for r in batch:
-            r.start_s, r.batch_id, r.bucket = now, batch_id, bucket
-        times = [t - t0 for t in server(bucket, [r.new_tokens for r in batch])]
-        for r in batch:
-            r.token_s = times[:r.new_tokens]
-        served += len(batch)
-        batch_id += 1
-        if concurrency is not None:  # each finished client sends its next request
+        taken = [r for r in requests[served:served + max_batch] if r.arrival_s <= now]
+        for r in taken:
+            if timeout_ms is not None and (now - r.arrival_s) * 1e3 > timeout_ms:
+                r.failed = "timeout"
+        batch = [r for r in taken if not r.failed]
+        if batch:
+            bucket = bucket_for(len(batch), buckets)
             for r in batch:
-                if len(requests) < n and (duration_s is None or r.end_s < duration_s):
-                    requests.append(Request(len(requests), r.end_s, int(tokens[len(requests)])))
+                r.start_s, r.batch_id, r.bucket = now, batch_id, bucket
+            try:
+                times = [t - t0 for t in server(bucket, [r.new_tokens for r in batch])]
+            except Exception as e:  # noqa: BLE001 - a failed batch is counted, not lost
+                times = []
+                for r in batch:
+                    r.failed = f"error: {type(e).__name__}"
+            for r in batch:
+                r.token_s = times[:r.new_tokens]
+            batch_id += 1
+        served += len(taken)
+        if concurrency is not None:  # each finished client sends its next request
+            for r in taken:
+                done = r.end_s if r.token_s else clock() - t0
+                if len(requests) < n and (duration_s is None or done < duration_s):
+                    i = len(requests)
+                    requests.append(Request(i, done, int(tokens[i]), prompt_len=int(lens[i])))
             if len(requests) == served:  # every client is past duration_s: the window is over
                 break
     return requests[:served]
 
 
 def meets(r: Request, slo: dict[str, Optional[float]]) -> bool:
-    """Whether ``r`` meets every SLO that is set (None: not set)."""
+    """Whether ``r`` completed and meets every SLO that is set (None: not set)."""
+    if not r.completed:
+        return False
     figures = {"ttft_ms": r.ttft_ms(), "tpot_ms": r.tpot_ms(), "e2e_ms": r.e2e_ms()}
     return all(figures[k] is None or figures[k] <= v for k, v in slo.items() if v is not None)
 
@@ -187,35 +213,54 @@ def meets(r: Request, slo: dict[str, Optional[float]]) -> bool:
 def request_metrics(requests: list[Request], slo: dict[str, Optional[float]], lm: bool,
                     rate: Optional[float]) -> dict[str, float]:
     """The window's figures from the per-request records alone (so the artifact recomputes
-    them): p50/p90/p99 of E2E (and for an LM of TTFT, TPOT, ITL), request and token throughput,
-    goodput, the achieved arrival rate."""
+    them): p50/p90/p99 of E2E, queue and service time (and for an LM of TTFT, TPOT, ITL) over
+    the completed requests, with their number and the failed ones' beside them; request and
+    token throughput, goodput (completed requests meeting every SLO), the achieved arrival
+    rate. TPOT is per output token after the first, so it holds for any length."""
+    done = [r for r in requests if r.completed]
     start = min(r.arrival_s for r in requests)
-    span = max(r.end_s for r in requests) - start
+    stop = max([r.end_s for r in done] + [r.arrival_s for r in requests])
+    span = max(stop - start, 1e-9)
     out: dict[str, float] = {}
-    series = {"e2e": [r.e2e_ms() for r in requests]}
+    series = {"e2e": [r.e2e_ms() for r in done], "queue": [r.queue_ms() for r in done],
+              "service": [r.service_ms() for r in done]}
     if lm:
-        series.update(ttft=[r.ttft_ms() for r in requests],
-                      tpot=[t for r in requests if (t := r.tpot_ms()) is not None],
-                      itl=[t for r in requests for t in r.itl_ms()])
+        series.update(ttft=[r.ttft_ms() for r in done],
+                      tpot=[t for r in done if (t := r.tpot_ms()) is not None],
+                      itl=[t for r in done for t in r.itl_ms()])
     for name, values in series.items():
         for q in (50, 90, 99):
             if values:
                 out[f"serve_{name}_ms_p{q}"] = percentile(values, q)
     out["serve_requests"] = float(len(requests))
-    out["request_throughput_rps"] = len(requests) / span
-    out["output_tokens_per_s"] = sum(len(r.token_s) for r in requests) / span
-    out["goodput_rps"] = sum(meets(r, slo) for r in requests) / span
-    out["slo_attained_fraction"] = sum(meets(r, slo) for r in requests) / len(requests)
+    out["serve_percentile_requests"] = float(len(done))  # the requests behind each percentile
+    out["failed_requests"] = float(len(requests) - len(done))
+    out["timed_out_requests"] = float(sum(r.failed == "timeout" for r in requests))
+    out["request_throughput_rps"] = len(done) / span
+    out["output_tokens_per_s"] = sum(len(r.token_s) for r in done) / span
+    good = sum(meets(r, slo) for r in requests)
+    out["goodput_rps"] = good / span
+    out["slo_attained_fraction"] = good / len(requests)  # a failed request missed its SLOs
     arrivals = sorted(r.arrival_s for r in requests)
     if rate is not None and len(arrivals) > 1:
         out["requested_rate_rps"] = float(rate)
         out["achieved_rate_rps"] = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
-    ends = sorted(r.end_s for r in requests)
-    if ends[-1] > ends[0]:  # all in one batch: no rate to tell
+    ends = sorted(r.end_s for r in done)
+    if len(ends) > 1 and ends[-1] > ends[0]:  # all in one batch: no rate to tell
         out["completion_rate_rps"] = (len(ends) - 1) / (ends[-1] - ends[0])
-    out["batches"] = float(len({r.batch_id for r in requests}))
-    out["mean_batch_size"] = len(requests) / out["batches"]
+    out["batches"] = float(len({r.batch_id for r in done}))
+    if done:
+        out["mean_batch_size"] = len(done) / out["batches"]
     return out
+
+
+def tail_tags(figures: dict[str, float], percentile_q: float = 99) -> dict[str, str]:
+    """The p99's sample size against MLPerf Inference's early-stopping minimum (99%
+    confidence, batching.min_queries_for): tagged ``serve_p99_undersized`` when fewer."""
+    need = min_queries_for(percentile_q)
+    have = int(figures.get("serve_percentile_requests", 0))
+    return {"serve_p99_min_requests": str(need),
+            "serve_p99_undersized": "true" if have < need else "false"}
 
 
 def slo_passes(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> bool:
@@ -232,7 +277,10 @@ def saturated(metrics: dict[str, float]) -> bool:
 
 
 def probe_verdict(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> str:
-    """A rate-search probe: ``pass``, ``slo`` (a p99 missed its SLO) or ``saturated``."""
+    """A rate-search probe: ``pass``, ``failed`` (more than 1% of its requests failed: no p99
+    of them can meet an SLO), ``slo`` (a p99 missed its SLO) or ``saturated``."""
+    if metrics.get("failed_requests", 0) > 0.01 * metrics.get("serve_requests", 1):
+        return "failed"
     if not slo_passes(metrics, slo):
         return "slo"
     return "saturated" if saturated(metrics) else "pass"
@@ -310,6 +358,7 @@ def refusal(options: Any, lm: bool) -> Optional[str]:
 
 def _servers(backend: Any, buckets: Sequence[int], lm: bool, prompt_len: int,
              longest: int) -> Server:
+    # static batching pads every prompt to ``prompt_len``, the longest drawn
     """One compiled step (or decoder) per bucket, each prepared on a resident batch of the
     bucket's size (the ``serve_buckets`` capability); a single bucket is build()'s batch."""
     from fxtrack.scenarios import generate
@@ -345,6 +394,20 @@ def _compile_counter(backend: Any) -> tuple[Callable[[], Optional[int]], Optiona
     return (lambda: module.compiles(backend)), None
 
 
+def slot_server(slots: Any, prompt_len: int) -> Server:
+    """A slot decoder (continuous batching) as a Server for the warm-up, the first request and
+    the search's first rate: ``len(new_tokens)`` requests of ``prompt_len`` tokens admitted at
+    once, decoded until the longest ends."""
+
+    def serve(bucket: int, new_tokens: Sequence[int]) -> list[float]:
+        times = [slots.prefill(i, prompt_len) for i in range(len(new_tokens))]
+        for _ in range(max(new_tokens) - 1):
+            times.append(slots.step(list(range(len(new_tokens)))))
+        return times[len(new_tokens) - 1:]
+
+    return serve
+
+
 @dataclasses.dataclass
 class Window:
     """One served window: its rate (None: closed loop), records, figures and, in a search,
@@ -370,20 +433,49 @@ def run(backend: Any, result: Any) -> None:
     if why is not None:
         raise ValueError(why)
     o = options_of(options)
+    continuous = o["batching"] == "continuous"
+    if continuous:  # NotSupported with the framework's declared reason, before any work
+        slot_module = backend.capability("slot_decode")
     buckets = sorted(set(o["batch_buckets"]))
     backend.spec.batch_size = max(buckets)
-    build(backend, result)
-    prompt_len = int(o["prompt_len"])
-    new_tokens = int(o["new_tokens"]) if lm else 1
-    spread = o["token_spread"] if lm else 0
-    server = _servers(backend, buckets, lm, prompt_len, new_tokens + spread)
-    for _ in range(max(1, int(result.resolved["warmup_steps"]))):  # every bucket compiled here
-        for bucket in buckets:
-            server(bucket, [new_tokens + spread])
-    compiles, uncounted = _compile_counter(backend)
     seed = backend.spec.seed
     bound = MAX_TIMED_REQUESTS if o["duration_s"] is not None else o["num_requests"]
-    tokens = token_counts(bound, new_tokens, spread, seed)
+    # each request's prompt and output lengths, drawn ahead (seeded): the compiled shapes are
+    # sized for the longest drawn
+    if lm:
+        tokens = draw_lengths(bound, int(o["new_tokens"]), o["length_dist"], o["length_sigma"],
+                              seed + 1)
+        prompt_lens = draw_lengths(bound, int(o["prompt_len"]), o["length_dist"],
+                                   o["length_sigma"], seed + 2)
+    else:
+        tokens, prompt_lens = [1] * bound, [0] * bound
+    new_tokens, longest = (int(o["new_tokens"]), max(tokens)) if lm else (1, 1)
+    prompt_len = max(prompt_lens) if lm else int(o["prompt_len"])
+    # cold start, apart from the warm window: what a replica scaled up pays before serving
+    t = time.perf_counter()
+    build(backend, result)
+    load_s = time.perf_counter() - t
+    t = time.perf_counter()
+    if continuous:
+        slots = slot_module.prepare_slots(backend, o["max_batch"], prompt_buckets(prompt_len),
+                                          longest)
+        server = slot_server(slots, prompt_len)
+    else:
+        server = _servers(backend, buckets, lm, prompt_len, longest)
+    first = time.perf_counter()
+    server(buckets[0], [longest])  # the first request after start, before any warm-up
+    first_request_ms = (time.perf_counter() - first) * 1e3
+    for bucket in buckets[1:]:
+        server(bucket, [longest])
+    if continuous:  # every prompt bucket's prefill, into every slot (each slot's cache view)
+        for padded in slots.buckets:
+            for slot in range(o["max_batch"]):
+                slots.prefill(slot, padded)
+    compile_s = time.perf_counter() - t  # every bucket prepared and run once
+    for _ in range(max(1, int(result.resolved["warmup_steps"])) - 1):  # the rest of warm-up
+        for bucket in buckets:
+            server(bucket, [longest])
+    compiles, uncounted = _compile_counter(backend)
 
     served: list[int] = []  # requests of every window (a search's probes included)
 
@@ -393,16 +485,25 @@ def run(backend: Any, result: Any) -> None:
         if rate is None:
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
                                 buckets=buckets, tokens=tokens, duration_s=o["duration_s"],
-                                concurrency=int(o["concurrency"]))
+                                concurrency=int(o["concurrency"]), prompt_lens=prompt_lens,
+                                timeout_ms=o["timeout_ms"])
         else:
-            if o["duration_s"] is not None:
+            if o["duration_s"] is not None:  # (one seeded draw of arrivals per rate)
                 arrivals = arrivals_within(rate, o["burstiness"], seed, o["duration_s"])
             else:
                 gaps = arrival_gaps(rate, len(tokens), o["burstiness"], seed)
                 arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
-            reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
-                                buckets=buckets, tokens=tokens[:len(arrivals)],
-                                arrivals_s=arrivals)
+            if continuous:
+                reqs = [Request(i, float(a), int(k), prompt_len=int(n))
+                        for i, (a, k, n) in enumerate(zip(arrivals, tokens, prompt_lens))]
+                continuous_window(slots, reqs, max_batch=o["max_batch"],
+                                  timeout_ms=o["timeout_ms"])
+            else:
+                reqs = serve_window(server, max_batch=o["max_batch"],
+                                    max_wait_ms=o["max_wait_ms"], buckets=buckets,
+                                    tokens=tokens[:len(arrivals)], arrivals_s=arrivals,
+                                    prompt_lens=prompt_lens[:len(arrivals)],
+                                    timeout_ms=o["timeout_ms"])
         figures = request_metrics(reqs, o["slo"], lm, rate)
         served.append(len(reqs))
         if before is not None:  # compilations inside the window: 0 when warm-up covered it
@@ -463,6 +564,8 @@ def run(backend: Any, result: Any) -> None:
     record_window(backend, result, measured, kind, sum(served))
     m.update(reported.figures)
     m["param_count"] = float(backend.param_count())
+    m.update(load_s=load_s, compile_s=compile_s, first_request_ms=first_request_ms)
+    result.tags.update(tail_tags(reported.figures))
     if uncounted is not None:
         result.tags["serve_recompiles_not_counted"] = uncounted
     elif m["serve_recompiles"] > 0:  # a shape the warm-up did not compile: the window paid it
@@ -472,9 +575,15 @@ def run(backend: Any, result: Any) -> None:
         f = reported.figures
         short = f["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * f["requested_rate_rps"]
         result.tags["serve_rate_short"] = "true" if short else "false"
+    if continuous:
+        result.tags.update(serve_prefill=getattr(slot_module, "PREFILL", "whole"),
+                           serve_prompt_buckets=",".join(map(str, slots.buckets)))
     result.tags.update(serve_mode="closed" if o["concurrency"] is not None else "open",
-                       serve_batching="static", serve_buckets=",".join(map(str, buckets)))
-    result.series["serve_request_e2e_ms"] = [r.e2e_ms() for r in reported.requests]
+                       serve_batching=o["batching"],
+                       serve_length_dist=o["length_dist"] if lm else "fixed",
+                       serve_buckets=",".join(map(str, buckets)))
+    result.series["serve_request_e2e_ms"] = [r.e2e_ms() for r in reported.requests
+                                             if r.completed]
     path = Path(backend.spec.result_path).with_name("serve_requests.json")
     path.write_text(json.dumps([r.row() for r in reported.requests]))
     result.artifacts["serve_requests"] = str(path)
@@ -486,7 +595,10 @@ def _child(backend: Any, index: int, w: Window) -> dict[str, Any]:
     path = Path(backend.spec.result_path).with_name(f"serve_requests_probe{index}.json")
     path.write_text(json.dumps([r.row() for r in w.requests]))
     return {"suffix": f"probe{index}-rate{w.rate:.3g}", "metrics": dict(w.figures),
-            "tags": {"serve_probe": w.verdict, "serve_probe_index": str(index)},
-            "series": {"serve_request_e2e_ms": [r.e2e_ms() for r in w.requests]},
+            # each probe's p99 against the early-stopping minimum: a probe too small says so
+            "tags": {"serve_probe": w.verdict, "serve_probe_index": str(index),
+                     **tail_tags(w.figures)},
+            "series": {"serve_request_e2e_ms": [r.e2e_ms() for r in w.requests
+                                                if r.completed]},
             "artifacts": {"serve_requests": str(path)},
             "start_time_ms": w.started_ms, "end_time_ms": w.ended_ms}

@@ -66,6 +66,7 @@ FRAMEWORK = Framework(
         "user_remat": "fxtrack.frameworks.jax.user_model",
         "generate": "fxtrack.frameworks.jax.generate",
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
+        "slot_decode": "fxtrack.frameworks.jax.slots",
     },
     absent={
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "

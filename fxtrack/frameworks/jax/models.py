@@ -279,10 +279,11 @@ class Bert(nnx.Module):
 
 # ----------------------------------------------------------------------------- Llama decoder
 def rope(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos and sin (T, head_dim), float32, of the rotary angles at ``positions`` (T,): channel
-    i and i + head_dim/2 share the frequency theta^(-2i/head_dim) (Hugging Face's rotate-half)."""
+    """cos and sin (T, head_dim), float32, of the rotary angles at ``positions`` (T,) (or
+    (B, T, head_dim) at (B, T): a position per row): channel i and i + head_dim/2 share the
+    frequency theta^(-2i/head_dim) (Hugging Face's rotate-half)."""
     inv_freq = theta ** (-jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    angles = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]  # (T, head_dim/2)
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # (..., T, head_dim/2)
     angles = jnp.concatenate([angles, angles], axis=-1)
     return jnp.cos(angles), jnp.sin(angles)
 
@@ -291,7 +292,9 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     """x (B, T, heads, head_dim) rotated: x cos + rotate_half(x) sin."""
     half = x.shape[-1] // 2
     rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    if cos.ndim == 2:  # one position per step, shared by the rows
+        cos, sin = cos[None], sin[None]
+    cos, sin = cos[:, :, None, :], sin[:, :, None, :]
     return (x * cos + rotated * sin).astype(x.dtype)
 
 
@@ -334,7 +337,13 @@ class LlamaAttention(nnx.Module):
         q = apply_rope(self.q_proj(x).reshape(b, t, self.heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).reshape(b, t, self.kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).reshape(b, t, self.kv_heads, self.head_dim)
-        if cache is not None:  # written in place when the caller donates the cache
+        if cache is not None and pos is not None and pos.ndim == 1:  # a position per row
+            def write(c: jax.Array, new: jax.Array, at: jax.Array) -> jax.Array:
+                return jax.lax.dynamic_update_slice(c, new, (at, 0, 0))
+
+            cache = tuple(jax.vmap(write)(c, new.astype(c.dtype), pos)
+                          for c, new in zip(cache, (k, v)))
+        elif cache is not None:  # written in place when the caller donates the cache
             at = (0, 0 if pos is None else pos, 0, 0)
             cache = tuple(jax.lax.dynamic_update_slice(c, new.astype(c.dtype), at)
                           for c, new in zip(cache, (k, v)))
@@ -346,7 +355,7 @@ class LlamaAttention(nnx.Module):
             y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
         else:  # XLA's: a (B, 1, heads, S) score row, no flash kernel to gain from
             ck, cv = (c.astype(q.dtype) for c in cache)
-            lengths = jnp.full((b,), pos + 1, jnp.int32)
+            lengths = jnp.broadcast_to(pos + 1, (b,)).astype(jnp.int32)
             y = jax.nn.dot_product_attention(q, ck, cv, key_value_seq_lengths=lengths,
                                              implementation="xla")
         return self.o_proj(y.astype(x.dtype).reshape(b, t, -1)), cache
@@ -417,18 +426,21 @@ class Llama(nnx.Module):
         shape = (batch, length, attn.kv_heads, attn.head_dim)
         return [(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype)) for _ in self.blocks]
 
-    def decode(self, ids: jax.Array, cache: list[KV], pos: jax.Array | None = None
-               ) -> tuple[jax.Array, list[KV]]:
+    def decode(self, ids: jax.Array, cache: list[KV], pos: jax.Array | None = None,
+               last: jax.Array | None = None) -> tuple[jax.Array, list[KV]]:
         """Logits of the last position (B, vocab) and the updated cache: the prompt ids (B, T)
         from position 0 when ``pos`` is None (prefill), else one token per row (B, 1) at the
-        traced position ``pos``."""
+        traced position ``pos`` (a scalar, or (B,): each row at its own). ``last``: the
+        position whose logits a prefill returns (a prompt padded at its end), traced."""
         start = 0 if pos is None else pos
-        cos, sin = rope(start + jnp.arange(ids.shape[1]), self.head_dim, self.theta)
+        positions = (start[:, None] if pos is not None and pos.ndim == 1 else start)
+        cos, sin = rope(positions + jnp.arange(ids.shape[1]), self.head_dim, self.theta)
         x, out = self.embed_tokens(ids), []
         for block, kv in zip(self.blocks, cache):
             x, kv = block.cached(x, cos, sin, kv, pos)
             out.append(kv)
-        return self._logits(x[:, -1:])[:, 0], out
+        at = x.shape[1] - 1 if last is None else last
+        return self._logits(jax.lax.dynamic_slice_in_dim(x, at, 1, axis=1))[:, 0], out
 
 
 _REMAT: dict[type, type] = {}  # block class -> its rematerialised subclass, made once

@@ -83,6 +83,7 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.keras.buckets",
     },
     absent={
+        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "user_serving_export": "framework=keras has no checkpoint path yet, for any model; "
                                "framework=tensorflow checkpoints and exports the same "
                                "model.keras builder",

@@ -65,6 +65,7 @@ FRAMEWORK = Framework(
         "user_tflite_export": "fxtrack.frameworks.tensorflow.user_deployment",
         "generate": "fxtrack.frameworks.tensorflow.generate",
         "serve_buckets": "fxtrack.frameworks.tensorflow.buckets",
+        "slot_decode": "fxtrack.frameworks.tensorflow.slots",
     },
     limits=(
         Limit("hardware.nodes > 1 with devices > 1 on a CPU",

@@ -70,6 +70,7 @@ FRAMEWORK = Framework(
         "user_remat": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
         "serve_buckets": "fxtrack.frameworks.torch.buckets",
+        "slot_decode": "fxtrack.frameworks.torch.slots",
         "converge": "fxtrack.frameworks.torch.converge",
     },
     limits=(

@@ -201,7 +201,8 @@ class LlamaAttention(nn.Module):
     With a ``cache`` (this layer's preallocated (B, kv_heads, L, hd) K and V): ``pos`` None is a
     prefill from position 0 (K/V written at [0, t), causal attention over the fresh ones); a
     ``pos`` tensor of t positions writes K/V there and attends over the whole cache, masked to
-    the positions <= each query's (a static shape, so a compiled decode step never recompiles)."""
+    the positions <= each query's (a static shape, so a compiled decode step never recompiles);
+    a (B, 1) ``pos`` is one position per row (continuous batching: each slot at its own)."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int) -> None:
         super().__init__()
@@ -220,7 +221,15 @@ class LlamaAttention(nn.Module):
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)  # autocast's dtype: no fp32 promotion
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        if cache is not None and pos is not None:  # decode: through the whole static cache
+        if cache is not None and pos is not None and pos.dim() == 2:  # one position per row
+            k_all, v_all = cache
+            rows, at = torch.arange(b, device=x.device), pos[:, 0]
+            k_all[rows, :, at] = k[:, :, 0].to(k_all.dtype)
+            v_all[rows, :, at] = v[:, :, 0].to(v_all.dtype)
+            mask = (torch.arange(k_all.shape[2], device=x.device) <= pos)[:, None, None]
+            y = F.scaled_dot_product_attention(q, k_all.to(q.dtype), v_all.to(q.dtype),
+                                               attn_mask=mask, enable_gqa=True)
+        elif cache is not None and pos is not None:  # decode: through the whole static cache
             k_all, v_all = cache
             k_all.index_copy_(2, pos, k.to(k_all.dtype))
             v_all.index_copy_(2, pos, v.to(v_all.dtype))
@@ -286,9 +295,11 @@ class Llama(nn.Module):
     def forward(self, ids: torch.Tensor, cache: Optional[Sequence[Sequence[torch.Tensor]]] = None,
                 pos: Optional[torch.Tensor] = None) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device) if pos is None else pos
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, hd/2), fp32
+        freqs = positions.float()[..., None] * self.inv_freq  # (T, hd/2) or (B, 1, hd/2), fp32
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
+        if positions.dim() == 2:  # a position per row: (B, 1, 1, hd) against (B, heads, 1, hd)
+            cos, sin = cos[:, None], sin[:, None]
         x = self.embed_tokens(ids)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, None if cache is None else cache[i], pos)

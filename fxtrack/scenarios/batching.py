@@ -1,0 +1,173 @@
+"""scenario=serve's request lengths, continuous batching and tail-size rule (issue 45):
+framework-free, tested with a fake decoder of fixed per-step time on a virtual clock.
+
+Continuous batching (``scenario.batching=continuous``), as the iteration-level schedulers of
+the LLM engines do: ``max_batch`` KV-cache slots; at each decode step every waiting request that
+has arrived takes a free slot and is prefilled whole at admission (its first token), then the
+step decodes one token for every occupied slot; a request whose last token is out frees its slot
+at once, so the next step may admit a waiting one. A request that waited past ``timeout_ms``
+before admission is dropped (failed, ``timeout``); one whose prefill or step raised is failed
+(``error``), never lost.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional, Protocol, Sequence
+
+import numpy as np
+
+from fxtrack.scenarios.options import LENGTH_DISTS
+# A drawn length is clipped to this many times its mean: the compiled shapes (the KV cache's
+# positions) are sized for the longest, so an unbounded lognormal tail would size them all.
+LENGTH_CAP_FACTOR = 4
+
+
+def draw_lengths(n: int, mean: int, dist: str, sigma: float, seed: int) -> list[int]:
+    """``n`` seeded lengths of mean ``mean`` (at least 1, at most LENGTH_CAP_FACTOR * mean):
+    ``fixed``: all ``mean``; ``uniform``: integers in mean +- round(sigma * mean);
+    ``lognormal``: exp(N(mu, sigma)), mu set so that the clipped draw's mean is ``mean`` (the
+    clip alone would lower it: by 7% at sigma 1)."""
+    if dist not in LENGTH_DISTS:
+        raise ValueError(f"scenario.length_dist must be one of {'|'.join(LENGTH_DISTS)}, "
+                         f"got {dist!r}")
+    if dist == "fixed" or sigma == 0:
+        return [int(mean)] * n
+    rng = np.random.default_rng(seed)
+    if dist == "uniform":
+        half = int(round(sigma * mean))
+        drawn = rng.integers(mean - half, mean + half + 1, n)
+    else:
+        drawn = np.rint(rng.lognormal(_clipped_mu(mean, sigma), sigma, n))
+    return [int(x) for x in np.clip(drawn, 1, LENGTH_CAP_FACTOR * mean)]
+
+
+def _clipped_mu(mean: float, sigma: float) -> float:
+    """The mu whose lognormal, clipped at LENGTH_CAP_FACTOR * mean, has mean ``mean``:
+    E[min(X, c)] = e^(mu + sigma^2/2) Phi((ln c - mu - sigma^2)/sigma) + c (1 - Phi((ln c - mu)
+    /sigma)) rises with mu from 0 to c, so a bisection finds it."""
+    cap = math.log(LENGTH_CAP_FACTOR * mean)
+
+    def phi(x: float) -> float:
+        return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+    def clipped_mean(mu: float) -> float:
+        return (math.exp(mu + sigma ** 2 / 2) * phi((cap - mu - sigma ** 2) / sigma)
+                + math.exp(cap) * (1 - phi((cap - mu) / sigma)))
+
+    lo, hi = math.log(mean) - sigma ** 2 / 2 - 1, cap
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if clipped_mean(mid) < mean else (lo, mid)
+    return (lo + hi) / 2
+
+
+PROMPT_BUCKET_FLOOR = 16  # the smallest padded prompt length compiled
+
+
+def prompt_buckets(longest: int) -> list[int]:
+    """The padded prompt lengths a slot's prefill is compiled for: powers of two from
+    PROMPT_BUCKET_FLOOR below ``longest``, then ``longest``: log2 shapes, padding under 2x."""
+    out, size = [], PROMPT_BUCKET_FLOOR
+    while size < longest:
+        out.append(size)
+        size *= 2
+    return out + [longest]
+
+
+def bucket_for(size: int, buckets: Sequence[int]) -> int:
+    """The smallest bucket that holds ``size``."""
+    return min(b for b in buckets if b >= size)
+
+
+def min_queries_for(percentile: float, confidence: float = 0.99) -> int:
+    """The fewest requests behind a ``percentile`` (e.g. 99) for MLPerf Inference's
+    early-stopping rule to accept it at ``confidence`` when none exceeded it: the least n with
+    P(no request above the percentile | n requests) = (percentile/100)^n <= 1 - confidence.
+    Derived from the binomial bound of mlcommons/inference loadgen/early_stopping.cc
+    (MinPassingQueriesFinder with t = 0 overlatency queries, tolerance d = 0); p99 at 99%: 459."""
+    p = percentile / 100.0
+    return int(math.ceil(math.log(1 - confidence) / math.log(p) - 1e-9))
+
+
+class SlotDecoder(Protocol):
+    """A framework's decoder seen per KV-cache slot: ``prefill`` one request's prompt of
+    ``prompt_len`` tokens into ``slot`` (its first token out), ``step`` one token for each of
+    ``slots``; each returns ``clock()`` read after waiting for the device."""
+
+    def prefill(self, slot: int, prompt_len: int) -> float: ...
+
+    def step(self, slots: Sequence[int]) -> float: ...
+
+
+class Pending(Protocol):
+    """What the scheduler reads and writes on a request (serve.Request)."""
+
+    arrival_s: float
+    prompt_len: int
+    new_tokens: int
+    start_s: float
+    token_s: list[float]
+    failed: str
+    batch_id: int
+    bucket: int
+
+
+def continuous_window(decoder: SlotDecoder, requests: Sequence[Pending], *, max_batch: int,
+                      timeout_ms: Optional[float] = None,
+                      clock: Callable[[], float] = time.perf_counter,
+                      sleep: Callable[[float], None] = time.sleep) -> None:
+    """Serve ``requests`` (sorted by arrival, times in s from the window's start) with
+    ``max_batch`` slots, filling in each record's admission, token times and failure."""
+    t0 = clock()
+    free = list(range(max_batch))
+    active: dict[int, Pending] = {}  # slot -> its request
+    waiting = 0  # requests[:waiting] were admitted or dropped
+    steps = 0
+
+    def finish(slot: int) -> None:
+        del active[slot]
+        free.append(slot)
+
+    while waiting < len(requests) or active:
+        now = clock() - t0
+        # admission at this step: every arrived request while a slot is free, oldest first
+        while waiting < len(requests) and requests[waiting].arrival_s <= now:
+            r = requests[waiting]
+            if timeout_ms is not None and (now - r.arrival_s) * 1e3 > timeout_ms:
+                r.failed, waiting = "timeout", waiting + 1
+                continue
+            if not free:
+                break
+            slot = free.pop(0)
+            r.start_s, r.batch_id, r.bucket = now, steps, max_batch
+            waiting += 1
+            try:
+                r.token_s.append(decoder.prefill(slot, r.prompt_len) - t0)
+            except Exception as e:  # noqa: BLE001 - a failed request is counted, not lost
+                r.failed = f"error: {type(e).__name__}"
+                free.append(slot)
+                continue
+            active[slot] = r
+            if r.new_tokens <= 1:
+                finish(slot)
+            now = clock() - t0
+        if not active:
+            if waiting < len(requests):  # idle until the next arrival
+                sleep(max(requests[waiting].arrival_s - (clock() - t0), 0.0))
+            continue
+        slots = sorted(active)
+        try:
+            t = decoder.step(slots) - t0
+        except Exception as e:  # noqa: BLE001 - every request in the step failed, none lost
+            for slot in slots:
+                active[slot].failed = f"error: {type(e).__name__}"
+                finish(slot)
+            continue
+        steps += 1
+        for slot in slots:
+            r = active[slot]
+            r.token_s.append(t)
+            if len(r.token_s) >= r.new_tokens:
+                finish(slot)
