@@ -353,6 +353,19 @@ def test_a_suggested_command_is_never_wrapped():
     assert command in text  # whole, to paste, though the table runs past 100 columns
 
 
+def test_a_wrapped_table_keeps_figures_with_thousands_separators():
+    """A table too wide for 100 columns wraps its cells; a figure such as '1,385.0' in it is
+    text, not a number to parse (tabulate's own wrapping raised ValueError on it)."""
+    from fxtrack.report import render
+    from fxtrack.report.tables import Table
+
+    header = ["run", *(f"figure number {k} in ms" for k in range(6))]
+    row = ["torch-llama-serve-fp32-x1-tiny-continuous", *["1,385.0"] * 6]
+    text = render.text_table(Table("wide", header, [row]))
+    assert max(map(len, text.splitlines())) <= render.WIDTH, text
+    assert text.count("1,385.0") == 6  # each figure whole on its line
+
+
 def test_installing_another_framework_does_not_move_a_runs_mfu(tmp_path, monkeypatch, capsys):
     """Issue 42: the same JAX run read 8.4% MFU with only JAX installed and 6.3% once torch was
     (its faster matmul became everyone's peak). The yardstick is the run's own framework's."""

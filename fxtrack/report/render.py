@@ -51,9 +51,21 @@ def _grid(table: Table, fmt: str, cell=lambda c: c, widths: Optional[list] = Non
     """The table's header and rows through tabulate: cells kept as written (no number parsing,
     never cut; wrapped where ``widths`` says), figures right-aligned."""
     align = ["right" if r else "left" for r in numeric(table)]
-    return tabulate([[cell(c) for c in row] for row in table.rows], [cell(h) for h in table.header],
-                    tablefmt=fmt, colalign=align, disable_numparse=True, maxcolwidths=widths,
-                    maxheadercolwidths=widths)
+    limits = widths or [None] * len(table.header)
+    # wrapped here, not by tabulate's maxcolwidths: its wrapping parses a cell such as '1,385.0'
+    # as a number whatever disable_numparse says (tabulate 0.9), and raises
+    rows = [[_wrap(cell(c), w) for c, w in zip(row, limits)] for row in table.rows]
+    # tabulate pads a header by 2 (its MIN_PADDING), as fit_widths counts it
+    header = [_wrap(cell(h), w and max(w - 2, 1)) for h, w in zip(table.header, limits)]
+    return tabulate(rows, header,
+                    tablefmt=fmt, colalign=align, disable_numparse=True)
+
+
+def _wrap(text, width: Optional[int]):
+    """``text``'s lines wrapped at ``width`` (at spaces and hyphens, a longer word cut)."""
+    if width is None or not isinstance(text, str):
+        return text
+    return "\n".join("\n".join(textwrap.wrap(line, width)) or line for line in text.splitlines())
 
 
 WIDTH = 100  # a terminal table's most columns: wider cells wrap (never cut)
