@@ -115,3 +115,35 @@ def _free_framework_state():
         import ctypes
 
         ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+# Continuous batching's slot script (each framework's slots test): a in slot 0; b joins slot 1
+# after a's first step, while a decodes; c reuses slot 0 once a has its 6 tokens.
+SLOT_PROMPTS = {"a": 5, "b": 18, "c": 3}  # request -> prompt length (buckets 16 and 20)
+
+
+def drive_slots(slots) -> dict[str, list[int]]:
+    """Each request's tokens from a framework's slots (``prepare_slots(backend, 2, [16, 20],
+    ...)``) through the script above: the first token from its prefill, one per step after."""
+    got: dict[str, list[int]] = {name: [] for name in SLOT_PROMPTS}
+    owner: dict[int, str] = {}
+
+    def admit(slot: int, name: str) -> None:
+        owner[slot] = name
+        slots.prefill(slot, SLOT_PROMPTS[name])
+        got[name].append(int(slots.last[slot]))
+
+    def step() -> None:
+        slots.step(sorted(owner))
+        for slot, name in owner.items():
+            got[name].append(int(slots.last[slot]))
+
+    admit(0, "a")
+    step()
+    admit(1, "b")
+    for _ in range(4):
+        step()
+    admit(0, "c")
+    step()
+    step()
+    return got

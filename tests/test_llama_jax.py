@@ -18,7 +18,7 @@ from fxtrack.frameworks.jax.backend import JaxBackend  # noqa: E402
 from fxtrack.scenarios.generate import prompts  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
 
-from conftest import job_spec, tiny_arch  # noqa: E402
+from conftest import SLOT_PROMPTS, drive_slots, job_spec, tiny_arch  # noqa: E402
 from convert_llama import hf_state_numpy  # noqa: E402
 
 PROMPT, NEW = 8, 8  # the generation parity's prompt and new tokens, batch 2
@@ -218,30 +218,10 @@ def test_continuous_slots_decode_each_request_as_its_own_greedy_run(hf_and_decod
 
     _, backend, _ = hf_and_decoder
     slots = jax_slots.prepare_slots(backend, 2, prompt_buckets=[16, 20], longest=6)
-    got: dict[str, list[int]] = {"a": [], "b": [], "c": []}
-    owner = {0: "a"}
-
-    def admit(slot, name, length):
-        owner[slot] = name
-        slots.prefill(slot, length)
-        got[name].append(int(slots.last[slot]))
-
-    def step():
-        slots.step(sorted(owner))
-        for slot, name in owner.items():
-            got[name].append(int(slots.last[slot]))
-
-    admit(0, "a", 5)
-    step()
-    admit(1, "b", 18)  # joins while a decodes
-    for _ in range(4):
-        step()
-    admit(0, "c", 3)  # a is done (6 tokens): its slot is reused
-    step()
-    step()
+    got = drive_slots(slots)
     model = nnx.merge(backend.graphdef, backend.state.params, backend.state.batch_stats)
     forward = jax.jit(lambda ids: model(ids))  # one (1, 26) buffer: causal, one compile
-    for name, length in (("a", 5), ("b", 18), ("c", 3)):
+    for name, length in SLOT_PROMPTS.items():
         seq = np.zeros((1, 26), np.int32)
         seq[:, :length] = slots.ids[:, :length]
         for i in range(len(got[name])):

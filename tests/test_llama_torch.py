@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks.torch import generate, models  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
-from conftest import backend_class, job_spec  # noqa: E402
+from conftest import SLOT_PROMPTS, backend_class, drive_slots, job_spec  # noqa: E402
 from convert_llama import hf_reference, hf_state_numpy, to_torch  # noqa: E402
 
 GENERATE = dict(scenario="generate", runner="fxtrack.scenarios.generate:run",
@@ -184,26 +184,10 @@ def test_continuous_slots_decode_each_request_as_its_own_greedy_run():
     _, backend = _backend(_tiny())  # the reference's weights: greedy tokens vary
     slots = torch_slots.prepare_slots(backend, 2, prompt_buckets=[16, 20], longest=6)
     assert slots.buckets == [16, 20]
-    got: dict[str, list[int]] = {"a": [], "b": [], "c": []}
-    owner = {0: "a"}
-    got["a"].append(slots.prefill(0, 5) and int(slots.last[0]))
-    for step in range(5):
-        if step == 1:  # b joins slot 1 while a decodes
-            owner[1] = "b"
-            got["b"].append(slots.prefill(1, 18) and int(slots.last[1]))
-        slots.step(sorted(owner))
-        for slot, name in owner.items():
-            got[name].append(int(slots.last[slot]))
-    owner[0] = "c"  # a is done (6 tokens): its slot is reused by c
-    got["c"].append(slots.prefill(0, 3) and int(slots.last[0]))
-    for _ in range(2):
-        slots.step(sorted(owner))
-        for slot, name in owner.items():
-            got[name].append(int(slots.last[slot]))
-    lengths = {"a": 5, "b": 18, "c": 3}
+    got = drive_slots(slots)
     with torch.inference_mode():
         for name, tokens in got.items():
-            seq = slots.ids[:, :lengths[name]]
+            seq = slots.ids[:, :SLOT_PROMPTS[name]]
             want = []
             for _ in range(len(tokens)):
                 token = backend.model(seq)[:, -1].argmax(-1)

@@ -21,7 +21,7 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
-from conftest import hlo_dots, tiny_arch  # noqa: E402
+from conftest import SLOT_PROMPTS, drive_slots, hlo_dots, tiny_arch  # noqa: E402
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks import keras_models as models  # noqa: E402
 from fxtrack.frameworks.tensorflow import data, train  # noqa: E402
@@ -330,29 +330,9 @@ def test_continuous_slots_decode_each_request_as_its_own_greedy_run():
     # x10 the N(0, 0.02) weights: the layers, not the last token's embedding, pick each token
     backend.model.set_weights([w * 10 for w in backend.model.get_weights()])
     slots = tf_slots.prepare_slots(backend, 2, prompt_buckets=[16, 20], longest=7)
-    got: dict[str, list[int]] = {"a": [], "b": [], "c": []}
-    owner = {0: "a"}
-
-    def admit(slot, name, length):
-        owner[slot] = name
-        slots.prefill(slot, length)
-        got[name].append(int(slots.last[slot]))
-
-    def step():
-        slots.step(sorted(owner))
-        for slot, name in owner.items():
-            got[name].append(int(slots.last[slot]))
-
-    admit(0, "a", 5)
-    step()
-    admit(1, "b", 18)  # joins while a decodes
-    for _ in range(4):
-        step()
-    admit(0, "c", 3)  # a is done (6 tokens): its slot is reused
-    step()
-    step()
+    got = drive_slots(slots)
     full = tf.function(lambda ids: backend.model(ids, training=False))  # one (1, 27) trace
-    for name, length in (("a", 5), ("b", 18), ("c", 3)):
+    for name, length in SLOT_PROMPTS.items():
         seq = np.zeros((1, 27), np.int32)
         seq[:, :length] = slots.ids[:, :length]
         for i in range(len(got[name])):
