@@ -65,8 +65,9 @@ RUN_HERE: dict[str, tuple[tuple[str, ...], dict]] = {
     "serve": (("vit", "llama"), dict(batch_size=None, warmup_steps=1, options=SERVE)),
 }
 # Scenarios that are the orchestrator's sweeps of training runs (one worker per probe or
-# device count), not one worker job: where their tests live.
-ELSEWHERE = {"fit": "test_fit.py", "scaling": "test_scaling.py"}
+# device count), or whose check spans the sweep (converge: each framework's losses against the
+# first's, on real data), not one worker job: where their every-framework tests live.
+ELSEWHERE = {"fit": "test_fit.py", "scaling": "test_scaling.py", "converge": "test_converge.py"}
 
 
 def scenarios() -> list[str]:
