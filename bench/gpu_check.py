@@ -166,11 +166,17 @@ def run_job(framework: str, model: str, scenario: str, precision: str, batch: in
                    batch_size=batch, steps=steps, options=dict(options),
                    warmup_steps=warmup, result_path=str(out / f"{name}.json"), progress=False,
                    launcher=launcher(framework))
+    return launch(spec, name, out, timeout_s)
+
+
+def launch(spec: JobSpec, name: str, out: Path, timeout_s: float) -> Result:
+    """``spec``'s worker, started by the orchestrator's own command line (torchrun --standalone
+    for a DDP job), its log in ``out``; its Result read back ("no result": none written)."""
     spec_path = out / f"{name}.spec.json"
     spec.dump(spec_path)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with open(out / f"{name}.log", "w") as log:
-        try:  # the orchestrator's own command line: torchrun --standalone for a DDP job
+        try:
             subprocess.run(worker_command(spec, sys.executable, spec_path), env=env,
                            stdout=log, stderr=subprocess.STDOUT, timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -572,17 +578,7 @@ def converge_check(fw: str, out: Path, timeout_s: float,
                    compile_request="auto", seed=0, batch_size=None, steps=None,
                    warmup_steps=None, result_path=str(out / f"{name}.json"), progress=False,
                    data={"name": dataset, "path": None, "label": "label", "holdout": 0.2})
-    spec_path = out / f"{name}.spec.json"
-    spec.dump(spec_path)
-    with open(out / f"{name}.log", "w") as log:
-        try:
-            subprocess.run(worker_command(spec, sys.executable, spec_path),
-                           env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=log,
-                           stderr=subprocess.STDOUT, timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
-    path = Path(spec.result_path)
-    r = Result.read(path) if path.exists() else Result(spec.result_id, error="no result")
+    r = launch(spec, name, out, timeout_s)
     m = r.metrics
     if r.status != "FINISHED":
         return f"{name}: FAILED: {r.error}", [f"converge failed: {r.error}"]

