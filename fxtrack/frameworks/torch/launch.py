@@ -38,7 +38,10 @@ def loopback_store_class(base: type) -> type:
             is_master = kwargs.get("is_master", args[1] if len(args) > 1 else False)
             if (is_master and host_name in LOCAL_NAMES
                     and kwargs.get("master_listen_fd") is None):
-                kwargs["master_listen_fd"] = loopback_socket(int(port))
+                try:
+                    kwargs["master_listen_fd"] = loopback_socket(int(port))
+                except OSError:  # the port is taken: torch's own attempt raises the error its
+                    pass  # rendezvous knows (it then joins the store there as a client)
             super().__init__(host_name, port, *args, **kwargs)
 
     return LoopbackTCPStore
