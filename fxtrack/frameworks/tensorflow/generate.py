@@ -23,6 +23,17 @@ if TYPE_CHECKING:  # annotations only (the backend does not import this module)
     from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
 
 
+def kv_cache(model: Any, device: str, rows: int, length: int) -> list:
+    """Per layer of ``model`` (a ``keras_models.Llama``), K and V variables of shape (rows,
+    length, kv_heads, head_dim) in its compute dtype, zeroed, on ``device``."""
+    block = model.blocks[0]
+    shape = (rows, length, block.kv_heads, block.head_dim)
+    with tf.device(device):
+        return [(tf.Variable(tf.zeros(shape, block.compute_dtype), trainable=False),
+                 tf.Variable(tf.zeros(shape, block.compute_dtype), trainable=False))
+                for _ in model.blocks]
+
+
 class TensorFlowDecoder:
     """A ``fxtrack.frameworks.decoding.Decoder`` over ``backend.model`` (a ``keras_models.Llama``)."""
 
@@ -30,12 +41,8 @@ class TensorFlowDecoder:
         self.model, self.device = backend.model, backend.device
         self.prompt_len, self.length = prompt_len, prompt_len + new_tokens
         batch = int(backend.replica_batch()["input_ids"].shape[0])  # the built batch_size
-        block = self.model.blocks[0]
-        shape = (batch, self.length, block.kv_heads, block.head_dim)
+        self.cache = kv_cache(self.model, self.device, batch, self.length)
         with tf.device(self.device):
-            self.cache = [(tf.Variable(tf.zeros(shape, block.compute_dtype), trainable=False),
-                           tf.Variable(tf.zeros(shape, block.compute_dtype), trainable=False))
-                          for _ in self.model.blocks]
             self.position = tf.Variable(0, dtype=tf.int32, trainable=False)
         jit = bool(backend.spec.compile)
         self._prefill = tf.function(self._prefill_fn, jit_compile=jit)

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from fxtrack.frameworks.keras_models import gqa_attention
-from fxtrack.frameworks.tensorflow.generate import _argmax
+from fxtrack.frameworks.tensorflow.generate import _argmax, kv_cache
 
 if TYPE_CHECKING:
     from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
@@ -32,12 +32,7 @@ class TensorFlowSlots:
         self.model, self.device = backend.model, backend.device
         self.buckets = sorted(prompt_buckets)
         self.length = self.buckets[-1] + longest
-        block = self.model.blocks[0]
-        shape = (slots, self.length, block.kv_heads, block.head_dim)
-        with tf.device(self.device):
-            self.cache = [(tf.Variable(tf.zeros(shape, block.compute_dtype), trainable=False),
-                           tf.Variable(tf.zeros(shape, block.compute_dtype), trainable=False))
-                          for _ in self.model.blocks]
+        self.cache = kv_cache(self.model, self.device, slots, self.length)
         rng = np.random.default_rng(backend.spec.seed)  # one seeded prompt: a request reads n
         self.ids = rng.integers(0, backend.arch.vocab_size, (1, self.buckets[-1])).astype(np.int32)
         self.pos = np.zeros(slots, np.int32)
