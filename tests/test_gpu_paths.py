@@ -493,7 +493,9 @@ def test_gpu_check_launches_two_gpus_as_the_orchestrator_does(gpu_check, monkeyp
     assert result.error == "no result"  # nothing ran: no figure is made up
     assert ran[0][1:5] == ["-m", "fxtrack.frameworks.torch.launch", "--nproc-per-node=2",
                           "--standalone"]
-    spec = JobSpec.read(tmp_path / "torch-resnet50-scaling-bf16-x2.spec.json")
+    name = "torch-resnet50-scaling-bf16-x2"  # each job in its own folder (its streamed probes)
+    spec = JobSpec.read(tmp_path / name / f"{name}.spec.json")
+    assert spec.result_path == str(tmp_path / name / "result.json")
     assert (spec.devices, spec.launcher, spec.runner) == (2, "torchrun",
                                                           "fxtrack.scenarios.train:run")
     gpu_check.run_job("jax", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path, 60, devices=2)
@@ -675,3 +677,80 @@ def test_the_reports_memory_table_names_each_frameworks_device_counter():
     assert any("jax jax.peak_bytes_in_use; torch torch.max_memory_allocated" in n for n in notes)
     cpu = frame.drop(columns="tags.fxtrack.peak_mem_device_kind")  # a CPU run: no such tag
     assert not any("device counters" in n for n in memory(latest_runs(cpu).runs)[0].notes)
+
+
+# ---- JAX's cuDNN attention: chosen only where the backward takes the shape too ----------------
+
+def test_jax_attention_falls_back_where_cudnn_refuses_the_backward_and_says_why(monkeypatch):
+    """On an H200 (jax 0.11.2) cuDNN's forward took ViT's 17 tokens and its backward rule refused
+    them mid-training; a stand-in attention with that behaviour must give XLA and the reason."""
+    jax = pytest.importorskip("jax")
+    from fxtrack.frameworks.jax import devices
+
+    @jax.custom_vjp
+    def core(q, k, v):
+        return q
+
+    def forward(q, k, v):
+        if q.shape[1] % 16:
+            raise NotImplementedError(f"Unsupported sequence length Q {q.shape[1]}, KV 17.")
+        return q, None
+
+    core.defvjp(forward, lambda _, g: (g, g, g))
+
+    def attention(q, k, v, is_causal=False, implementation=None):
+        return core(q, k, v)
+    monkeypatch.setattr(jax.nn, "dot_product_attention", attention)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    for cached in (devices._attention_implementation, devices._cudnn_refusal):
+        cached.cache_clear()
+    try:
+        forward_only = jax.eval_shape(lambda q: jax.nn.dot_product_attention(q, q, q),
+                                      jax.ShapeDtypeStruct((2, 17, 4, 16), "bfloat16"))
+        assert forward_only.shape == (2, 17, 4, 16)  # what the old forward-only trial saw
+        assert devices.attention_implementation((2, 17, 4, 16), "bfloat16") == "xla"
+        assert devices.attention_tag((2, 17, 4, 16), "bfloat16") == (
+            "xla: cudnn refused: Unsupported sequence length Q 17, KV 17.")
+        assert devices.attention_implementation((2, 32, 4, 16), "bfloat16") == "cudnn"
+        assert devices.attention_tag((2, 32, 4, 16), "float32") == "xla"  # a choice, not a refusal
+    finally:
+        for cached in (devices._attention_implementation, devices._cudnn_refusal):
+            cached.cache_clear()
+
+
+def test_gpu_check_takes_a_named_cudnn_refusal_but_not_a_silent_xla(gpu_check):
+    refused = _ok(attention="xla: cudnn refused: Unsupported sequence length Q 197, KV 197.")
+    assert gpu_check.check("jax", "vit", "bf16", refused) == []
+    assert gpu_check.check("jax", "vit", "bf16", _ok(attention="xla")) == [
+        "attention 'xla', expected cuDNN at bf16"]
+
+
+def test_gpu_check_only_runs_the_named_jobs_in_order_in_every_framework(
+        gpu_check, monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda name: True)
+    ran = []
+
+    def fake_run_job(fw, model, scenario, precision, batch, options, steps, warmup, out,
+                     timeout_s, devices=1):
+        ran.append((fw, model, scenario, options.get("batching"), options.get("num_requests")))
+        return _ok(attention="sdpa:flash" if fw == "torch" else "cudnn",
+                   compile_mode="inductor:default" if fw == "torch" else "jit")
+
+    monkeypatch.setattr(gpu_check, "run_job", fake_run_job)
+    monkeypatch.setattr(gpu_check, "converge_check",
+                        lambda fw, out, timeout: (ran.append((fw, "converge")) or "ok", []))
+    monkeypatch.setattr(sys, "argv", [
+        "gpu_check.py", "--suite", "all", "--frameworks", "torch,jax", "--calibrate-s", "0",
+        "--serve-requests", "16", "--only", "converge,llama:serve:continuous,resnet50:train"])
+    gpu_check.main()
+    assert ran == [("torch", "converge"), ("jax", "converge"),
+                   ("torch", "llama", "serve", "continuous", 16),
+                   ("jax", "llama", "serve", "continuous", 16),
+                   ("torch", "resnet50", "train", None, None),
+                   ("jax", "resnet50", "train", None, None)]
+    assert [r["scenario"] for r in json.loads((tmp_path / "summary.json").read_text())] == [
+        "serve", "serve", "train", "train"]
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--only", "llama:serve:static"])
+    assert gpu_check.main() == 2  # not in the default suite: said, nothing run
+    assert "no such job in this suite: llama:serve:static" in capsys.readouterr().err

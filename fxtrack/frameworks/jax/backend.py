@@ -44,7 +44,7 @@ class JaxBackend(Backend):
                 shape = (self.batch_size, attention_tokens(self.arch), self.arch.heads,
                          self.arch.hidden // self.arch.heads)  # (B, T, heads, head_dim) per device
                 llama = self.arch.family == "llama"  # causal, grouped-query
-                tags["attention"] = devices.attention_implementation(
+                tags["attention"] = devices.attention_tag(
                     shape, dtype, self.arch.kv_heads if llama else None, causal=llama)
         return tags
 

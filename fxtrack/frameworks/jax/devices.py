@@ -47,11 +47,32 @@ def attention_implementation(shape: tuple[int, ...], dtype: Any, kv_heads: Optio
                                      kv_heads or shape[2], causal)
 
 
+def attention_tag(shape: tuple[int, ...], dtype: Any, kv_heads: Optional[int] = None,
+                  causal: bool = False) -> str:
+    """The ``fxtrack.attention`` tag: ``attention_implementation``'s answer, and where a GPU run at
+    bf16 / fp16 falls back to XLA, cuDNN's own reason (``xla: cudnn refused: ...``), so a run
+    that missed the fused path says why (ViT's 197 tokens, jax 0.11.2 on an H200)."""
+    impl = attention_implementation(shape, dtype, kv_heads, causal)
+    why = _cudnn_refusal(tuple(shape), jnp.dtype(dtype).name, jax.default_backend(),
+                         kv_heads or shape[2], causal)
+    return f"xla: cudnn refused: {why}" if impl == "xla" and why else impl
+
+
 @functools.lru_cache(maxsize=None)
 def _attention_implementation(shape: tuple[int, ...], dtype: str, backend: str, kv_heads: int,
                               causal: bool) -> str:
     if backend != "gpu" or dtype not in ("bfloat16", "float16"):
         return "xla"
+    return "xla" if _cudnn_refusal(shape, dtype, backend, kv_heads, causal) else "cudnn"
+
+
+@functools.lru_cache(maxsize=None)
+def _cudnn_refusal(shape: tuple[int, ...], dtype: str, backend: str, kv_heads: int,
+                   causal: bool) -> Optional[str]:
+    """Why cuDNN's fused attention refuses this shape forward or backward (None: it takes it, or
+    the run is not a GPU one at half precision, where XLA is the choice, not a refusal)."""
+    if backend != "gpu" or dtype not in ("bfloat16", "float16"):
+        return None
     q = jax.ShapeDtypeStruct(shape, jnp.dtype(dtype))
     kv = jax.ShapeDtypeStruct((*shape[:2], kv_heads, shape[3]), jnp.dtype(dtype))
 
@@ -61,9 +82,9 @@ def _attention_implementation(shape: tuple[int, ...], dtype: str, backend: str, 
     try:  # the backward too: its rule refuses shapes the forward takes (seq 17, jax 0.11.2 H200)
         jax.eval_shape(jax.grad(lambda a, b: attend(a, b).astype(jnp.float32).sum(),
                                 argnums=(0, 1)), q, kv)
-    except Exception:  # noqa: BLE001 -- any refusal (shape, dtype, cuDNN version) means XLA
-        return "xla"
-    return "cudnn"
+    except Exception as e:  # noqa: BLE001 -- any refusal (shape, dtype, cuDNN version) means XLA
+        return (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+    return None
 
 
 def _gpus() -> list[jax.Device]:
