@@ -393,20 +393,10 @@ def main() -> int:
     calibrated = calibrate(installed, precisions)
     rows, extra = [], []
     for fw in installed:
-        for model, scenario, precision, batch, options in jobs:
-            absent = declaration(f"fxtrack.frameworks.{fw}").absent.get("slot_decode")
-            if options.get("batching") == "continuous" and absent:
-                print(f"{fw} {model} serve continuous: skipped, declared absent: {absent}",
-                      flush=True)
-                continue
-            r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup,
-                        out, args.timeout)
-            add_mfu(r, precision, 1, calibrated)
-            r.dump(out / f"{job_name(fw, model, scenario, precision, 1, options)}.json")
-            problems = check(fw, model, precision, r, scenario)
-            rows.append((fw, model, scenario, precision, batch, r, problems))
-            print(f"{fw} {model} {scenario} {precision} x{batch}: {r.status} {r.error or ''}",
-                  flush=True)
+        for job in jobs:
+            row = checked_job(fw, job, args, out, calibrated)
+            if row is not None:
+                rows.append(row)
         if args.all:
             for job in FIT_CHECK:
                 extra.append(fit_search(fw, *job[:3], FIT_CHECK_PROBES, args, out / "fit"))
@@ -457,6 +447,28 @@ def main() -> int:
     return 1 if bad or not rows else 0
 
 
+def checked_job(fw: str, job: tuple, args: argparse.Namespace, out: Path,
+                calibrated: dict[str, tuple[float, str]], figures: bool = False
+                ) -> Optional[tuple]:
+    """One job in one framework, its Result written to ``out`` and checked, its line printed
+    (with its headline figures where ``figures``): the closing table's row, or None where the
+    framework declares the job's capability absent (said)."""
+    model, scenario, precision, batch, options = job
+    absent = declaration(f"fxtrack.frameworks.{fw}").absent.get("slot_decode")
+    if options.get("batching") == "continuous" and absent:
+        print(f"{fw} {model} serve continuous: skipped, declared absent: {absent}", flush=True)
+        return None
+    r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup, out,
+                args.timeout)
+    add_mfu(r, precision, 1, calibrated)
+    r.dump(out / f"{job_name(fw, model, scenario, precision, 1, options)}.json")
+    problems = check(fw, model, precision, r, scenario)
+    shown = ", ".join(f"{k} {r.metrics[k]:,.3g}" for k in SHOWN if k in r.metrics)
+    print(f"{fw} {model} {scenario} {precision} x{batch}: {r.status} {r.error or ''}"
+          + (f" {shown}" if figures and shown else ""), flush=True)
+    return fw, model, scenario, precision, batch, r, problems
+
+
 def job_key(job: tuple) -> str:
     """MODEL:SCENARIO, and :POLICY for a serve job: what --only names."""
     model, scenario, _, _, options = job
@@ -489,22 +501,10 @@ def focused(args: argparse.Namespace, jobs: list, frameworks: list[str]) -> int:
                 print(line, flush=True)
                 bad += [(fw, CONVERGE_CHECK[0], CONVERGE_CHECK[2], p) for p in problems]
                 continue
-            model, scenario, precision, batch, options = by_key[w]
-            absent = declaration(f"fxtrack.frameworks.{fw}").absent.get("slot_decode")
-            if options.get("batching") == "continuous" and absent:
-                print(f"{fw} {w}: skipped, declared absent: {absent}", flush=True)
-                continue
-            r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup,
-                        out, args.timeout)
-            add_mfu(r, precision, 1, calibrated)
-            r.dump(out / f"{job_name(fw, model, scenario, precision, 1, options)}.json")
-            problems = check(fw, model, precision, r, scenario)
-            rows.append((fw, model, scenario, precision, batch, r, problems))
-            bad += [(fw, model, precision, p) for p in problems]
-            m = r.metrics
-            figures = ", ".join(f"{k} {m[k]:,.3g}" for k in SHOWN if k in m)
-            print(f"{fw} {w} {precision} x{batch}: {r.status} {r.error or ''} {figures}",
-                  flush=True)
+            row = checked_job(fw, by_key[w], args, out, calibrated, figures=True)
+            if row is not None:
+                rows.append(row)
+                bad += [(fw, row[1], row[3], p) for p in row[6]]
     lm_table(rows)
     (out / "summary.json").write_text(json.dumps(
         [{"framework": fw, "model": m, "scenario": s, "precision": p, "batch": b,
