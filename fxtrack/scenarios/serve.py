@@ -39,8 +39,8 @@ from fxtrack.search import bracket_search
 from fxtrack.scenarios.options import ServeOptions, from_json
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
-# A probe of the rate search fails, whatever its SLOs, when requests complete this much slower
-# than they arrive: the queue grows without bound (the server is saturated). Without it a
+# A probe of the rate search fails, whatever its SLOs, when requests are admitted this much
+# slower than they arrive: the queue grows without bound (the server is saturated). Without it a
 # TPOT-only SLO never fails under static batching: queueing delays the first token, not the
 # gaps between tokens (docs/serving.md#the-rate-search).
 SATURATED_FRACTION = 0.10
@@ -248,6 +248,10 @@ def request_metrics(requests: list[Request], slo: dict[str, Optional[float]], lm
     ends = sorted(r.end_s for r in done)
     if len(ends) > 1 and ends[-1] > ends[0]:  # all in one batch: no rate to tell
         out["completion_rate_rps"] = (len(ends) - 1) / (ends[-1] - ends[0])
+    if "achieved_rate_rps" in out:
+        admitted = admission_rate(requests, out["achieved_rate_rps"])
+        if admitted is not None:
+            out["admission_rate_rps"] = admitted
     out["batches"] = float(len({r.batch_id for r in done}))
     if done:
         out["mean_batch_size"] = len(done) / out["batches"]
@@ -269,11 +273,32 @@ def slo_passes(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> bo
                if v is not None)
 
 
+def admission_rate(requests: Sequence[Request], arrival_rate: float) -> Optional[float]:
+    """How fast the queue was drained: ``arrival_rate`` / the least-squares slope of each
+    admitted request's admission time against its arrival time. A server that keeps up admits
+    each request a bounded wait after it arrives (slope 1, whatever its service times); one that
+    does not admits at its capacity C while requests arrive at R (slope R / C, so this gives C).
+    A fit over every request, not the span's two ends: one long request in flight at the end
+    (lognormal lengths) moves an end, not the slope. None without two distinct arrivals."""
+    admitted = [r for r in requests if math.isfinite(r.start_s)]
+    if len(admitted) < 2:
+        return None
+    a = np.array([r.arrival_s for r in admitted])
+    s = np.array([r.start_s for r in admitted])
+    spread = float(((a - a.mean()) ** 2).sum())
+    if spread <= 0:
+        return None
+    slope = float(((a - a.mean()) * (s - s.mean())).sum()) / spread
+    return arrival_rate / slope if slope > 0 else None
+
+
 def saturated(metrics: dict[str, float]) -> bool:
-    """Requests completed more than SATURATED_FRACTION slower than they arrived: the queue
-    grew through the window, so the rate is past what the server sustains."""
-    done, came = metrics.get("completion_rate_rps"), metrics.get("achieved_rate_rps")
-    return done is not None and came is not None and done < (1 - SATURATED_FRACTION) * came
+    """Requests were admitted more than SATURATED_FRACTION slower than they arrived: the queue
+    grew through the window, so the rate is past what the server sustains. Admissions, not
+    completions: the completions' span also holds the spread of the service times (lognormal
+    lengths over a short window stretch it however fast the server keeps up)."""
+    took, came = metrics.get("admission_rate_rps"), metrics.get("achieved_rate_rps")
+    return took is not None and came is not None and took < (1 - SATURATED_FRACTION) * came
 
 
 def probe_verdict(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> str:
