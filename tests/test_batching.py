@@ -186,6 +186,95 @@ def test_a_p99_over_too_few_requests_is_tagged():
     assert serve.tail_tags(enough)["serve_p99_undersized"] == "false"
 
 
+def test_a_sized_window_leaves_room_for_the_failures_a_passing_probe_may_have():
+    n = serve.sized_requests()
+    assert n == 464  # 459 / (1 - 1%), rounded up
+    failed = int(serve.FAILED_FRACTION * n)  # the most a passing probe may lose
+    figures = {"serve_requests": float(n), "failed_requests": float(failed),
+               "serve_percentile_requests": float(n - failed)}
+    assert serve.probe_verdict(figures, NO_SLO) == "pass"
+    assert serve.tail_tags(figures)["serve_p99_undersized"] == "false"
+
+
+def _fake_probe(small_limit, sized_limit, calls):
+    """A probe passing up to ``small_limit`` req/s with few requests, ``sized_limit`` with a
+    sized window (a longer window sees the tail a short one missed)."""
+
+    def probe(rate, n):
+        calls.append((rate, n))
+        limit = small_limit if n < 459 else sized_limit
+        return serve.Window(rate, [], {"serve_requests": float(n),
+                                       "serve_percentile_requests": float(n)},
+                            verdict="pass" if rate <= limit else "slo")
+
+    return probe
+
+
+def test_a_sized_search_confirms_its_answer_with_enough_requests_or_says_it_could_not():
+    sized = serve.sized_requests()
+    # the small probes pass 1, 2, 4, 8 and 10 (bracket [10, 12]); at full size only 4 holds
+    calls = []
+    probes, best, lowest, reported = serve.search_windows(_fake_probe(10.5, 6, calls), 1.0,
+                                                          0.25, 32, sized)
+    assert calls[-3:] == [(10, sized), (8, sized), (4, sized)]  # highest first, at full size
+    assert all(n == 32 for _, n in calls[:-3])
+    assert (best, lowest) == (4, 8) and reported is probes[-1] and reported.rate == 4
+    assert serve.tail_tags(reported.figures)["serve_p99_undersized"] == "false"
+    # none holds at full size within MAX_CONFIRMATIONS: the highest small pass below them,
+    # whose p99 is undersized (the run's fxtrack.serve_tail_sized says could_not)
+    calls = []
+    probes, best, lowest, reported = serve.search_windows(_fake_probe(10.5, 0.1, calls), 1.0,
+                                                          0.25, 32, sized)
+    assert len([c for c in calls if c[1] == sized]) == serve.MAX_CONFIRMATIONS
+    assert (best, lowest) == (2, 4) and reported.rate == 2
+    assert serve.tail_tags(reported.figures)["serve_p99_undersized"] == "true"
+    # not asked: the small probes' answer, as before
+    calls = []
+    _, best, lowest, reported = serve.search_windows(_fake_probe(10.5, 6, calls), 1.0, 0.25, 32)
+    assert (best, lowest) == (10, 12) and {n for _, n in calls} == {32}
+
+
+def test_a_sized_search_over_a_fake_server_reports_a_p99_of_enough_requests():
+    # static batching, lognormal lengths, a TPOT SLO: the search's answer rests on 464 requests
+    slo = {"ttft_ms": None, "tpot_ms": 10.0, "e2e_ms": None}
+
+    def probe(rate, n):
+        clock = VirtualClock()
+        tokens = batching.draw_lengths(n, 5, "lognormal", 0.8, seed=2)
+        arrivals = np.concatenate([[0.0], np.cumsum(serve.arrival_gaps(rate, n, 1.0, 1)[1:])])
+        reqs = serve.serve_window(fake_server(clock, 0.02, 0.005), max_batch=4,
+                                  max_wait_ms=5.0, buckets=[4], tokens=tokens,
+                                  arrivals_s=arrivals, clock=clock, sleep=clock.sleep)
+        figures = serve.request_metrics(reqs, slo, True, rate)
+        return serve.Window(rate, reqs, figures, serve.probe_verdict(figures, slo))
+
+    probes, best, lowest, reported = serve.search_windows(probe, 4.0, 0.25, 32,
+                                                          serve.sized_requests())
+    assert best > 0 and reported.rate == best and reported.verdict == "pass"
+    assert reported.figures["serve_percentile_requests"] >= batching.min_queries_for(99)
+    assert len(reported.requests) == serve.sized_requests() and best < lowest
+
+
+@pytest.mark.slow
+def test_a_sized_fixed_rate_window_is_honoured_in_the_worker(tmp_path):
+    """torch, tiny Llama, scenario.sized_tail=true at one rate: the window takes 464 requests
+    whatever num_requests says, the p99 is not undersized and the run says it was honoured."""
+    pytest.importorskip("torch")
+    from conftest import job_spec
+
+    from fxtrack.worker.__main__ import run
+
+    options = {"prompt_len": 4, "new_tokens": 2, "rate": "400", "num_requests": 8,
+               "max_batch": 4, "sized_tail": True, "slo": {}}
+    spec = job_spec("torch", "llama", tmp_path, scenario="serve",
+                    runner="fxtrack.scenarios.serve:run", options=options, batch_size=None)
+    result = run(spec)
+    assert result.status == "FINISHED", result.error
+    assert result.metrics["serve_requests"] == serve.sized_requests()
+    assert result.tags["serve_p99_undersized"] == "false"
+    assert result.tags["serve_tail_sized"] == "true"
+
+
 def test_continuous_batching_is_refused_with_the_declared_reason():
     from fxtrack.frameworks.declaration import declaration
 

@@ -375,6 +375,7 @@ def test_tensorflow_says_it_cannot_count_compilations():
     ({"rate": "4", "timeout_ms": 0}, "scenario.timeout_ms must be a positive number"),
     ({"rate": "4", "batching": "continuous"}, "a language model's"),
     ({"concurrency": 2, "batching": "continuous"}, "serves an open loop"),
+    ({"rate": "4", "duration_s": 5, "sized_tail": True}, "scenario.sized_tail sizes a window"),
 ])
 def test_more_bad_serve_input_is_refused_in_one_line(options, message):
     why = serve.refusal(options, lm=False)

@@ -214,6 +214,10 @@ class ServeOptions(Options):
     max_wait_ms: float = 10.0  # the batcher waits this long for a batch to fill
     batch_buckets: Optional[list[int]] = None  # padded batch sizes compiled; None: [max_batch]
     num_requests: int = 32  # requests per window (each probe of a search)
+    # the reported p99 over enough requests for MLPerf's early-stopping rule (459): a fixed
+    # rate's window takes that many; a search's small probes find the bracket, then a window
+    # of that many confirms its highest passing rate (docs/serving.md#enough-requests-for-a-tail)
+    sized_tail: bool = False
     duration_s: Optional[float] = None  # or: the requests arriving within this many seconds
     resolution: float = 0.25  # the rate search stops when the bracket is this fraction of the rate
     # static: a batch's requests start and end together; continuous: a request joins a free
@@ -255,6 +259,9 @@ class ServeOptions(Options):
             raise ValueError("scenario.batching=continuous serves an open loop; drop "
                              "scenario.concurrency or use scenario.batching=static")
         at_least("scenario.", 2, num_requests=self.num_requests)
+        if self.sized_tail and self.duration_s is not None:
+            raise ValueError("scenario.sized_tail sizes a window by its requests; drop "
+                             "scenario.duration_s (or scenario.sized_tail)")
         if self.rate != "search":
             try:
                 rate = float(self.rate)

@@ -45,6 +45,10 @@ RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested
 # gaps between tokens (docs/serving.md#the-rate-search).
 SATURATED_FRACTION = 0.10
 MAX_TIMED_REQUESTS = 100_000  # scenario.duration_s: the most requests one window may hold
+FAILED_FRACTION = 0.01  # a probe with more of its requests failed fails (no p99 of them holds)
+# scenario.sized_tail with rate=search: the passing rates confirmed at full size, highest first,
+# before the search gives up (each costs sized_requests() / rate seconds)
+MAX_CONFIRMATIONS = 3
 
 
 @dataclasses.dataclass
@@ -267,6 +271,25 @@ def tail_tags(figures: dict[str, float], percentile_q: float = 99) -> dict[str, 
             "serve_p99_undersized": "true" if have < need else "false"}
 
 
+def sized_requests(percentile_q: float = 99) -> int:
+    """A window's requests for scenario.sized_tail: the early-stopping minimum behind the
+    percentile, with room for the failures a passing probe may have (FAILED_FRACTION)."""
+    return math.ceil(min_queries_for(percentile_q) / (1 - FAILED_FRACTION))
+
+
+def confirm_rates(passing: Sequence[float], probe: Callable[[float], bool],
+                  limit: int = MAX_CONFIRMATIONS) -> tuple[Optional[float], list[float]]:
+    """scenario.sized_tail after a search of small probes: serve a full-sized window
+    (``probe``) at the passing rates, highest first, until one passes; at most ``limit`` of
+    them. Returns the confirmed rate (None: none within the limit) and those that failed."""
+    failed: list[float] = []
+    for rate in sorted(set(passing), reverse=True)[:limit]:
+        if probe(rate):
+            return rate, failed
+        failed.append(rate)
+    return None, failed
+
+
 def slo_passes(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> bool:
     """A probe passes when the p99 of every SLO that is set meets it."""
     return all(metrics.get(f"serve_{k}_p99", math.inf) <= v for k, v in slo.items()
@@ -304,7 +327,7 @@ def saturated(metrics: dict[str, float]) -> bool:
 def probe_verdict(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> str:
     """A rate-search probe: ``pass``, ``failed`` (more than 1% of its requests failed: no p99
     of them can meet an SLO), ``slo`` (a p99 missed its SLO) or ``saturated``."""
-    if metrics.get("failed_requests", 0) > 0.01 * metrics.get("serve_requests", 1):
+    if metrics.get("failed_requests", 0) > FAILED_FRACTION * metrics.get("serve_requests", 1):
         return "failed"
     if not slo_passes(metrics, slo):
         return "slo"
@@ -446,6 +469,36 @@ class Window:
     ended_ms: Optional[int] = None
 
 
+def search_windows(probe: Callable[[float, int], Window], start: float, resolution: float,
+                   small: int, sized: Optional[int] = None,
+                   ) -> tuple[list[Window], float, float, Window]:
+    """The rate search over windows: ``probe(rate, requests)`` serves one and gives its verdict.
+    Probes of ``small`` requests find the bracket; with ``sized`` (scenario.sized_tail) windows
+    of that many then confirm the passing rates, highest first (confirm_rates). Returns every
+    window, the highest passing rate (0: none), the lowest failing (inf: none) and the window
+    whose figures are reported: the confirming one, else the highest passing probe's (else the
+    last)."""
+    probes: list[Window] = []
+
+    def passes(rate: float, n: int = small) -> bool:
+        probes.append(probe(rate, n))
+        return probes[-1].verdict == "pass"
+
+    found = search_rate(passes, start, resolution, max_rate=1024 * start)
+    best, lowest = found.max_rate_rps, found.lowest_failing_rps
+    if sized is not None:  # the small probes found the bracket; a full window confirms
+        confirmed, refuted = confirm_rates([w.rate for w in probes if w.verdict == "pass"],
+                                           lambda rate: passes(rate, sized))
+        lowest = min([lowest, *refuted])
+        if confirmed is not None:
+            return probes, confirmed, lowest, probes[-1]
+        # none held at full size: the highest small pass below them (its p99 undersized)
+        best = max((w.rate for w in probes if w.verdict == "pass" and w.rate < lowest),
+                   default=0.0)
+    passing = [w for w in probes if w.rate == best and w.verdict == "pass"]
+    return probes, best, lowest, (passing or probes[-1:])[-1]
+
+
 def run(backend: Any, result: Any) -> None:
     """The worker's runner: build at the largest bucket, compile every bucket in the warm-up,
     serve the window (or search the rate: one window per probe, each a child run of this one),
@@ -464,7 +517,10 @@ def run(backend: Any, result: Any) -> None:
     buckets = sorted(set(o["batch_buckets"]))
     backend.spec.batch_size = max(buckets)
     seed = backend.spec.seed
-    bound = MAX_TIMED_REQUESTS if o["duration_s"] is not None else o["num_requests"]
+    # scenario.sized_tail: a fixed-rate or closed-loop window, or a search's confirming ones,
+    # hold enough requests for the p99 (refused with duration_s)
+    sized = max(o["num_requests"], sized_requests()) if o["sized_tail"] else o["num_requests"]
+    bound = MAX_TIMED_REQUESTS if o["duration_s"] is not None else sized
     # each request's prompt and output lengths, drawn ahead (seeded): the compiled shapes are
     # sized for the longest drawn
     if lm:
@@ -504,19 +560,19 @@ def run(backend: Any, result: Any) -> None:
 
     served: list[int] = []  # requests of every window (a search's probes included)
 
-    def window(rate: Optional[float]) -> Window:
+    def window(rate: Optional[float], n: int = bound) -> Window:
         before = compiles()
         started_ms = int(time.time() * 1000)  # wall clock: the probe's child run's start
         if rate is None:
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
-                                buckets=buckets, tokens=tokens, duration_s=o["duration_s"],
+                                buckets=buckets, tokens=tokens[:n], duration_s=o["duration_s"],
                                 concurrency=int(o["concurrency"]), prompt_lens=prompt_lens,
                                 timeout_ms=o["timeout_ms"])
         else:
             if o["duration_s"] is not None:  # (one seeded draw of arrivals per rate)
                 arrivals = arrivals_within(rate, o["burstiness"], seed, o["duration_s"])
             else:
-                gaps = arrival_gaps(rate, len(tokens), o["burstiness"], seed)
+                gaps = arrival_gaps(rate, n, o["burstiness"], seed)
                 arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
             if continuous:
                 reqs = [Request(i, float(a), int(k), prompt_len=int(n))
@@ -551,24 +607,22 @@ def run(backend: Any, result: Any) -> None:
             t = time.perf_counter()
             server(buckets[-1], [new_tokens])
             start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
-            probes: list[Window] = []
-
             children: list[dict[str, Any]] = []
 
-            def passes(rate: float) -> bool:
-                w = window(rate)
+            def probe(rate: float, n: int) -> Window:
+                w = window(rate, n)
                 w.verdict = probe_verdict(w.figures, o["slo"])
-                probes.append(w)
-                children.append(_child(backend, len(probes) - 1, w))
+                children.append(_child(backend, len(children), w))
                 append_child(backend.spec.result_path, children[-1])  # kept if the worker dies
-                return w.verdict == "pass"
+                return w
 
-            found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
-            m.update(max_rate_under_slo_rps=found.max_rate_rps,
-                     highest_passing_rate_rps=found.max_rate_rps)
-            failing = [w for w in probes if w.rate == found.lowest_failing_rps]
-            if math.isfinite(found.lowest_failing_rps):
-                m["lowest_failing_rate_rps"] = found.lowest_failing_rps
+            probes, best, lowest, reported = search_windows(
+                probe, start, o["resolution"], o["num_requests"],
+                sized if o["sized_tail"] else None)
+            m.update(max_rate_under_slo_rps=best, highest_passing_rate_rps=best)
+            failing = [w for w in probes if w.rate == lowest and w.verdict != "pass"]
+            if math.isfinite(lowest):
+                m["lowest_failing_rate_rps"] = lowest
             result.tags["serve_search_stop"] = failing[-1].verdict if failing else "max_rate"
             result.series["serve_probe_rate_rps"] = [w.rate for w in probes]
             result.series["serve_probe_achieved_rps"] = [w.figures["request_throughput_rps"]
@@ -576,8 +630,6 @@ def run(backend: Any, result: Any) -> None:
             for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
                 if k in probes[0].figures:
                     result.series[f"serve_probe_{k}"] = [w.figures[k] for w in probes]
-            # the figures of the highest passing probe (else the last)
-            reported = ([w for w in probes if w.rate == found.max_rate_rps] or probes[-1:])[-1]
             result.tags["serve_probes"] = str(len(probes))
             result.children = children
             # every window's compilations, the probes' included
@@ -591,6 +643,10 @@ def run(backend: Any, result: Any) -> None:
     m["param_count"] = float(backend.param_count())
     m.update(load_s=load_s, compile_s=compile_s, first_request_ms=first_request_ms)
     result.tags.update(tail_tags(reported.figures))
+    # asked for a sized tail: whether the reported p99 got it (failures or a search whose
+    # confirming windows all failed can leave it short)
+    result.tags["serve_tail_sized"] = ("false" if not o["sized_tail"] else "could_not"
+                                       if result.tags["serve_p99_undersized"] == "true" else "true")
     if uncounted is not None:
         result.tags["serve_recompiles_not_counted"] = uncounted
     elif m["serve_recompiles"] > 0:  # a shape the warm-up did not compile: the window paid it
