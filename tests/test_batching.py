@@ -107,6 +107,61 @@ def test_drawn_lengths_have_the_requested_mean_and_are_seeded(dist, sigma):
         assert set(drawn) == {mean}
 
 
+def test_lengths_drawn_from_pycode_are_seeded_vary_and_have_the_requested_means():
+    prompts, outputs = batching.request_lengths(20_000, 16, 24, "dataset", 0.5, seed=3,
+                                                source="pycode")
+    assert abs(np.mean(prompts) / 16 - 1) < 0.03 and abs(np.mean(outputs) / 24 - 1) < 0.03
+    assert len(set(prompts)) > 10 and len(set(outputs)) > 10  # both vary, as the code's blocks
+    assert 1 <= min(prompts) and max(prompts) <= 4 * 16 and max(outputs) <= 4 * 24
+    again = batching.request_lengths(20_000, 16, 24, "dataset", 0.5, seed=3, source="pycode")
+    assert again == (prompts, outputs)
+    assert again != batching.request_lengths(20_000, 16, 24, "dataset", 0.5, seed=4,
+                                             source="pycode")
+
+
+def test_lengths_drawn_from_a_text_file_keep_its_pairs(tmp_path):
+    # alternating prompts and responses: a short prompt gets a short answer, a long one a long
+    text = "\n\n".join(["q" * 10, "a" * 100, "Q" * 30, "A" * 300] * 5) + "\n"
+    path = tmp_path / "chat.txt"
+    path.write_text(text)
+    assert batching.dataset_pairs(str(path)).tolist() == [[10, 100], [30, 300]] * 5
+    prompts, outputs = batching.dataset_lengths(2000, 8, 16, str(path), seed=1)
+    assert set(zip(prompts, outputs)) == {(4, 8), (12, 24)}  # scaled: means 8 and 16
+    assert abs(np.mean(prompts) / 8 - 1) < 0.05 and abs(np.mean(outputs) / 16 - 1) < 0.05
+
+
+def test_the_records_carry_both_drawn_lengths():
+    prompts, outputs = batching.request_lengths(40, 16, 8, "dataset", 0.5, seed=0,
+                                                source="pycode")
+    arrivals = np.arange(40) * 0.05
+    clock = VirtualClock()
+    reqs = [serve.Request(i, float(a), k, prompt_len=p)
+            for i, (a, k, p) in enumerate(zip(arrivals, outputs, prompts))]
+    batching.continuous_window(FakeSlots(clock), reqs, max_batch=4, clock=clock,
+                               sleep=clock.sleep)
+    rows = [r.row() for r in reqs]
+    assert [r["prompt_len"] for r in rows] == prompts
+    assert [r["new_tokens"] for r in rows] == [r["tokens"] for r in rows] == outputs
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"length_dist": "dataset"}, "scenario.length_dist=dataset draws lengths from"),
+    ({"length_dist": "lognormal", "length_data": "pycode"}, "set both or neither"),
+    ({"length_dist": "dataset", "length_data": "/no/such.txt"}, "neither pycode nor a readable"),
+    ({"length_dist": "dataset", "length_data": "{one}"}, "holds 1 record(s)"),
+    ({"length_dist": "dataset", "length_data": "{binary}"}, "is not UTF-8 text"),
+])
+def test_bad_length_data_is_refused_in_one_line(options, message, tmp_path):
+    (tmp_path / "one.txt").write_text("one paragraph only\n")
+    (tmp_path / "binary.txt").write_bytes(b"\xff\xfe\x00\n\nabc")
+    options = {k: v.format(one=tmp_path / "one.txt", binary=tmp_path / "binary.txt")
+               for k, v in options.items()}
+    why = serve.refusal({"rate": "4", **options}, lm=True)
+    assert why is not None and message in why and "\n" not in why
+    assert serve.refusal({"rate": "4", "length_dist": "dataset", "length_data": "pycode"},
+                         lm=True) is None
+
+
 def test_timed_out_requests_are_counted_and_not_in_goodput():
     # one slot, ten requests at once, each 20 tokens (0.105 s): most wait past 150 ms
     for serve_fn in (continuous, static):
@@ -256,16 +311,18 @@ def test_a_sized_search_over_a_fake_server_reports_a_p99_of_enough_requests():
 
 
 @pytest.mark.slow
-def test_a_sized_fixed_rate_window_is_honoured_in_the_worker(tmp_path):
+def test_a_sized_window_of_dataset_lengths_in_the_worker(tmp_path):
     """torch, tiny Llama, scenario.sized_tail=true at one rate: the window takes 464 requests
-    whatever num_requests says, the p99 is not undersized and the run says it was honoured."""
+    whatever num_requests says, the p99 is not undersized and the run says it was honoured;
+    the lengths are pycode's pairs, in the records."""
     pytest.importorskip("torch")
     from conftest import job_spec
 
     from fxtrack.worker.__main__ import run
 
     options = {"prompt_len": 4, "new_tokens": 2, "rate": "400", "num_requests": 8,
-               "max_batch": 4, "sized_tail": True, "slo": {}}
+               "max_batch": 4, "sized_tail": True, "length_dist": "dataset",
+               "length_data": "pycode", "slo": {}}
     spec = job_spec("torch", "llama", tmp_path, scenario="serve",
                     runner="fxtrack.scenarios.serve:run", options=options, batch_size=None)
     result = run(spec)
@@ -273,6 +330,13 @@ def test_a_sized_fixed_rate_window_is_honoured_in_the_worker(tmp_path):
     assert result.metrics["serve_requests"] == serve.sized_requests()
     assert result.tags["serve_p99_undersized"] == "false"
     assert result.tags["serve_tail_sized"] == "true"
+    assert result.tags["serve_length_dist"] == "dataset"
+    assert result.tags["serve_length_data"] == "pycode"
+    rows = json.loads(Path(result.artifacts["serve_requests"]).read_text())
+    prompts, outputs = batching.request_lengths(len(rows), 4, 2, "dataset", 0.5, spec.seed,
+                                                "pycode")
+    assert [r["prompt_len"] for r in rows] == prompts and len(set(prompts)) > 1
+    assert [r["tokens"] for r in rows] == [r["new_tokens"] for r in rows] == outputs
 
 
 def test_continuous_batching_is_refused_with_the_declared_reason():

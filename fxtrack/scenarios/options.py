@@ -223,7 +223,9 @@ class ServeOptions(Options):
     # static: a batch's requests start and end together; continuous: a request joins a free
     # KV-cache slot at the next decode step and leaves at its last token (language models)
     batching: str = "static"
-    length_dist: str = "fixed"  # fixed | uniform | lognormal: prompt and output lengths (seeded)
+    # fixed | uniform | lognormal | dataset: prompt and output lengths (seeded)
+    length_dist: str = "fixed"
+    length_data: Optional[str] = None  # length_dist=dataset: pycode, or a UTF-8 text file
     length_sigma: float = 0.5  # lognormal's sigma; uniform: half-width as a fraction of the mean
     timeout_ms: Optional[float] = None  # a request waiting longer than this is dropped (failed)
     token_spread: Optional[int] = None  # folded into length_dist=uniform: refused if given
@@ -252,6 +254,10 @@ class ServeOptions(Options):
         if self.length_dist == "uniform" and self.length_sigma >= 1:
             raise ValueError("scenario.length_sigma is the uniform's half-width as a fraction "
                              f"of the mean: below 1, got {self.length_sigma}")
+        if (self.length_dist == "dataset") != (self.length_data is not None):
+            raise ValueError("scenario.length_dist=dataset draws lengths from scenario."
+                             "length_data (pycode, or a text file), and only it reads one: "
+                             "set both or neither")
         if self.batching == "continuous" and self.batch_buckets is not None:
             raise ValueError("scenario.batching=continuous steps every one of scenario.max_batch "
                              "slots at once; drop scenario.batch_buckets")
@@ -286,6 +292,13 @@ class ServeOptions(Options):
             if lm_set:
                 return (f"scenario.slo.{lm_set[0]} is a language-model figure; this model has "
                         "only scenario.slo.e2e_ms")
+        if self.length_dist == "dataset":  # the corpus read and cut once, here
+            from fxtrack.scenarios.batching import dataset_pairs
+
+            try:
+                dataset_pairs(str(self.length_data))
+            except ValueError as e:
+                return str(e)
         if (self.concurrency is None and self.rate == "search"
                 and all(v is None for v in self.slo.as_dict().values())):
             return "scenario.rate=search needs an SLO to search under; set scenario.slo.e2e_ms"
@@ -298,7 +311,8 @@ class ServeOptions(Options):
 
 
 BATCHING = ("static", "continuous")
-LENGTH_DISTS = ("fixed", "uniform", "lognormal")  # fxtrack.scenarios.batching.draw_lengths
+# fxtrack.scenarios.batching.draw_lengths; dataset: batching.dataset_lengths
+LENGTH_DISTS = ("fixed", "uniform", "lognormal", "dataset")
 
 
 def defaults(cls: type, prefix: str = "scenario.") -> dict[str, Any]:

@@ -33,8 +33,8 @@ import numpy as np
 from fxtrack import families
 from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
-from fxtrack.scenarios.batching import (bucket_for, continuous_window, draw_lengths,
-                                        min_queries_for, prompt_buckets)
+from fxtrack.scenarios.batching import (bucket_for, continuous_window, min_queries_for,
+                                        prompt_buckets, request_lengths)
 from fxtrack.search import bracket_search
 from fxtrack.scenarios.options import ServeOptions, from_json
 
@@ -524,10 +524,9 @@ def run(backend: Any, result: Any) -> None:
     # each request's prompt and output lengths, drawn ahead (seeded): the compiled shapes are
     # sized for the longest drawn
     if lm:
-        tokens = draw_lengths(bound, int(o["new_tokens"]), o["length_dist"], o["length_sigma"],
-                              seed + 1)
-        prompt_lens = draw_lengths(bound, int(o["prompt_len"]), o["length_dist"],
-                                   o["length_sigma"], seed + 2)
+        prompt_lens, tokens = request_lengths(bound, int(o["prompt_len"]), int(o["new_tokens"]),
+                                              o["length_dist"], o["length_sigma"], seed,
+                                              o["length_data"])
     else:
         tokens, prompt_lens = [1] * bound, [0] * bound
     new_tokens, longest = (int(o["new_tokens"]), max(tokens)) if lm else (1, 1)
@@ -656,6 +655,8 @@ def run(backend: Any, result: Any) -> None:
         f = reported.figures
         short = f["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * f["requested_rate_rps"]
         result.tags["serve_rate_short"] = "true" if short else "false"
+    if lm and o["length_dist"] == "dataset":
+        result.tags["serve_length_data"] = o["length_data"]
     if continuous:
         result.tags.update(serve_prefill=getattr(slot_module, "PREFILL", "whole"),
                            serve_prompt_buckets=",".join(map(str, slots.buckets)))
