@@ -114,6 +114,18 @@ def dataset_pairs(source: str) -> np.ndarray:
     return np.array(records[:2 * pairs]).reshape(pairs, 2)
 
 
+def length_data_refusal(length_dist: str, length_data: Optional[str]) -> Optional[str]:
+    """Why scenario.length_data cannot give lengths (dataset_pairs' line), read and cut once
+    before any work; None when it can or is not read."""
+    if length_dist != "dataset":
+        return None
+    try:
+        dataset_pairs(str(length_data))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def dataset_lengths(n: int, prompt_mean: int, output_mean: int, source: str,
                     seed: int) -> tuple[list[int], list[int]]:
     """``n`` (prompt, output) pairs drawn with replacement from ``source``'s pairs (seeded),

@@ -292,13 +292,6 @@ class ServeOptions(Options):
             if lm_set:
                 return (f"scenario.slo.{lm_set[0]} is a language-model figure; this model has "
                         "only scenario.slo.e2e_ms")
-        if self.length_dist == "dataset":  # the corpus read and cut once, here
-            from fxtrack.scenarios.batching import dataset_pairs
-
-            try:
-                dataset_pairs(str(self.length_data))
-            except ValueError as e:
-                return str(e)
         if (self.concurrency is None and self.rate == "search"
                 and all(v is None for v in self.slo.as_dict().values())):
             return "scenario.rate=search needs an SLO to search under; set scenario.slo.e2e_ms"

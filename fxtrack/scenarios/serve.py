@@ -33,8 +33,8 @@ import numpy as np
 from fxtrack import families
 from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
-from fxtrack.scenarios.batching import (bucket_for, continuous_window, min_queries_for,
-                                        prompt_buckets, request_lengths)
+from fxtrack.scenarios.batching import (bucket_for, continuous_window, length_data_refusal,
+                                        min_queries_for, prompt_buckets, request_lengths)
 from fxtrack.search import bracket_search
 from fxtrack.scenarios.options import ServeOptions, from_json
 
@@ -401,7 +401,7 @@ def refusal(options: Any, lm: bool) -> Optional[str]:
         typed = from_json(ServeOptions, options)
     except ValueError as e:
         return str(e)
-    return typed.refusal(lm)
+    return typed.refusal(lm) or length_data_refusal(typed.length_dist, typed.length_data)
 
 
 def _servers(backend: Any, buckets: Sequence[int], lm: bool, prompt_len: int,
