@@ -164,6 +164,8 @@ METRICS: tuple[Metric, ...] = (
     _m("requested_rate_rps", "requests/s", NEITHER, "the arrival rate asked for", ("serve",)),
     _m("achieved_rate_rps", "requests/s", NEITHER, "the arrival rate achieved", ("serve",)),
     _m("completion_rate_rps", "requests/s", HIGHER, "how fast requests completed", ("serve",)),
+    _m("admission_rate_rps", "requests/s", HIGHER,
+       "how fast the queue was drained: the saturation verdict's figure", ("serve",)),
     _m("batches", "count", NEITHER, "batches served", ("serve",)),
     _m("mean_batch_size", "count", NEITHER, "requests per batch", ("serve",)),
     _m("serve_recompiles", "count", LOWER, "compilations inside the window", ("serve",)),

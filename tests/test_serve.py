@@ -272,7 +272,7 @@ def test_a_tiny_rate_search_logs_each_probe_as_a_child_run(tmp_path):
 def test_a_tpot_only_search_stops_where_the_server_saturates():
     """Static batching: queueing delays the first token, not the gaps between tokens, so a
     TPOT-only SLO holds at any rate; the search still brackets capacity because a probe whose
-    completions fall behind its arrivals fails as saturated."""
+    admissions fall behind its arrivals fails as saturated."""
     capacity = 4 / (0.02 + 4 * 0.005)  # a batch of up to 4, 5 tokens each: 40 ms -> 100 req/s
     slo = {"ttft_ms": None, "tpot_ms": 10.0, "e2e_ms": None}
 
@@ -285,6 +285,7 @@ def test_a_tpot_only_search_stops_where_the_server_saturates():
     assert serve.slo_passes(overloaded, slo)  # the SLO alone never fails ...
     assert serve.probe_verdict(overloaded, slo) == "saturated"  # ... saturation does
     assert overloaded["completion_rate_rps"] == pytest.approx(capacity, rel=0.02)
+    assert overloaded["admission_rate_rps"] == pytest.approx(capacity, rel=0.02)
     assert serve.probe_verdict(figures(0.5 * capacity), slo) == "pass"
     found = serve.search_rate(lambda r: serve.probe_verdict(figures(r), slo) == "pass",
                               start=5.0, resolution=0.05)
@@ -374,6 +375,7 @@ def test_tensorflow_says_it_cannot_count_compilations():
     ({"rate": "4", "timeout_ms": 0}, "scenario.timeout_ms must be a positive number"),
     ({"rate": "4", "batching": "continuous"}, "a language model's"),
     ({"concurrency": 2, "batching": "continuous"}, "serves an open loop"),
+    ({"rate": "4", "duration_s": 5, "sized_tail": True}, "scenario.sized_tail sizes a window"),
 ])
 def test_more_bad_serve_input_is_refused_in_one_line(options, message):
     why = serve.refusal(options, lm=False)

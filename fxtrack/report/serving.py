@@ -84,7 +84,7 @@ def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Tab
                           "achieved (req/s)"], rows,
                          ["latency and goodput are the reported window's (with rate=search: the "
                           "highest passing probe's)", "a probe fails when a p99 misses its SLO or "
-                          "when requests complete >10% slower than they arrive (saturated), or "
+                          "when requests are admitted >10% slower than they arrive (saturated), or "
                           "when more than 1% of its requests failed",
                           "static batching: a batch is prefilled and decoded together; "
                           "continuous: a request joins a free slot at the next decode step"]))

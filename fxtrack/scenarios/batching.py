@@ -12,8 +12,11 @@ before admission is dropped (failed, ``timeout``); one whose prefill or step rai
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import time
+from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
@@ -29,9 +32,8 @@ def draw_lengths(n: int, mean: int, dist: str, sigma: float, seed: int) -> list[
     ``fixed``: all ``mean``; ``uniform``: integers in mean +- round(sigma * mean);
     ``lognormal``: exp(N(mu, sigma)), mu set so that the clipped draw's mean is ``mean`` (the
     clip alone would lower it: by 7% at sigma 1)."""
-    if dist not in LENGTH_DISTS:
-        raise ValueError(f"scenario.length_dist must be one of {'|'.join(LENGTH_DISTS)}, "
-                         f"got {dist!r}")
+    if dist not in LENGTH_DISTS or dist == "dataset":  # dataset: drawn in pairs, below
+        raise ValueError(f"draw_lengths draws fixed|uniform|lognormal lengths, got {dist!r}")
     if dist == "fixed" or sigma == 0:
         return [int(mean)] * n
     rng = np.random.default_rng(seed)
@@ -61,6 +63,94 @@ def _clipped_mu(mean: float, sigma: float) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if clipped_mean(mid) < mean else (lo, mid)
     return (lo + hi) / 2
+
+
+def request_lengths(n: int, prompt_mean: int, output_mean: int, dist: str, sigma: float,
+                    seed: int, source: Optional[str] = None) -> tuple[list[int], list[int]]:
+    """Each of ``n`` requests' (prompt lengths, output lengths), seeded: from ``dist``
+    (draw_lengths, the two drawn apart) or, for ``dataset``, pairs drawn from ``source``
+    (dataset_lengths: a prompt and its output together)."""
+    if dist == "dataset":
+        return dataset_lengths(n, prompt_mean, output_mean, source or "", seed)
+    return (draw_lengths(n, prompt_mean, dist, sigma, seed + 2),
+            draw_lengths(n, output_mean, dist, sigma, seed + 1))
+
+
+PYCODE = "pycode"  # scenario.length_data: fxtrack.data's corpus of the stdlib's sources
+# a record of a corpus ends at a blank line (a paragraph; in code, a block between blank lines)
+RECORD_BREAK = re.compile(rb"\n[ \t\r\f\v]*\n\s*")
+
+
+@functools.lru_cache(maxsize=4)
+def dataset_pairs(source: str) -> np.ndarray:
+    """(prompt, output) lengths in bytes (the byte-level vocabulary's tokens) of a corpus:
+    ``pycode`` or a UTF-8 text file, cut into records at blank lines, each record paired with
+    the next one (records 0 and 1, 2 and 3, ...): the prompt a block, its output the block
+    that follows. ValueError, one line, for a corpus that cannot give two records."""
+    if source == PYCODE:
+        from fxtrack import data
+
+        split = data.load({"name": PYCODE})
+        text = bytes(np.concatenate([split.x_train, split.x_held]))
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise ValueError(f"scenario.length_data {source!r} is neither {PYCODE} nor a "
+                             "readable text file")
+        try:
+            text = path.read_bytes()
+            text.decode("utf-8")
+        except OSError as e:
+            raise ValueError(f"scenario.length_data {source!r} could not be read: "
+                             f"{type(e).__name__}") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"scenario.length_data {source!r} is not UTF-8 text (byte "
+                             f"{e.start})") from None
+    records = [len(r.rstrip()) for r in RECORD_BREAK.split(text) if r.strip()]
+    if len(records) < 2:
+        raise ValueError(f"scenario.length_data {source!r} holds {len(records)} record(s) "
+                         "separated by blank lines; a prompt and its output need at least 2")
+    pairs = len(records) // 2
+    return np.array(records[:2 * pairs]).reshape(pairs, 2)
+
+
+def length_data_refusal(length_dist: str, length_data: Optional[str]) -> Optional[str]:
+    """Why scenario.length_data cannot give lengths (dataset_pairs' line), read and cut once
+    before any work; None when it can or is not read."""
+    if length_dist != "dataset":
+        return None
+    try:
+        dataset_pairs(str(length_data))
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def dataset_lengths(n: int, prompt_mean: int, output_mean: int, source: str,
+                    seed: int) -> tuple[list[int], list[int]]:
+    """``n`` (prompt, output) pairs drawn with replacement from ``source``'s pairs (seeded),
+    each column scaled so that its clipped draw has the requested mean: a corpus gives the
+    shape of the lengths (their spread, a long prompt's long output), the options their size,
+    which the compiled shapes and the device must hold. Clipped as draw_lengths' are."""
+    pairs = dataset_pairs(source)
+    rows = np.random.default_rng(seed).integers(0, len(pairs), n)
+    return (_scaled(pairs[:, 0], prompt_mean)[rows].tolist(),
+            _scaled(pairs[:, 1], output_mean)[rows].tolist())
+
+
+def _scaled(lengths: np.ndarray, mean: int) -> np.ndarray:
+    """``lengths`` times the factor whose rounded, clipped ([1, LENGTH_CAP_FACTOR * mean])
+    values have mean ``mean``: the clipped mean rises with the factor, so a bisection finds it."""
+    cap = LENGTH_CAP_FACTOR * mean
+
+    def at(factor: float) -> np.ndarray:
+        return np.clip(np.rint(lengths * factor), 1, cap).astype(int)
+
+    lo, hi = 0.0, cap / max(float(lengths.min()), 1.0)  # hi: every length at the cap
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at(mid).mean() < mean else (lo, mid)
+    return at(hi)
 
 
 PROMPT_BUCKET_FLOOR = 16  # the smallest padded prompt length compiled

@@ -15,7 +15,10 @@ _MEASURE = "python -m fxtrack -m framework={frameworks} model={model} scenario=%
 
 def serve_refusal(options: o.ServeOptions, family: Any, batch_size: Optional[int]) -> Optional[str]:
     """Bad serve input the values alone cannot show, one line, before any work."""
-    why = options.refusal(family.generates)
+    from fxtrack.scenarios.batching import length_data_refusal  # numpy: when serve is asked
+
+    why = options.refusal(family.generates) or length_data_refusal(options.length_dist,
+                                                                   options.length_data)
     largest = options.buckets[-1]
     if why is None and batch_size is not None and batch_size != largest:
         # the model is built at the largest bucket: another batch_size would be dropped

@@ -214,12 +214,18 @@ class ServeOptions(Options):
     max_wait_ms: float = 10.0  # the batcher waits this long for a batch to fill
     batch_buckets: Optional[list[int]] = None  # padded batch sizes compiled; None: [max_batch]
     num_requests: int = 32  # requests per window (each probe of a search)
+    # the reported p99 over enough requests for MLPerf's early-stopping rule (459): a fixed
+    # rate's window takes that many; a search's small probes find the bracket, then a window
+    # of that many confirms its highest passing rate (docs/serving.md#enough-requests-for-a-tail)
+    sized_tail: bool = False
     duration_s: Optional[float] = None  # or: the requests arriving within this many seconds
     resolution: float = 0.25  # the rate search stops when the bracket is this fraction of the rate
     # static: a batch's requests start and end together; continuous: a request joins a free
     # KV-cache slot at the next decode step and leaves at its last token (language models)
     batching: str = "static"
-    length_dist: str = "fixed"  # fixed | uniform | lognormal: prompt and output lengths (seeded)
+    # fixed | uniform | lognormal | dataset: prompt and output lengths (seeded)
+    length_dist: str = "fixed"
+    length_data: Optional[str] = None  # length_dist=dataset: pycode, or a UTF-8 text file
     length_sigma: float = 0.5  # lognormal's sigma; uniform: half-width as a fraction of the mean
     timeout_ms: Optional[float] = None  # a request waiting longer than this is dropped (failed)
     token_spread: Optional[int] = None  # folded into length_dist=uniform: refused if given
@@ -248,6 +254,10 @@ class ServeOptions(Options):
         if self.length_dist == "uniform" and self.length_sigma >= 1:
             raise ValueError("scenario.length_sigma is the uniform's half-width as a fraction "
                              f"of the mean: below 1, got {self.length_sigma}")
+        if (self.length_dist == "dataset") != (self.length_data is not None):
+            raise ValueError("scenario.length_dist=dataset draws lengths from scenario."
+                             "length_data (pycode, or a text file), and only it reads one: "
+                             "set both or neither")
         if self.batching == "continuous" and self.batch_buckets is not None:
             raise ValueError("scenario.batching=continuous steps every one of scenario.max_batch "
                              "slots at once; drop scenario.batch_buckets")
@@ -255,6 +265,9 @@ class ServeOptions(Options):
             raise ValueError("scenario.batching=continuous serves an open loop; drop "
                              "scenario.concurrency or use scenario.batching=static")
         at_least("scenario.", 2, num_requests=self.num_requests)
+        if self.sized_tail and self.duration_s is not None:
+            raise ValueError("scenario.sized_tail sizes a window by its requests; drop "
+                             "scenario.duration_s (or scenario.sized_tail)")
         if self.rate != "search":
             try:
                 rate = float(self.rate)
@@ -291,7 +304,8 @@ class ServeOptions(Options):
 
 
 BATCHING = ("static", "continuous")
-LENGTH_DISTS = ("fixed", "uniform", "lognormal")  # fxtrack.scenarios.batching.draw_lengths
+# fxtrack.scenarios.batching.draw_lengths; dataset: batching.dataset_lengths
+LENGTH_DISTS = ("fixed", "uniform", "lognormal", "dataset")
 
 
 def defaults(cls: type, prefix: str = "scenario.") -> dict[str, Any]:

@@ -33,18 +33,22 @@ import numpy as np
 from fxtrack import families
 from fxtrack.job import append_child
 from fxtrack.measure.timer import percentile
-from fxtrack.scenarios.batching import (bucket_for, continuous_window, draw_lengths,
-                                        min_queries_for, prompt_buckets)
+from fxtrack.scenarios.batching import (bucket_for, continuous_window, length_data_refusal,
+                                        min_queries_for, prompt_buckets, request_lengths)
 from fxtrack.search import bracket_search
 from fxtrack.scenarios.options import ServeOptions, from_json
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
-# A probe of the rate search fails, whatever its SLOs, when requests complete this much slower
-# than they arrive: the queue grows without bound (the server is saturated). Without it a
+# A probe of the rate search fails, whatever its SLOs, when requests are admitted this much
+# slower than they arrive: the queue grows without bound (the server is saturated). Without it a
 # TPOT-only SLO never fails under static batching: queueing delays the first token, not the
 # gaps between tokens (docs/serving.md#the-rate-search).
 SATURATED_FRACTION = 0.10
 MAX_TIMED_REQUESTS = 100_000  # scenario.duration_s: the most requests one window may hold
+FAILED_FRACTION = 0.01  # a probe with more of its requests failed fails (no p99 of them holds)
+# scenario.sized_tail with rate=search: the passing rates confirmed at full size, highest first,
+# before the search gives up (each costs sized_requests() / rate seconds)
+MAX_CONFIRMATIONS = 3
 
 
 @dataclasses.dataclass
@@ -248,6 +252,10 @@ def request_metrics(requests: list[Request], slo: dict[str, Optional[float]], lm
     ends = sorted(r.end_s for r in done)
     if len(ends) > 1 and ends[-1] > ends[0]:  # all in one batch: no rate to tell
         out["completion_rate_rps"] = (len(ends) - 1) / (ends[-1] - ends[0])
+    if "achieved_rate_rps" in out:
+        admitted = admission_rate(requests, out["achieved_rate_rps"])
+        if admitted is not None:
+            out["admission_rate_rps"] = admitted
     out["batches"] = float(len({r.batch_id for r in done}))
     if done:
         out["mean_batch_size"] = len(done) / out["batches"]
@@ -263,23 +271,63 @@ def tail_tags(figures: dict[str, float], percentile_q: float = 99) -> dict[str, 
             "serve_p99_undersized": "true" if have < need else "false"}
 
 
+def sized_requests(percentile_q: float = 99) -> int:
+    """A window's requests for scenario.sized_tail: the early-stopping minimum behind the
+    percentile, with room for the failures a passing probe may have (FAILED_FRACTION)."""
+    return math.ceil(min_queries_for(percentile_q) / (1 - FAILED_FRACTION))
+
+
+def confirm_rates(passing: Sequence[float], probe: Callable[[float], bool],
+                  limit: int = MAX_CONFIRMATIONS) -> tuple[Optional[float], list[float]]:
+    """scenario.sized_tail after a search of small probes: serve a full-sized window
+    (``probe``) at the passing rates, highest first, until one passes; at most ``limit`` of
+    them. Returns the confirmed rate (None: none within the limit) and those that failed."""
+    failed: list[float] = []
+    for rate in sorted(set(passing), reverse=True)[:limit]:
+        if probe(rate):
+            return rate, failed
+        failed.append(rate)
+    return None, failed
+
+
 def slo_passes(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> bool:
     """A probe passes when the p99 of every SLO that is set meets it."""
     return all(metrics.get(f"serve_{k}_p99", math.inf) <= v for k, v in slo.items()
                if v is not None)
 
 
+def admission_rate(requests: Sequence[Request], arrival_rate: float) -> Optional[float]:
+    """How fast the queue was drained: ``arrival_rate`` / the least-squares slope of each
+    admitted request's admission time against its arrival time. A server that keeps up admits
+    each request a bounded wait after it arrives (slope 1, whatever its service times); one that
+    does not admits at its capacity C while requests arrive at R (slope R / C, so this gives C).
+    A fit over every request, not the span's two ends: one long request in flight at the end
+    (lognormal lengths) moves an end, not the slope. None without two distinct arrivals."""
+    admitted = [r for r in requests if math.isfinite(r.start_s)]
+    if len(admitted) < 2:
+        return None
+    a = np.array([r.arrival_s for r in admitted])
+    s = np.array([r.start_s for r in admitted])
+    spread = float(((a - a.mean()) ** 2).sum())
+    if spread <= 0:
+        return None
+    slope = float(((a - a.mean()) * (s - s.mean())).sum()) / spread
+    return arrival_rate / slope if slope > 0 else None
+
+
 def saturated(metrics: dict[str, float]) -> bool:
-    """Requests completed more than SATURATED_FRACTION slower than they arrived: the queue
-    grew through the window, so the rate is past what the server sustains."""
-    done, came = metrics.get("completion_rate_rps"), metrics.get("achieved_rate_rps")
-    return done is not None and came is not None and done < (1 - SATURATED_FRACTION) * came
+    """Requests were admitted more than SATURATED_FRACTION slower than they arrived: the queue
+    grew through the window, so the rate is past what the server sustains. Admissions, not
+    completions: the completions' span also holds the spread of the service times (lognormal
+    lengths over a short window stretch it however fast the server keeps up)."""
+    took, came = metrics.get("admission_rate_rps"), metrics.get("achieved_rate_rps")
+    return took is not None and came is not None and took < (1 - SATURATED_FRACTION) * came
 
 
 def probe_verdict(metrics: dict[str, float], slo: dict[str, Optional[float]]) -> str:
     """A rate-search probe: ``pass``, ``failed`` (more than 1% of its requests failed: no p99
     of them can meet an SLO), ``slo`` (a p99 missed its SLO) or ``saturated``."""
-    if metrics.get("failed_requests", 0) > 0.01 * metrics.get("serve_requests", 1):
+    if metrics.get("failed_requests", 0) > FAILED_FRACTION * metrics.get("serve_requests", 1):
         return "failed"
     if not slo_passes(metrics, slo):
         return "slo"
@@ -353,7 +401,7 @@ def refusal(options: Any, lm: bool) -> Optional[str]:
         typed = from_json(ServeOptions, options)
     except ValueError as e:
         return str(e)
-    return typed.refusal(lm)
+    return typed.refusal(lm) or length_data_refusal(typed.length_dist, typed.length_data)
 
 
 def _servers(backend: Any, buckets: Sequence[int], lm: bool, prompt_len: int,
@@ -421,6 +469,36 @@ class Window:
     ended_ms: Optional[int] = None
 
 
+def search_windows(probe: Callable[[float, int], Window], start: float, resolution: float,
+                   small: int, sized: Optional[int] = None,
+                   ) -> tuple[list[Window], float, float, Window]:
+    """The rate search over windows: ``probe(rate, requests)`` serves one and gives its verdict.
+    Probes of ``small`` requests find the bracket; with ``sized`` (scenario.sized_tail) windows
+    of that many then confirm the passing rates, highest first (confirm_rates). Returns every
+    window, the highest passing rate (0: none), the lowest failing (inf: none) and the window
+    whose figures are reported: the confirming one, else the highest passing probe's (else the
+    last)."""
+    probes: list[Window] = []
+
+    def passes(rate: float, n: int = small) -> bool:
+        probes.append(probe(rate, n))
+        return probes[-1].verdict == "pass"
+
+    found = search_rate(passes, start, resolution, max_rate=1024 * start)
+    best, lowest = found.max_rate_rps, found.lowest_failing_rps
+    if sized is not None:  # the small probes found the bracket; a full window confirms
+        confirmed, refuted = confirm_rates([w.rate for w in probes if w.verdict == "pass"],
+                                           lambda rate: passes(rate, sized))
+        lowest = min([lowest, *refuted])
+        if confirmed is not None:
+            return probes, confirmed, lowest, probes[-1]
+        # none held at full size: the highest small pass below them (its p99 undersized)
+        best = max((w.rate for w in probes if w.verdict == "pass" and w.rate < lowest),
+                   default=0.0)
+    passing = [w for w in probes if w.rate == best and w.verdict == "pass"]
+    return probes, best, lowest, (passing or probes[-1:])[-1]
+
+
 def run(backend: Any, result: Any) -> None:
     """The worker's runner: build at the largest bucket, compile every bucket in the warm-up,
     serve the window (or search the rate: one window per probe, each a child run of this one),
@@ -439,14 +517,16 @@ def run(backend: Any, result: Any) -> None:
     buckets = sorted(set(o["batch_buckets"]))
     backend.spec.batch_size = max(buckets)
     seed = backend.spec.seed
-    bound = MAX_TIMED_REQUESTS if o["duration_s"] is not None else o["num_requests"]
+    # scenario.sized_tail: a fixed-rate or closed-loop window, or a search's confirming ones,
+    # hold enough requests for the p99 (refused with duration_s)
+    sized = max(o["num_requests"], sized_requests()) if o["sized_tail"] else o["num_requests"]
+    bound = MAX_TIMED_REQUESTS if o["duration_s"] is not None else sized
     # each request's prompt and output lengths, drawn ahead (seeded): the compiled shapes are
     # sized for the longest drawn
     if lm:
-        tokens = draw_lengths(bound, int(o["new_tokens"]), o["length_dist"], o["length_sigma"],
-                              seed + 1)
-        prompt_lens = draw_lengths(bound, int(o["prompt_len"]), o["length_dist"],
-                                   o["length_sigma"], seed + 2)
+        prompt_lens, tokens = request_lengths(bound, int(o["prompt_len"]), int(o["new_tokens"]),
+                                              o["length_dist"], o["length_sigma"], seed,
+                                              o["length_data"])
     else:
         tokens, prompt_lens = [1] * bound, [0] * bound
     new_tokens, longest = (int(o["new_tokens"]), max(tokens)) if lm else (1, 1)
@@ -479,19 +559,19 @@ def run(backend: Any, result: Any) -> None:
 
     served: list[int] = []  # requests of every window (a search's probes included)
 
-    def window(rate: Optional[float]) -> Window:
+    def window(rate: Optional[float], n: int = bound) -> Window:
         before = compiles()
         started_ms = int(time.time() * 1000)  # wall clock: the probe's child run's start
         if rate is None:
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
-                                buckets=buckets, tokens=tokens, duration_s=o["duration_s"],
+                                buckets=buckets, tokens=tokens[:n], duration_s=o["duration_s"],
                                 concurrency=int(o["concurrency"]), prompt_lens=prompt_lens,
                                 timeout_ms=o["timeout_ms"])
         else:
             if o["duration_s"] is not None:  # (one seeded draw of arrivals per rate)
                 arrivals = arrivals_within(rate, o["burstiness"], seed, o["duration_s"])
             else:
-                gaps = arrival_gaps(rate, len(tokens), o["burstiness"], seed)
+                gaps = arrival_gaps(rate, n, o["burstiness"], seed)
                 arrivals = np.concatenate([[0.0], np.cumsum(gaps[1:])])
             if continuous:
                 reqs = [Request(i, float(a), int(k), prompt_len=int(n))
@@ -526,24 +606,22 @@ def run(backend: Any, result: Any) -> None:
             t = time.perf_counter()
             server(buckets[-1], [new_tokens])
             start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
-            probes: list[Window] = []
-
             children: list[dict[str, Any]] = []
 
-            def passes(rate: float) -> bool:
-                w = window(rate)
+            def probe(rate: float, n: int) -> Window:
+                w = window(rate, n)
                 w.verdict = probe_verdict(w.figures, o["slo"])
-                probes.append(w)
-                children.append(_child(backend, len(probes) - 1, w))
+                children.append(_child(backend, len(children), w))
                 append_child(backend.spec.result_path, children[-1])  # kept if the worker dies
-                return w.verdict == "pass"
+                return w
 
-            found = search_rate(passes, start, o["resolution"], max_rate=1024 * start)
-            m.update(max_rate_under_slo_rps=found.max_rate_rps,
-                     highest_passing_rate_rps=found.max_rate_rps)
-            failing = [w for w in probes if w.rate == found.lowest_failing_rps]
-            if math.isfinite(found.lowest_failing_rps):
-                m["lowest_failing_rate_rps"] = found.lowest_failing_rps
+            probes, best, lowest, reported = search_windows(
+                probe, start, o["resolution"], o["num_requests"],
+                sized if o["sized_tail"] else None)
+            m.update(max_rate_under_slo_rps=best, highest_passing_rate_rps=best)
+            failing = [w for w in probes if w.rate == lowest and w.verdict != "pass"]
+            if math.isfinite(lowest):
+                m["lowest_failing_rate_rps"] = lowest
             result.tags["serve_search_stop"] = failing[-1].verdict if failing else "max_rate"
             result.series["serve_probe_rate_rps"] = [w.rate for w in probes]
             result.series["serve_probe_achieved_rps"] = [w.figures["request_throughput_rps"]
@@ -551,8 +629,6 @@ def run(backend: Any, result: Any) -> None:
             for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
                 if k in probes[0].figures:
                     result.series[f"serve_probe_{k}"] = [w.figures[k] for w in probes]
-            # the figures of the highest passing probe (else the last)
-            reported = ([w for w in probes if w.rate == found.max_rate_rps] or probes[-1:])[-1]
             result.tags["serve_probes"] = str(len(probes))
             result.children = children
             # every window's compilations, the probes' included
@@ -566,6 +642,10 @@ def run(backend: Any, result: Any) -> None:
     m["param_count"] = float(backend.param_count())
     m.update(load_s=load_s, compile_s=compile_s, first_request_ms=first_request_ms)
     result.tags.update(tail_tags(reported.figures))
+    # asked for a sized tail: whether the reported p99 got it (failures or a search whose
+    # confirming windows all failed can leave it short)
+    result.tags["serve_tail_sized"] = ("false" if not o["sized_tail"] else "could_not"
+                                       if result.tags["serve_p99_undersized"] == "true" else "true")
     if uncounted is not None:
         result.tags["serve_recompiles_not_counted"] = uncounted
     elif m["serve_recompiles"] > 0:  # a shape the warm-up did not compile: the window paid it
@@ -575,6 +655,8 @@ def run(backend: Any, result: Any) -> None:
         f = reported.figures
         short = f["achieved_rate_rps"] < (1 - RATE_SHORT_FRACTION) * f["requested_rate_rps"]
         result.tags["serve_rate_short"] = "true" if short else "false"
+    if lm and o["length_dist"] == "dataset":
+        result.tags["serve_length_data"] = o["length_data"]
     if continuous:
         result.tags.update(serve_prefill=getattr(slot_module, "PREFILL", "whole"),
                            serve_prompt_buckets=",".join(map(str, slots.buckets)))
