@@ -213,6 +213,13 @@ def test_run_name_tells_config_variants_apart():
     keras = job_spec("tensorflow", "custom", arch={**builders, "kwargs": {"width": 64}},
                      **defaults)
     assert run_name(keras) == "tensorflow-custom[build_keras]-train-fp32-x1-width64"
+    # a scenario's named options off their default: two batching policies, two names
+    serve = dict(defaults, scenario="serve", runner="fxtrack.scenarios.serve:run")
+    static = job_spec("jax", "llama", **serve, options={"batching": "static", "rate": "search"})
+    assert run_name(static) == "jax-llama-serve-fp32-x1"
+    continuous = job_spec("jax", "llama", **serve,
+                          options={"batching": "continuous", "length_dist": "lognormal"})
+    assert run_name(continuous) == "jax-llama-serve-fp32-x1-continuous-lognormal"
 
 
 def test_a_server_that_refuses_connections_names_the_sync_command(tmp_path, capsys, monkeypatch):

@@ -98,7 +98,8 @@ FIT = register(Scenario(
 SERVE = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
     o.ServeOptions, "fxtrack.scenarios.serve:run", refusal=serve_refusal, trains=False,
-    decodes=True, section="fxtrack.report.serving:section", objectives=(
+    decodes=True, section="fxtrack.report.serving:section",
+    named_options=("batching", "length_dist"), objectives=(
         Objective("serve", "Serving capacity under the SLOs",
                   ("max_rate_under_slo_rps", "goodput_rps"), "common",
                   ("serves", "as many requests/s of"), _MEASURE % "serve", rank=40),)))

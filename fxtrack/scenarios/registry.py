@@ -83,6 +83,9 @@ class Scenario:
     sweeps_devices: bool = False  # runs at 1, 2, ..., devices (the memory check takes each)
     # "module:function" (runs, frame) -> Optional[Section] of fxtrack.report; None: the tables
     section: Optional[str] = None
+    # options that make another configuration and so go into the run's name where they differ
+    # from their default (serve's batching policy): runs of two policies never share a name
+    named_options: tuple[str, ...] = ()
     objectives: tuple[Objective, ...] = ()  # its blocks of the answer page
 
     @property

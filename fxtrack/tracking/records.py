@@ -125,7 +125,8 @@ def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) ->
     """The run's name: ``<framework>-<model>-<scenario>-<precision>-x<devices>``, then what sets
     this config apart from the defaults, so distinct configs never share a name, e.g.
     ``torch-vit-train-fp32-x1-tiny-b2``, ``torch-bert-inference-fp32-x1-onnxruntime-dynamic_int8``,
-    ``jax-vit-train-fp32-x1-fsdp-checkpoint-compile_false-r1`` (repeat 1 of a repeats run)."""
+    ``jax-vit-train-fp32-x1-fsdp-checkpoint-compile_false-r1`` (repeat 1 of a repeats run),
+    ``jax-llama-serve-fp32-x1-tiny-continuous`` (a scenario's named option off its default)."""
     extras = [] if size == "full" else [size]
     extras += [f"{key}{value}" for key, value in _dims_set(spec, size).items()]
     if spec.seed != 0:
@@ -140,6 +141,7 @@ def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) ->
     if spec.compile_request != "auto":
         extras.append(f"compile_{spec.compile_request}")
     extras += _settings_set(spec)
+    extras += _options_set(spec)
     if repeat is not None:
         extras.append(f"r{repeat}")
     base = f"{spec.framework}-{_model_name(spec)}-{spec.scenario}-{spec.precision}-x{spec.devices}"
@@ -166,6 +168,17 @@ def _settings_set(spec: JobSpec) -> list[str]:
     return [value if declared[key].identity else f"{key}_{value}"
             for key, value in spec.framework_settings.items()
             if key in declared and str(value) != declared[key].default]
+
+
+def _options_set(spec: JobSpec) -> list[str]:
+    """The scenario's named options set apart from their defaults, by value
+    (``...-serve-...-continuous-lognormal``)."""
+    scenario = scenarios.get(spec.scenario) if spec.scenario in scenarios.SCENARIOS else None
+    if scenario is None or not scenario.named_options:
+        return []
+    defaults = scenario.options()
+    return [str(spec.options[key]) for key in scenario.named_options
+            if key in spec.options and spec.options[key] != getattr(defaults, key)]
 
 
 def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
