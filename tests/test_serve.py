@@ -224,6 +224,14 @@ def test_the_serving_section_charts_the_windows_and_compares_goodput_at_a_common
     lines = {fw: serving.windows(frame, r) for fw, (_, r) in zip(("torch", "jax"), runs.iterrows())}
     assert [w.passed for w in lines["torch"]] == [True, True, False, True]
     assert serving.common_rate({"a": lines["torch"][:1], "b": lines["jax"]}) is None
+    # scenario.sized_tail: a 464-request window confirming 6 req/s (it failed its SLO at that
+    # size) replaces the small probe at that rate in the curve
+    confirm = {**_probe("t", 6.0, 5.0, 950.0, 1.5, "slo"), "run_id": "t-6-full",
+               "metrics.serve_requests": 464.0}
+    frame = pd.concat([frame, pd.DataFrame([confirm])], ignore_index=True)
+    torch_line = serving.windows(frame, runs.iloc[0])
+    assert [(w.rate, w.passed, w.e2e_p99) for w in torch_line] == [
+        (2.0, True, 50.0), (4.0, True, 60.0), (8.0, False, 900.0), (6.0, False, 950.0)]
 
 
 @pytest.mark.slow

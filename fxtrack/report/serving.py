@@ -44,11 +44,19 @@ def windows(frame: pd.DataFrame, run: pd.Series) -> list[Window]:
                          & frame["tags.fxtrack.serve_probe"].notna()]
         if not children.empty:
             rows = [r for _, r in children.iterrows()]
+    # scenario.sized_tail: a full window confirms a rate a small probe already served; the
+    # larger window at a rate is the one the curve and the common rate read
+    kept: dict[Optional[float], pd.Series] = {}
+    for r in rows:
+        rate = metric(r, "requested_rate_rps")
+        if rate not in kept or (metric(r, "serve_requests") or 0) > (
+                metric(kept[rate], "serve_requests") or 0):
+            kept[rate] = r
     return [Window(metric(r, "requested_rate_rps"), metric(r, "request_throughput_rps"),
                    metric(r, "serve_e2e_ms_p99"), metric(r, "serve_tpot_ms_p99"),
                    metric(r, "goodput_rps"), metric(r, "slo_attained_fraction"),
                    str(r.get("tags.fxtrack.serve_probe", "pass")) in ("pass", "nan", "None"))
-            for r in rows]
+            for r in kept.values()]
 
 
 def common_rate(by_framework: dict[str, list[Window]]) -> Optional[float]:
