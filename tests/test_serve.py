@@ -254,6 +254,9 @@ def test_a_tiny_rate_search_logs_each_probe_as_a_child_run(tmp_path):
     (parent,) = [r for r in runs if "fxtrack.serve_probes" in r.data.tags]
     probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert len(probes) == int(parent.data.tags["fxtrack.serve_probes"]) >= 2
+    shown = [line for line in (proc.stdout + proc.stderr).splitlines()
+             if line.startswith("[fxtrack] serve probe ")]  # progress: one line per probe
+    assert len(shown) == len(probes) and "req/s x 6: " in shown[0], shown
     verdicts = {float(r.data.tags["fxtrack.serve_probe_index"]): r.data.tags["fxtrack.serve_probe"]
                 for r in probes}
     assert set(verdicts.values()) <= {"pass", "slo", "saturated"}

@@ -32,7 +32,7 @@ import numpy as np
 
 from fxtrack import families
 from fxtrack.job import append_child
-from fxtrack.measure.timer import percentile
+from fxtrack.measure.timer import eprint, percentile
 from fxtrack.scenarios.batching import (bucket_for, continuous_window, length_data_refusal,
                                         min_queries_for, prompt_buckets, request_lengths)
 from fxtrack.search import bracket_search
@@ -552,6 +552,9 @@ def run(backend: Any, result: Any) -> None:
             for slot in range(o["max_batch"]):
                 slots.prefill(slot, padded)
     compile_s = time.perf_counter() - t  # every bucket prepared and run once
+    # one line each, TTY or not: a 1B model's compile on a GPU took minutes before its first probe
+    eprint(f"[fxtrack] serve: built in {load_s:.1f} s, {len(buckets)} bucket(s) compiled and "
+           f"run once in {compile_s:.1f} s; first request {first_request_ms:,.0f} ms")
     for _ in range(max(1, int(result.resolved["warmup_steps"])) - 1):  # the rest of warm-up
         for bucket in buckets:
             server(bucket, [longest])
@@ -613,6 +616,10 @@ def run(backend: Any, result: Any) -> None:
                 w.verdict = probe_verdict(w.figures, o["slo"])
                 children.append(_child(backend, len(children), w))
                 append_child(backend.spec.result_path, children[-1])  # kept if the worker dies
+                f = w.figures
+                eprint(f"[fxtrack] serve probe {len(children)}: {rate:g} req/s x {n}: "
+                       f"{w.verdict} (e2e p99 {f.get('serve_e2e_ms_p99', math.nan):,.0f} ms, "
+                       f"queue p99 {f.get('serve_queue_ms_p99', math.nan):,.0f} ms)")
                 return w
 
             probes, best, lowest, reported = search_windows(

@@ -176,9 +176,9 @@ def _options_set(spec: JobSpec) -> list[str]:
     scenario = scenarios.get(spec.scenario) if spec.scenario in scenarios.SCENARIOS else None
     if scenario is None or not scenario.named_options:
         return []
-    defaults = scenario.options()
-    return [str(spec.options[key]) for key in scenario.named_options
-            if key in spec.options and spec.options[key] != getattr(defaults, key)]
+    typed, defaults = scenarios.options_of(spec), scenario.options()
+    return [str(getattr(typed, key)) for key in scenario.named_options
+            if getattr(typed, key) != getattr(defaults, key)]
 
 
 def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
