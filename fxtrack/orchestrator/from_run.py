@@ -11,7 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, open_dict
 
-from fxtrack import architectures
+from fxtrack import architectures, scenarios
 from fxtrack.config.validate import ConfigError
 
 _CACHE: dict[tuple[str, str], dict[str, Any]] = {}  # (uri, run id) -> the run: a sweep's jobs
@@ -32,10 +32,11 @@ def apply(cfg: DictConfig, uri: str) -> None:
     wanted = run_id(cfg)
     if not wanted:
         return
-    if cfg.scenario.name != "inference":
-        raise ConfigError(f"model.from_run is read by scenario=inference (it evaluates the run's "
-                          f"model on the held-out split); scenario={cfg.scenario.name} builds "
-                          "seeded weights: drop model.from_run")
+    readers = scenarios.where(from_run=True)
+    if cfg.scenario.name not in readers:
+        raise ConfigError(f"model.from_run is read by scenario={'/'.join(readers)} (it "
+                          f"evaluates the run's model on the held-out split); scenario="
+                          f"{cfg.scenario.name} builds seeded weights: drop model.from_run")
     if cfg.precision.name != "fp32":
         raise ConfigError("model.from_run evaluates at precision=fp32, the reference "
                           "accuracy_vs_fp32 is taken against; use quantize=dynamic_int8 or a "
