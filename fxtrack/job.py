@@ -46,6 +46,9 @@ class JobSpec:
     framework_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     # data.<key> (fxtrack.data): name, path, label, holdout; synthetic: today's batches
     data: dict[str, Any] = dataclasses.field(default_factory=lambda: {"name": "synthetic"})
+    # model.from_run: the converge run whose trained weights scenario=inference evaluates
+    # ({run_id, weights: the fetched file, eval_samples}); empty: the seeded start
+    from_run: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))

@@ -20,6 +20,9 @@ TIMED = ("train", "inference", "generate", "scaling", "pipeline")
 WINDOW = TIMED + ("serve",)  # measured windows: the host load, system metrics, NVML
 AGGREGATE = ("aggregate",)
 CONVERGE = ("converge",)  # an aggregate run of repeats=N, any scenario
+# MLPerf Inference's quality bar: a served model keeps at least 99% of its fp32 reference's
+# accuracy (model.from_run's accuracy_vs_fp32; below it the run is tagged serving_quality=lost)
+SERVING_QUALITY = 0.99
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,10 @@ METRICS: tuple[Metric, ...] = (
     _m("artefact_mib", "MiB", LOWER, "the exported file the runtime serves", ("inference",)),
     _m("export_time_s", "s", LOWER, "export, quantisation and load of the served model",
        ("inference",)),
+    _m("eval_accuracy", "fraction", HIGHER,
+       "model.from_run: held-out accuracy of the served model", ("inference",)),
+    _m("accuracy_vs_fp32", "ratio", HIGHER,
+       "model.from_run: eval_accuracy / the native fp32 model's in the same job", ("inference",)),
     # scenario=generate
     _m("ttft_ms_{p50|p90}", "ms", LOWER, "time to the first token", ("generate",)),
     _m("decode_ms_per_token_{p50|p90}", "ms", LOWER, "one decode step through the cache",

@@ -28,7 +28,8 @@ def test_defaults_compose_to_the_canonical_vit_in_torch():
                                 "compile": "auto", "compile_mode": "default",
                                 "python": None, "launcher": "torchrun"}
     assert cfg["model"] == {"name": "vit", "image_size": 224, "num_classes": 1000, "patch": 16,
-                            "layers": 12, "hidden": 768, "heads": 12, "mlp_dim": 3072}
+                            "layers": 12, "hidden": 768, "heads": 12, "mlp_dim": 3072,
+                            "from_run": None}
     assert {k: cfg[k]["name"] for k in ("precision", "scenario", "hardware", "size")} == {
         "precision": "fp32", "scenario": "train", "hardware": "auto", "size": "full"}
     assert cfg["batch_size"] is None and cfg["devices"] == 1 and cfg["seed"] == 0

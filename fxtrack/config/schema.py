@@ -114,6 +114,9 @@ def sized_schema(family: families.Family) -> type:
         _positive("model.", **{key: getattr(self, key) for key in family.size_keys})
 
     fields = [(key, int, _arch(key)) for key in family.size_keys]
+    # model.from_run=<run id>: scenario=inference evaluates that converge run's trained weights
+    # (its dims and data replace these: fxtrack.orchestrator.from_run)
+    fields.append(("from_run", Optional[str], dataclasses.field(default=None)))
     return dataclasses.make_dataclass(
         f"{family.name.title()}Config", [("name", str, dataclasses.field(default=MISSING)), *fields],
         namespace={"__post_init__": __post_init__})

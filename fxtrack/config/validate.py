@@ -175,7 +175,8 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     dims = data_dims(conf, scenario)  # real data sets the input shape, classes, vocabulary
     try:
         arch = architectures.resolve(conf.model.name, conf.size.name, **{
-            **{k: v for k, v in vars(conf.model).items() if k != "name"}, **dims})
+            **{k: v for k, v in vars(conf.model).items() if k not in ("name", "from_run")},
+            **dims})
     except ValueError as e:
         where = f"data={conf.data.name} sets {dims}: " if dims else ""
         raise ConfigError(where + str(e).splitlines()[0]) from None
@@ -215,7 +216,7 @@ def data_dims(conf: FxtrackConfig, scenario: scenarios.Scenario) -> dict:
             raise ConfigError(f"scenario={scenario.name} trains on real data: add data=mnist, "
                               "data=pycode or data=file data.path=FILE")
         return {}
-    if not scenario.real_data:
+    if not scenario.real_data and not getattr(conf.model, "from_run", None):
         raise ConfigError(f"data={name} is read by scenario="
                           f"{'/'.join(scenarios.where(real_data=True))}; "
                           f"scenario={scenario.name} times synthetic batches: drop data={name}")

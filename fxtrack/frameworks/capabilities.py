@@ -236,6 +236,17 @@ class Converge(Protocol):
         """The model's logits on a NumPy batch, as a NumPy float32 array (no gradient, the
         model in inference mode)."""
 
+    def weights(self, backend: Any) -> dict:
+        """The trained parameters as NumPy arrays under PyTorch's names and layout (the shared
+        start's, fxtrack.frameworks.initial): what a converge run keeps."""
+
+    def load_weights(self, backend: Any, path: str) -> None:
+        """The parameters saved at ``path`` (``initial.save``) assigned to the built model."""
+
+    def exported_input(self, backend: Any, batch: dict) -> Any:
+        """A NumPy batch as the model's exports take it (the layout of ``onnx_export``'s
+        ``reference`` input: NCHW images for torch, NHWC elsewhere, or token ids)."""
+
 
 # capability name -> its protocol (Framework.capabilities names a module for each it has)
 PROTOCOLS: dict[str, type] = {

@@ -24,3 +24,35 @@ def value(name: str, shape: tuple[int, ...], seed: int) -> Any:
         return np.ones(shape, np.float32)
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     return (rng.standard_normal(shape) * STD).astype(np.float32)
+
+
+# A converge run's trained weights, kept for model.from_run: one .npz, each parameter under the
+# same canonical name and layout as the start above, so every framework loads it the same way.
+WEIGHTS_FILE = "weights.npz"
+
+
+def save(path: Any, named: dict[str, Any]) -> Any:
+    """Write ``named`` (canonical name -> array in PyTorch's layout) as float32 at ``path``."""
+    import numpy as np
+
+    np.savez(path, **{name: np.asarray(v, np.float32) for name, v in named.items()})
+    return path
+
+
+def loaded(path: Any) -> Any:
+    """A ``value``-like function (name, shape, seed) giving the saved parameter instead of a
+    draw: the seed is ignored, a missing name or another shape is a ValueError."""
+    import numpy as np
+
+    with np.load(path) as f:
+        saved = {name: f[name] for name in f.files}
+
+    def from_file(name: str, shape: tuple[int, ...], seed: int) -> Any:
+        if name not in saved:
+            raise ValueError(f"the saved weights have no parameter {name!r}")
+        if tuple(saved[name].shape) != tuple(shape):
+            raise ValueError(f"the saved {name!r} is {tuple(saved[name].shape)}, the model's "
+                             f"{tuple(shape)}")
+        return saved[name]
+
+    return from_file

@@ -14,7 +14,7 @@ may give its dense layers and tied projections (``matmul_form``).
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import keras
 import numpy as np
@@ -471,21 +471,39 @@ def torch_name(path: str) -> str:
     raise ValueError(f"no PyTorch name for the Keras weight {path!r}")
 
 
-def load_initial(model: keras.Model, seed: int) -> None:
+def load_initial(model: keras.Model, seed: int, value: Any = None) -> None:
     """Every trainable weight from ``fxtrack.frameworks.initial`` in Keras' layout (dense
-    kernels (in, out), conv kernels (kH, kW, I, O), the position table without its batch axis)."""
+    kernels (in, out), conv kernels (kH, kW, I, O), the position table without its batch axis).
+    ``value``: another source of the same (name, shape, seed) -> array (``initial.loaded``: a
+    converge run's saved weights), else the shared start's draw."""
     from fxtrack.frameworks import initial
 
+    value = value or initial.value
     for weight in model.trainable_weights:
         name, shape = torch_name(weight.path), tuple(weight.shape)
         if name.endswith(".kernel") and len(shape) == 2:
-            value = initial.value(name[:-len("kernel")] + "weight", shape[::-1], seed).T
+            array = value(name[:-len("kernel")] + "weight", shape[::-1], seed).T
         elif name.endswith(".kernel"):  # (kH, kW, I, O) <- (O, I, kH, kW)
             kh, kw, i, o = shape
-            value = initial.value(name[:-len("kernel")] + "weight", (o, i, kh, kw),
-                                  seed).transpose(2, 3, 1, 0)
+            array = value(name[:-len("kernel")] + "weight", (o, i, kh, kw),
+                          seed).transpose(2, 3, 1, 0)
         elif name == "pos_embed":
-            value = initial.value(name, (1, *shape), seed)[0]
+            array = value(name, (1, *shape), seed)[0]
         else:
-            value = initial.value(name, shape, seed)
-        weight.assign(value.astype(weight.dtype) if hasattr(value, "astype") else value)
+            array = value(name, shape, seed)
+        weight.assign(array.astype(weight.dtype) if hasattr(array, "astype") else array)
+
+
+def saved_weights(model: keras.Model) -> dict[str, Any]:
+    """The trainable weights under PyTorch's names and layout: ``load_initial``'s inverse (what
+    a converge run keeps, ``fxtrack.frameworks.initial.save``)."""
+    out = {}
+    for weight in model.trainable_weights:
+        name, array = torch_name(weight.path), np.asarray(weight.numpy(), np.float32)
+        if name.endswith(".kernel"):
+            name = name[:-len("kernel")] + "weight"
+            array = array.T if array.ndim == 2 else array.transpose(3, 2, 0, 1)
+        elif name == "pos_embed":
+            array = array[None]
+        out[name] = array
+    return out

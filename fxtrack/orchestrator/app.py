@@ -15,6 +15,7 @@ from fxtrack import scenarios
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.config.validate import ConfigError, Refused, validate
 from fxtrack.job import Result
+from fxtrack.orchestrator import from_run
 from fxtrack.orchestrator.job import Job, job_spec
 from fxtrack.orchestrator.sweep import (
     JOBS_DIR,
@@ -25,6 +26,7 @@ from fxtrack.orchestrator.sweep import (
 )
 from fxtrack.tracking.records import sync_advice
 from fxtrack.tracking.records import run_name
+from fxtrack.tracking.target import tracking_uri
 
 
 def task(cfg: DictConfig) -> None:
@@ -33,6 +35,8 @@ def task(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     try:
+        if from_run.run_id(cfg):  # the run's model and data in place of the command line's
+            from_run.apply(cfg, tracking_uri(cfg.tracking.uri, hc.runtime.cwd))
         conf, arch = validate(cfg, sweep=multirun)
     except Refused as e:
         if multirun:  # the sweep listed it up front: a NOT SUPPORTED cell, no worker, no run

@@ -19,6 +19,7 @@ from fxtrack.config.schema import FxtrackConfig
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result, children_path, streamed_children
 from fxtrack.measure.host_load import is_contended
+from fxtrack.orchestrator import from_run
 from fxtrack.orchestrator.runner import log_tail, run_worker
 from fxtrack.tracking.records import HEADLINE, NOISY_CV
 
@@ -112,6 +113,7 @@ class Job:
         spec.scenario = scenario or spec.scenario
         if repeat is not None:
             spec.repeat = repeat
+        spec.from_run = from_run.spec_of(self.conf, self.uri, job_dir)  # its weights fetched
         name = records.run_name(spec, self.conf.size.name, repeat)
         start_ms = int(time.time() * 1000)
         config = dict(self.config, devices=devices)
@@ -144,8 +146,9 @@ class Job:
                          "result.json": Path(spec.result_path),
                          "environment.json": records.environment_json(),
                          "worker.log": log_tail(job_dir / "worker.log")}
-            if record["logged_model"]:  # the deployment artefact's folder (deploy._keep)
-                artifacts["model"] = Path(result.artifacts["model"]).parent
+            if record["logged_model"]:  # the kept model's folder (deploy._keep, converge)
+                artifacts["model"] = Path(result.artifacts.get("model")
+                                          or result.artifacts["weights"]).parent
             if "serve_requests" in result.artifacts:  # scenario=serve: one row per request
                 artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
             run_id, where = self.log(record, artifacts)

@@ -18,6 +18,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
 from fxtrack.config.validate import ConfigError, Refused, owners, validate
+from fxtrack.orchestrator import from_run
 from fxtrack.tracking.records import HEADLINE, sync_advice
 
 # Set for the sweep's jobs (they run in this process, or under submitit in processes of their own).
@@ -53,6 +54,8 @@ class SweepRun(Callback):
                 del cfg["hydra"]
             swept.add(str(cfg.scenario.name))
             try:
+                if from_run.run_id(cfg):  # the run's model and data (fxtrack.orchestrator.from_run)
+                    from_run.apply(cfg, self._uri(config))
                 validate(cfg, sweep=True)
             except Refused as e:  # the task skips it again when its turn comes (app.skip)
                 from fxtrack.tracking.records import redact_overrides

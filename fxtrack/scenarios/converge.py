@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 import statistics
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 from fxtrack import data, families
@@ -228,6 +230,28 @@ def run(backend: Backend, result: Result) -> None:
         result.series_steps[key] = [int(p["step"]) for p in history]
     if not all(math.isfinite(x) for x in losses):
         result.guard = "loss is not finite"
+    else:  # a model worth evaluating again (model.from_run)
+        keep_model(backend, trainer, result)
+
+
+def keep_model(backend: Backend, trainer: Any, result: Result) -> None:
+    """The trained weights in ``model/`` beside the result, under the shared start's names and
+    layout (``initial.save``: every framework loads them back), and the model as ONNX where
+    the framework's deployment capability exports it; the orchestrator logs the folder as the
+    run's MLflow logged model (``Result.artifacts``: ``weights``, ``model``)."""
+    from fxtrack.frameworks import initial
+
+    folder = Path(backend.spec.result_path).parent / "model"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    weights = initial.save(folder / initial.WEIGHTS_FILE, trainer.weights(backend))
+    result.artifacts["weights"] = str(weights)
+    try:
+        exporter = backend.capability("onnx_export")
+        result.artifacts["model"] = str(exporter.to_onnx(backend, folder / "model.onnx"))
+    except Exception as e:  # noqa: BLE001 - the run's figures stand; its weights load anywhere
+        eprint(f"[fxtrack] converge: the trained model is kept as weights only (no ONNX: "
+               f"{str(e).splitlines()[0] if str(e) else type(e).__name__})")
 
 
 def cross_check(result: Result, spec: Any, held: dict) -> None:

@@ -60,6 +60,7 @@ TRAIN = register(Scenario(
 INFERENCE = register(Scenario(
     "inference", "forward-only latency per batch, in the framework or a deployment runtime",
     o.InferenceOptions, "fxtrack.scenarios.inference:run", trains=False, deploys=True,
+    from_run=True,
     objectives=(
         Objective("latency", "Inference latency at batch 1", ("latency_ms_p50",), "one",
                   ("answers one sample of", "faster than"),

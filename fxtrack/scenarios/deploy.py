@@ -26,7 +26,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -98,7 +98,11 @@ def compare_outputs(refs: list[np.ndarray], outs: list[np.ndarray], int8: bool, 
     return metrics, "ok"
 
 
-def run(backend: Backend, result: Result) -> None:
+def run(backend: Backend, result: Result,
+        evaluate: Optional[Callable[..., None]] = None) -> None:
+    """``evaluate``: model.from_run's scoring (``scenarios.accuracy.evaluate``), given the
+    served callable once the timed window is over; the run's weights are loaded before the
+    export."""
     spec = backend.spec
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
     result.resolved["device_kind"] = backend.device_kind()
@@ -110,6 +114,10 @@ def run(backend: Backend, result: Result) -> None:
     exported: list[Path] = []  # the artefact served, kept for the record (Result.artifacts)
 
     def prepare() -> Callable[[], None]:
+        if evaluate is not None:  # the trained weights, before the reference and the export
+            from fxtrack.scenarios import accuracy
+
+            accuracy.load(backend)
         x, ref = ex.reference(backend)  # the native model's answer on the resident batch
         t0 = time.perf_counter()
         if spec.runtime == "native":  # quantize=dynamic_int8 in the framework itself
@@ -135,11 +143,15 @@ def run(backend: Backend, result: Result) -> None:
         eprint(f"[fxtrack] {spec.runtime}/{spec.quantize}: relative error "
                f"{metrics.get('output_rel_err', float('nan')):.2g}"
                + (f", top-1 agreement {top1:.0%}" if top1 is not None else ""))
+        checked["served"], checked["like"] = served, x
         return lambda: served(x)  # each call returns once the runtime has the output on the host
 
     try:  # an exporter without a path for this model raises NotSupported too
         run_timed(backend, result, prepare, user_flops(backend, result, "forward") if user
                   else flops.forward_flops_per_sample(backend.arch))
+        served, like = checked.pop("served"), checked.pop("like")
+        if evaluate is not None:
+            evaluate(backend, result, served, like)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise

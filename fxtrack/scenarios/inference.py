@@ -1,21 +1,28 @@
 """The inference scenario: forward passes in inference mode (BatchNorm running statistics, no
 dropout, no autograd), timed like training; ``step_time_ms_*`` are per-batch latencies, also
 logged as ``latency_ms_p50|p90|p99``. With ``runtime`` other than native, or
-``quantize=dynamic_int8``, the model is served by a deployment runtime (``scenarios.deploy``)."""
+``quantize=dynamic_int8``, the model is served by a deployment runtime (``scenarios.deploy``).
+With ``model.from_run``, a converge run's trained weights are served and scored on its held-out
+split (``scenarios.accuracy``)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from fxtrack import families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
-from fxtrack.scenarios import deploy
+from fxtrack.scenarios import accuracy, deploy
 from fxtrack.scenarios.timed import run_timed
 from fxtrack.scenarios.train import lm_metrics, param_guard, user_flops
 
 
 def run(backend: Backend, result: Result) -> None:
+    trained = bool(backend.spec.from_run)  # model.from_run: a converge run's weights
+    if trained:
+        backend.capability("converge")  # before the build: NotSupported costs nothing
     if deploy.is_deploy(backend.spec):
-        deploy.run(backend, result)
+        deploy.run(backend, result, accuracy.evaluate if trained else None)
     else:
         result.tags.update(runtime="native", quantize="none")
         builder = families.of(backend.arch).builder_capability
@@ -25,8 +32,15 @@ def run(backend: Backend, result: Result) -> None:
                       user_flops(backend, result, "forward"))
         else:
             inference = backend.capability("inference")
-            run_timed(backend, result, lambda: inference.prepare(backend),
-                      flops.forward_flops_per_sample(backend.arch))
+
+            def prepare() -> Any:
+                if trained:
+                    accuracy.load(backend)
+                return inference.prepare(backend)
+
+            run_timed(backend, result, prepare, flops.forward_flops_per_sample(backend.arch))
+            if trained:
+                accuracy.evaluate(backend, result)
     result.metrics.update(deploy.latency_metrics(result.metrics))
     result.metrics.update(lm_metrics(backend, result))
     if result.guard == "ok":

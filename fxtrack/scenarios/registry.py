@@ -73,6 +73,9 @@ class Scenario:
     reads_files: bool = False  # its data comes from files on disk (the logged dataset's source)
     deploys: bool = False  # runtime= and quantize= apply (the report's deployment table)
     real_data: bool = False  # trains on data=<name> (fxtrack.data), never on synthetic batches
+    # model.from_run: it serves a converge run's trained weights and scores them on that run's
+    # held-out split (fxtrack.scenarios.accuracy)
+    from_run: bool = False
     # "module:function" (result, spec, held) the orchestrator calls on each finished run before
     # logging it, with one dict (``held``) for the whole process: a check of a run against an
     # earlier one of the sweep (converge's trajectory against the first framework's); None: none

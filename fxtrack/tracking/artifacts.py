@@ -12,25 +12,41 @@ from typing import Any, Optional
 
 from mlflow.tracking import MlflowClient
 
+# The logged model's tag naming its framework-neutral weights file (a converge run's; read back
+# by model.from_run, fxtrack.tracking.models)
+WEIGHTS_TAG = "fxtrack.weights"
+
+
 def model_files(record: dict[str, Any], files: list[tuple[str, Path | str]]):
-    """The artifacts less the logged model's folder, and the model file in it (None: no model,
-    or its flavour is not in MLflow: the folder goes up as a plain artifact)."""
+    """(the artifacts less the logged model's folder, the model file in it, the converge
+    weights file in it). The model file is None where there is none or its flavour is not in
+    MLflow; without weights too, the folder goes up as a plain artifact."""
     spec = record.get("logged_model")
-    if not spec or not spec.get("flavor"):
-        return files, None
+    if not spec:
+        return files, None, None
     folder = dict(files).get(spec["artifact"])
-    if not isinstance(folder, Path) or not (folder / spec["file"]).is_file():
-        return files, None
-    return [f for f in files if f[0] != spec["artifact"]], folder / spec["file"]
+    if not isinstance(folder, Path):
+        return files, None, None
+    model = folder / spec["file"] if spec.get("flavor") else None
+    model = model if model is not None and model.is_file() else None
+    weights = folder / spec["weights"] if spec.get("weights") else None
+    weights = weights if weights is not None and weights.is_file() else None
+    if model is None and weights is None:
+        return files, None, None
+    return [f for f in files if f[0] != spec["artifact"]], model, weights
 
 
-def log_model(uri: str, exp_id: str, run_id: str, path: Path) -> None:
-    """Log a deployment run's ONNX artefact as an MLflow logged model (``mlflow.onnx``; records.
-    MODEL_FLAVORS) of the run, so the run's Models tab lists it with the run's metrics (latency
-    included). MLflow's model API logs through the global tracking URI and puts the model in the
-    active experiment: both pointed at this run's for this call only."""
+def log_model(uri: str, exp_id: str, run_id: str, path: Optional[Path],
+              weights: Optional[Path] = None) -> None:
+    """Log a run's model as an MLflow logged model of the run, so the run's Models tab lists it
+    with the run's metrics (latency included): a deployment run's ONNX artefact through
+    ``mlflow.onnx`` (records.MODEL_FLAVORS), and a converge run's trained weights
+    (``weights``, tagged ``fxtrack.weights``: what ``model.from_run`` loads) in the same logged
+    model, or in one of their own where the framework exported no ONNX. MLflow's model API
+    logs through the global tracking URI and puts the model in the active experiment: both
+    pointed at this run's for this call only."""
     import mlflow.onnx
-    import onnx
+    from mlflow.entities import LoggedModelStatus
     from mlflow.models import Model
 
     previous = mlflow.get_tracking_uri() if mlflow.is_tracking_uri_set() else None
@@ -38,8 +54,21 @@ def log_model(uri: str, exp_id: str, run_id: str, path: Path) -> None:
     mlflow.set_tracking_uri(uri)
     os.environ["MLFLOW_EXPERIMENT_ID"] = exp_id
     try:
-        Model.log(artifact_path=None, name="model", flavor=mlflow.onnx, run_id=run_id,
-                  onnx_model=onnx.load(str(path)))  # its external data, beside it, too
+        if path is not None:
+            import onnx
+
+            model_id = Model.log(artifact_path=None, name="model", flavor=mlflow.onnx,
+                                 run_id=run_id, onnx_model=onnx.load(str(path))  # its external
+                                 ).model_id  # data, beside it, too
+        if weights is not None:
+            client = MlflowClient(uri)
+            if path is None:
+                model_id = client.create_logged_model(exp_id, name="model",
+                                                      source_run_id=run_id).model_id
+            client.log_model_artifact(model_id, str(weights))
+            client.set_logged_model_tags(model_id, {WEIGHTS_TAG: weights.name})
+            if path is None:
+                client.finalize_logged_model(model_id, LoggedModelStatus.READY)
     finally:
         if previous:
             mlflow.set_tracking_uri(previous)

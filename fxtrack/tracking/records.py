@@ -140,6 +140,8 @@ def run_name(spec: JobSpec, size: str = "full", repeat: Optional[int] = None) ->
                if value != default]
     if spec.compile_request != "auto":
         extras.append(f"compile_{spec.compile_request}")
+    if spec.from_run:  # another model than the seeded one of the same dims
+        extras.append(f"from_{spec.from_run['run_id'][:8]}")
     extras += _settings_set(spec)
     extras += _options_set(spec)
     if repeat is not None:
@@ -301,13 +303,18 @@ MODEL_FLAVORS = {".onnx": "onnx"}
 
 
 def logged_model(result: Result) -> Optional[dict[str, str]]:
-    """A deployment run's exported artefact as the writer logs it: the artifact folder
-    (``model``, which Job.run passes), the file in it and the flavour (None: a plain artifact)."""
-    path = result.artifacts.get("model")
+    """A run's model as the writer logs it: the artifact folder (``model``, which Job.run
+    passes), the file in it and the flavour (None: no MLflow flavour), and for a converge run
+    the framework-neutral weights file beside it (``weights``: what ``model.from_run`` loads;
+    with it the folder is a logged model even without a flavour). None: the run kept none."""
+    path = result.artifacts.get("model") or result.artifacts.get("weights")
     if not path:
         return None
-    return {"artifact": "model", "file": os.path.basename(path),
-            "flavor": MODEL_FLAVORS.get(os.path.splitext(path)[1])}
+    out = {"artifact": "model", "file": os.path.basename(path),
+           "flavor": MODEL_FLAVORS.get(os.path.splitext(path)[1])}
+    if result.artifacts.get("weights"):
+        out["weights"] = os.path.basename(result.artifacts["weights"])
+    return out
 
 
 def _target(uri: str, experiment: str, parent_result_id: Optional[str]) -> dict[str, Any]:

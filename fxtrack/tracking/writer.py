@@ -116,15 +116,16 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         client.log_batch(run_id, metrics=payload.metrics, params=payload.params)
         if payload.inputs:
             runs.log_inputs(client, run_id, list(payload.inputs))
-        files, model = model_files(record, payload.files)
+        files, model, weights = model_files(record, payload.files)
         upload(client, run_id, uri, artifact_uri, files)
-        if model is not None:
+        if model is not None or weights is not None:
             try:
-                log_model(uri, exp_id, run_id, model)
+                log_model(uri, exp_id, run_id, model, weights)
             except Exception as e:  # noqa: BLE001 - a file MLflow's flavour refuses
                 if unreachable(e) or isinstance(e, mlflow.exceptions.MlflowException):
                     raise  # the server's trouble: retry the whole run later
-                upload(client, run_id, uri, artifact_uri, [(model.parent.name, model.parent)])
+                folder = (model or weights).parent
+                upload(client, run_id, uri, artifact_uri, [(folder.name, folder)])
         client.set_terminated(run_id, record["status"], end_time=record.get("end_time_ms"))
     except Exception as e:
         if run_id != adopt and not unreachable(e):

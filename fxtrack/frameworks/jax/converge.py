@@ -71,24 +71,50 @@ def torch_name(path: tuple) -> str:
     return ".".join([*parts[:-1], _LEAVES.get(parts[-1], parts[-1])])
 
 
-def _from_torch_layout(leaf: str, shape: tuple, name: str, seed: int) -> Any:
-    """``initial.value`` of a Flax parameter of ``shape``: drawn in PyTorch's layout (Linear
-    (out, in), Conv (O, I, kH, kW)) and laid out the Flax way."""
+def _from_torch_layout(leaf: str, shape: tuple, name: str, seed: int,
+                       value: Any = initial.value) -> Any:
+    """``value`` (the shared start's draw, or saved weights) of a Flax parameter of ``shape``:
+    in PyTorch's layout (Linear (out, in), Conv (O, I, kH, kW)) and laid out the Flax way."""
     if leaf == "kernel" and len(shape) == 2:
-        return initial.value(name, shape[::-1], seed).T
+        return value(name, shape[::-1], seed).T
     if leaf == "kernel" and len(shape) == 4:  # (kH, kW, I, O) <- (O, I, kH, kW)
         kh, kw, i, o = shape
-        return initial.value(name, (o, i, kh, kw), seed).transpose(2, 3, 1, 0)
-    return initial.value(name, shape, seed)
+        return value(name, (o, i, kh, kw), seed).transpose(2, 3, 1, 0)
+    return value(name, shape, seed)
 
 
-def same_start(backend: JaxBackend) -> None:
-    """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares)."""
+def weights(backend: JaxBackend) -> dict[str, Any]:
+    """The trained parameters under PyTorch's names and layout (``initial.save`` writes them):
+    ``_from_torch_layout``'s inverse."""
+    from flax import nnx
+
+    out = {}
+    for path, var in nnx.to_flat_state(backend.state.params):
+        array = np.asarray(jax.device_get(var.value), np.float32)
+        if str(path[-1]) == "kernel":
+            array = array.T if array.ndim == 2 else array.transpose(3, 2, 0, 1)
+        out[torch_name(path)] = array
+    return out
+
+
+def load_weights(backend: JaxBackend, path: str) -> None:
+    """The saved weights in place of the built ones (model.from_run: evaluation only; a
+    converge step after it would start again from the shared start)."""
+    same_start(backend, initial.loaded(path))
+
+
+def same_start(backend: JaxBackend, value: Any = initial.value) -> None:
+    """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares),
+    or from ``value`` (``initial.loaded``: saved weights)."""
     from flax import nnx
 
     flat = nnx.to_flat_state(backend.state.params)
     drawn = [(path, var.replace(value=jnp.asarray(_from_torch_layout(
-        str(path[-1]), tuple(var.value.shape), torch_name(path), backend.spec.seed),
+        str(path[-1]), tuple(var.value.shape), torch_name(path), backend.spec.seed, value),
         var.value.dtype))) for path, var in flat]
     params = parallel.replicate(nnx.from_flat_state(drawn), backend.mesh)
     backend.state = backend.state._replace(params=params)
+
+
+def exported_input(backend, batch: dict) -> np.ndarray:
+    return np.ascontiguousarray(batch["images"] if "images" in batch else batch["input_ids"])

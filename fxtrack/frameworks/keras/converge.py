@@ -21,6 +21,18 @@ def _same_start(backend) -> None:
         backend.same_start = True
 
 
+def weights(backend) -> dict[str, Any]:
+    """The trained weights under PyTorch's names and layout (``initial.save`` writes them)."""
+    return keras_models.saved_weights(backend.model)
+
+
+def load_weights(backend, path: str) -> None:
+    from fxtrack.frameworks import initial
+
+    keras_models.load_initial(backend.model, backend.spec.seed, initial.loaded(path))
+    backend.same_start = True  # the loaded weights are the start: train_on_host keeps them
+
+
 def train_on_host(backend: KerasBackend, batch: dict, lr: float) -> float:
     _same_start(backend)
     backend.opt.learning_rate.assign(lr)
@@ -31,3 +43,7 @@ def train_on_host(backend: KerasBackend, batch: dict, lr: float) -> float:
 def outputs(backend: KerasBackend, batch: dict) -> Any:
     x = batch["images"] if "images" in batch else batch["input_ids"]
     return np.asarray(backend.model.predict_on_batch(x), dtype=np.float32)
+
+
+def exported_input(backend, batch: dict) -> np.ndarray:
+    return np.ascontiguousarray(batch["images"] if "images" in batch else batch["input_ids"])

@@ -22,6 +22,18 @@ def _same_start(backend) -> None:
         backend.same_start = True
 
 
+def weights(backend) -> dict[str, Any]:
+    """The trained weights under PyTorch's names and layout (``initial.save`` writes them)."""
+    return keras_models.saved_weights(backend.model)
+
+
+def load_weights(backend, path: str) -> None:
+    from fxtrack.frameworks import initial
+
+    keras_models.load_initial(backend.model, backend.spec.seed, initial.loaded(path))
+    backend.same_start = True  # the loaded weights are the start: train_on_host keeps them
+
+
 def train_on_host(backend: TensorFlowBackend, batch: dict, lr: float) -> np.ndarray:
     _same_start(backend)
     backend.opt.learning_rate.assign(lr)
@@ -35,3 +47,7 @@ def outputs(backend: TensorFlowBackend, batch: dict) -> Any:
     with tf.device(backend.device):
         logits = backend.model(tf.constant(x), training=False)
     return np.asarray(logits, dtype=np.float32)
+
+
+def exported_input(backend, batch: dict) -> np.ndarray:
+    return np.ascontiguousarray(batch["images"] if "images" in batch else batch["input_ids"])

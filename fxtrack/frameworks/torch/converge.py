@@ -42,9 +42,26 @@ def outputs(backend: TorchBackend, batch: dict) -> Any:
     return logits.float().cpu().numpy()
 
 
-def same_start(backend: TorchBackend) -> None:
-    """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares)."""
+def same_start(backend: TorchBackend, value: Any = initial.value) -> None:
+    """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares),
+    or from ``value`` (``initial.loaded``: saved weights)."""
     with torch.no_grad():
         for name, param in backend.model.named_parameters():
-            param.copy_(torch.from_numpy(initial.value(name, tuple(param.shape),
-                                                       backend.spec.seed)))
+            param.copy_(torch.from_numpy(np.ascontiguousarray(
+                value(name, tuple(param.shape), backend.spec.seed))))
+
+
+def weights(backend: TorchBackend) -> dict[str, Any]:
+    """The trained parameters by name, on the host (``initial.save`` writes them)."""
+    return {name: param.detach().float().cpu().numpy()
+            for name, param in backend.model.named_parameters()}
+
+
+def load_weights(backend: TorchBackend, path: str) -> None:
+    same_start(backend, initial.loaded(path))
+    backend.same_start = True  # the loaded weights are the start: train_on_host keeps them
+
+
+def exported_input(backend: TorchBackend, batch: dict) -> np.ndarray:
+    x = batch["images"].transpose(0, 3, 1, 2) if "images" in batch else batch["input_ids"]
+    return np.ascontiguousarray(x)  # NHWC -> NCHW, as _on_device feeds the model
