@@ -6,14 +6,15 @@ on JAX, donating the cache; ``tf.function``, XLA when compiled; eager on torch).
 
 One functional KV cache, allocated once: per layer K and V of shape (slots, longest prompt
 bucket + longest output, kv_heads, head_dim), each row a slot at its own position, passed
-through each call and returned updated. A request's prefill runs at admission into its slot's
-row alone (``ops.slice_update`` at a traced slot index: one compile per prompt bucket, whatever
-the slot), its prompt padded at the end to the smallest prompt bucket that holds it and its
-first token read at its last real position (a traced index too, gathered); the padded positions' K/V are
-hidden by each row's mask until decode overwrites them. A decode step runs every slot at once
-(one static shape), each at its own position (a (slots,) position tensor; K/V written with
-``ops.scatter_update`` at (row, position)); only the occupied slots advance. Whole prefill
-(not chunked)."""
+through each call and returned updated (on JAX its buffers donated and rewritten in place; on
+TensorFlow and torch each call returns an updated copy, as the generate decoder's step does).
+A request's prefill runs at admission into its slot's row alone (``ops.slice_update`` at a
+traced slot index: one compile per prompt bucket, whatever the slot), its prompt padded at the
+end to the smallest prompt bucket that holds it and its first token gathered at its last real
+position (a traced index too); the padded positions' K/V are hidden by each row's mask until
+decode overwrites them. A decode step runs every slot at once (one static shape), each at its
+own position (a (slots,) position tensor; K/V written with ``ops.scatter_update`` at (row,
+position)); only the occupied slots advance. Whole prefill (not chunked)."""
 
 from __future__ import annotations
 
