@@ -339,15 +339,17 @@ def test_a_sized_window_of_dataset_lengths_in_the_worker(tmp_path):
     assert [r["tokens"] for r in rows] == [r["new_tokens"] for r in rows] == outputs
 
 
-def test_continuous_batching_is_refused_with_the_declared_reason():
-    from fxtrack.frameworks.declaration import declaration
+def test_every_framework_that_generates_batches_continuously():
+    """Issue 45: continuous batching in every framework that declares ``generate``."""
+    from fxtrack.config.frameworks import declared
 
-    for fw in ("keras",):
-        why = str(declaration(f"fxtrack.frameworks.{fw}").unsupported("slot_decode"))
-        assert "per-slot KV-cache positions" in why and "\n" not in why
+    frameworks = declared()
+    generating = [name for name, fw in frameworks.items() if fw.has("generate")]
+    assert {"torch", "tensorflow", "jax", "keras"} <= set(generating)
+    assert [name for name in generating if not frameworks[name].has("slot_decode")] == []
 
 
-@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax"])
+@pytest.mark.parametrize("framework", ["torch", "tensorflow", "jax", "keras"])
 def test_a_tiny_continuous_window_logs_its_policy_lengths_and_cold_start(framework, tmp_path):
     """tiny Llama, batching=continuous at one rate with lognormal lengths: every request
     completes with its own prompt and output lengths, no compilation inside the window where
@@ -371,7 +373,7 @@ def test_a_tiny_continuous_window_logs_its_policy_lengths_and_cold_start(framewo
     assert tags["fxtrack.serve_p99_undersized"] == "true"  # 12 requests, not 459
     assert m["serve_requests"] == m["serve_percentile_requests"] == 12
     assert m["failed_requests"] == 0
-    if framework == "tensorflow":  # no process-wide count: it says so
+    if framework in ("tensorflow", "keras"):  # no process-wide count: it says so
         assert "fxtrack.serve_recompiles_not_counted" in tags
     else:
         assert m["serve_recompiles"] == 0

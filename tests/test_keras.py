@@ -91,6 +91,43 @@ JOBS = textwrap.dedent("""
                               "tflops": FRAMEWORK.capability("calibration").matmul_tflops(b),
                               "compile_mode": b.device_tags()["compile_mode"]}), flush=True)
             continue
+        if job.get("slots"):  # continuous batching's slots through conftest's script
+            import numpy as np
+            from keras import ops
+            from conftest import SLOT_PROMPTS, drive_slots
+            from fxtrack.frameworks.keras.backend import KerasBackend
+            b = KerasBackend(s)
+            b.device_kind()
+            b.build(2)
+            # x10 the N(0, 0.02) weights: the layers, not the last token's embedding, pick
+            b.model.set_weights([w * 10 for w in b.model.get_weights()])
+            slots = FRAMEWORK.capability("slot_decode").prepare_slots(b, 2, [16, 20], 7)
+            for padded in slots.buckets:  # the serve warm-up: every bucket into every slot
+                for slot in range(2):
+                    slots.prefill(slot, padded)
+            slots.step([0, 1])
+            counted = []  # XLA compilations while the script runs (JAX)
+            if keras_backend == "jax":
+                import jax
+                jax.monitoring.register_event_duration_secs_listener(
+                    lambda event, *a, **k: counted.append(event)
+                    if event == "/jax/core/compile/backend_compile_duration" else None)
+            got = drive_slots(slots)
+            compiles = len(counted)  # before the reference's own
+            traces = ([f.experimental_get_tracing_count() for f in (slots._prefill, slots._step)]
+                      if keras_backend == "tensorflow" else None)
+            greedy = {}  # each prompt alone: the full causal forward on one (1, 27) buffer
+            for name, length in SLOT_PROMPTS.items():
+                seq = np.zeros((1, 27), np.int32)
+                seq[:, :length] = slots.ids[:, :length]
+                for i in range(len(got[name])):
+                    logits = ops.convert_to_numpy(b.model(ops.convert_to_tensor(seq)))
+                    seq[0, length + i] = int(np.argmax(logits[0, length + i - 1]))
+                greedy[name] = seq[0, length:length + len(got[name])].tolist()
+            print(json.dumps({"model": job["model"], "slots": got, "greedy": greedy,
+                              "compiled": b.compiled, "compiles": compiles,
+                              "traces": traces}), flush=True)
+            continue
         r = worker.run(s)
         print(json.dumps({"model": job["model"], "request": job.get("request", "auto"),
                           "devices": s.devices, "status": r.status, "error": r.error,
@@ -297,3 +334,24 @@ def test_llama_trains_and_generates_on_jax():
     assert r["params"] == llama_params(tiny_arch("llama"))["total"]
     assert r["tags"]["compile_mode"] == AUTO_ON_CPU["jax"]
     assert r["tags"]["attention"] == "keras.ops.dot_product_attention:jax.nn.dot_product_attention:xla:causal:gqa-native"
+
+
+@pytest.mark.parametrize("keras_backend, request_", [("jax", "auto"), ("torch", "auto"),
+                                                     ("tensorflow", "true")])
+def test_continuous_slots_decode_each_request_as_its_own_greedy_run(keras_backend, request_):
+    """scenario.batching=continuous's slots (fxtrack.frameworks.keras.slots) on each Keras
+    backend (jit on JAX, eager on torch, XLA on TensorFlow): requests of different prompt
+    lengths (padded to their buckets) admitted while others decode, a freed slot reused, each
+    request's tokens equal to a greedy run of its own prompt alone; after the warm-up the
+    script compiles nothing (JAX's count of XLA compilations; on TensorFlow its tf.function
+    traces, one per prompt bucket and one step, which do not show XLA's own recompiles)."""
+    pytest.importorskip(keras_backend)
+    (r,) = run_jobs(keras_backend, [{"model": "llama", "slots": True, "request": request_}])
+    assert r["compiled"] == (keras_backend != "torch")
+    for name, tokens in r["slots"].items():
+        assert tokens == r["greedy"][name], name
+    assert [len(t) for t in r["slots"].values()] == [6, 7, 3]
+    assert len(set(r["slots"]["a"] + r["slots"]["b"])) > 2  # not one repeated token
+    assert r["compiles"] == 0
+    if keras_backend == "tensorflow":
+        assert r["traces"] == [2, 1]

@@ -81,9 +81,9 @@ FRAMEWORK = Framework(
         "user_model": "fxtrack.frameworks.keras.user_model",
         "generate": "fxtrack.frameworks.keras.generate",
         "serve_buckets": "fxtrack.frameworks.keras.buckets",
+        "slot_decode": "fxtrack.frameworks.keras.slots",
     },
     absent={
-        "slot_decode": "continuous batching needs per-slot KV-cache positions in its decoder, not built yet (issue 45); use scenario.batching=static",
         "user_serving_export": "framework=keras has no checkpoint path yet, for any model; "
                                "framework=tensorflow checkpoints and exports the same "
                                "model.keras builder",

@@ -23,8 +23,11 @@ if TYPE_CHECKING:  # annotations only (the backend does not import this module)
     from fxtrack.frameworks.keras.backend import KerasBackend
 
 
-def _compiled(fn: Callable[..., Any], model: keras.Model, compiled: bool) -> Callable[..., Any]:
-    """``fn`` of backend tensors, compiled on this Keras backend as ``compiled`` says."""
+def _compiled(fn: Callable[..., Any], model: keras.Model, compiled: bool,
+              donate: tuple[int, ...] = ()) -> Callable[..., Any]:
+    """``fn`` of backend tensors, compiled on this Keras backend as ``compiled`` says; on JAX
+    the arguments at ``donate`` (a cache the call returns rewritten) are donated, so XLA updates
+    their buffers in place instead of copying them per call."""
     name = devices.backend_name()
     if name == "jax" and compiled:
         import jax
@@ -35,7 +38,7 @@ def _compiled(fn: Callable[..., Any], model: keras.Model, compiled: bool) -> Cal
             with keras.StatelessScope(state_mapping=list(zip(variables, values))):
                 return fn(*args)
 
-        jitted = jax.jit(pure)
+        jitted = jax.jit(pure, donate_argnums=tuple(i + 1 for i in donate))  # after values
         return lambda *args: jitted([v.value for v in variables], *args)
     if name == "tensorflow":
         import tensorflow as tf
@@ -43,9 +46,9 @@ def _compiled(fn: Callable[..., Any], model: keras.Model, compiled: bool) -> Cal
         return tf.function(fn, jit_compile=compiled)
     if name == "torch":
         if compiled:
-            raise NotSupported("scenario=generate with framework.compile=true is not supported "
-                               "by keras on torch: its decode runs eagerly (Keras' default "
-                               "there); use framework.compile=auto or false")
+            raise NotSupported("scenario=generate and serve with framework.compile=true are not "
+                               "supported by keras on torch: its decode runs eagerly (Keras' "
+                               "default there); use framework.compile=auto or false")
         import torch
 
         def no_grad(*args: Any) -> Any:
