@@ -315,15 +315,17 @@ def test_bf16_xla_run_takes_the_kernel_form_and_learns_alike(spec_factory):
     assert fast[-1] < fast[0]
 
 
-def test_continuous_slots_decode_each_request_as_its_own_greedy_run():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "xla"])
+def test_continuous_slots_decode_each_request_as_its_own_greedy_run(compiled):
     """scenario.batching=continuous's slots (fxtrack.frameworks.tensorflow.slots): requests of
     different prompt lengths (padded to their buckets) admitted while others decode, a freed
-    slot reused, each request's tokens equal to an uncached greedy run of its own prompt."""
+    slot reused, each request's tokens equal to an uncached greedy run of its own prompt; under
+    XLA too (the slot's rows a scatter, the last position a gather: one program per bucket)."""
     from conftest import backend_class, job_spec
 
     from fxtrack.frameworks.tensorflow import slots as tf_slots
 
-    spec = job_spec("tensorflow", "llama", compile=False)
+    spec = job_spec("tensorflow", "llama", compile=compiled)
     backend = backend_class(spec)(spec)
     backend.device_kind()
     backend.build(2)
