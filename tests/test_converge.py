@@ -309,3 +309,32 @@ def test_the_time_to_quality_section_counts_runs_and_gives_a_ratio_with_its_inte
     jax, torch = table.rows
     assert jax[:3] == ["jax", "5", "5"] and jax[5] == "fastest"
     assert torch[5].startswith("1.97x [")  # (2.0 + 2.1 + 2.0) / (1.0 + 1.1 + 1.0)
+
+
+def test_the_answer_reads_time_to_quality_by_mlperfs_rule_as_the_section_does():
+    """The answer page's time-to-quality figure stands on the runs MLPerf's rule keeps (the
+    objective's repeats_rule): the mean of the middle three of five, with their interval; fewer
+    than five runs give a median with no interval (no verdict)."""
+    import pandas as pd
+
+    from fxtrack import scenarios
+    from fxtrack.report import samples
+    from fxtrack.report.converge import middle
+
+    (objective,) = scenarios.get("converge").objectives
+    assert objective.repeats_rule == "fxtrack.report.converge:middle"
+    times = [1.0, 1.1, 0.9, 5.0, None]  # a slow outlier and a missed target: both dropped
+    agg = {"run_id": "a", "result_id": "agg", "repeat_of": None, "kind": "aggregate",
+           "metrics.time_to_target_s": 1.1}
+    reps = [{"run_id": f"r{i}", "result_id": f"r{i}", "repeat_of": "agg", "kind": None,
+             "metrics.time_to_target_s": t} for i, t in enumerate(times)]
+    runs = pd.DataFrame([agg, *reps])
+    group = runs.iloc[[0]]
+    plain = samples.sample(group, runs, "time_to_target_s")
+    ruled = samples.sample(group, runs, "time_to_target_s", middle)
+    assert plain.point == pytest.approx(1.05)  # every finished repeat's median, the outlier in
+    assert ruled.point == pytest.approx((1.0 + 1.1 + 5.0) / 3) and ruled.n == 5
+    assert ruled.interval() is not None
+    few = pd.DataFrame([agg, *reps[:3]])
+    short = samples.sample(few.iloc[[0]], few, "time_to_target_s", middle)
+    assert short.point == pytest.approx(1.0) and short.interval() is None

@@ -324,9 +324,13 @@ def test_terminal_tables_fit_100_columns_and_the_closing_table_names_serve_figur
     jobs = [{"name": "jax-vit-serve-fp32-x1-tiny", "status": "FINISHED", "guard": "ok", "error": None,
              "metrics": {"max_rate_under_slo_rps": 92.15}, "tags": {}},
             {"name": "tensorflow-vit-inference-fp32-x1-onnxruntime-dynamic_int8", "status": "FAILED",
-             "guard": "ok", "error": note, "metrics": {}, "tags": {}}]
+             "guard": "ok", "error": note, "metrics": {}, "tags": {}},
+            {"name": "torch-vit-converge-fp32-x1-tiny", "status": "FINISHED", "guard": "ok",
+             "error": None, "tags": {}, "metrics": {"compile_time_s": 0.0, "time_to_target_s": 2.61,
+                                                    "steps_to_target": 220}}]
     table = closing_table(jobs)
     assert max(map(len, table.splitlines())) <= 100
+    assert "to target 2.6 s" in table and "compile 0.0 s" not in table  # converge's headline
     assert "92.15 req/s" in table and "max rate" in table  # the serve job's figure, not "-"
     assert "exporter)" in table and "(to" not in table.replace("(tf2onnx", "")  # wrapped, not cut
     assert claims.main(["--uri", f"sqlite:///{tmp_path / 'none.db'}"]) == 0

@@ -277,13 +277,18 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
         status = "NOT SUPPORTED" if _unsupported(j) else j["status"]
         if j.get("skipped"):  # refused before any work: no MLflow run to look for
             status = "NOT SUPPORTED (not run)"
-        # the job's own headline where it has no throughput (serve: its max rate; fit: its batch)
+        # the job's own headline where it has no throughput (serve: its max rate; converge: its
+        # time to target), never a figure the row shows elsewhere or a cost (compile time)
         figure = _fmt(m.get("throughput_samples_per_s")) if "throughput_samples_per_s" in m else \
-            next((f.format(m[k]) for k, f in HEADLINE if k in m), "-")
+            next((f.format(m[k]) for k, f in HEADLINE if k in m and k not in NOT_HEADLINE), "-")
         rows.append([j["name"], status, figure, _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0),
                      note or ""])  # wrapped to the terminal's width, never cut
-    return _text("Jobs:", ["run", "status", "samples/s", "step p50 ms", "peak MiB", "note"], rows,
-                 whole=("status",))
+    return _text("Jobs:", ["run", "status", "samples/s or figure", "step p50 ms", "peak MiB",
+                           "note"], rows, whole=("status",))
+
+
+# the closing table's own columns, and a cost that is no headline
+NOT_HEADLINE = ("step_time_ms_p50", "compile_time_s", "peak_mem_device_mib", "peak_rss_mib")
 
 
 def aggregate_table(aggregates: list[dict[str, Any]]) -> str:

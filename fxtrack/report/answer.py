@@ -12,6 +12,7 @@ without repeats. An objective with no runs says the command that measures it.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Optional
 
 import pandas as pd
@@ -249,8 +250,12 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
     # a framework's configs that differ in more than its mode (a serve rate) say so in the mode
     apart = identity.apart(runs.drop(columns=["compile", *LEVERS], errors="ignore"), ["model"])
+    rule = None
+    if objective.repeats_rule:  # "module:function", as the registry's hooks are named
+        module, _, name = objective.repeats_rule.partition(":")
+        rule = getattr(importlib.import_module(module), name)
     for _, group in runs.groupby(ident, sort=False, dropna=False):
-        one = samples.sample(group, every, key)
+        one = samples.sample(group, every, key, rule)
         if one is None or not one.point:
             continue
         config = group.iloc[-1]

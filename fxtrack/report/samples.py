@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -141,10 +141,15 @@ def _from_aggregate(agg: pd.Series, key: str, rows: pd.DataFrame) -> Optional[Sa
     return Sample(float(value), log if n > 1 else None, n, [agg["run_id"]], rows)
 
 
-def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str) -> Optional[Sample]:
+def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str,
+           rule: Optional[Callable[[list], tuple[Optional[list[float]], str]]] = None
+           ) -> Optional[Sample]:
     """The figure of ``key`` that one config's runs (``group``, from ``configs``: one identity)
     stand on: its latest repeat group with the figure. An aggregate pools its own repeats
-    (``fxtrack.repeat_of``, looked up in ``runs``); separate runs never pool (identity.py)."""
+    (``fxtrack.repeat_of``, looked up in ``runs``); separate runs never pool (identity.py).
+    ``rule`` (an objective's ``repeats_rule``) picks the repeats the figure stands on from all of
+    them (None where a run has no figure): their mean and interval; where it keeps none, the
+    median with no interval (no verdict)."""
     col = f"metrics.{key}"
     if col not in group:
         return None
@@ -156,10 +161,24 @@ def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str) -> Optional[Sample
         agg = latest.iloc[0]
         reps = runs[(runs["repeat_of"] == agg["result_id"]) & (runs["kind"] != "aggregate")]
         values = [float(v) for v in reps.get(col, pd.Series(dtype=float)).dropna()]
+        if rule is not None:
+            return _by_rule(rule, reps.get(col, pd.Series(dtype=float)), [agg["run_id"]], latest)
         if len(values) > 1:
             return _from_values(values, [agg["run_id"]], latest)
         return _from_aggregate(agg, key, latest)
     return _from_values([float(latest[col].iloc[0])], list(latest["run_id"]), latest)
+
+
+def _by_rule(rule: Callable[[list], tuple[Optional[list[float]], str]], column: pd.Series,
+             run_ids: list[str], rows: pd.DataFrame) -> Optional[Sample]:
+    """The repeats' figure as ``rule`` keeps them (a run with none counted as such)."""
+    every = [None if pd.isna(v) else float(v) for v in column]
+    kept, _ = rule(every)
+    if kept:
+        log = stats.log_summary(kept) if len(kept) > 1 and min(kept) > 0 else None
+        return Sample(sum(kept) / len(kept), log, len(every), run_ids, rows)
+    values = [v for v in every if v is not None]
+    return Sample(stats.median(values), None, len(every), run_ids, rows) if values else None
 
 
 def ratio(cand: Sample, base: Sample) -> tuple[float, Optional[tuple[float, float]]]:

@@ -41,6 +41,10 @@ class Objective:
     # the best's figure as a fraction of the other's, "in 0.88x [..] the peak memory of": a
     # lower-is-better amount reads wrongly as "1.14x less"
     fraction: bool = False
+    # "module:function" (the repeats' figures, None where a run has none) -> (the kept, why
+    # not): a rule for which repeats a figure stands on (converge: MLPerf's, the fastest and the
+    # slowest of at least 5 dropped); None: every repeat
+    repeats_rule: Optional[str] = None
     scenario: str = ""  # the declaring scenario's name (objectives() fills it in)
 
     @property
