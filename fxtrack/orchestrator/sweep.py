@@ -283,8 +283,9 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
             next((f.format(m[k]) for k, f in HEADLINE if k in m and k not in NOT_HEADLINE), "-")
         rows.append([j["name"], status, figure, _fmt(m.get("step_time_ms_p50")), _fmt(peak, 0),
                      note or ""])  # wrapped to the terminal's width, never cut
-    return _text("Jobs:", ["run", "status", "samples/s or figure", "step p50 ms", "peak MiB",
-                           "note"], rows, whole=("status",))
+    # a figure other than throughput names its own unit in its cell ("to target 2.6 s")
+    return _text("Jobs:", ["run", "status", "samples/s", "step p50 ms", "peak MiB", "note"], rows,
+                 whole=("status",))
 
 
 # the closing table's own columns, and a cost that is no headline
