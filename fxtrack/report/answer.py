@@ -12,13 +12,13 @@ without repeats. An objective with no runs says the command that measures it.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Optional
 
 import pandas as pd
 
 from fxtrack import architectures, scenarios
 from fxtrack.config.frameworks import declared, identity_settings
+from fxtrack.frameworks.declaration import import_path
 from fxtrack.report import identity, samples
 from fxtrack.report.lm import lm_models
 from fxtrack.report.select import LEVERS
@@ -250,10 +250,7 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
     # a framework's configs that differ in more than its mode (a serve rate) say so in the mode
     apart = identity.apart(runs.drop(columns=["compile", *LEVERS], errors="ignore"), ["model"])
-    rule = None
-    if objective.repeats_rule:  # "module:function", as the registry's hooks are named
-        module, _, name = objective.repeats_rule.partition(":")
-        rule = getattr(importlib.import_module(module), name)
+    rule = import_path(objective.repeats_rule) if objective.repeats_rule else None
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         one = samples.sample(group, every, key, rule)
         if one is None or not one.point:

@@ -160,9 +160,10 @@ def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str,
     if latest["kind"].iloc[0] == "aggregate":
         agg = latest.iloc[0]
         reps = runs[(runs["repeat_of"] == agg["result_id"]) & (runs["kind"] != "aggregate")]
-        values = [float(v) for v in reps.get(col, pd.Series(dtype=float)).dropna()]
+        column = reps.get(col, pd.Series(dtype=float))
         if rule is not None:
-            return _by_rule(rule, reps.get(col, pd.Series(dtype=float)), [agg["run_id"]], latest)
+            return _by_rule(rule, column, [agg["run_id"]], latest)
+        values = [float(v) for v in column.dropna()]
         if len(values) > 1:
             return _from_values(values, [agg["run_id"]], latest)
         return _from_aggregate(agg, key, latest)
