@@ -31,6 +31,8 @@ def bench(tmp_path_factory):
     # The yardstick: a quiet calibration entry in this test's own cache, as a quiet first run
     # leaves one (a contended calibration on this shared machine would log no mfu at all);
     # its value is immaterial here, only that the table divides by what the run divided by.
+    # Three steps: a median step time unlike the mean, so that an MFU taken from the p50
+    # instead of the window's throughput would not pass.
     key = peak.cache_key("cpu", "fp32", peak.thread_count(None))
     (tmp / "cache").mkdir()
     (tmp / "cache" / "peak_flops.json").write_text(json.dumps({key: {"torch": {
@@ -42,7 +44,7 @@ def bench(tmp_path_factory):
     store = f"sqlite:///{tmp / 'mlflow.db'}"
     out = subprocess.run([sys.executable, "bench/mfu.py", "--size", "tiny", "--frameworks",
                           "torch", "--families", "vit,llama", "--precisions", "fp32",
-                          "--repeats", "2", "--set", "steps=2", "--set", "warmup_steps=1",
+                          "--repeats", "2", "--set", "steps=3", "--set", "warmup_steps=1",
                           "--store", store, "--out", str(tmp / "mfu.md")],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -124,3 +126,22 @@ def test_the_llama_cells_fit_24_gib():
     for precision in mfu.PRECISIONS:
         need = memory.estimate(arch, "train", precision, mfu.LLAMA["batch_size"]).total
         assert need <= mfu.LLAMA_MARGIN * mfu.LLAMA_BUDGET_GIB * memory.GIB, precision
+
+
+def test_profile_columns_show_where_the_runs_logged_them():
+    run = {"status": "FINISHED", "tags.fxtrack.devices": "1",
+           "tags.fxtrack.peak_tflops_source": "own-matmul:torch", "metrics.mfu": 0.5,
+           "metrics.flops_per_sample": 1e12, "metrics.throughput_samples_per_s": 0.1,
+           "metrics.peak_tflops": 0.2, "metrics.step_time_ms_p50": 10_000.0,
+           **{f"metrics.profile_{part}_ms": 100.0 * (i + 1) for i, part in enumerate(mfu.PROFILE)}}
+    figures = mfu.figures(pd.DataFrame([run]))
+    assert figures["mfu"] == [pytest.approx(0.5)]
+    args = mfu.parse_args(["--size", "tiny"])
+    table = mfu.table([(VIT, figures)], args)
+    assert "matmul ms" in table.header and "norm/elementwise ms" in table.header
+    row = dict(zip(table.header, table.rows[0]))
+    assert row["optimizer ms"] == "400.0" and row["step ms"] == "600.0"
+    assert row["MFU % [95%]"] == "50.0 [50.0, 50.0] *"  # below 60%: marked
+    # runs without them: no such columns
+    plain = {k: v for k, v in run.items() if "profile_" not in k}
+    assert "matmul ms" not in mfu.table([(VIT, mfu.figures(pd.DataFrame([plain])))], args).header
