@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import job_spec
+from conftest import SMALL, job_spec
 from fxtrack import architectures
 from fxtrack.config.frameworks import declared
 from fxtrack.frameworks.declaration import LEVERS, Framework
@@ -84,10 +84,6 @@ def scenario_refusal(name: str, scenario: str, model: str) -> str | None:
                    FRAMEWORKS[name])
 
 
-# Smaller than size=tiny where the check does not need the width: tiny ResNet-50 keeps its 25.6M
-# parameters and tiny BERT its 30,522-token head (each half of a framework's batch time); these
-# keep every block kind (projection and identity shortcuts, BatchNorm) and learn the batch as fast.
-SMALL = {"resnet50": dict(width=16, stage_sizes=(2, 1, 1, 1)), "bert": dict(vocab_size=2048)}
 GLOBAL_BATCH = 4  # two nodes x one device x batch 2
 # The restore guard is shared scenario code: tested once, on the first framework with a
 # checkpoint, by a restore that restores nothing.

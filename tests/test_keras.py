@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_fxtrack, seed_peak_cache, tiny_arch
+from conftest import SMALL, run_fxtrack, seed_peak_cache, tiny_arch
 
 from fxtrack.frameworks.declaration import CAPABILITIES, NotSupported
 from fxtrack.frameworks.keras import FRAMEWORK, KERAS_BACKENDS, prepare_environment
@@ -41,7 +41,7 @@ BATCH = {"resnet50": 4}
 JOBS = textwrap.dedent("""
     import json, os, sys
     sys.path.insert(0, "tests")
-    from conftest import job_spec
+    from conftest import SMALL, job_spec
     from fxtrack.frameworks.keras import FRAMEWORK
     from fxtrack.worker import __main__ as worker
 
@@ -49,7 +49,8 @@ JOBS = textwrap.dedent("""
 
     def spec(model, request="auto", **kw):
         return job_spec("keras", model, steps=7, warmup_steps=1, compile_request=request,
-                        framework_settings={"keras_backend": keras_backend}, **kw)
+                        framework_settings={"keras_backend": keras_backend},
+                        arch=SMALL.get(model, {}), **kw)
 
     first = spec(jobs[0]["model"])
     worker.prepare_environment(first)
@@ -74,7 +75,7 @@ JOBS = textwrap.dedent("""
             continue
         if job.get("native"):  # the same job in the native framework
             r = worker.run(job_spec(job["native"], job["model"], steps=7, warmup_steps=1,
-                                    batch_size=s.batch_size))
+                                    batch_size=s.batch_size, arch=SMALL.get(job["model"], {})))
             print(json.dumps({"model": job["model"], "native": r.series.get("loss", [])}),
                   flush=True)
             continue
@@ -151,7 +152,7 @@ def torch_param_count(model: str) -> int:
     """The other frameworks' count for the tiny model (tests/test_torch.py checks torch's
     canonical counts, tests/test_tensorflow.py the shared Keras models')."""
     torch_models = pytest.importorskip("fxtrack.frameworks.torch.models")
-    return sum(p.numel() for p in torch_models.build(tiny_arch(model)).parameters()
+    return sum(p.numel() for p in torch_models.build(tiny_arch(model, **SMALL.get(model, {}))).parameters()
                if p.requires_grad)
 
 
