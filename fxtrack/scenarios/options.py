@@ -65,6 +65,13 @@ class Options:
 @dataclasses.dataclass
 class TrainOptions(Options):
     name: str = "train"
+    # after the timed window: this many steps under the framework's own profiler, their time
+    # split into categories (the profile_* metrics); 0: none
+    profile_steps: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least("scenario.", 0, profile_steps=self.profile_steps)
 
 
 @dataclasses.dataclass

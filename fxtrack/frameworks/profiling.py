@@ -1,0 +1,217 @@
+"""The time split of a profiled training step (the ``profile`` capability), framework-neutral:
+the categories, the split of a trace's op intervals into them, and the readers of what the
+profilers write (an XSpace ``.xplane.pb``, an optimised HLO module's text). Each framework's
+``profile`` module runs its own profiler and names its own category rule; this module imports
+no framework at import time (the readers import the one that wrote the file, when called).
+
+The split, the same for every framework: each profiled step's wall span (the framework's own
+step annotation) is cut at every op boundary; on each thread the innermost op running in a
+piece owns it; a piece with ops on several threads at once is shared equally among those
+threads' categories (so overlapping threads never count the same wall time twice: the
+categories plus ``overhead`` sum to the span exactly); ``overhead`` is the span's time with no
+op on any thread (Python, dispatch, waiting: gaps in the timeline).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+# The categories, in the order the metrics are logged (profile_<category>_ms); ``overhead``
+# is measured, never named by a rule.
+CATEGORIES = ("matmul", "attention", "norm_elementwise", "optimizer", "overhead")
+OP_CATEGORIES = CATEGORIES[:-1]  # what a framework's rule may name an op
+
+
+@dataclasses.dataclass(frozen=True)
+class Op:
+    """One op interval of a trace, in ns: ``thread`` the timeline it ran on."""
+
+    start: float
+    end: float
+    thread: str
+    category: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One profiled step: seconds in each category (``CATEGORIES``) and its wall span."""
+
+    seconds: dict[str, float]
+    step_s: float
+    steps: int  # the steps profiled, of which this is the median by wall span
+    profiler: str  # the fxtrack.profiler tag: which profiler, and how it was read
+
+
+def split(ops: Iterable[Op], spans: list[tuple[float, float]], profiler: str) -> Split:
+    """The split of one profiled step, the median of the step ``spans`` ((start, end) ns) by
+    wall span (a busy machine's odd slow step is not the one reported), as the module
+    docstring says; ops outside it are left out, ops crossing its edges are clipped."""
+    if not spans:
+        raise ValueError("the trace holds no annotated step")
+    ops = list(ops)
+    unknown = {o.category for o in ops} - set(OP_CATEGORIES)
+    if unknown:
+        raise ValueError(f"ops named categories outside {OP_CATEGORIES}: {sorted(unknown)}")
+    lo, hi = sorted(spans, key=lambda s: s[1] - s[0])[(len(spans) - 1) // 2]
+    seconds = dict.fromkeys(CATEGORIES, 0.0)
+    for cat, ns in _owned(ops, lo, hi).items():
+        seconds[cat] = ns / 1e9
+    seconds["overhead"] = (hi - lo) / 1e9 - sum(seconds.values())
+    return Split(seconds, (hi - lo) / 1e9, len(spans), profiler)
+
+
+def _owned(ops: list[Op], lo: float, hi: float) -> dict[str, float]:
+    """ns per category inside [lo, hi): the innermost op of each thread owns a piece, threads
+    running at once share it equally."""
+    inside = [o for o in ops if o.end > lo and o.start < hi and o.end > o.start]
+    cuts = sorted({lo, hi, *(max(o.start, lo) for o in inside), *(min(o.end, hi) for o in inside)})
+    by_thread: dict[str, list[Op]] = defaultdict(list)
+    for o in inside:
+        by_thread[o.thread].append(o)
+    out: dict[str, float] = defaultdict(float)
+    # per thread, the innermost (latest started, then shortest) op active in each piece
+    owners: dict[str, list[Optional[str]]] = {}
+    for thread, thread_ops in by_thread.items():
+        thread_ops.sort(key=lambda o: (o.start, -o.end))
+        cats: list[Optional[str]] = [None] * (len(cuts) - 1)
+        for o in thread_ops:  # later-starting (nested) ops overwrite their parents
+            a = _index(cuts, max(o.start, lo))
+            b = _index(cuts, min(o.end, hi))
+            cats[a:b] = [o.category] * (b - a)
+        owners[thread] = cats
+    for i in range(len(cuts) - 1):
+        active = [cats[i] for cats in owners.values() if cats[i] is not None]
+        for cat in active:
+            out[cat] += (cuts[i + 1] - cuts[i]) / len(active)
+    return out
+
+
+def _index(cuts: list[float], value: float) -> int:
+    import bisect
+
+    return bisect.bisect_left(cuts, value)
+
+
+# --- readers ----------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TraceEvent:
+    """An XSpace event: its name, display name (TF: the op type), stats and where it ran."""
+
+    name: str
+    display: str
+    stats: dict
+    start: float  # ns
+    end: float
+    thread: str
+
+
+def xplane_file(directory: Path) -> Path:
+    """The one ``.xplane.pb`` a trace wrote under ``directory``."""
+    found = sorted(Path(directory).rglob("*.xplane.pb"))
+    if not found:
+        raise RuntimeError(f"the profiler wrote no .xplane.pb under {directory}")
+    return found[-1]
+
+
+def xspace_events(path: Path, plane: str = "/host:CPU") -> list[TraceEvent]:
+    """Every event of ``plane`` in the XSpace at ``path``, parsed with the XSpace protobuf that
+    TensorFlow ships (``tensorflow.tsl.profiler.protobuf.xplane_pb2``)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    space = xplane_pb2.XSpace()
+    space.ParseFromString(Path(path).read_bytes())
+    out = []
+    for p in space.planes:
+        if p.name != plane:
+            continue
+        meta, stat_meta = p.event_metadata, p.stat_metadata
+
+        def value(s):  # an XStat's value: a string held by reference is a stat metadata's name
+            kind = s.WhichOneof("value")
+            return stat_meta[s.ref_value].name if kind == "ref_value" else getattr(s, kind)
+
+        for line in p.lines:
+            base = line.timestamp_ns
+            for e in line.events:
+                m = meta[e.metadata_id]
+                stats = {stat_meta[s.metadata_id].name: value(s)
+                         for s in (*m.stats, *e.stats) if s.WhichOneof("value")}
+                start = base + e.offset_ps / 1e3
+                out.append(TraceEvent(m.name, m.display_name, stats, start,
+                                      start + e.duration_ps / 1e3, line.name))
+    return out
+
+
+def annotated_steps(events: Iterable[TraceEvent], name: str) -> list[tuple[float, float]]:
+    """The (start, end) of each step annotation named ``name`` (the framework's own step
+    marker: jax.profiler.StepTraceAnnotation, tf.profiler.experimental.Trace)."""
+    return sorted((e.start, e.end) for e in events if e.name == name and "step_num" in e.stats)
+
+
+_HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \S+(?:\s\S+)*? ([\w\-]+)\(")
+_CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def hlo_ops(text: str) -> dict[str, list[tuple[str, str]]]:
+    """An optimised HLO module's text -> for each instruction name, the (opcode, op_name) of
+    every instruction it runs: itself and, for a fusion or call, the computations it calls
+    (so a fusion the trace names ``ynn_fusion.3`` reads as the dot inside it)."""
+    computations: dict[str, list[tuple[str, str, str, list[str]]]] = {}
+    current: Optional[str] = None
+    for line in text.splitlines():
+        header = _HEADER.match(line.strip())
+        if header:
+            current = header.group(1)
+            computations[current] = []
+            continue
+        m = _INSTR.match(line)
+        if current is not None and m:
+            name_meta = _OP_NAME.search(line)
+            computations[current].append((m.group(1), m.group(2),
+                                          name_meta.group(1) if name_meta else "",
+                                          _CALLS.findall(line)))
+
+    def expand(comp: str, seen: frozenset) -> list[tuple[str, str]]:
+        out = []
+        for _, opcode, op_name, calls in computations.get(comp, ()):
+            out.append((opcode, op_name))
+            for c in calls:
+                if c not in seen:
+                    out += expand(c, seen | {c})
+        return out
+
+    ops: dict[str, list[tuple[str, str]]] = {}
+    for comp, instrs in computations.items():
+        for name, opcode, op_name, calls in instrs:
+            ops[name] = [(opcode, op_name)] + [x for c in calls for x in expand(c, frozenset({c}))]
+    return ops
+
+
+def hlo_rule(ops: dict[str, list[tuple[str, str]]], attention: re.Pattern,
+             optimizer: re.Pattern) -> Callable[[str], str]:
+    """The category rule of an XLA program (JAX's, TensorFlow's under XLA), by what each
+    executed instruction runs (``hlo_ops``): attention where an op_name lies in a scope
+    ``attention`` matches; else matmul where it runs a dot or convolution; else optimizer where
+    an op_name lies in a scope ``optimizer`` matches; the rest norm_elementwise. An instruction missing from the module falls to its
+    name (``dot``/``convolution``/``ynn_fusion``/``MatMul``: matmul)."""
+    def category(name: str) -> str:
+        inside = ops.get(name)
+        if inside is None:
+            return "matmul" if re.search(r"dot|convolution|ynn|matmul", name, re.I) else \
+                "norm_elementwise"
+        names = [n for _, n in inside if n]
+        if any(attention.search(n) for n in names):
+            return "attention"
+        if any(op in ("dot", "convolution") for op, _ in inside):
+            return "matmul"
+        if any(optimizer.search(n) for n in names):
+            return "optimizer"
+        return "norm_elementwise"
+    return category

@@ -1,0 +1,64 @@
+"""The profile split (scenario.profile_steps, the ``profile`` capability): one tiny ViT train
+run per framework that declares it, profiled after its timed window by the framework's own
+profiler; the categories sum to the unprofiled step time within 10%, the matmuls are found
+(a rule that missed them would hand their time to overhead, which the sum cannot see), and
+overhead is not most of the step. A framework without the capability is refused before any
+work."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import job_spec
+from fxtrack.config.frameworks import declared
+from fxtrack.frameworks.profiling import CATEGORIES
+
+PROFILED = [name for name, fw in declared().items() if fw.has("profile")]
+OPTIONS = {"profile_steps": 5}
+
+
+@pytest.fixture(scope="module", params=PROFILED)
+def profiled(request, tmp_path_factory):
+    from fxtrack.worker.__main__ import run
+
+    name = request.param
+    settings = {"keras_backend": "jax"} if name == "keras" else {}
+    spec = job_spec(name, "vit", tmp_path_factory.mktemp(name), steps=10, warmup_steps=2,
+                    compile=True, options=dict(OPTIONS), framework_settings=settings)
+    result = run(spec)
+    assert result.status == "FINISHED", result.error
+    return name, result
+
+
+def test_the_split_sums_to_the_step_time_within_10_percent(profiled):
+    name, result = profiled
+    m = result.metrics
+    total = sum(m[f"profile_{c}_ms"] for c in CATEGORIES)
+    print(name, {k: round(v, 2) for k, v in m.items() if k.startswith("profile_")}, m["step_time_ms_p50"])
+    assert total == pytest.approx(m["profile_step_ms"], rel=1e-6)  # overhead is the rest
+    assert total == pytest.approx(m["step_time_ms_p50"], rel=0.10), (name, m)
+    print(name, {k: round(v, 2) for k, v in m.items() if k.startswith("profile_")}, m["step_time_ms_p50"])
+
+
+def test_the_matmuls_are_found_and_overhead_is_not_most_of_the_step(profiled):
+    name, result = profiled
+    m = result.metrics
+    assert m["profile_matmul_ms"] > 0.1 * m["profile_step_ms"], (name, m)
+    assert m["profile_overhead_ms"] < 0.5 * m["profile_step_ms"], (name, m)
+    assert all(m[f"profile_{c}_ms"] >= 0 for c in CATEGORIES)
+    assert result.tags["profiler"]
+
+
+def test_a_framework_without_the_capability_is_refused_before_any_work(monkeypatch):
+    import dataclasses
+
+    from fxtrack.scenarios import rules
+
+    torch = declared()["torch"]
+    bare = dataclasses.replace(torch, capabilities={k: v for k, v in torch.capabilities.items()
+                                                    if k != "profile"})
+    c = rules.Combination("torch", "train", "fp32", family="vit", options_set=("profile_steps",))
+    why = rules.refusal(c, bare)
+    assert why == ("scenario.profile_steps with scenario=train is not supported by torch: "
+                   "not implemented for this framework")
+    assert rules.refusal(dataclasses.replace(c, options_set=()), bare) is None
