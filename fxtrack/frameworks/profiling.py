@@ -153,6 +153,94 @@ def annotated_steps(events: Iterable[TraceEvent], name: str) -> list[tuple[float
     return sorted((e.start, e.end) for e in events if e.name == name and "step_num" in e.stats)
 
 
+# --- the profilers, each run over ``steps`` calls of ``step``, every call in a step annotation;
+# each returns (the step spans, the trace's events); the framework's rule names the categories
+
+STEP = "fxtrack_step"  # the step annotation's name
+
+
+def jax_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceEvent]]:
+    """``jax.profiler.trace``, read with JAX's own ``jax.profiler.ProfileData``: the executed
+    XLA instructions (events with an ``hlo_op`` stat, named by it)."""
+    import tempfile
+
+    import jax
+    from jax.profiler import ProfileData
+
+    with tempfile.TemporaryDirectory() as directory:
+        with jax.profiler.trace(directory):
+            for i in range(steps):
+                with jax.profiler.StepTraceAnnotation(STEP, step_num=i):
+                    step()
+        data = ProfileData.from_file(str(xplane_file(Path(directory))))
+    spans, events = [], []
+    for plane in data.planes:
+        for line in plane.lines:
+            for e in line.events:
+                stats = dict(e.stats)
+                start, end = e.start_ns, e.start_ns + e.duration_ns
+                if e.name == STEP and "step_num" in stats:
+                    spans.append((start, end))
+                elif "hlo_op" in stats:
+                    events.append(TraceEvent(str(stats["hlo_op"]), "", stats, start, end,
+                                             f"{plane.name}/{line.name}"))
+    return sorted(spans), events
+
+
+def tf_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceEvent]]:
+    """``tf.profiler.experimental`` start/stop with a ``Trace`` step annotation per step, the
+    XSpace read by ``xspace_events``: every event of the host plane."""
+    import tempfile
+
+    import tensorflow as tf
+
+    with tempfile.TemporaryDirectory() as directory:
+        tf.profiler.experimental.start(directory)
+        try:
+            for i in range(steps):
+                with tf.profiler.experimental.Trace(STEP, step_num=i, _r=1):
+                    step()
+        finally:
+            tf.profiler.experimental.stop()
+        events = xspace_events(xplane_file(Path(directory)))
+    return annotated_steps(events, STEP), events
+
+
+def torch_trace(step: Callable[[], object], steps: int,
+                gpu: bool) -> tuple[list, list[TraceEvent]]:
+    """``torch.profiler.profile`` (CPU activity; CUDA's too on a GPU) with a ``record_function``
+    per step, read from its own event list (``prof.events()``): each op's interval and thread,
+    ``stats["names"]`` its name and its ancestors' (``cpu_parent``); a CUDA kernel as an event
+    on its device's timeline with its launching op's names."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            with record_function(STEP):
+                step()
+    spans, events = [], []
+    cpu = torch.autograd.DeviceType.CPU
+    for e in prof.events():
+        if e.device_type != cpu:
+            continue
+        start, end = e.time_range.start * 1e3, e.time_range.end * 1e3  # us -> ns
+        if e.name == STEP:
+            spans.append((start, end))
+            continue
+        names, parent = [e.name], e.cpu_parent
+        while parent is not None:
+            names.append(parent.name)
+            parent = parent.cpu_parent
+        events.append(TraceEvent(e.name, "", {"names": names}, start, end, f"thread {e.thread}"))
+        for k in e.kernels:
+            events.append(TraceEvent(k.name, "kernel", {"names": names},
+                                     k.time_range.start * 1e3, k.time_range.end * 1e3,
+                                     f"cuda:{k.device}"))
+    return sorted(spans), events
+
+
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")
 _INSTR = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = \S+(?:\s\S+)*? ([\w\-]+)\(")
 _CALLS = re.compile(r"(?:calls|to_apply|body|condition)=%?([\w.\-]+)")

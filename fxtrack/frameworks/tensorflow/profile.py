@@ -1,7 +1,7 @@
 """The profile capability for TensorFlow: a few training steps under
 ``tf.profiler.experimental.start/stop``, each in a ``tf.profiler.experimental.Trace`` step
 annotation, the XSpace (``.xplane.pb``) read with the XSpace protobuf TensorFlow ships
-(fxtrack.frameworks.profiling.xspace_events).
+(fxtrack.frameworks.profiling.tf_trace).
 
 Under XLA (the step compiled whole) the trace names each executed instruction (``hlo_op``), read
 as the step's optimised HLO has it (``TensorFlowBackend.step_hlo``: the ops inside a fusion,
@@ -17,15 +17,12 @@ softmax would read them as attention.
 from __future__ import annotations
 
 import re
-import tempfile
-from pathlib import Path
 
 import tensorflow as tf
 
 from fxtrack.frameworks import profiling
 from fxtrack.frameworks.tensorflow.backend import TensorFlowBackend
 
-STEP = "fxtrack_step"
 # the scopes Keras' optimisers run under: AdamW's adam_w, fxtrack's CoupledSGD's coupled_sgd
 OPTIMIZERS = ("adam_?w", "adam", "sgd", "coupled_sgd")
 ATTENTION = re.compile(r"(^|/)einsum(_\d+)?/|(^|/)Softmax(/|$)")
@@ -55,23 +52,21 @@ def split_steps(backend: TensorFlowBackend, steps: int) -> profiling.Split:
     rule = (profiling.hlo_rule(profiling.hlo_ops(hlo), ATTENTION, optimizer)
             if hlo is not None else None)
     backend.train_step()  # the HLO's compilation above is off the trace
-    with tempfile.TemporaryDirectory() as directory:
-        tf.profiler.experimental.start(directory)
-        try:
-            for i in range(steps):
-                with tf.profiler.experimental.Trace(STEP, step_num=i, _r=1):
-                    backend.train_step()
-        finally:
-            tf.profiler.experimental.stop()
-        events = profiling.xspace_events(profiling.xplane_file(Path(directory)))
+    spans, events = profiling.tf_trace(backend.train_step, steps)
     ops = []
     for e in events:
         if rule is not None and "hlo_op" in e.stats:  # an executed XLA instruction
             ops.append(profiling.Op(e.start, e.end, e.thread, rule(e.name)))
-        elif rule is None and e.display and ":" in e.name and not e.display.startswith("__"):
+        elif rule is None and graph_op(e):
             ops.append(profiling.Op(e.start, e.end, e.thread,
                                     graph_category(e.name.partition(":")[0], e.display,
                                                    optimizer)))
     how = "ops by the step's HLO" if rule is not None else "tf.function graph ops"
-    return profiling.split(ops, profiling.annotated_steps(events, STEP),
+    return profiling.split(ops, spans,
                            f"tf.profiler {tf.__version__} (XSpace via xplane_pb2; {how})")
+
+
+def graph_op(e: profiling.TraceEvent) -> bool:
+    """A TF op's event (``scope/name:Type``, its type the display name), not a function call's
+    (``__inference_step_N``)."""
+    return bool(e.display) and ":" in e.name and not e.display.startswith("__")
