@@ -288,12 +288,11 @@ def hlo_rule(ops: dict[str, list[tuple[str, str]]], attention: re.Pattern,
     executed instruction runs (``hlo_ops``): attention where an op_name lies in a scope
     ``attention`` matches; else matmul where it runs a dot or convolution; else optimizer where
     an op_name lies in a scope ``optimizer`` matches; the rest norm_elementwise. An instruction missing from the module falls to its
-    name (``dot``/``convolution``/``ynn_fusion``/``MatMul``: matmul)."""
+    name (``instruction_category``)."""
     def category(name: str) -> str:
         inside = ops.get(name)
         if inside is None:
-            return "matmul" if re.search(r"dot|convolution|ynn|matmul", name, re.I) else \
-                "norm_elementwise"
+            return instruction_category(name)
         names = [n for _, n in inside if n]
         if any(attention.search(n) for n in names):
             return "attention"
@@ -303,3 +302,79 @@ def hlo_rule(ops: dict[str, list[tuple[str, str]]], attention: re.Pattern,
             return "optimizer"
         return "norm_elementwise"
     return category
+
+
+# --- rules shared by two frameworks (each framework package stands alone, so they live here) ---
+
+def instruction_category(name: str) -> str:
+    """An XLA instruction by its name alone, where the program's HLO is out of reach (Keras'
+    own compiled step): matmul for dots, convolutions and XLA:CPU's YNNPACK dot fusions
+    (``ynn_fusion``), the rest norm_elementwise; attention and the optimiser are not told
+    apart from them."""
+    return "matmul" if re.search(r"dot|convolution|ynn_fusion|matmul", name, re.I) else \
+        "norm_elementwise"
+
+
+# Keras models on TensorFlow (framework=tensorflow, and keras on its TensorFlow backend): the
+# scopes Keras' optimisers run under (AdamW's adam_w, fxtrack's CoupledSGD's coupled_sgd);
+# Keras' ops.dot_product_attention runs tf.einsum and tf.nn.softmax (named einsum*/ and
+# Softmax; no other op of fxtrack's Keras models is one)
+TF_OPTIMIZERS = ("adam_?w", "adam", "sgd", "coupled_sgd")
+TF_ATTENTION = re.compile(r"(^|/)einsum(_\d+)?/|(^|/)Softmax(/|$)")
+TF_MATMUL_TYPES = re.compile(r"MatMul|Conv|Einsum")
+
+
+def tf_optimizer_scope(name: str) -> re.Pattern:
+    """TF op names under a Keras optimiser's scope (``name``, the optimiser's, or a known one)."""
+    names = "|".join((re.escape(name), *TF_OPTIMIZERS))
+    return re.compile(rf"^(gradient_tape/)?({names})(_\d+)?/", re.I)
+
+
+def tf_graph_op(e: TraceEvent) -> bool:
+    """A TF op's event (``scope/name:Type``, its type the display name), not a function call's
+    (``__inference_step_N``)."""
+    return bool(e.display) and ":" in e.name and not e.display.startswith("__")
+
+
+def tf_graph_category(e: TraceEvent, optimizer: re.Pattern) -> str:
+    """A tf.function graph op's category: optimizer under ``optimizer``'s scope, attention
+    (``TF_ATTENTION``), matmul by op type (MatMul, BatchMatMul, Conv, Einsum), else
+    norm_elementwise."""
+    name = e.name.partition(":")[0]
+    if optimizer.search(name):
+        return "optimizer"
+    if TF_ATTENTION.search(name):
+        return "attention"
+    if TF_MATMUL_TYPES.search(e.display):
+        return "matmul"
+    return "norm_elementwise"
+
+
+# torch's aten ops (framework=torch, and keras on its torch backend), by an op's name and its
+# ancestors' (the op first)
+ATEN_MATMUL = re.compile(r"aten::(mm|addmm|bmm|baddbmm|matmul|linear|einsum|conv\w*|"
+                         r"_convolution\w*|mkldnn_\w*conv\w*)$|"
+                         r"(Mm|Addmm|Bmm|Baddbmm|Convolution\w*)Backward\d*$")
+ATEN_ATTENTION = re.compile(r"scaled_dot_product|ScaledDotProduct|flash_attention|"
+                            r"efficient_attention")
+TORCH_OPTIMIZER = re.compile(r"^Optimizer\.step#")  # torch.optim's own annotation
+_NOT_AN_OP = re.compile(r"^autograd::engine::|^Optimizer\.")
+
+
+def aten_category(names: list[str]) -> str:
+    """optimizer inside torch.optim's ``Optimizer.step#`` annotation; attention inside
+    scaled_dot_product_attention (its backward node, its kernels); matmul for mm, addmm, bmm,
+    baddbmm, matmul, linear, einsum, conv* and their backward nodes; else norm_elementwise."""
+    if any(TORCH_OPTIMIZER.search(n) for n in names):
+        return "optimizer"
+    if any(ATEN_ATTENTION.search(n) for n in names):
+        return "attention"
+    if any(ATEN_MATMUL.search(n.split(": ")[-1]) for n in names):  # evaluate_function: XBackward0
+        return "matmul"
+    return "norm_elementwise"
+
+
+def torch_op(e: TraceEvent) -> bool:
+    """A dispatcher op (``aten::``, ``mkldnn::``...) or a CUDA kernel: covered time; the
+    autograd engine's and torch.optim's annotations are ancestry only."""
+    return e.display == "kernel" or ("::" in e.name and not _NOT_AN_OP.search(e.name))
