@@ -83,3 +83,27 @@ def test_a_framework_without_the_capability_is_refused_before_any_work(monkeypat
     assert why == ("scenario.profile_steps with scenario=train is not supported by torch: "
                    "not implemented for this framework")
     assert rules.refusal(dataclasses.replace(c, options_set=()), bare) is None
+
+
+def test_the_option_is_typed_off_by_default_and_asks_for_the_capability_only_when_set():
+    from fxtrack.scenarios import options_set
+    from fxtrack.scenarios.options import TrainOptions
+
+    assert TrainOptions().profile_steps == 0
+    with pytest.raises(ValueError, match="scenario.profile_steps must be >= 0"):
+        TrainOptions(profile_steps=-1)
+    assert options_set("train", TrainOptions()) == ()
+    assert options_set("train", {"profile_steps": 2}) == ("profile_steps",)
+    assert options_set("scaling", {}) == ()  # scaling's children train without the option
+
+
+def test_the_split_shares_overlapping_threads_and_leaves_gaps_to_overhead():
+    from fxtrack.frameworks.profiling import Op, split
+
+    ops = [Op(0, 40, "a", "matmul"), Op(10, 20, "a", "attention"),  # nested: the inner owns
+           Op(30, 50, "b", "optimizer")]  # overlaps a's matmul for 10 ns: shared half and half
+    done = split(ops, [(0, 100)], "test")
+    ns = {k: round(v * 1e9, 6) for k, v in done.seconds.items()}
+    assert ns == {"matmul": 25, "attention": 10, "norm_elementwise": 0, "optimizer": 15,
+                  "overhead": 50}
+    assert done.step_s * 1e9 == pytest.approx(100)

@@ -335,8 +335,11 @@ def from_json(cls: type, values: Any) -> Options:
     ``cls`` does not have are an error, so that a misspelt option never silently defaults."""
     if isinstance(values, cls):
         return values
-    if isinstance(values, Options):  # another scenario's (a spec reused for a new scenario)
-        values = {k: v for k, v in dataclasses.asdict(values).items() if k != "name"}
+    if isinstance(values, Options):  # another scenario's (a spec reused for a new scenario):
+        # its options at their defaults are not asked for; one set is still refused below
+        unset = defaults(type(values), "")
+        values = {k: v for k, v in dataclasses.asdict(values).items()
+                  if k != "name" and (k not in unset or v != unset[k])}
     values = dict(values or {})
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)
