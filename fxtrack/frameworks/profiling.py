@@ -167,8 +167,12 @@ def jax_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceE
     import jax
     from jax.profiler import ProfileData
 
+    # JAX traces every Python call by default (python_tracer_level 1): that slows a
+    # Python-heavy step (Keras' train_on_batch) and is not what the split reads
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
     with tempfile.TemporaryDirectory() as directory:
-        with jax.profiler.trace(directory):
+        with jax.profiler.trace(directory, profiler_options=options):
             for i in range(steps):
                 with jax.profiler.StepTraceAnnotation(STEP, step_num=i):
                     step()
