@@ -14,6 +14,7 @@ op on any thread (Python, dispatch, waiting: gaps in the timeline).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import re
 from collections import defaultdict
@@ -79,8 +80,8 @@ def _owned(ops: list[Op], lo: float, hi: float) -> dict[str, float]:
         thread_ops.sort(key=lambda o: (o.start, -o.end))
         cats: list[Optional[str]] = [None] * (len(cuts) - 1)
         for o in thread_ops:  # later-starting (nested) ops overwrite their parents
-            a = _index(cuts, max(o.start, lo))
-            b = _index(cuts, min(o.end, hi))
+            a = bisect.bisect_left(cuts, max(o.start, lo))
+            b = bisect.bisect_left(cuts, min(o.end, hi))
             cats[a:b] = [o.category] * (b - a)
         owners[thread] = cats
     for i in range(len(cuts) - 1):
@@ -90,17 +91,12 @@ def _owned(ops: list[Op], lo: float, hi: float) -> dict[str, float]:
     return out
 
 
-def _index(cuts: list[float], value: float) -> int:
-    import bisect
-
-    return bisect.bisect_left(cuts, value)
-
-
 # --- readers ----------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class TraceEvent:
-    """An XSpace event: its name, display name (TF: the op type), stats and where it ran."""
+    """One event of a trace (an XSpace's, or torch.profiler's): its name, display name (TF: the
+    op type; torch: ``kernel`` for a CUDA kernel), stats and the timeline it ran on."""
 
     name: str
     display: str

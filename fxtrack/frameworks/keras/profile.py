@@ -24,7 +24,7 @@ from fxtrack.frameworks.keras.backend import KerasBackend
 
 def split_steps(backend: KerasBackend, steps: int) -> profiling.Split:
     name = keras.backend.backend()
-    backend.train_step()
+    backend.train_step()  # one step between the timed window and the trace, as the others take
     if name == "jax":
         spans, events = profiling.jax_trace(backend.train_step, steps)
         ops = [profiling.Op(e.start, e.end, e.thread, profiling.instruction_category(e.name))
