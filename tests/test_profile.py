@@ -32,6 +32,8 @@ def profiled(request, tmp_path_factory):
     the orchestrator starts it (its own process: Keras reads its backend once, at import)."""
     name = request.param
     where = tmp_path_factory.mktemp(name)
+    # one thread: on a shared 2-core machine other work stalls a 2-thread step's barriers and
+    # spreads its steps far more
     spec = job_spec(name, "vit", where, steps=10, warmup_steps=2, compile=False,
                     compile_request="auto", options=dict(OPTIONS), cpu_threads=1)
     spec.dump(where / "spec.json")

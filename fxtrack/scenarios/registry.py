@@ -71,7 +71,7 @@ class Scenario:
     # the capabilities a framework must declare to run it with any model (else the framework's
     # declared reason refuses it before any work)
     needs: tuple[str, ...] = ()
-    # (option, capability): a run that sets the option (to anything but 0, off or None) needs
+    # (option, capability): a run that sets the option (to anything but 0, False or None) needs
     # the capability (else refused before any work, as ``needs``): train's profile_steps
     option_needs: tuple[tuple[str, str], ...] = ()
     memory_floor: bool = True  # refused when the architecture cannot fit the device (fit: no)

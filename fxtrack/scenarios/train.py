@@ -32,8 +32,8 @@ def run(backend: Backend, result: Result) -> None:
 def profile(backend: Backend, result: Result) -> None:
     """``scenario.profile_steps`` > 0: that many more steps under the framework's own profiler
     (its ``profile`` capability), after the timed window so its figures are untouched; the
-    per-step time of each category (``profile_<category>_ms``) and of the profiled step's
-    wall span (``profile_step_ms``), the profiler in the ``profiler`` tag."""
+    median profiled step's time in each category (``profile_<category>_ms``) and its wall span
+    (``profile_step_ms``), the profiler in the ``profiler`` tag."""
     steps = getattr(backend.spec.options, "profile_steps", 0)  # scaling's children have none
     if not steps:
         return
