@@ -99,6 +99,11 @@ METRICS: tuple[Metric, ...] = (
     _m("loss_last", "loss", NEITHER, "the last step's loss", ("train", "scaling") + CONVERGE),
     _m("state_mib_per_device", "MiB", LOWER, "training state held by the fullest device",
        ("train", "scaling")),
+    _m("profile_{matmul|attention|norm_elementwise|optimizer|overhead}_ms", "ms", NEITHER,
+       "scenario.profile_steps: one profiled step's time in that category (its framework's own "
+       "profiler)", ("train",)),
+    _m("profile_step_ms", "ms", NEITHER, "scenario.profile_steps: the profiled step's wall span",
+       ("train",)),
     # scenario=converge
     _m("time_to_target_s", "s", LOWER, "training time to the first evaluation meeting the target",
        CONVERGE),

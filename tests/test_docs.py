@@ -72,6 +72,7 @@ NOT_WRITERS = {"report", "config", "tracking"}
 def _families() -> dict[str, list[str]]:
     """The f-string keys the code writes, each expanded from the values it is formatted with.
     A new f-string key must be added here: the scan cannot guess its values."""
+    from fxtrack.frameworks import profiling
     from fxtrack.measure import complexity
     from fxtrack.measure.host_load import LoadSampler
     from fxtrack.scenarios import pipeline
@@ -94,6 +95,7 @@ def _families() -> dict[str, list[str]]:
         "f\"final_eval_{s['metric']}\"": ["final_eval_accuracy", "final_eval_loss",
                                             "final_eval_bits_per_byte"],
         "f'latency_ms_p{q}'": ["latency_ms_p50", "latency_ms_p90", "latency_ms_p99"],
+        "f'profile_{category}_ms'": [f"profile_{c}_ms" for c in profiling.CATEGORIES],
         "f'resident_{key}'": resident,
         "f'resident_{k}'": resident,
         "f'serve_{name}_ms_p{q}'": [f"serve_{n}_ms_p{q}" for n in ("e2e", "queue", "service", "ttft",

@@ -134,7 +134,7 @@ def refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
         precision=conf.precision.name, parallel=conf.parallel.value, memory=conf.memory.value,
         runtime=conf.runtime.value, quantize=conf.quantize.value, devices=conf.devices,
         nodes=conf.hardware.nodes, device_kind=expected_device_kind(conf.hardware.name),
-        family=arch.family)
+        family=arch.family, options_set=scenarios.options_set(conf.scenario.name, conf.scenario))
     framework = declared().get(conf.framework.name)
     return None if framework is None else rules.refusal(c, framework)
 

@@ -248,6 +248,16 @@ class Converge(Protocol):
         ``reference`` input: NCHW images for torch, NHWC elsewhere, or token ids)."""
 
 
+class Profile(Protocol):
+    """scenario=train's ``scenario.profile_steps``: a few training steps under the framework's
+    own profiler, after the timed window, their time split into fixed categories
+    (fxtrack.frameworks.profiling)."""
+
+    def split_steps(self, backend: Any, steps: int) -> Any:
+        """A ``profiling.Split``: seconds per step in each of ``profiling.CATEGORIES`` and the
+        profiled steps' wall span, over ``steps`` profiled steps."""
+
+
 # capability name -> its protocol (Framework.capabilities names a module for each it has)
 PROTOCOLS: dict[str, type] = {
     "inference": Inference, "pipeline": Pipeline, "checkpoint": Checkpoint,
@@ -258,7 +268,7 @@ PROTOCOLS: dict[str, type] = {
     "user_serving_export": UserServingExport, "user_onnx_export": UserOnnxExport,
     "user_tflite_export": UserTfliteExport, "user_native_int8": UserNativeInt8,
     "user_sharded_state": UserShardedState, "user_remat": UserRemat,
-    "user_model": UserModel, "converge": Converge,
+    "user_model": UserModel, "converge": Converge, "profile": Profile,
 }
 
 # A function's parameters as (name, has a default), in order; None: the name is bound in the

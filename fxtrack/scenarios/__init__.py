@@ -10,11 +10,12 @@ from fxtrack.scenarios.registry import (
     objectives,
     of_section,
     options_of,
+    options_set,
     register,
     unregister,
     where,
 )
 from fxtrack.scenarios import declared as _declared  # noqa: F401 - registers fxtrack's own
 
-__all__ = ["SCENARIOS", "Objective", "Scenario", "get", "names", "objectives", "of_section", "options_of", "register", "unregister",
+__all__ = ["SCENARIOS", "Objective", "Scenario", "get", "names", "objectives", "of_section", "options_of", "options_set", "register", "unregister",
            "where"]

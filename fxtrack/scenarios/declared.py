@@ -46,7 +46,8 @@ def converge_refusal(options: o.ConvergeOptions, family: Any,
 
 TRAIN = register(Scenario(
     "train", "training steps on synthetic data: throughput, step time, memory, MFU",
-    o.TrainOptions, "fxtrack.scenarios.train:run", objectives=(
+    o.TrainOptions, "fxtrack.scenarios.train:run", option_needs=(("profile_steps", "profile"),),
+    objectives=(
         Objective("train", "Training throughput", ("throughput_samples_per_s",), "common",
                   ("trains", "as fast as"), _MEASURE % "train", rank=0),
         Objective("memory", "Peak memory at equal batch", ("peak_mem_device_mib", "peak_rss_mib"),

@@ -65,6 +65,13 @@ class Options:
 @dataclasses.dataclass
 class TrainOptions(Options):
     name: str = "train"
+    # after the timed window: this many steps under the framework's own profiler, their time
+    # split into categories (the profile_* metrics); 0: none
+    profile_steps: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least("scenario.", 0, profile_steps=self.profile_steps)
 
 
 @dataclasses.dataclass
@@ -328,8 +335,11 @@ def from_json(cls: type, values: Any) -> Options:
     ``cls`` does not have are an error, so that a misspelt option never silently defaults."""
     if isinstance(values, cls):
         return values
-    if isinstance(values, Options):  # another scenario's (a spec reused for a new scenario)
-        values = {k: v for k, v in dataclasses.asdict(values).items() if k != "name"}
+    if isinstance(values, Options):  # another scenario's (a spec reused for a new scenario):
+        # its options at their defaults are not asked for; one set is still refused below
+        unset = defaults(type(values), "")
+        values = {k: v for k, v in dataclasses.asdict(values).items()
+                  if k != "name" and (k not in unset or v != unset[k])}
     values = dict(values or {})
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - names)

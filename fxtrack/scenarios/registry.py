@@ -71,6 +71,9 @@ class Scenario:
     # the capabilities a framework must declare to run it with any model (else the framework's
     # declared reason refuses it before any work)
     needs: tuple[str, ...] = ()
+    # (option, capability): a run that sets the option (to anything but 0, False or None) needs
+    # the capability (else refused before any work, as ``needs``): train's profile_steps
+    option_needs: tuple[tuple[str, str], ...] = ()
     memory_floor: bool = True  # refused when the architecture cannot fit the device (fit: no)
     trains: bool = True  # the memory check and the dataset context: a training step, or a forward
     decodes: bool = False  # a language model holds a KV cache, not a batch's logits
@@ -165,6 +168,15 @@ def of_section(module: str) -> tuple[str, ...]:
     runs that section reads."""
     return tuple(s.name for s in SCENARIOS.values()
                  if s.section is not None and s.section.partition(":")[0] == module)
+
+
+def options_set(name: str, options: Any) -> tuple[str, ...]:
+    """The options of ``options`` (scenario ``name``'s, typed or a dict) that ask for a
+    capability (``Scenario.option_needs``) and are set."""
+    scenario = SCENARIOS.get(name)
+    get = options.get if isinstance(options, dict) else lambda k, d=None: getattr(options, k, d)
+    return tuple(option for option, _ in (scenario.option_needs if scenario else ())
+                 if get(option, None) not in (None, 0, False))
 
 
 def options_of(spec: Any) -> opts.Options:

@@ -40,13 +40,16 @@ class Combination:
     nodes: int = 1
     device_kind: Optional[str] = None
     family: str = ""  # the model family (fxtrack.families); "": not known (no family rule)
+    # the scenario's options set that ask for a capability (registry.options_set)
+    options_set: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, spec: Any, device_kind: Optional[str]) -> "Combination":
         """From anything with the JobSpec's field names (a JobSpec)."""
         return cls(**{f.name: getattr(spec, f.name) for f in dataclasses.fields(cls)
-                      if f.name not in ("device_kind", "family")},
-                   device_kind=device_kind, family=spec.arch["family"])
+                      if f.name not in ("device_kind", "family", "options_set")},
+                   device_kind=device_kind, family=spec.arch["family"],
+                   options_set=registry.options_set(spec.scenario, spec.options))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +157,10 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
     for needed in scenario.needs if scenario is not None else ():  # e.g. keras' pipeline
         if not framework.has(needed):
             return str(framework.unsupported(needed, f"scenario={c.scenario}", version))
+    for option, needed in scenario.option_needs if scenario is not None else ():
+        if option in c.options_set and not framework.has(needed):
+            return str(framework.unsupported(needed, f"scenario.{option} with scenario="
+                                             f"{c.scenario}", version))
     for limit in framework.limits:
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"

@@ -7,6 +7,7 @@ from typing import Callable, Optional
 
 from fxtrack import architectures, families, flops
 from fxtrack.frameworks.base import Backend
+from fxtrack.frameworks.profiling import CATEGORIES
 from fxtrack.job import Result
 from fxtrack.scenarios.timed import run_timed
 
@@ -25,6 +26,22 @@ def run(backend: Backend, result: Result) -> None:
         result.metrics["state_mib_per_device"] = backend.reduce_max(state / 2**20)
     result.series["loss"] = losses
     set_guard(backend, result, losses)
+    profile(backend, result)
+
+
+def profile(backend: Backend, result: Result) -> None:
+    """``scenario.profile_steps`` > 0: that many more steps under the framework's own profiler
+    (its ``profile`` capability), after the timed window so its figures are untouched; the
+    median profiled step's time in each category (``profile_<category>_ms``) and its wall span
+    (``profile_step_ms``), the profiler in the ``profiler`` tag."""
+    steps = getattr(backend.spec.options, "profile_steps", 0)  # scaling's children have none
+    if not steps:
+        return
+    done = backend.capability("profile").split_steps(backend, steps)
+    for category in CATEGORIES:
+        result.metrics[f"profile_{category}_ms"] = done.seconds[category] * 1e3
+    result.metrics["profile_step_ms"] = done.step_s * 1e3
+    result.tags["profiler"] = done.profiler
 
 
 def set_guard(backend: Backend, result: Result, losses: list[float]) -> None:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fxtrack.frameworks.base import Backend, PeakMemory, attention_tokens
+from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.jax import data, devices, matmul, models, parallel, train
 
 
@@ -118,6 +119,14 @@ class JaxBackend(Backend):
         # Op by op, the loss is ready long before the last parameter update: wait for them all.
         jax.block_until_ready(self.state)
         return loss.block_until_ready()
+
+    def step_hlo(self) -> str:
+        """The optimised HLO text of the jitted training step (the profile capability maps the
+        trace's instruction names to what they run); compiled again for this, after timing."""
+        if not self.jit:
+            raise NotSupported("the profile split of jax reads the jitted step's HLO; op by op "
+                               "(framework.compile=false) there is none: use compile=true")
+        return self._step.lower(self.state, self.batch).compile().as_text()
 
     def state_bytes_per_device(self) -> Optional[int]:
         return parallel.state_bytes_per_device(self.state)

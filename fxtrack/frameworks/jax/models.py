@@ -183,7 +183,8 @@ class SelfAttention(nnx.Module):
             # XLA:CPU has no fp16 x fp16 -> fp32 dot (the scores' accumulation): use fp32 there.
             q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
         impl = devices.attention_implementation(q.shape, q.dtype)
-        y = jax.nn.dot_product_attention(q, k, v, implementation=impl).astype(x.dtype)
+        with jax.named_scope("attention"):  # a name only: the profile capability's split
+            y = jax.nn.dot_product_attention(q, k, v, implementation=impl).astype(x.dtype)
         # y: (B, T, heads, head_dim)
         return self.proj(y.reshape(b, t, c))
 
@@ -352,7 +353,8 @@ class LlamaAttention(nnx.Module):
             q, k, v = (a.astype(jnp.float32) for a in (q, k, v))
         if pos is None:
             impl = devices.attention_implementation(q.shape, q.dtype, self.kv_heads, causal=True)
-            y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
+            with jax.named_scope("attention"):  # a name only (the profile capability)
+                y = jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=impl)
         else:  # XLA's: a (B, 1, heads, S) score row, no flash kernel to gain from
             ck, cv = (c.astype(q.dtype) for c in cache)
             lengths = jnp.broadcast_to(pos + 1, (b,)).astype(jnp.int32)

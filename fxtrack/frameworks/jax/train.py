@@ -122,8 +122,9 @@ def train_step(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, state: 
                ) -> tuple[TrainState, jax.Array]:
     """One optimiser step, a pure function: returns the next state and the (unscaled) loss."""
     grads, loss, stats = grads_and_loss(graphdef, state, batch, loss_of)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    with jax.named_scope("optimizer"):  # a name only: the profile capability's split reads it
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
     if state.loss_scale is None:
         return TrainState(params, stats, opt_state, None), loss
     # fp16: skip the update when a gradient overflowed (BatchNorm statistics still advance, as

@@ -76,6 +76,7 @@ FRAMEWORK = Framework(
     model_key="keras",  # model=custom: the same keras.Model builder as framework=tensorflow's
     capabilities={
         "converge": "fxtrack.frameworks.keras.converge",
+        "profile": "fxtrack.frameworks.keras.profile",
         "inference": "fxtrack.frameworks.keras.inference",
         "calibration": "fxtrack.frameworks.keras.devices",
         "user_model": "fxtrack.frameworks.keras.user_model",

@@ -52,6 +52,7 @@ FRAMEWORK = Framework(
     uncompiled_builds_graph=True,  # a plain tf.function still traces a graph on the first step
     capabilities={
         "converge": "fxtrack.frameworks.tensorflow.converge",
+        "profile": "fxtrack.frameworks.tensorflow.profile",
         "inference": "fxtrack.frameworks.tensorflow.inference",
         "pipeline": "fxtrack.frameworks.tensorflow.pipeline",
         "checkpoint": "fxtrack.frameworks.tensorflow.checkpoint",

@@ -117,6 +117,15 @@ class TensorFlowBackend(Backend):
     def train_step(self) -> np.ndarray:
         return self.train_on(self.batch)
 
+    def step_hlo(self) -> Optional[str]:
+        """The optimised HLO text of the training step where XLA compiles it whole (one replica,
+        framework.compile on), else None (a tf.function graph: the trace names its ops). The
+        profile capability maps the trace's instruction names to what they run."""
+        if not (self.spec.compile and self.strategy.num_replicas_in_sync == 1 and self.step_made):
+            return None
+        with self.placement():
+            return self._step.experimental_get_compiler_ir(self.batch)(stage="optimized_hlo")
+
     def state_bytes_per_device(self) -> Optional[int]:
         # Mirrored (or single-device) variables: every replica holds each one in full.
         variables = [*self.model.weights, *self.opt.variables]
