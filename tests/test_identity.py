@@ -394,3 +394,20 @@ def test_installing_another_framework_does_not_move_a_runs_mfu(tmp_path, monkeyp
     assert after["peak_tflops"] == 0.332 and tags["peak_tflops_source"] == "own-matmul:jax"
     line = summary_line("jax-vit", Result("r", status="FINISHED", metrics=after, tags=tags))
     assert "MFU 8.4% (of jax's own matmul peak)" in line
+
+
+def test_a_profiled_run_is_the_same_experiment_and_another_option_is_not():
+    """train's profile_steps is declared apart from the identity (its steps run after the timed
+    window); every other scenario option, e.g. a serve rate, still sets runs apart."""
+    import pandas as pd
+
+    from fxtrack.report import identity
+
+    base = {"tags.fxtrack.framework": "torch", "tags.fxtrack.model": "vit",
+            "tags.fxtrack.scenario": "train", "params.size.name": "tiny"}
+    frame = pd.DataFrame([{**base}, {**base, "params.scenario.profile_steps": "2"},
+                          {**base, "params.scenario.rate": "8"}])
+    ident = identity.read(frame)
+    assert "scenario.profile_steps" not in identity.columns(frame)
+    assert ident.iloc[0].equals(ident.iloc[1])
+    assert not ident.iloc[0].equals(ident.iloc[2])

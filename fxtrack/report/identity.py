@@ -18,6 +18,7 @@ import pandas as pd
 
 from fxtrack import architectures
 from fxtrack.config.frameworks import identity_settings
+from fxtrack.scenarios.options import apart_from_identity
 
 # Each lever and its default: runs at the defaults are the main tables' benchmarks.
 LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
@@ -52,7 +53,8 @@ def options(frame: pd.DataFrame) -> list[str]:
     """The ``model.*`` and ``scenario.*`` params any run of ``frame`` logged, sorted; ``frame``
     a ``search_runs`` frame (``params.model.layers``) or one ``read`` built (``model.layers``)."""
     names = {c[len("params."):] if c.startswith("params.") else c for c in frame.columns}
-    return sorted(n for n in names if n.startswith(OPTION_PREFIXES) and n not in NAMED)
+    apart = NAMED | apart_from_identity()  # e.g. train's profile_steps: measured after the figures
+    return sorted(n for n in names if n.startswith(OPTION_PREFIXES) and n not in apart)
 
 
 def columns(frame: pd.DataFrame) -> list[str]:

@@ -52,6 +52,22 @@ def at_least(owner: str, floor: float, **values: Any) -> None:
             raise ValueError(f"{owner}{key} must be >= {floor:g}, got {value}")
 
 
+# An option's field metadata key: False where the option changes what a run logs beside its
+# figures, never the figures (fxtrack.report.identity leaves it out of a run's identity).
+IDENTITY = "identity"
+
+
+def apart_from_identity() -> set[str]:
+    """``scenario.<key>`` of every option, of every scenario, declared apart from a run's identity."""
+    found, todo = set(), [Options]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        found |= {f"scenario.{f.name}" for f in dataclasses.fields(cls)
+                  if f.metadata.get(IDENTITY) is False}
+    return found
+
+
 @dataclasses.dataclass
 class Options:
     """What every scenario's options have: the scenario's name (``scenario=<name>``)."""
@@ -66,8 +82,9 @@ class Options:
 class TrainOptions(Options):
     name: str = "train"
     # after the timed window: this many steps under the framework's own profiler, their time
-    # split into categories (the profile_* metrics); 0: none
-    profile_steps: int = 0
+    # split into categories (the profile_* metrics); 0: none. Not a run's identity: the timed
+    # figures are measured before it, so a profiled run is the same experiment as one without.
+    profile_steps: int = dataclasses.field(default=0, metadata={IDENTITY: False})
 
     def __post_init__(self) -> None:
         super().__post_init__()
