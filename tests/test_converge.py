@@ -417,3 +417,17 @@ def test_a_short_mnist1d_run_matches_torchs_start_in_every_framework(tmp_path):
         assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
         assert runs[framework].info.status == "FINISHED"
     assert runs["torch"].data.params["data.name"] == "mnist1d"
+
+
+def test_every_declared_default_names_the_docs_section_of_its_reference_runs():
+    """A family's converge defaults (fxtrack.families.quality) link the runs that set them."""
+    import re
+
+    from fxtrack import families
+    from tests.test_docs import ROOT, _anchor
+
+    for family in families.names():
+        for name, declared in families.get(family).quality.items():
+            path, _, anchor = declared.reference.partition("#")
+            headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.MULTILINE)
+            assert anchor in {_anchor(h) for h in headings}, (family, name, declared.reference)
