@@ -175,7 +175,9 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
         "scenario=converge", "model=llama", "size=tiny", "data=mnist1d")
     assert "the ViT takes square images (N, H, W[, C]) or 1-D signals" in refusal(
         *CONVERGE, "data=pycode")
-    assert "must be divisible by model.patch (16)" in refusal(*CONVERGE, "data=mnist1d")  # 40
+    assert "must be divisible by model.patch (16); the reference runs' dims: model.layers=2 " \
+        "model.hidden=64 model.heads=4 model.mlp_dim=128 model.patch=4" in refusal(
+            "scenario=converge", "model=vit", "data=mnist1d")  # 40 samples by 16
     assert "outside accuracy's range" in refusal(*CONVERGE, "data=mnist", "model.patch=7",
                                                  "scenario.metric=accuracy", "scenario.target=1.5")
     assert "bits_per_byte is a language model's" in refusal(
