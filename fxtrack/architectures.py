@@ -182,7 +182,7 @@ def resolve(name: str, size: str = "full", **overrides: Any) -> Arch:
     for key, value in overrides.items():
         if value is None:
             continue
-        if key not in dims:
+        if key not in dims and key not in families.get(fam).data_keys:
             raise ValueError(f"model {name!r} has no size {key!r}")
         dims[key] = value
     _check(name, fam, dims)

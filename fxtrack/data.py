@@ -313,7 +313,10 @@ def epoch_order(n: int, seed: int, epoch: int) -> Any:
 def batch(split: Split, rows: Any, seq_len: int, held: bool = False) -> dict[str, Any]:
     """Samples ``rows`` of a split as the family's batch (``fxtrack.synthetic``'s keys):
     ``images`` (B, H, W, 3) float32 centred as the synthetic ones (grey repeated to three
-    channels) and ``labels``; or ``input_ids`` and ``labels`` (B, seq_len) int32, the next byte."""
+    channels) and ``labels``; 1-D signals (B, L) as one-row images (B, 1, L, 3), their values
+    as given (MNIST-1D's are already centred, unit variance), the ViT's input
+    (``fxtrack.families.vision.image_dims``); or ``input_ids`` and ``labels`` (B, seq_len)
+    int32, the next byte."""
     import numpy as np
 
     x = split.x_held if held else split.x_train
@@ -321,9 +324,10 @@ def batch(split: Split, rows: Any, seq_len: int, held: bool = False) -> dict[str
         starts = np.asarray(rows) * seq_len
         windows = np.stack([x[s:s + seq_len + 1] for s in starts]).astype(np.int32)
         return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
-    images = x[rows]
-    if split.kind == "images" and images.shape[-1] == 1:
-        images = np.repeat(images, 3, axis=-1)
     y = split.y_held if held else split.y_train
-    return {"images" if split.kind == "images" else "signals": (images - 0.5) / 0.5,
-            "labels": y[rows]}
+    if split.kind == "signals":
+        return {"images": np.repeat(x[rows][:, None, :, None], 3, axis=-1), "labels": y[rows]}
+    images = x[rows]
+    if images.shape[-1] == 1:
+        images = np.repeat(images, 3, axis=-1)
+    return {"images": (images - 0.5) / 0.5, "labels": y[rows]}

@@ -105,6 +105,48 @@ def test_the_family_takes_its_shape_from_the_data(tmp_path):
         "scenario=converge", "model=llama", "size=tiny", "data=mnist")
 
 
+MNIST1D_VIT = (*CONVERGE, "data=mnist1d", "model.patch=4")
+
+
+def test_the_vit_takes_mnist1d_signals_as_one_row_images():
+    """MNIST-1D's 40 samples are a (1 x 40) image cut into (1 x 4) patches: 10 tokens and the
+    class token; torch and JAX build the same parameters (the four-framework run below
+    compares all four), the FLOP count follows the patches, square images are as they were."""
+    from fxtrack import architectures
+    from fxtrack.families import vision
+    from fxtrack.frameworks.base import attention_tokens
+
+    conf, arch = validate(composed(*MNIST1D_VIT))
+    assert (arch.image_height, arch.image_size, arch.num_classes) == (1, 40, 10)
+    assert vision.patch_hw(arch) == (1, 4) and attention_tokens(arch) == 11
+    split = data.load(conf.data)
+    assert split.kind == "signals" and split.sizes() == {"train": 4000, "held_out": 1000}
+    batch = data.batch(split, [0, 5], 1)
+    assert batch["images"].shape == (2, 1, 40, 3)
+    assert (batch["images"][:, 0, :, 2] == split.x_train[[0, 5]]).all()  # as given, 3 equal channels
+    import torch
+
+    from fxtrack.frameworks.jax import models as jax_models
+    from fxtrack.frameworks.torch import models as torch_models
+
+    torch_model = torch_models.build(arch)
+    assert torch_model(torch.zeros(2, 3, 1, 40)).shape == (2, 10)
+    h, mlp = arch.hidden, arch.mlp_dim  # patch conv, class token, 11 positions, block, norm, head
+    block = 2 * 2 * h + 4 * h * h + 4 * h + 2 * h * mlp + mlp + h
+    expected = 3 * 4 * h + h + h + 11 * h + arch.layers * block + 2 * h + h * 10 + 10
+    assert sum(p.numel() for p in torch_model.parameters()) == expected
+    import jax
+    from flax import nnx
+
+    jax_model = jax_models.build(arch)
+    assert sum(x.size for x in jax.tree.leaves(nnx.state(jax_model, nnx.Param))) == expected
+    # square images keep their model: the same dims, FLOPs and tokens as before image_height
+    square = architectures.resolve("vit", "tiny")
+    assert "image_height" not in square.dims and vision.patch_grid(square) == (2, 2)
+    assert vision._vit_flops(square) == vision.conv_flops(3, 768, 16, 2) + 2 * (
+        vision.encoder_layer_flops(5, 768, 3072)) + 2 * 768 * 1000
+
+
 def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
     file = ("data=file",)
     assert "data.path" in refusal(*CONVERGE, *file)
@@ -125,7 +167,17 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
     assert "fewer than one batch of 32" in refusal(*CONVERGE, *file, f"data.path={small}",
                                                     "model.patch=4", *OWN_TARGET)  # the default
     assert "must be divisible by model.patch" in refusal(*CONVERGE, "data=mnist")  # 28 by 16
-    assert "image models take square images" in refusal(*CONVERGE, "data=mnist1d")
+    assert "trains on synthetic data only" in refusal("scenario=converge", "model=resnet50",
+                                                      "size=tiny", "data=mnist1d")
+    assert "trains on synthetic data only" in refusal("scenario=converge", "model=bert",
+                                                      "size=tiny", "data=mnist1d")
+    assert "a decoder LM trains on a byte corpus" in refusal(
+        "scenario=converge", "model=llama", "size=tiny", "data=mnist1d")
+    assert "the ViT takes square images (N, H, W[, C]) or 1-D signals" in refusal(
+        *CONVERGE, "data=pycode")
+    assert "must be divisible by model.patch (16); the reference runs' dims: model.layers=2 " \
+        "model.hidden=64 model.heads=4 model.mlp_dim=128 model.patch=4" in refusal(
+            "scenario=converge", "model=vit", "data=mnist1d")  # 40 samples by 16
     assert "outside accuracy's range" in refusal(*CONVERGE, "data=mnist", "model.patch=7",
                                                  "scenario.metric=accuracy", "scenario.target=1.5")
     assert "bits_per_byte is a language model's" in refusal(
@@ -338,3 +390,46 @@ def test_the_answer_reads_time_to_quality_by_mlperfs_rule_as_the_section_does():
     few = pd.DataFrame([agg, *reps[:3]])
     short = samples.sample(few.iloc[[0]], few, "time_to_target_s", middle)
     assert short.point == pytest.approx(1.0) and short.interval() is None
+
+
+@pytest.mark.slow
+def test_a_short_mnist1d_run_matches_torchs_start_in_every_framework(tmp_path):
+    """A few steps of the tiny ViT on MNIST-1D in the four frameworks, to an easy target: each
+    run finishes with the parameter count of torch's model, and jax, tensorflow and keras
+    start where torch did (the trajectory check's ``matched``). Four workers' start-up: about
+    a minute of CPU on 2 cores (128 s wall on the shared machine), hence ``slow``."""
+    done = run_fxtrack(tmp_path, "-m", *MNIST1D_VIT, "framework=torch,jax,tensorflow,keras",
+                       "batch_size=16", "scenario.max_steps=8", "scenario.eval_every=4",
+                       "scenario.eval_samples=200", "scenario.target=0.15",
+                       "scenario.trajectory_steps=8",
+                       env=seed_peak_cache(tmp_path / "cache"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`fxtrack.scenario` = 'converge'")
+    runs = {r.data.tags["fxtrack.framework"]: r for r in runs if "reached_target" in r.data.metrics}
+    assert sorted(runs) == ["jax", "keras", "tensorflow", "torch"]
+    counts = {fw: r.data.metrics["param_count"] for fw, r in runs.items()}
+    assert len(set(counts.values())) == 1, counts
+    assert runs["torch"].data.tags["fxtrack.trajectory"] == "reference"
+    for framework in ("jax", "tensorflow", "keras"):
+        tags, m = runs[framework].data.tags, runs[framework].data.metrics
+        assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
+        assert runs[framework].info.status == "FINISHED"
+    assert runs["torch"].data.params["data.name"] == "mnist1d"
+
+
+def test_every_declared_default_names_the_docs_section_of_its_reference_runs():
+    """A family's converge defaults (fxtrack.families.quality) link the runs that set them."""
+    import re
+
+    from fxtrack import families
+    from tests.test_docs import ROOT, _anchor
+
+    for family in families.names():
+        for name, declared in families.get(family).quality.items():
+            path, _, anchor = declared.reference.partition("#")
+            headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.MULTILINE)
+            assert anchor in {_anchor(h) for h in headings}, (family, name, declared.reference)

@@ -179,7 +179,11 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
             **dims})
     except ValueError as e:
         where = f"data={conf.data.name} sets {dims}: " if dims else ""
-        raise ConfigError(where + str(e).splitlines()[0]) from None
+        declared = families.get(architectures.family(conf.model.name)).quality.get(conf.data.name)
+        hint = "" if not dims or declared is None else (
+            "; the reference runs' dims: " + " ".join(f"model.{k}={v}"
+                                                     for k, v in declared.dims.items()))
+        raise ConfigError(where + str(e).splitlines()[0] + hint) from None
     if not scenario.implemented:
         raise ConfigError(f"scenario={scenario.name} is not implemented yet (implemented: "
                           f"{', '.join(scenarios.where(implemented=True))})")

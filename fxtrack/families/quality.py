@@ -24,8 +24,13 @@ class Quality:
 
 _REF = "docs/converge.md#reference-runs-2026-12-04"
 # ViT at 2 layers, hidden 64 on MNIST's 28-pixel digits cut in 7-pixel patches (16 patches)
+_REF_1D = "docs/converge.md#the-vit-on-mnist-1d-2026-12-04"
 VIT = {"mnist": Quality("accuracy", 0.8, 5, None, 20, 64, 3e-3,
-                        dict(layers=2, hidden=64, heads=4, mlp_dim=128, patch=7), _REF)}
+                        dict(layers=2, hidden=64, heads=4, mlp_dim=128, patch=7), _REF),
+       # the same ViT on MNIST-1D's 40-sample signals, one-row images cut in (1 x 4) patches
+       # (10 patches): 20 epochs of 62 steps, evaluated once an epoch
+       "mnist1d": Quality("accuracy", 0.7, 20, None, 62, 64, 3e-3,
+                          dict(layers=2, hidden=64, heads=4, mlp_dim=128, patch=4), _REF_1D)}
 # Llama at 2 layers, hidden 64 on stdlib bytes, 64-byte windows, 600 steps of 32 windows
 LLAMA = {"pycode": Quality("bits_per_byte", 3.0, 1, 600, 50, 32, 3e-3,
                            dict(layers=2, hidden=64, heads=4, kv_heads=2, mlp_dim=128,

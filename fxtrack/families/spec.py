@@ -82,6 +82,9 @@ class Family:
     # shape, classes, vocabulary); raises ValueError, one line, where the family cannot take
     # it; None: the family trains on synthetic data only
     data_dims: Optional[Callable[[Any], dict[str, Any]]] = None
+    # dims only data sets, absent from the architecture table (and so from model.*, run names
+    # and every model without them): the ViT's ``image_height`` for a one-row signal
+    data_keys: tuple[str, ...] = ()
     # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
     # reference runs that set them: fxtrack.families.quality); empty: none declared
     quality: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -2,6 +2,12 @@
 
 Their synthetic batch: a per-class prototype plus noise (the class is learnable from the pixels),
 NHWC (PyTorch permutes). FLOPs count matrix multiplies and convolutions only (fxtrack.flops).
+
+Images are square, ``image_size`` a side, except where real data sets the ViT's
+``image_height`` (a dim only data sets, absent from the table: ``Family.data_keys``): 1-D
+signals (MNIST-1D's 40 samples) are one-row images, (1 x image_size), cut into (1 x patch)
+patches. ``image_hw``, ``patch_hw`` and ``patch_grid`` are the one reading of these dims every
+framework's ViT, the FLOP count and the attention's token count share.
 """
 
 from __future__ import annotations
@@ -26,20 +32,43 @@ def encoder_layer_flops(tokens: int, hidden: int, mlp_dim: int) -> int:
     return projections + attention + mlp
 
 
+def _dims(arch: Any) -> dict[str, Any]:
+    return arch["dims"] if isinstance(arch, dict) else arch.dims  # an Arch or its JSON form
+
+
+def image_hw(arch: Any) -> tuple[int, int]:
+    """(height, width) of the model's input: ``image_height`` where data set it, else square."""
+    d = _dims(arch)
+    return int(d.get("image_height", d["image_size"])), int(d["image_size"])
+
+
+def patch_hw(arch: Any) -> tuple[int, int]:
+    """The ViT's patch, (rows, columns): ``patch`` square, no taller than the image (a one-row
+    image's patches are one row high)."""
+    d = _dims(arch)
+    return min(int(d["patch"]), image_hw(arch)[0]), int(d["patch"])
+
+
+def patch_grid(arch: Any) -> tuple[int, int]:
+    """Patches down and across the image: the ViT's tokens are their product + the class token."""
+    (h, w), (ph, pw) = image_hw(arch), patch_hw(arch)
+    return h // ph, w // pw
+
+
 def image_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]:
     """``images`` (B, H, W, 3) float32 + ``labels`` (B,) int32."""
     import numpy as np
 
-    s, c = arch.image_size, arch.num_classes
+    (h, w), c = image_hw(arch), arch.num_classes
     labels = rng.integers(0, c, size=batch_size)
     prototypes = rng.standard_normal((c, 1, 1, 3)).astype(np.float32)
-    noise = rng.standard_normal((batch_size, s, s, 3)).astype(np.float32)
+    noise = rng.standard_normal((batch_size, h, w, 3)).astype(np.float32)
     return {"images": prototypes[labels] + noise, "labels": labels.astype(np.int32)}
 
 
 def image_shapes(arch: "Arch", batch_size: int) -> dict[str, dict[str, Any]]:
-    s = arch.image_size
-    return {"images": {"shape": [batch_size, s, s, 3], "dtype": "float32"},
+    h, w = image_hw(arch)
+    return {"images": {"shape": [batch_size, h, w, 3], "dtype": "float32"},
             "labels": {"shape": [batch_size], "dtype": "int32"}}
 
 
@@ -62,9 +91,9 @@ def _resnet_flops(a: "Arch") -> int:
 
 
 def _vit_flops(a: "Arch") -> int:
-    patches_per_side = a.image_size // a.patch
-    tokens = patches_per_side**2 + 1
-    flops = conv_flops(3, a.hidden, a.patch, patches_per_side)
+    (gh, gw), (ph, pw) = patch_grid(a), patch_hw(a)
+    tokens = gh * gw + 1
+    flops = 2 * 3 * a.hidden * ph * pw * gh * gw  # the patch embedding (conv_flops if square)
     flops += a.layers * encoder_layer_flops(tokens, a.hidden, a.mlp_dim)
     return flops + 2 * a.hidden * a.num_classes  # the head reads the class token only
 
@@ -83,14 +112,23 @@ def _check_vit(name: str, d: dict[str, Any]) -> None:
     check_heads(d)
     if d["image_size"] % d["patch"]:
         raise ValueError(f"model.image_size ({d['image_size']}) must be divisible by model.patch ({d['patch']})")
+    height = d.get("image_height", d["image_size"])
+    if height % min(d["patch"], height):
+        raise ValueError(f"the image's height ({height}) must be divisible by model.patch "
+                         f"({d['patch']})")
 
 
 def image_dims(split: Any) -> dict[str, Any]:
-    """Real images set the input size and the classes. Grey images are fed as three equal
-    channels (the models' stems take RGB), which the data's batches do."""
+    """Real data sets the input size and the classes. Grey images are fed as three equal
+    channels (the models' stems take RGB), which the data's batches do; 1-D signals of length
+    L as one-row images (1 x L), which the batches give as (B, 1, L, 3) and the ViT cuts into
+    (1 x patch) patches."""
+    if split.kind == "signals":
+        return {"image_height": 1, "image_size": int(split.shape[0]),
+                "num_classes": int(split.classes)}
     if split.kind != "images":
         raise ValueError(f"data={split.name} holds {split.kind} of shape {split.shape}; the "
-                         "image models take square images (N, H, W[, C])")
+                         "ViT takes square images (N, H, W[, C]) or 1-D signals (N, L)")
     return {"image_size": int(split.shape[0]), "num_classes": int(split.classes)}
 
 
@@ -104,4 +142,5 @@ RESNET = Family("resnet", size_keys=("image_size", "num_classes"), check=_check_
 VIT = Family("vit", size_keys=("image_size", "num_classes", "patch", "layers", "hidden", "heads",
                                "mlp_dim"),
              check=_check_vit, batch=image_batch, describe=image_shapes, forward_flops=_vit_flops,
-             dataset="jpeg", data_dims=image_dims, quality=quality.VIT)
+             dataset="jpeg", data_dims=image_dims, data_keys=("image_height",),
+             quality=quality.VIT)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Optional
 from fxtrack import families
 from fxtrack.architectures import Arch
 from fxtrack.families.spec import ADAMW, SGD, sgd_lr  # noqa: F401  (the families' optimisers)
+from fxtrack.families.vision import image_hw, patch_grid, patch_hw  # noqa: F401  (the ViT's input)
 from fxtrack.frameworks.declaration import Framework, declaration
 from fxtrack.job import JobSpec
 
@@ -65,7 +66,8 @@ def attention_tokens(arch: Arch) -> int:
     """Sequence length T the attention layers see: BERT's tokens, or ViT's patches + class."""
     if arch.family in ("bert", "llama"):
         return arch.seq_len
-    return (arch.image_size // arch.patch) ** 2 + 1
+    rows, columns = patch_grid(arch)
+    return rows * columns + 1
 
 
 class Backend(abc.ABC):

@@ -21,7 +21,8 @@ import numpy as np
 from keras import layers, ops
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS
+from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
+                                     image_hw, patch_grid, patch_hw)
 
 
 def conv_init() -> keras.initializers.Initializer:
@@ -254,16 +255,16 @@ def encoder_block(x, arch: Arch, pre_norm: bool, name: str):
 
 def vit(arch: Arch) -> keras.Model:
     """(B, H, W, 3) images -> (B, classes) logits; class token, learned positions, pre-LN."""
-    images = keras.Input((arch.image_size, arch.image_size, 3), name="images")
-    grid = arch.image_size // arch.patch
-    x = layers.Conv2D(arch.hidden, arch.patch, strides=arch.patch,
+    (rows, columns), patch = patch_grid(arch), patch_hw(arch)
+    images = keras.Input((*image_hw(arch), 3), name="images")
+    x = layers.Conv2D(arch.hidden, patch, strides=patch,
                       kernel_initializer=torch_default_init(),
-                      bias_initializer=torch_bias_init(3 * arch.patch**2),
+                      bias_initializer=torch_bias_init(3 * patch[0] * patch[1]),
                       name="patch_embed")(images)
-    # (B, grid, grid, C) -> (B, grid^2, C), patches in row-major order as torch's flatten(2)
-    x = layers.Reshape((grid * grid, arch.hidden), name="patch_flatten")(x)
-    x = ClassToken(name="cls_token")(x)  # (B, grid^2 + 1, C)
-    x = PositionEmbedding(grid * grid + 1, name="pos_embed")(x)
+    # (B, rows, columns, C) -> (B, patches, C), row-major order as torch's flatten(2)
+    x = layers.Reshape((rows * columns, arch.hidden), name="patch_flatten")(x)
+    x = ClassToken(name="cls_token")(x)  # (B, patches + 1, C)
+    x = PositionEmbedding(rows * columns + 1, name="pos_embed")(x)
     for i in range(arch.layers):
         x = encoder_block(x, arch, pre_norm=True, name=f"block{i}")
     x = layers.LayerNormalization(epsilon=LAYER_NORM_EPS["vit"], name="final_norm")(x[:, 0])

@@ -16,7 +16,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS
+from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
+                                     patch_grid, patch_hw)
 from fxtrack.frameworks.jax import devices, matmul
 
 Dtype = Any
@@ -223,10 +224,11 @@ class ViT(nnx.Module):
     """ViT: patch embedding, class token, learned positions, pre-LN blocks, final LN, head."""
 
     def __init__(self, arch: Arch, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
-        h, p = arch.hidden, arch.patch
-        tokens = (arch.image_size // p) ** 2 + 1  # patches + class token
-        fan_in = 3 * p * p
-        self.patch_embed = nnx.Conv(3, h, (p, p), strides=p, padding="VALID",
+        h, p = arch.hidden, patch_hw(arch)
+        rows, columns = patch_grid(arch)
+        tokens = rows * columns + 1  # patches + class token
+        fan_in = 3 * p[0] * p[1]
+        self.patch_embed = nnx.Conv(3, h, p, strides=p, padding="VALID",
                                     kernel_init=_torch_default_init,
                                     bias_init=_torch_bias_init(fan_in), dtype=dtype, rngs=rngs)
         self.cls_token = nnx.Param(jnp.zeros((1, 1, h)))

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS
+from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
+                                     patch_grid, patch_hw)
 
 
 # ----------------------------------------------------------------------------- ResNet-50 v1.5
@@ -129,8 +130,9 @@ class ViT(nn.Module):
     def __init__(self, arch: Arch) -> None:
         super().__init__()
         h = arch.hidden
-        tokens = (arch.image_size // arch.patch) ** 2 + 1  # patches + class token
-        self.patch_embed = nn.Conv2d(3, h, arch.patch, stride=arch.patch)
+        rows, columns = patch_grid(arch)
+        tokens = rows * columns + 1  # patches + class token
+        self.patch_embed = nn.Conv2d(3, h, patch_hw(arch), stride=patch_hw(arch))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, h))
         self.pos_embed = nn.Parameter(torch.randn(1, tokens, h) * 0.02)
         self.blocks = _blocks(arch, pre_norm=True)
