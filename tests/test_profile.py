@@ -53,13 +53,18 @@ def test_the_split_sums_to_the_step_time_within_10_percent(profiled):
     m = result.metrics
     total = sum(m[f"profile_{c}_ms"] for c in CATEGORIES)
     assert total == pytest.approx(m["profile_step_ms"], rel=1e-6)  # overhead is the rest
-    figures = (f"{name}: profiled step {total:.1f} ms, timed p50 {m['step_time_ms_p50']:.1f} ms "
-               f"(cv {m['step_time_cv']:.2f}, contended {result.tags['contended']})")
-    # Two windows of one process 10% apart is a quiet machine's figure: where other processes
-    # took the run's cores (its own contended tag) or its steps spread (cv), it says nothing.
+    # against unprofiled steps timed just before and after, under the same load: the timed
+    # window's p50, seconds older, was 1.7x the profiled step on a shared machine (in a run
+    # not tagged contended)
+    unprofiled = m["profile_unprofiled_step_ms"]
+    figures = (f"{name}: profiled step {total:.1f} ms, unprofiled {unprofiled:.1f} ms, timed "
+               f"p50 {m['step_time_ms_p50']:.1f} ms (cv {m['step_time_cv']:.2f}, contended "
+               f"{result.tags['contended']})")
+    # Steps that spread by more than QUIET_CV (another process took the cores) say nothing of
+    # the profiler: on a machine at load 6 adjacent windows of one run were 1.4x apart.
     if result.tags["contended"] == "true" or m["step_time_cv"] > QUIET_CV:
-        pytest.skip(f"a contended window: {figures}")
-    assert total == pytest.approx(m["step_time_ms_p50"], rel=0.10), figures
+        pytest.skip(f"a busy machine: {figures}")
+    assert total == pytest.approx(unprofiled, rel=0.10), figures
 
 
 @pytest.mark.slow

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Callable, Optional
 
 from fxtrack import architectures, families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.profiling import CATEGORIES
 from fxtrack.job import Result
+from fxtrack.measure.timer import time_steps
 from fxtrack.scenarios.timed import run_timed
 
 
@@ -37,10 +39,15 @@ def profile(backend: Backend, result: Result) -> None:
     steps = getattr(backend.spec.options, "profile_steps", 0)  # scaling's children have none
     if not steps:
         return
+    # Its yardstick: as many unprofiled steps just before and just after, under the same load
+    # (on a shared machine the timed window's p50 may have seen another one).
+    before = time_steps(backend.train_step, 0, steps, show=False).step_times_s
     done = backend.capability("profile").split_steps(backend, steps)
+    after = time_steps(backend.train_step, 0, steps, show=False).step_times_s
     for category in CATEGORIES:
         result.metrics[f"profile_{category}_ms"] = done.seconds[category] * 1e3
     result.metrics["profile_step_ms"] = done.step_s * 1e3
+    result.metrics["profile_unprofiled_step_ms"] = statistics.median(before + after) * 1e3
     result.tags["profiler"] = done.profiler
 
 
