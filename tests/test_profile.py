@@ -40,8 +40,11 @@ def profiled(request, tmp_path_factory):
     spec.dump(where / "spec.json")
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    # a session of its own, as the orchestrator starts a worker: the load sampler counts every
+    # other session's CPU (in this test's session the other xdist worker's read as the run's own)
     proc = subprocess.run([sys.executable, "-m", "fxtrack.worker", str(where / "spec.json")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          start_new_session=True)
     result = Result.read(Path(spec.result_path))
     assert proc.returncode == 0 and result.status == "FINISHED", (result.error,
                                                                   proc.stderr[-2000:])
@@ -60,11 +63,13 @@ def test_the_split_sums_to_the_step_time_within_10_percent(profiled):
     unprofiled = m["profile_unprofiled_step_ms"]
     figures = (f"{name}: profiled step {total:.1f} ms, unprofiled {unprofiled:.1f} ms, timed "
                f"p50 {m['step_time_ms_p50']:.1f} ms (cv {m['step_time_cv']:.2f}, contended "
-               f"{result.tags['contended']})")
+               f"{result.tags['contended']}, profile contended "
+               f"{result.tags.get('profile_contended')})")
     # Steps that spread by more than QUIET_CV (another process took the cores) say nothing of
     # the profiler: on a machine at load 6 adjacent windows of one run were 1.4x apart.
     print(figures)  # shown with -s: the figures a closing note quotes
-    if result.tags["contended"] == "true" or m["step_time_cv"] > QUIET_CV:
+    if "true" in (result.tags["contended"], result.tags.get("profile_contended")) \
+            or m["step_time_cv"] > QUIET_CV:
         pytest.skip(f"a busy machine: {figures}")
     assert total == pytest.approx(unprofiled, rel=0.10), figures
 

@@ -10,6 +10,7 @@ from fxtrack import architectures, families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.profiling import CATEGORIES
 from fxtrack.job import Result
+from fxtrack.measure import host_load
 from fxtrack.measure.timer import time_steps
 from fxtrack.scenarios.timed import run_timed
 
@@ -41,9 +42,14 @@ def profile(backend: Backend, result: Result) -> None:
         return
     # Its yardstick: as many unprofiled steps just before and just after, under the same load
     # (on a shared machine the timed window's p50 may have seen another one).
-    before = time_steps(backend.train_step, 0, steps, show=False).step_times_s
-    done = backend.capability("profile").split_steps(backend, steps)
-    after = time_steps(backend.train_step, 0, steps, show=False).step_times_s
+    # Other processes' CPU over the three windows (the fxtrack.profile_contended tag): a burst
+    # of them during the profiled steps alone made them 2x the steps around them.
+    with host_load.LoadSampler(backend.spec.cpu_threads) as load:
+        before = time_steps(backend.train_step, 0, steps, show=False).step_times_s
+        done = backend.capability("profile").split_steps(backend, steps)
+        after = time_steps(backend.train_step, 0, steps, show=False).step_times_s
+    if load.other_cpu_frac is not None:
+        result.tags["profile_contended"] = str(load.contended).lower()
     for category in CATEGORIES:
         result.metrics[f"profile_{category}_ms"] = done.seconds[category] * 1e3
     result.metrics["profile_step_ms"] = done.step_s * 1e3
