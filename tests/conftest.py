@@ -39,6 +39,17 @@ def hlo_dots(hlo: str) -> list[tuple[str, list[str], str]]:
     return found
 
 
+def pytest_configure(config):
+    """An xdist worker in a session of its own, as a lone pytest process was: fxtrack's load
+    sampler counts its own session's CPU as the run's, and the other worker's (same session
+    otherwise) hid a busy loop from tests/test_load.py's contended check."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        try:
+            os.setsid()
+        except OSError:  # already a session or group leader: nothing to do
+            pass
+
+
 # Smaller than size=tiny where a check does not need the width: tiny ResNet-50 keeps its 25.6M
 # parameters and tiny BERT its 30,522-token head (half of a framework's conformance batch); these
 # keep every block kind (projection and identity shortcuts, BatchNorm) and learn a batch as fast.

@@ -36,15 +36,18 @@ def profile(backend: Backend, result: Result) -> None:
     """``scenario.profile_steps`` > 0: that many more steps under the framework's own profiler
     (its ``profile`` capability), after the timed window so its figures are untouched; the
     median profiled step's time in each category (``profile_<category>_ms``) and its wall span
-    (``profile_step_ms``), the profiler in the ``profiler`` tag."""
+    (``profile_step_ms``), the profiler in the ``profiler`` tag; its yardstick, as many
+    unprofiled steps timed just before and after (``profile_unprofiled_step_ms``), and whether
+    other processes took the cores meanwhile (``profile_contended``)."""
     steps = getattr(backend.spec.options, "profile_steps", 0)  # scaling's children have none
     if not steps:
         return
-    # Its yardstick: as many unprofiled steps just before and just after, under the same load
-    # (on a shared machine the timed window's p50 may have seen another one).
-    # Other processes' CPU over the three windows (the fxtrack.profile_contended tag): a burst
-    # of them during the profiled steps alone made them 2x the steps around them.
-    with host_load.LoadSampler(backend.spec.cpu_threads) as load:
+    # The steps around share the profiled ones' load (the timed window's p50 may have seen
+    # another); the sampler spans all three, as a burst during the profiled steps alone once
+    # made them 2x the steps around them.
+    # every core: the profiler's own threads run beside the step's (a JAX profiled step was
+    # 1.16x the steps around it while another process held the core the step left free)
+    with host_load.LoadSampler() as load:
         before = time_steps(backend.train_step, 0, steps, show=False).step_times_s
         done = backend.capability("profile").split_steps(backend, steps)
         after = time_steps(backend.train_step, 0, steps, show=False).step_times_s
