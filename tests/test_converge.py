@@ -247,6 +247,19 @@ def test_a_missed_target_is_a_finished_run_that_says_so(spec_factory, tmp_path):
     assert result.series_steps["eval_accuracy"] == [2, 4, 6, 8]
 
 
+def converge_runs(cwd):
+    """(client, {framework: its converge run}) of the embedded store in ``cwd``: one per
+    framework, all four there."""
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{cwd}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                              "tags.`fxtrack.scenario` = 'converge'")
+    runs = {r.data.tags["fxtrack.framework"]: r for r in runs if "reached_target" in r.data.metrics}
+    assert sorted(runs) == ["jax", "keras", "tensorflow", "torch"]
+    return client, runs
+
+
 @pytest.fixture(scope="module")
 def converge_sweep(tmp_path_factory):
     """One sweep of the four frameworks on a tiny data=file set to a reachable target."""
@@ -258,13 +271,7 @@ def converge_sweep(tmp_path_factory):
                        "scenario.max_epochs=2", "scenario.eval_every=2", "scenario.lr=1e-2",
                        env=seed_peak_cache(cwd / "cache"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{cwd}/mlflow.db")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              "tags.`fxtrack.scenario` = 'converge'")
-    runs = {r.data.tags["fxtrack.framework"]: r for r in runs if "reached_target" in r.data.metrics}
-    assert sorted(runs) == ["jax", "keras", "tensorflow", "torch"]
+    client, runs = converge_runs(cwd)
     return client, runs, cwd
 
 
@@ -404,13 +411,7 @@ def test_a_short_mnist1d_run_matches_torchs_start_in_every_framework(tmp_path):
                        "scenario.trajectory_steps=8",
                        env=seed_peak_cache(tmp_path / "cache"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    import mlflow
-
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
-    runs = client.search_runs([e.experiment_id for e in client.search_experiments()],
-                              "tags.`fxtrack.scenario` = 'converge'")
-    runs = {r.data.tags["fxtrack.framework"]: r for r in runs if "reached_target" in r.data.metrics}
-    assert sorted(runs) == ["jax", "keras", "tensorflow", "torch"]
+    _, runs = converge_runs(tmp_path)
     counts = {fw: r.data.metrics["param_count"] for fw, r in runs.items()}
     assert len(set(counts.values())) == 1, counts
     assert runs["torch"].data.tags["fxtrack.trajectory"] == "reference"
