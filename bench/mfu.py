@@ -59,7 +59,7 @@ LLAMA_BUDGET_GIB, LLAMA_MARGIN = 24, 0.9
 MFU_TARGET = 0.60  # issue 46: cells below it are where item 2 looks for the time
 REASON = 160  # characters of a cell's reason in the table
 PROFILE = ("matmul", "attention", "norm_elementwise", "optimizer", "overhead", "step",
-           "unprofiled_step")
+           "timed_step", "unprofiled_step")
 
 
 def cells(args: argparse.Namespace) -> list[dict[str, str]]:

@@ -104,6 +104,8 @@ METRICS: tuple[Metric, ...] = (
        "profiler)", ("train",)),
     _m("profile_step_ms", "ms", NEITHER, "scenario.profile_steps: the profiled step's wall span",
        ("train",)),
+    _m("profile_timed_step_ms", "ms", NEITHER, "scenario.profile_steps: the median profiled "
+       "step as fxtrack's timer saw it, around the step annotation", ("train",)),
     _m("profile_unprofiled_step_ms", "ms", NEITHER, "scenario.profile_steps: the median "
        "unprofiled step timed just before and just after the profiled ones", ("train",)),
     # scenario=converge

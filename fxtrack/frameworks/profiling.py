@@ -15,8 +15,11 @@ op on any thread (Python, dispatch, waiting: gaps in the timeline).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import re
+import statistics
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -45,12 +48,14 @@ class Split:
     step_s: float
     steps: int  # the steps profiled, of which this is the median by wall span
     profiler: str  # the fxtrack.profiler tag: which profiler, and how it was read
+    timed_step_s: float  # the median of the same profiled calls by fxtrack's timer
 
 
-def split(ops: Iterable[Op], spans: list[tuple[float, float]], profiler: str) -> Split:
-    """The split of one profiled step, the median of the step ``spans`` ((start, end) ns) by
-    wall span (a busy machine's odd slow step is not the one reported), as the module
+def split(ops: Iterable[Op], trace: "Trace", profiler: str) -> Split:
+    """The split of one profiled step, the median of the trace's step spans ((start, end) ns)
+    by wall span (a busy machine's odd slow step is not the one reported), as the module
     docstring says; ops outside it are left out, ops crossing its edges are clipped."""
+    spans = trace.spans
     if not spans:
         raise ValueError("the trace holds no annotated step")
     ops = list(ops)
@@ -62,7 +67,8 @@ def split(ops: Iterable[Op], spans: list[tuple[float, float]], profiler: str) ->
     for cat, ns in _owned(ops, lo, hi).items():
         seconds[cat] = ns / 1e9
     seconds["overhead"] = (hi - lo) / 1e9 - sum(seconds.values())
-    return Split(seconds, (hi - lo) / 1e9, len(spans), profiler)
+    return Split(seconds, (hi - lo) / 1e9, len(spans), profiler,
+                 statistics.median(trace.timed_s))
 
 
 def _owned(ops: list[Op], lo: float, hi: float) -> dict[str, float]:
@@ -150,12 +156,38 @@ def annotated_steps(events: Iterable[TraceEvent], name: str) -> list[tuple[float
 
 
 # --- the profilers, each run over ``steps`` calls of ``step``, every call in a step annotation;
-# each returns (the step spans, the trace's events); the framework's rule names the categories
+# each returns a Trace; the framework's rule names the categories of its events
 
 STEP = "fxtrack_step"  # the step annotation's name
 
 
-def jax_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceEvent]]:
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """What a profiler saw of ``steps`` profiled calls: each step annotation's (start, end) ns,
+    the trace's events, and each call as fxtrack's timer saw it (s): the yardstick the
+    annotated spans are checked against (an annotation that ended before the device finished
+    would read short), taken from the same calls, so the same load."""
+
+    spans: list[tuple[float, float]]
+    events: list[TraceEvent]
+    timed_s: list[float]
+
+
+def _annotated_calls(step: Callable[[], object], steps: int,
+                     annotation: Callable[[int], contextlib.AbstractContextManager]
+                     ) -> list[float]:
+    """``steps`` calls of ``step``, each in ``annotation(i)``, each timed around its annotation
+    (``step`` returns once the device is done, as the timed window's steps do)."""
+    timed = []
+    for i in range(steps):
+        t = time.perf_counter()
+        with annotation(i):
+            step()
+        timed.append(time.perf_counter() - t)
+    return timed
+
+
+def jax_trace(step: Callable[[], object], steps: int) -> Trace:
     """``jax.profiler.trace``, read with JAX's own ``jax.profiler.ProfileData``: the executed
     XLA instructions (events with an ``hlo_op`` stat, named by it)."""
     import tempfile
@@ -169,9 +201,8 @@ def jax_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceE
     options.python_tracer_level = 0
     with tempfile.TemporaryDirectory() as directory:
         with jax.profiler.trace(directory, profiler_options=options):
-            for i in range(steps):
-                with jax.profiler.StepTraceAnnotation(STEP, step_num=i):
-                    step()
+            timed = _annotated_calls(
+                step, steps, lambda i: jax.profiler.StepTraceAnnotation(STEP, step_num=i))
         data = ProfileData.from_file(str(xplane_file(Path(directory))))
     spans, events = [], []
     for plane in data.planes:
@@ -184,10 +215,10 @@ def jax_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceE
                 elif "hlo_op" in stats:
                     events.append(TraceEvent(str(stats["hlo_op"]), "", stats, start, end,
                                              f"{plane.name}/{line.name}"))
-    return sorted(spans), events
+    return Trace(sorted(spans), events, timed)
 
 
-def tf_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceEvent]]:
+def tf_trace(step: Callable[[], object], steps: int) -> Trace:
     """``tf.profiler.experimental`` start/stop with a ``Trace`` step annotation per step, the
     XSpace read by ``xspace_events``: every event of the host plane."""
     import tempfile
@@ -197,17 +228,15 @@ def tf_trace(step: Callable[[], object], steps: int) -> tuple[list, list[TraceEv
     with tempfile.TemporaryDirectory() as directory:
         tf.profiler.experimental.start(directory)
         try:
-            for i in range(steps):
-                with tf.profiler.experimental.Trace(STEP, step_num=i, _r=1):
-                    step()
+            timed = _annotated_calls(
+                step, steps, lambda i: tf.profiler.experimental.Trace(STEP, step_num=i, _r=1))
         finally:
             tf.profiler.experimental.stop()
         events = xspace_events(xplane_file(Path(directory)))
-    return annotated_steps(events, STEP), events
+    return Trace(annotated_steps(events, STEP), events, timed)
 
 
-def torch_trace(step: Callable[[], object], steps: int,
-                gpu: bool) -> tuple[list, list[TraceEvent]]:
+def torch_trace(step: Callable[[], object], steps: int, gpu: bool) -> Trace:
     """``torch.profiler.profile`` (CPU activity; CUDA's too on a GPU) with a ``record_function``
     per step, read from its own event list (``prof.events()``): each op's interval and thread,
     ``stats["names"]`` its name and its ancestors' (``cpu_parent``); a CUDA kernel as an event
@@ -217,9 +246,7 @@ def torch_trace(step: Callable[[], object], steps: int,
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
     with profile(activities=activities) as prof:
-        for _ in range(steps):
-            with record_function(STEP):
-                step()
+        timed = _annotated_calls(step, steps, lambda i: record_function(STEP))
     spans, events = [], []
     cpu = torch.autograd.DeviceType.CPU
     for e in prof.events():
@@ -238,7 +265,7 @@ def torch_trace(step: Callable[[], object], steps: int,
             events.append(TraceEvent(k.name, "kernel", {"names": names},
                                      k.time_range.start * 1e3, k.time_range.end * 1e3,
                                      f"cuda:{k.device}"))
-    return sorted(spans), events
+    return Trace(sorted(spans), events, timed)
 
 
 _HEADER = re.compile(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\) -> .* \{$")

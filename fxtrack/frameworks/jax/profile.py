@@ -21,7 +21,7 @@ OPTIMIZER = re.compile(r"\boptimizer\b")
 def split_steps(backend: JaxBackend, steps: int) -> profiling.Split:
     rule = profiling.hlo_rule(profiling.hlo_ops(backend.step_hlo()), ATTENTION, OPTIMIZER)
     backend.train_step()  # the step's re-lowering above is off the trace
-    spans, events = profiling.jax_trace(backend.train_step, steps)
-    ops = [profiling.Op(e.start, e.end, e.thread, rule(e.name)) for e in events]
-    return profiling.split(ops, spans,
+    trace = profiling.jax_trace(backend.train_step, steps)
+    ops = [profiling.Op(e.start, e.end, e.thread, rule(e.name)) for e in trace.events]
+    return profiling.split(ops, trace,
                            f"jax.profiler {jax.__version__} (ProfileData; ops by the step's HLO)")

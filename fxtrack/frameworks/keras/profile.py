@@ -26,22 +26,22 @@ def split_steps(backend: KerasBackend, steps: int) -> profiling.Split:
     name = keras.backend.backend()
     backend.train_step()  # one step between the timed window and the trace, as the others take
     if name == "jax":
-        spans, events = profiling.jax_trace(backend.train_step, steps)
+        trace = profiling.jax_trace(backend.train_step, steps)
         ops = [profiling.Op(e.start, e.end, e.thread, profiling.instruction_category(e.name))
-               for e in events]
+               for e in trace.events]
         how = "jax.profiler (ProfileData; instructions by name)"
     elif name == "tensorflow":
-        spans, events = profiling.tf_trace(backend.train_step, steps)
+        trace = profiling.tf_trace(backend.train_step, steps)
         optimizer = profiling.tf_optimizer_scope(backend.model.optimizer.name)
         ops = [profiling.Op(e.start, e.end, e.thread, profiling.instruction_category(e.name))
                if "hlo_op" in e.stats else
                profiling.Op(e.start, e.end, e.thread, profiling.tf_graph_category(e, optimizer))
-               for e in events if "hlo_op" in e.stats or profiling.tf_graph_op(e)]
+               for e in trace.events if "hlo_op" in e.stats or profiling.tf_graph_op(e)]
         how = "tf.profiler (XSpace via xplane_pb2)"
     else:
-        spans, events = profiling.torch_trace(backend.train_step, steps,
+        trace = profiling.torch_trace(backend.train_step, steps,
                                               gpu=backend.device_kind() == "gpu")
         ops = [profiling.Op(e.start, e.end, e.thread, profiling.aten_category(e.stats["names"]))
-               for e in events if profiling.torch_op(e)]
+               for e in trace.events if profiling.torch_op(e)]
         how = "torch.profiler (prof.events())"
-    return profiling.split(ops, spans, f"keras {keras.__version__} on {name}: {how}")
+    return profiling.split(ops, trace, f"keras {keras.__version__} on {name}: {how}")

@@ -26,13 +26,13 @@ def split_steps(backend: TensorFlowBackend, steps: int) -> profiling.Split:
     rule = (profiling.hlo_rule(profiling.hlo_ops(hlo), profiling.TF_ATTENTION, optimizer)
             if hlo is not None else None)
     backend.train_step()  # the HLO's compilation above is off the trace
-    spans, events = profiling.tf_trace(backend.train_step, steps)
+    trace = profiling.tf_trace(backend.train_step, steps)
     if rule is not None:  # the executed XLA instructions
         ops = [profiling.Op(e.start, e.end, e.thread, rule(e.name))
-               for e in events if "hlo_op" in e.stats]
+               for e in trace.events if "hlo_op" in e.stats]
     else:
         ops = [profiling.Op(e.start, e.end, e.thread, profiling.tf_graph_category(e, optimizer))
-               for e in events if profiling.tf_graph_op(e)]
+               for e in trace.events if profiling.tf_graph_op(e)]
     how = "ops by the step's HLO" if rule is not None else "tf.function graph ops"
-    return profiling.split(ops, spans,
+    return profiling.split(ops, trace,
                            f"tf.profiler {tf.__version__} (XSpace via xplane_pb2; {how})")

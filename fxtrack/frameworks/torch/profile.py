@@ -17,8 +17,8 @@ from fxtrack.frameworks.torch.backend import TorchBackend
 
 
 def split_steps(backend: TorchBackend, steps: int) -> profiling.Split:
-    spans, events = profiling.torch_trace(backend.train_step, steps,
+    trace = profiling.torch_trace(backend.train_step, steps,
                                           gpu=backend.device_kind() == "gpu")
     ops = [profiling.Op(e.start, e.end, e.thread, profiling.aten_category(e.stats["names"]))
-           for e in events if profiling.torch_op(e)]
-    return profiling.split(ops, spans, f"torch.profiler {torch.__version__} (prof.events())")
+           for e in trace.events if profiling.torch_op(e)]
+    return profiling.split(ops, trace, f"torch.profiler {torch.__version__} (prof.events())")
