@@ -142,9 +142,10 @@ METRICS: tuple[Metric, ...] = (
     _m("export_time_s", "s", LOWER, "export, quantisation and load of the served model",
        ("inference",)),
     _m("eval_accuracy", "fraction", HIGHER,
-       "model.from_run: held-out accuracy of the served model", ("inference",)),
+       "model.from_run: held-out accuracy of the served model", ("inference", "serve")),
     _m("accuracy_vs_fp32", "ratio", HIGHER,
-       "model.from_run: eval_accuracy / the native fp32 model's in the same job", ("inference",)),
+       "model.from_run: eval_accuracy / the native fp32 model's in the same job",
+       ("inference", "serve")),
     # scenario=generate
     _m("ttft_ms_{p50|p90}", "ms", LOWER, "time to the first token", ("generate",)),
     _m("decode_ms_per_token_{p50|p90}", "ms", LOWER, "one decode step through the cache",

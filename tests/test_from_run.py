@@ -45,6 +45,12 @@ def converged(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-3000:]
     rows = {(r.data.tags["fxtrack.runtime"], r.data.tags["fxtrack.quantize"]): r
             for r in runs_of(client, "inference")}
+    done = run_fxtrack(cwd, "scenario=serve", "model=vit", f"model.from_run={run.info.run_id}",
+                       "framework=torch", "scenario.rate=40", "scenario.num_requests=8",
+                       "scenario.max_batch=2", "scenario.batch_buckets=[1,2]", env=env,
+                       timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (rows["serve"],) = runs_of(client, "serve")
     return client, run, rows, cwd
 
 
@@ -82,7 +88,7 @@ def test_inference_from_run_scores_the_converged_model_per_runtime(converged):
     if not ORT:
         pytest.skip("onnx, onnxruntime, onnxscript not installed: the native row only")
     assert set(rows) == {("native", "none"), ("native", "dynamic_int8"),
-                         ("onnxruntime", "none"), ("onnxruntime", "dynamic_int8")}
+                         ("onnxruntime", "none"), ("onnxruntime", "dynamic_int8"), "serve"}
     for key, row in rows.items():
         m = row.data.metrics
         assert 0.0 <= m["eval_accuracy"] <= 1.0, key
@@ -90,6 +96,19 @@ def test_inference_from_run_scores_the_converged_model_per_runtime(converged):
         assert ratio == pytest.approx(m["eval_accuracy"] / final), key  # fp32 reference = final
         assert row.data.tags["fxtrack.serving_quality"] == ("kept" if ratio >= 0.99 else "lost")
     assert rows[("onnxruntime", "none")].data.metrics["accuracy_vs_fp32"] == 1.0
+
+
+@pytest.mark.slow
+def test_serve_from_run_serves_the_trained_weights_and_scores_them(converged):
+    """scenario=serve loads the run's weights before it serves (a seeded model would score
+    about chance, 1/3 here, not the run's accuracy) and scores the model it served."""
+    _, run, rows, _ = converged
+    serve = rows["serve"]
+    m, tags = serve.data.metrics, serve.data.tags
+    assert m["eval_accuracy"] == pytest.approx(run.data.metrics["final_eval_accuracy"], abs=1e-9)
+    assert m["accuracy_vs_fp32"] == 1.0 and tags["fxtrack.serving_quality"] == "kept"
+    assert serve.data.params["model.from_run"] == run.info.run_id
+    assert m["request_throughput_rps"] > 0 and "serve_e2e_ms_p99" in m  # it served
 
 
 def refusal(uri: str, *overrides: str) -> str:
@@ -114,7 +133,7 @@ def test_bad_from_run_is_refused_in_one_line_before_any_work(converged, tmp_path
     assert "trained model=vit, another family than model=bert" in refusal(uri, *good,
                                                                             "model=bert")
     assert "read by scenario=inference" in refusal(uri, *good[:1], "scenario=train")
-    assert "read by scenario=inference" in refusal(uri, *good[:1], "scenario=serve")
+    assert "read by scenario=inference/serve" in refusal(uri, *good[:1], "scenario=generate")
     assert "evaluates at precision=fp32" in refusal(uri, *good, "precision=bf16")
     before = len(client.search_runs([run.info.experiment_id]))
     done = run_fxtrack(cwd, "scenario=inference", "model.from_run=0123abcd", timeout=300)

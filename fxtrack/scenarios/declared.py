@@ -100,7 +100,7 @@ FIT = register(Scenario(
 SERVE = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
     o.ServeOptions, "fxtrack.scenarios.serve:run", refusal=serve_refusal, trains=False,
-    decodes=True, section="fxtrack.report.serving:section",
+    decodes=True, from_run=True, section="fxtrack.report.serving:section",
     named_options=("batching", "length_dist"), objectives=(
         Objective("serve", "Serving capacity under the SLOs",
                   ("max_rate_under_slo_rps", "goodput_rps"), "common",

@@ -36,6 +36,7 @@ from fxtrack.measure.timer import eprint, percentile
 from fxtrack.scenarios.batching import (bucket_for, continuous_window, length_data_refusal,
                                         min_queries_for, prompt_buckets, request_lengths)
 from fxtrack.search import bracket_search
+from fxtrack.scenarios import accuracy
 from fxtrack.scenarios.options import ServeOptions, from_json
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
@@ -514,6 +515,9 @@ def run(backend: Any, result: Any) -> None:
     continuous = o["batching"] == "continuous"
     if continuous:  # NotSupported with the framework's declared reason, before any work
         slot_module = backend.capability("slot_decode")
+    trained = bool(backend.spec.from_run)  # model.from_run: a converge run's weights served
+    if trained:
+        backend.capability("converge")  # before the build: NotSupported costs nothing
     buckets = sorted(set(o["batch_buckets"]))
     backend.spec.batch_size = max(buckets)
     seed = backend.spec.seed
@@ -534,6 +538,8 @@ def run(backend: Any, result: Any) -> None:
     # cold start, apart from the warm window: what a replica scaled up pays before serving
     t = time.perf_counter()
     build(backend, result)
+    if trained:  # the trained weights before anything is compiled: what a replica loads
+        accuracy.load(backend)
     load_s = time.perf_counter() - t
     t = time.perf_counter()
     if continuous:
@@ -676,6 +682,8 @@ def run(backend: Any, result: Any) -> None:
     path = Path(backend.spec.result_path).with_name("serve_requests.json")
     path.write_text(json.dumps([r.row() for r in reported.requests]))
     result.artifacts["serve_requests"] = str(path)
+    if trained:  # the served weights scored on the run's held-out split, after the windows
+        accuracy.evaluate(backend, result)
 
 
 def _child(backend: Any, index: int, w: Window) -> dict[str, Any]:
