@@ -183,7 +183,17 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
     assert "bits_per_byte is a language model's" in refusal(
         *CONVERGE, "data=mnist", "model.patch=7", "scenario.metric=bits_per_byte")
     assert "trains on real data" in refusal(*CONVERGE)
-    assert "runs on one device" in refusal(*CONVERGE, "data=mnist", "model.patch=7", "devices=2")
+    two = (*CONVERGE, "data=mnist", "model.patch=7", "devices=2")
+    assert "converge_devices" not in refusal(*two, "framework=tensorflow")  # the reason, said:
+    assert refusal(*two, "framework=tensorflow").startswith(
+        "scenario=converge with devices=2 is not supported by tensorflow: not implemented for "
+        "tensorflow yet: its converge step runs outside a tf.distribute strategy")
+    assert "is not supported by keras" in refusal(*two, "framework=keras")
+    assert "does not divide it; set batch_size to a multiple of 2" in refusal(
+        *two, "framework=torch", "batch_size=15")
+    assert "runs on one node" in refusal(*CONVERGE, "data=mnist", "model.patch=7",
+                                         "framework=torch", "hardware.nodes=2",
+                                         "hardware.coordinator=10.0.0.1:29500")
     assert "drop data=mnist" in refusal("scenario=train", "size=tiny", "data=mnist")
 
 
@@ -300,6 +310,76 @@ def test_every_framework_starts_where_the_first_did(converge_sweep):
         tags, m = runs[framework].data.tags, runs[framework].data.metrics
         assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
         assert tags["fxtrack.trajectory_reference"] == "torch"
+
+
+@pytest.mark.slow  # two frameworks x two parallel modes on two devices: about 35 s
+def test_two_devices_split_the_batch_and_keep_the_single_device_trajectory(converge_sweep,
+                                                                          tmp_path):
+    """devices=2 (torch: two torchrun ranks; JAX: one process, a two-device mesh), DDP and
+    FSDP: the same global batch split over the devices, the shared start given to replicated
+    or sharded parameters; every loss equals the single-device torch run's of the sweep above,
+    and FSDP's run is compared with the DDP baseline of its own framework."""
+    sweep_client, runs, cwd = converge_sweep
+    done = run_fxtrack(tmp_path, "-m", *CONVERGE, "framework=torch,jax", "devices=2",
+                       "parallel=ddp,fsdp", "data=file", f"data.path={cwd / 'd.npz'}",
+                       "model.patch=4", "batch_size=16", "scenario.metric=accuracy",
+                       "scenario.target=0.6", "scenario.max_epochs=2", "scenario.eval_every=2",
+                       "scenario.lr=1e-2", env=seed_peak_cache(tmp_path / "cache"), timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/mlflow.db")
+    two = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                         "tags.`fxtrack.scenario` = 'converge'")
+           if "reached_target" in r.data.metrics]
+
+    def losses(run, store=client):
+        return [p.value for p in sorted(store.get_metric_history(run.info.run_id, "loss"),
+                                        key=lambda p: p.step)]
+
+    one = runs["torch"]
+    reference = losses(one, sweep_client)
+    assert len(reference) >= 4
+    assert sorted((r.data.tags["fxtrack.framework"], r.data.params["parallel"]) for r in two) == [
+        ("jax", "ddp"), ("jax", "fsdp"), ("torch", "ddp"), ("torch", "fsdp")]
+    for run in two:
+        what = (run.data.tags["fxtrack.framework"], run.data.params["parallel"])
+        assert run.info.status == "FINISHED" and run.data.params["devices"] == "2", what
+        assert losses(run) == pytest.approx(reference, rel=1e-5), what
+        m = run.data.metrics
+        assert m["steps_to_target"] == one.data.metrics["steps_to_target"], what
+        assert m["param_count"] == one.data.metrics["param_count"], what
+        if what[1] == "fsdp":  # the lever against its framework's ddp run on two devices
+            assert run.data.tags["fxtrack.lever_quality"] == "kept", what
+            assert "final_eval_vs_fp32" in m, what
+
+
+def test_each_torch_rank_trains_on_its_own_slice_of_the_global_batch(monkeypatch):
+    """Under torchrun, rank r of w takes rows [r*B/w, (r+1)*B/w) of the host batch (DDP's
+    averaged gradients would hide a rank that trained on every row)."""
+    pytest.importorskip("torch")
+    from fxtrack.frameworks.torch import converge as torch_converge
+    from fxtrack.frameworks.torch import parallel
+
+    seen = []
+
+    class Backend:  # what train_on_host reads: a built model, optimiser and step
+        same_start = True
+        opt = type("Opt", (), {"param_groups": [{}]})()
+        model = type("Model", (), {"train": lambda self: None})()
+
+        def train_on(self, batch):
+            seen.append(batch["input_ids"][:, 0].tolist())
+            return 0.0
+
+    monkeypatch.setattr(torch_converge, "_on_device", lambda backend, batch: batch)
+    monkeypatch.setattr(parallel, "mean_over_ranks", lambda value: value)
+    rows = {"input_ids": np.arange(8)[:, None].repeat(3, 1)}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        torch_converge.train_on_host(Backend(), rows, 1e-3)
+    assert seen == [[0, 1, 2, 3], [4, 5, 6, 7]]
 
 
 def test_the_report_has_a_time_to_quality_section_and_chart(converge_sweep):

@@ -248,6 +248,13 @@ class Converge(Protocol):
         ``reference`` input: NCHW images for torch, NHWC elsewhere, or token ids)."""
 
 
+class ConvergeDevices(Protocol):
+    """scenario=converge on more than one device: the global host batch split over them in
+    order and the shared start given to replicated or sharded (parallel=fsdp) parameters, so
+    the losses are the global batch's. A marker with no function: ``converge``'s functions do
+    it."""
+
+
 class Profile(Protocol):
     """scenario=train's ``scenario.profile_steps``: a few training steps under the framework's
     own profiler, after the timed window, their time split into fixed categories
@@ -268,7 +275,8 @@ PROTOCOLS: dict[str, type] = {
     "user_serving_export": UserServingExport, "user_onnx_export": UserOnnxExport,
     "user_tflite_export": UserTfliteExport, "user_native_int8": UserNativeInt8,
     "user_sharded_state": UserShardedState, "user_remat": UserRemat,
-    "user_model": UserModel, "converge": Converge, "profile": Profile,
+    "user_model": UserModel, "converge": Converge, "converge_devices": ConvergeDevices,
+    "profile": Profile,
 }
 
 # A function's parameters as (name, has a default), in order; None: the name is bound in the

@@ -106,13 +106,14 @@ def run_seed(spec: Any) -> int:
 
 
 def config_check(conf: Any, arch: Any) -> Optional[str]:
-    """Before any work (the config layer's check): more than one device (the host batches are
-    not sharded over devices yet, nor the shared start loaded into sharded parameters), or an
-    option neither set nor declared by the family for this dataset, one line; None when the
-    run may go."""
-    if conf.devices * conf.hardware.nodes > 1:
-        return ("scenario=converge runs on one device: its batches are not split over devices "
-                "yet (nor parallel=fsdp's shards given the shared start); set devices=1")
+    """Before any work (the config layer's check): more than one node (each process would need
+    its own slice of the host batch: JAX's processes read theirs, not the global one), a batch
+    the devices do not divide, or an option neither set nor declared by the family for this
+    dataset, one line; None when the run may go. (A framework whose converge step cannot split
+    a batch over devices is refused by its declaration: ``converge_devices``.)"""
+    if conf.hardware.nodes > 1:
+        return ("scenario=converge runs on one node: set hardware.nodes=1 (devices on one "
+                "machine split each batch)")
     spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data={"name": conf.data.name},
                                batch_size=conf.batch_size)
     try:
@@ -123,6 +124,9 @@ def config_check(conf: Any, arch: Any) -> Optional[str]:
     if have < batch:
         return (f"data={conf.data.name} has {have} training samples, fewer than one batch of "
                 f"{batch}; set a smaller batch_size")
+    if batch % conf.devices:  # batch_size is the global batch: each device takes 1/devices
+        return (f"scenario=converge splits each batch of {batch} over devices={conf.devices}, "
+                f"which does not divide it; set batch_size to a multiple of {conf.devices}")
     return None
 
 
@@ -241,11 +245,18 @@ def keep_model(backend: Backend, trainer: Any, result: Result) -> None:
     run's MLflow logged model (``Result.artifacts``: ``weights``, ``model``)."""
     from fxtrack.frameworks import initial
 
+    trained = trainer.weights(backend)  # every process: FSDP's shards are gathered together
+    if not timed.writes(backend.spec):
+        return
     folder = Path(backend.spec.result_path).parent / "model"
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir()
-    weights = initial.save(folder / initial.WEIGHTS_FILE, trainer.weights(backend))
+    weights = initial.save(folder / initial.WEIGHTS_FILE, trained)
     result.artifacts["weights"] = str(weights)
+    if backend.spec.devices * backend.spec.nodes > 1:  # an export traces one process's model
+        eprint("[fxtrack] converge: the trained model is kept as weights only (no ONNX export "
+               "of a model spread over devices)")
+        return
     try:
         exporter = backend.capability("onnx_export")
         result.artifacts["model"] = str(exporter.to_onnx(backend, folder / "model.onnx"))

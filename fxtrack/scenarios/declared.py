@@ -108,7 +108,7 @@ SERVE = register(Scenario(
 CONVERGE = register(Scenario(
     "converge", "training on real data to a held-out target: time, steps and samples to it",
     o.ConvergeOptions, "fxtrack.scenarios.converge:run", refusal=converge_refusal,
-    needs=("converge",), real_data=True, config_check="fxtrack.scenarios.converge:config_check",
+    needs=("converge",), devices_need="converge_devices", real_data=True, config_check="fxtrack.scenarios.converge:config_check",
     cross_check="fxtrack.scenarios.converge:cross_check", section="fxtrack.report.converge:section",
     objectives=(
         # on real data (MLPerf Training's rule: a verdict from 5 seeds, fastest and slowest dropped)

@@ -74,6 +74,9 @@ class Scenario:
     # (option, capability): a run that sets the option (to anything but 0, False or None) needs
     # the capability (else refused before any work, as ``needs``): train's profile_steps
     option_needs: tuple[tuple[str, str], ...] = ()
+    # the capability a run on more than one device needs (else refused before any work):
+    # converge's batch split and sharded start; None: the framework's own devices > 1 rules
+    devices_need: Optional[str] = None
     memory_floor: bool = True  # refused when the architecture cannot fit the device (fit: no)
     trains: bool = True  # the memory check and the dataset context: a training step, or a forward
     decodes: bool = False  # a language model holds a KV cache, not a batch's logits

@@ -161,6 +161,10 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
         if option in c.options_set and not framework.has(needed):
             return str(framework.unsupported(needed, f"scenario.{option} with scenario="
                                              f"{c.scenario}", version))
+    if scenario is not None and scenario.devices_need and c.devices * c.nodes > 1 \
+            and not framework.has(scenario.devices_need):
+        return str(framework.unsupported(scenario.devices_need, f"scenario={c.scenario} with "
+                                         f"devices={c.devices * c.nodes}", version))
     for limit in framework.limits:
         if limit.when(c):
             return f"{limit.what} is not supported by {by}: {limit.why}"

@@ -22,6 +22,12 @@ from fxtrack.measure.timer import StepTimes, eprint, step_metrics, time_steps
 from fxtrack.scenarios import tune
 
 
+def writes(spec: Any) -> bool:
+    """Whether this process writes what the run keeps (under torchrun rank 0 of node 0 speaks
+    for every rank; every other process of a run computes the same and writes nothing)."""
+    return int(os.environ.get("RANK", "0")) == 0 and spec.node_rank == 0
+
+
 def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     """Pick the device, fill the defaults the config left open, build the model; returns
     (device kind, batch, steps, warm-up steps)."""
@@ -42,7 +48,7 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     if tuned:
         spec.compile, why, figures = tune.fastest(backend, kind, batch, steps, warmup)
         result.tags["compile_tuned"] = figures
-        if int(os.environ.get("RANK", "0")) == 0 and spec.node_rank == 0:  # one writer
+        if writes(spec):
             tuned_cache.record(key, spec.compile, figures)
     elif earlier is not None:
         spec.compile = earlier["compiled"]

@@ -52,6 +52,7 @@ FRAMEWORK = Framework(
     },
     capabilities={
         "converge": "fxtrack.frameworks.jax.converge",
+        "converge_devices": "fxtrack.frameworks.jax.converge",
         "profile": "fxtrack.frameworks.jax.profile",
         "inference": "fxtrack.frameworks.jax.inference",
         "pipeline": "fxtrack.frameworks.jax.pipeline",

@@ -1,10 +1,13 @@
 """scenario=converge for JAX: the optimiser rebuilt once with its learning rate as an input
 of the step (``optax.inject_hyperparams``, the same AdamW and constants as ``train.optimizer``)
-so the scenario's schedule sets it per step without a recompile; host batches put on the mesh,
-and the eval-mode forward's logits."""
+so the scenario's schedule sets it per step without a recompile; host batches put on the mesh
+(one device, or split over ``devices`` with the state replicated or, with parallel=fsdp,
+sharded as the build shards it), and the eval-mode forward's logits. Also the
+``converge_devices`` capability: one process drives every device of the mesh."""
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import jax
@@ -34,13 +37,21 @@ def _scheduled(backend: JaxBackend) -> None:
         learning_rate=lr, b1=ADAMW["b1"], b2=ADAMW["b2"], eps=ADAMW["eps"],
         weight_decay=ADAMW["weight_decay"])
     state = backend.state._replace(opt_state=tx.init(backend.state.params))
-    backend.state = parallel.replicate(state, backend.mesh)
-    backend.use_step(train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
-                                     backend.sharded, donate=False))
+    if backend.spec.parallel == "fsdp":  # the state placed shard by shard, as the build does
+        backend.state, step = parallel.fsdp(state, backend.mesh, functools.partial(
+            train.train_step, backend.graphdef, tx), backend.sharded, donate=False)
+        backend.use_step(step)
+    else:  # replicated: on several devices XLA all-reduces the gradients of the split batch
+        backend.state = parallel.replicate(state, backend.mesh)
+        backend.use_step(train.make_step(backend.graphdef, tx, backend.jit, backend.replicated,
+                                         backend.sharded, donate=False))
     backend.converge_step = True
 
 
 def train_on_host(backend: JaxBackend, batch: dict, lr: float) -> jax.Array:
+    """One step on the global host batch: split over the mesh's devices (each takes its rows in
+    order, as a single device's batch holds them all), so the loss and the averaged gradients
+    are the global batch's."""
     _scheduled(backend)
     opt = backend.state.opt_state
     hyper = {**opt.hyperparams, "learning_rate": jax.device_put(

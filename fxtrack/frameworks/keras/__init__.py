@@ -108,6 +108,8 @@ FRAMEWORK = Framework(
                               "framework=torch or framework=jax",
         "user_remat": "no rematerialisation for any model (see remat); use framework=torch or "
                       "framework=jax",
+        "converge_devices": "keras runs on one device here (see devices > 1); use "
+                            "framework=torch or framework=jax",
     },
     settings={
         "keras_backend": Setting("jax", KERAS_BACKENDS,

@@ -87,5 +87,7 @@ FRAMEWORK = Framework(
                               "use framework=torch or framework=jax",
         "user_remat": "no rematerialisation for any model (see remat); use framework=torch "
                       "or framework=jax",
+        "converge_devices": "not implemented for tensorflow yet: its converge step runs outside "
+                            "a tf.distribute strategy; use framework=torch or framework=jax",
     },
 )

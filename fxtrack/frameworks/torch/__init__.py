@@ -72,6 +72,7 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.torch.buckets",
         "slot_decode": "fxtrack.frameworks.torch.slots",
         "converge": "fxtrack.frameworks.torch.converge",
+        "converge_devices": "fxtrack.frameworks.torch.converge",
         "profile": "fxtrack.frameworks.torch.profile",
     },
     limits=(

@@ -1,6 +1,7 @@
 """scenario=converge for PyTorch: the built step on host batches of real data, the learning
 rate set per step (the schedule is the scenario's, one formula for every framework), and the
-model's logits on held-out batches."""
+model's logits on held-out batches. Also the ``converge_devices`` capability: under torchrun each
+rank trains on its slice of the global batch, from the shared start (sharded under FSDP)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 
 from fxtrack.frameworks import initial
-from fxtrack.frameworks.torch import data, train
+from fxtrack.frameworks.torch import data, parallel, train
 
 if TYPE_CHECKING:  # annotations only (the backend does not import this module)
     from fxtrack.frameworks.torch.backend import TorchBackend
@@ -24,19 +25,27 @@ def _on_device(backend: TorchBackend, batch: dict) -> dict[str, torch.Tensor]:
 
 
 def train_on_host(backend: TorchBackend, batch: dict, lr: float) -> torch.Tensor:
+    """One step on the global host batch: under torchrun each rank takes its contiguous
+    1/world of the rows (DDP averages the gradients, FSDP reduce-scatters them: the global
+    batch's mean either way); the loss returned is the mean over ranks, the global batch's."""
     if not getattr(backend, "same_start", False):  # before the first step
         same_start(backend)
         backend.same_start = True
     for group in backend.opt.param_groups:
         group["lr"] = lr
     backend.model.train()
-    return backend.train_on(_on_device(backend, batch))
+    world, rank = parallel.world_size(), parallel.rank()
+    if world > 1:
+        n = len(next(iter(batch.values()))) // world  # the config check: world divides it
+        batch = {k: v[rank * n:(rank + 1) * n] for k, v in batch.items()}
+    return parallel.mean_over_ranks(backend.train_on(_on_device(backend, batch)))
 
 
 def outputs(backend: TorchBackend, batch: dict) -> Any:
     backend.model.eval()
     amp = train.AMP_DTYPES[backend.spec.precision]
-    with torch.inference_mode(), torch.autocast(backend.device.type, dtype=amp or torch.float32,
+    # no_grad, not inference_mode: FSDP2's all-gathered parameters are made outside it
+    with torch.no_grad(), torch.autocast(backend.device.type, dtype=amp or torch.float32,
                                                 enabled=amp is not None):
         logits = backend.model(train.model_input(_on_device(backend, batch)))
     return logits.float().cpu().numpy()
@@ -44,17 +53,25 @@ def outputs(backend: TorchBackend, batch: dict) -> Any:
 
 def same_start(backend: TorchBackend, value: Any = initial.value) -> None:
     """Every parameter from ``fxtrack.frameworks.initial`` (the start every framework shares),
-    or from ``value`` (``initial.loaded``: saved weights)."""
+    or from ``value`` (``initial.loaded``: saved weights); under parallel=fsdp each rank's
+    shard of it (a DTensor's global shape is the full parameter's)."""
     with torch.no_grad():
         for name, param in backend.model.named_parameters():
-            param.copy_(torch.from_numpy(np.ascontiguousarray(
-                value(name, tuple(param.shape), backend.spec.seed))))
+            full = torch.from_numpy(np.ascontiguousarray(
+                value(name, tuple(param.shape), backend.spec.seed)))
+            if hasattr(param, "device_mesh"):  # FSDP2's DTensor: this rank's dim-0 shard
+                from torch.distributed.tensor import distribute_tensor
+
+                full = distribute_tensor(full.to(param.device), param.device_mesh,
+                                         param.placements)
+            param.copy_(full)
 
 
 def weights(backend: TorchBackend) -> dict[str, Any]:
-    """The trained parameters by name, on the host (``initial.save`` writes them)."""
-    return {name: param.detach().float().cpu().numpy()
-            for name, param in backend.model.named_parameters()}
+    """The trained parameters by name, on the host (``initial.save`` writes them); FSDP's
+    shards gathered (a collective: every rank calls it)."""
+    return {name: (param.full_tensor() if hasattr(param, "full_tensor") else param)
+            .detach().float().cpu().numpy() for name, param in backend.model.named_parameters()}
 
 
 def load_weights(backend: TorchBackend, path: str) -> None:

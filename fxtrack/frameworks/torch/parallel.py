@@ -93,6 +93,15 @@ def reduce_max(value: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """``value`` averaged over every rank (a tensor on this rank's device); itself on one."""
+    if world_size() == 1:
+        return value
+    total = value.detach().clone()
+    dist.all_reduce(total)  # gloo has no AVG: the sum, then / world
+    return total / world_size()
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
