@@ -152,10 +152,10 @@ def test_an_op_the_exporter_cannot_convert_is_a_not_supported_cell_with_its_reas
 
 def test_the_guard_fails_a_runtime_whose_outputs_differ(tmp_path, monkeypatch):
     """The guard reads the served outputs: a reference that no longer matches fails the run."""
-    from fxtrack.frameworks.torch import user_deployment
+    from fxtrack.frameworks.torch import deployment
 
-    real = user_deployment.reference
-    monkeypatch.setattr(user_deployment, "reference",
+    real = deployment.reference
+    monkeypatch.setattr(deployment, "reference",
                         lambda backend: (lambda x, refs: (x, [r * 1.5 for r in refs]))(*real(backend)))
     result = serve(tmp_path, monkeypatch, "torch", "byom.models:build_torch", "onnxruntime")
     assert result.status == "FINISHED", result.error

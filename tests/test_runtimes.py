@@ -42,13 +42,17 @@ def assert_served(result, int8=False):
 
 def test_compare_fails_the_guard_outside_the_bound():
     ref = np.array([[1.0, 2.0, 3.0], [3.0, 1.0, 0.0]], np.float32)
-    assert deploy.compare(ref, ref + 1e-5, int8=False)[1] == "ok"
-    metrics, guard = deploy.compare(ref, ref + 0.01, int8=False)
+
+    def compare(out, int8):  # logits: fxtrack's own models' one output, a score vector
+        return deploy.compare_outputs([ref], [out], int8, scores=True)
+
+    assert compare(ref + 1e-5, int8=False)[1] == "ok"
+    metrics, guard = compare(ref + 0.01, int8=False)
     assert metrics["output_max_abs_err"] == pytest.approx(0.01) and "relative error" in guard
     swapped = ref[:, ::-1].copy()  # every top-1 changes
-    assert deploy.compare(ref, ref + 0.05, int8=True)[1] == "ok"  # within the int8 bound
-    assert deploy.compare(ref, swapped, int8=True)[1] != "ok"
-    assert deploy.compare(ref, np.full_like(ref, np.nan), int8=False)[1] != "ok"
+    assert compare(ref + 0.05, int8=True)[1] == "ok"  # within the int8 bound
+    assert compare(swapped, int8=True)[1] != "ok"
+    assert compare(np.full_like(ref, np.nan), int8=False)[1] != "ok"
 
 
 @needs("onnxruntime", "onnx", "onnxscript")
@@ -196,5 +200,5 @@ def test_dynamic_int8_of_a_model_with_external_weights(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "model.int8.onnx", "model.onnx", "model.onnx.data"]  # the inlined copy is gone
     x = rng.standard_normal((4, 64)).astype(np.float32)
-    got = ort_runtime.load(dst, "cpu")(x)
+    (got,) = ort_runtime.load(dst, "cpu")({"x": x})
     assert np.abs(got - x @ w).max() <= 0.05 * np.abs(x @ w).max()

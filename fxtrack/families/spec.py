@@ -31,6 +31,10 @@ def _never(arch: "Arch") -> bool:
     return False
 
 
+def _always(arch: "Arch") -> bool:
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class Family:
     """What shared code may ask about a model family. Optional parts are ``None`` where the
@@ -56,6 +60,9 @@ class Family:
     generates: bool = False  # a decoder LM: scenario=generate, serve decodes tokens
     seq_len_search: bool = False  # scenario=fit may search model.seq_len
     is_lm: Callable[["Arch"], bool] = _never  # its rate is read in tokens/s (tokens_per_s)
+    # its (first) output is a score vector, logits over the last axis: a deployment run measures
+    # top-1 agreement there (and requires it for int8); False: any values, the error bound alone
+    scores: Callable[["Arch"], bool] = _always
     # A model a builder makes (model=custom) answers these itself; None: fxtrack's own model.
     # Parts that live in the config layer are "module:function" strings, imported where used,
     # so this package imports nothing above it.
@@ -73,7 +80,7 @@ class Family:
     # (dims, the table's dims) -> the dims a run's name shows; None: the size keys set apart
     dims_shown: Optional[Callable[[dict[str, Any], dict[str, Any]], dict[str, str]]] = None
     # the framework capability that builds, runs, exports and counts the FLOPs of its model
-    # (a user's: ``user_model`` and its ``user_*`` exports); None: fxtrack's own builders
+    # (a user's: ``user_model``, its serving export); None: fxtrack's own builders
     builder_capability: Optional[str] = None
     # its data may be random (nothing to learn in a few steps): a loss that does not fall is a
     # warning tag, not a failed guard

@@ -46,8 +46,13 @@ def _dims_shown(dims: dict[str, Any], default: dict[str, Any]) -> dict[str, str]
     return {**shown, **{k: _plain(v) for k, v in dict(dims.get("kwargs") or {}).items()}}
 
 
-CUSTOM = Family("custom", optimizer=_declared_optimizer,
-                is_lm=lambda a: a.dims.get("kind") == "lm",
+def _is_lm(arch: "Arch") -> bool:
+    return arch.dims.get("kind") == "lm"
+
+
+# a plain model's outputs may be any values (a regression): its deployment outputs are held to
+# the error bound alone; an LM's are logits, scored by top-1 agreement too
+CUSTOM = Family("custom", optimizer=_declared_optimizer, is_lm=_is_lm, scores=_is_lm,
                 config_schema="fxtrack.config.schema:CustomConfig",
                 config_check="fxtrack.config.user_model:refusal",
                 abstract_count="fxtrack.config.user_model:abstract_param_count",

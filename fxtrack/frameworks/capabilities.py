@@ -67,33 +67,36 @@ class ServingExport(Protocol):
 
 
 class OnnxExport(Protocol):
-    """runtime=onnxruntime|openvino|tensorrt: the model exported to ONNX."""
+    """runtime=onnxruntime|openvino|tensorrt: the model exported to ONNX, its inputs by name
+    (``user_builder.named_inputs``: ``input`` for one array), its floating outputs in order."""
 
-    def reference(self, backend: Any) -> tuple[Any, Any]:
-        """(input, output) of the live model, the exported file's outputs compared to it."""
+    def reference(self, backend: Any) -> tuple[dict[str, Any], list[Any]]:
+        """(inputs by name, the live model's floating outputs), inference mode: the exported
+        file's outputs are compared to these."""
 
     def to_onnx(self, backend: Any, path: Path) -> Path:
-        """The ONNX file written at ``path``."""
+        """The ONNX file written at ``path`` (NotSupported with the exporter's reason)."""
 
 
 class TfliteExport(Protocol):
-    """runtime=tflite: the model converted to a TFLite flatbuffer."""
+    """runtime=tflite: the model converted to a TFLite flatbuffer (inputs by name, floating
+    outputs ``output_0``, ``output_1``, ...)."""
 
-    def reference(self, backend: Any) -> tuple[Any, Any]:
-        """(input, output) of the live model."""
+    def reference(self, backend: Any) -> tuple[dict[str, Any], list[Any]]:
+        """(inputs by name, the live model's floating outputs), inference mode."""
 
-    def to_tflite(self, backend: Any, path: Path, quantize: str) -> Path:
-        """The .tflite file written at ``path``, quantised as ``quantize`` asks."""
+    def to_tflite(self, backend: Any, path: Path, quantize: bool) -> Path:
+        """The .tflite file written at ``path``, dynamic-range int8 when ``quantize`` asks."""
 
 
 class NativeInt8(Protocol):
     """quantize=dynamic_int8 runtime=native: the framework's own dynamic int8 quantisation."""
 
-    def reference(self, backend: Any) -> tuple[Any, Any]:
-        """(input, output) of the live model."""
+    def reference(self, backend: Any) -> tuple[dict[str, Any], list[Any]]:
+        """(inputs by name, the live model's floating outputs), inference mode."""
 
-    def quantize_native(self, backend: Any) -> Callable[[Any], Any]:
-        """forward(x) of the quantised model."""
+    def quantize_native(self, backend: Any) -> Callable[[dict[str, Any]], list[Any]]:
+        """forward(inputs by name) -> the quantised model's floating outputs."""
 
 
 class ShardedState(Protocol):
@@ -170,38 +173,6 @@ class UserRemat(Protocol):
     wraps them."""
 
 
-class UserOnnxExport(Protocol):
-    """model=custom with runtime=onnxruntime|openvino|tensorrt: the user's model exported to
-    ONNX by the framework's own exporter."""
-
-    def reference(self, backend: Any) -> tuple[Any, Any]:
-        """(inputs by name, the live model's floating outputs), eval mode."""
-
-    def to_onnx(self, backend: Any, path: Path) -> Path:
-        """The ONNX file written at ``path`` (NotSupported with the exporter's reason)."""
-
-
-class UserTfliteExport(Protocol):
-    """model=custom with runtime=tflite: the user's model converted to TFLite."""
-
-    def reference(self, backend: Any) -> tuple[Any, Any]:
-        """(inputs by name, the live model's floating outputs), inference mode."""
-
-    def to_tflite(self, backend: Any, path: Path, quantize: Any) -> Path:
-        """The .tflite file written at ``path``, dynamic-range int8 when ``quantize`` asks."""
-
-
-class UserNativeInt8(Protocol):
-    """model=custom with quantize=dynamic_int8 runtime=native: the framework's own dynamic
-    int8 quantisation of the user's model."""
-
-    def reference(self, backend: Any) -> tuple[Any, Any]:
-        """(inputs by name, the live model's floating outputs), eval mode."""
-
-    def quantize_native(self, backend: Any) -> Callable[[Any], Any]:
-        """forward(inputs by name) -> outputs of the quantised model."""
-
-
 class UserModel(Protocol):
     """model=custom: the user's builder (``model.<Framework.model_key>``) called and checked,
     trained and measured as the framework's own models are."""
@@ -245,7 +216,7 @@ class Converge(Protocol):
 
     def exported_input(self, backend: Any, batch: dict) -> Any:
         """A NumPy batch as the model's exports take it (the layout of ``onnx_export``'s
-        ``reference`` input: NCHW images for torch, NHWC elsewhere, or token ids)."""
+        ``reference`` ``input``: NCHW images for torch, NHWC elsewhere, or token ids)."""
 
 
 class ConvergeDevices(Protocol):
@@ -272,8 +243,12 @@ PROTOCOLS: dict[str, type] = {
     "native_int8": NativeInt8, "sharded_state": ShardedState, "remat": Remat,
     "calibration": Calibration, "generate": Generate, "serve_buckets": ServeBuckets,
     "slot_decode": SlotDecode,
-    "user_serving_export": UserServingExport, "user_onnx_export": UserOnnxExport,
-    "user_tflite_export": UserTfliteExport, "user_native_int8": UserNativeInt8,
+    # Twins left apart (the deployment exports are one capability each, for every family):
+    # the user's serving export also measures its error (export_error, a metric fxtrack's own
+    # checkpoint runs do not log) and may be refused by its exporter without failing the run
+    "user_serving_export": UserServingExport,
+    # a user's model is sharded / rematerialised by a generic block policy inside
+    # user_model.build, fxtrack's own models by their builders' own path: two mechanisms
     "user_sharded_state": UserShardedState, "user_remat": UserRemat,
     "user_model": UserModel, "converge": Converge, "converge_devices": ConvergeDevices,
     "profile": Profile,

@@ -99,11 +99,15 @@ class Limit:
     """A combination this framework has no path for although it has the capability (e.g. its
     int8 kernels are CPU-only): ``when(combination)`` (a ``fxtrack.scenarios.rules.Combination``,
     whose ``device_kind`` may be None: not known yet) -> refused as ``"<what> is not supported
-    by <name>: <why>"`` before any work; the framework's own code still raises NotSupported."""
+    by <name>: <why>"`` before any work; the framework's own code still raises NotSupported.
+    ``what`` may be a function of the combination (``runtime=<its runtime>``)."""
 
-    what: str
+    what: Union[str, Callable[[Any], str]]
     when: Callable[[Any], bool]
     why: str
+
+    def describe(self, combination: Any) -> str:
+        return self.what(combination) if callable(self.what) else self.what
 
 
 @dataclasses.dataclass(frozen=True)

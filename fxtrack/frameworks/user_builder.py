@@ -28,8 +28,9 @@ def refusal(scenario: str, memory: str, parallel: str,
     """Why model=custom cannot run with these levers (CUSTOM_UNSUPPORTED), or None.
     ``has``: whether the framework declares a capability; one named in CUSTOM_LIFTED_BY lifts
     its entry (e.g. ``user_serving_export``: scenario=checkpoint for a user's model).
-    A runtime, int8 and scenario=pipeline are refused by the framework's declared ``user_*``
-    deployment capabilities and its ``pipeline`` (fxtrack.scenarios.rules)."""
+    A runtime, int8 and scenario=pipeline are refused by the framework's declared deployment
+    capabilities (one for every family), its limits and its ``pipeline``
+    (fxtrack.scenarios.rules)."""
     # the table names the scenarios it refuses (scenario=serve): looked up, never compared
     asked = {"memory=checkpoint": memory == "checkpoint", "parallel=fsdp": parallel == "fsdp",
              f"scenario={scenario}": True}
@@ -243,13 +244,14 @@ def named_inputs(inputs: Any) -> dict[str, Any]:
 
 def exporter_refusal(what: str, exporter: str, arch: Arch, framework: Framework,
                      error: BaseException) -> NotSupported:
-    """An exporter that cannot convert the user's model: a not-supported cell quoting the
-    exporter's own error (its innermost cause's first line: the op it stopped at), not a crash."""
+    """An exporter that cannot convert the model (a user's, ``model.<key>=<builder>``, or
+    fxtrack's own, ``model=<name>``): a not-supported cell quoting the exporter's own error
+    (its innermost cause's first line: the op it stopped at), not a crash."""
     root = error
     while root.__cause__ is not None:
         root = root.__cause__
     lines = [line.strip() for line in str(root).splitlines() if line.strip()]
     key = framework.builder_key
-    return NotSupported(f"{what} is not supported by {exporter} for model.{key}="
-                        f"{arch.dims.get(key)}: {type(root).__name__}: "
-                        f"{(lines or [''])[0][:300]}")
+    model = f"model.{key}={arch.dims[key]}" if arch.dims.get(key) else f"model={arch.name}"
+    return NotSupported(f"{what} is not supported by {exporter} for {model}: "
+                        f"{type(root).__name__}: {(lines or [''])[0][:300]}")

@@ -2,13 +2,12 @@
 
 One module per runtime, each importing only its runtime, each with the same small interface::
 
-    load(path, device_kind, threads) -> Callable[[np.ndarray], np.ndarray]
+    load(path, device_kind, threads) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 ``path`` is the artefact the framework's ``deployment`` module wrote; the callable maps one input
-batch (host NumPy array, the exported shape) to the model's output (logits), synchronously.
-A user's model (model=custom) may take several inputs and give several outputs: its callable,
-``load(..., every_output=True)``, takes a dict of the graph's input names to arrays and returns
-the list of every output in the graph's order.
+batch (the graph's input names to host NumPy arrays of the exported shapes: ``{"input": x}`` for
+fxtrack's own models, a user's model may take several) to the list of every output in the
+graph's order, synchronously.
 The frameworks only export; what serves the file lives here, in its own layer
 (docs/deployment-and-levers.md).
 """

@@ -4,7 +4,7 @@ dynamic int8 quantiser."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -21,10 +21,10 @@ def version() -> str:
 
 
 def load(path: Path, device_kind: str, threads: Optional[int] = None,
-         providers: Optional[list] = None, every_output: bool = False) -> Callable[[Any], Any]:
+         providers: Optional[list] = None) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
     """A session on ``path`` with every graph optimisation on; ``threads`` intra-op threads
-    (None: ONNX Runtime's default, one per physical core). ``every_output``: fed a dict of input
-    names, it returns every output (fxtrack.runtimes)."""
+    (None: ONNX Runtime's default, one per physical core); fed a dict of input names, it
+    returns every output (fxtrack.runtimes)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.log_severity_level = 3  # errors only: exporters leave unused initialisers it warns about
@@ -38,15 +38,11 @@ def load(path: Path, device_kind: str, threads: Optional[int] = None,
                                    f"(this one offers {ort.get_available_providers()})")
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     session = ort.InferenceSession(str(path), opts, providers=providers)
-    name = session.get_inputs()[0].name
 
-    def run(x: np.ndarray) -> np.ndarray:
-        return session.run(None, {name: x})[0]  # the first output: the logits
-
-    def run_all(x: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def run(x: dict[str, np.ndarray]) -> list[np.ndarray]:
         return session.run(None, x)
 
-    return run_all if every_output else run
+    return run
 
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -19,8 +19,8 @@ def version() -> str:
     return ov.get_version()
 
 
-def load(path: Path, device_kind: str, threads: Optional[int] = None,
-         every_output: bool = False) -> Callable[[Any], Any]:
+def load(path: Path, device_kind: str, threads: Optional[int] = None
+         ) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
     """The model compiled for OpenVINO's CPU plugin, latency hint (one batch at a time, as
     every fxtrack runtime is timed). OpenVINO's GPU plugin is for Intel GPUs: on an NVIDIA
     host the model still runs on the CPU."""
@@ -32,13 +32,9 @@ def load(path: Path, device_kind: str, threads: Optional[int] = None,
         config["INFERENCE_NUM_THREADS"] = threads
     compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
     request = compiled.create_infer_request()
-    output = compiled.outputs[0]
 
-    def run(x: np.ndarray) -> np.ndarray:
-        return request.infer({0: x})[output]
-
-    def run_all(x: dict[str, np.ndarray]) -> list[np.ndarray]:  # fed by the inputs' names
+    def run(x: dict[str, np.ndarray]) -> list[np.ndarray]:  # fed by the inputs' names
         answer = request.infer(x)
         return [answer[out] for out in compiled.outputs]
 
-    return run_all if every_output else run
+    return run

@@ -9,8 +9,8 @@ from typing import Any, Callable, Optional
 from fxtrack.runtimes import DEPLOY_EXTRA
 
 
-def load(path: Path, device_kind: str, threads: Optional[int] = None,
-         every_output: bool = False) -> Callable[[Any], Any]:
+def load(path: Path, device_kind: str, threads: Optional[int] = None
+         ) -> Callable[[dict[str, Any]], list[Any]]:
     if device_kind != "gpu":
         raise RuntimeError("runtime=tensorrt needs an NVIDIA GPU (TensorRT has no CPU path); "
                            "on a CPU use runtime=onnxruntime or runtime=openvino")
@@ -28,5 +28,4 @@ def load(path: Path, device_kind: str, threads: Optional[int] = None,
     providers = [("TensorrtExecutionProvider", {"trt_engine_cache_enable": True,
                                                 "trt_engine_cache_path": str(cache)}),
                  "CUDAExecutionProvider"]
-    return ort_runtime.load(path, device_kind, threads, providers=providers,
-                            every_output=every_output)
+    return ort_runtime.load(path, device_kind, threads, providers=providers)

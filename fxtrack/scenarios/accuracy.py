@@ -27,10 +27,12 @@ def load(backend: Backend) -> None:
 
 
 def evaluate(backend: Backend, result: Result,
-             served: Optional[Callable[[np.ndarray], Any]] = None, like: Any = None) -> None:
+             served: Optional[Callable[[dict[str, np.ndarray]], list[Any]]] = None,
+             like: Optional[dict[str, np.ndarray]] = None) -> None:
     """Score the held-out split (the first ``eval_samples`` of it, as the run did) with the
-    native model and, given ``served`` (a runtime's callable on the exported input, of
-    ``like``'s dtype and the built batch size), with it too; fill the metrics and tag."""
+    native model and, given ``served`` (a runtime's callable on the exported inputs by name,
+    ``like``: the reference's, one input of the built batch size), with it too; fill the
+    metrics and tag."""
     spec = backend.spec
     trainer = backend.capability("converge")
     split = data.load(spec.data)
@@ -50,9 +52,9 @@ def evaluate(backend: Backend, result: Result,
         totals["fp32"] += figure
         count += n
         if served is not None:
-            x = trainer.exported_input(backend, part)
-            out = np.asarray(served(x.astype(like.dtype) if like is not None else x),
-                             np.float32)[:len(rows)].reshape(ref.shape)
+            (name, first), = like.items()  # fxtrack's own models take one input
+            x = trainer.exported_input(backend, part).astype(first.dtype)
+            out = np.asarray(served({name: x})[0], np.float32)[:len(rows)].reshape(ref.shape)
             totals["served"] += converge.score("accuracy", out, labels)[0]
     fp32 = totals["fp32"] / count
     accuracy = totals["served"] / count if served is not None else fp32

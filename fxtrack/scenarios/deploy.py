@@ -2,15 +2,17 @@
 or dynamic int8 quantisation (``quantize=dynamic_int8``), timed like every inference run.
 
 The framework's deployment-export capability (``onnx_export``, ``tflite_export`` or
-``native_int8``: its ``deployment.py``, fxtrack.frameworks.declaration) writes the artefact in
-the worker; the runtime module (``fxtrack/runtimes/<runtime>.py``) only consumes the file. Every
-run first checks the runtime's output against the native model's on the same batch and fails
-its correctness guard outside the bound:
+``native_int8``: its ``deployment.py``, fxtrack.frameworks.declaration, one for fxtrack's own
+models and a user's) writes the artefact in the worker; the runtime module
+(``fxtrack/runtimes/<runtime>.py``) only consumes the file. Every run first checks the runtime's
+outputs against the native model's on the same inputs and fails its correctness guard outside
+the bound:
 
-- fp32 runtimes: max |out - ref| / max |ref| <= FP32_REL_ERR (1e-3);
+- fp32 runtimes: max |out - ref| / max |ref| <= FP32_REL_ERR (1e-3), for every output;
 - dynamic int8: the same figure <= INT8_REL_ERR (0.1: int8 weights and per-batch activation
-  scales move a logit by up to a few % of the largest one on these models), and the top-1
-  class (argmax of the last axis: per image, per BERT token) agrees on >= INT8_TOP1 of them.
+  scales move a logit by up to a few % of the largest one on these models), and, where the
+  family's first output is a score vector (``Family.scores``), the top-1 class (argmax of the
+  last axis: per image, per BERT token) agrees on >= INT8_TOP1 of them.
 
 A combination that has no path (e.g. PyTorch to TFLite, TensorFlow's native int8: a capability
 the framework declares absent, with its reason; TensorRT on a CPU) is refused before any work by
@@ -67,17 +69,13 @@ def artefact_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in [path, *extra])
 
 
-def compare(ref: np.ndarray, out: np.ndarray, int8: bool) -> tuple[dict[str, float], str]:
-    """Error figures of ``out`` against the native ``ref`` (same shape) and the guard verdict."""
-    return compare_outputs([ref], [out], int8, scores=True)
-
-
 def compare_outputs(refs: list[np.ndarray], outs: list[np.ndarray], int8: bool, scores: bool
                     ) -> tuple[dict[str, float], str]:
-    """The same figures over several outputs (a user's model's floating outputs, in order): the
-    worst relative error of any (each of its own scale); top-1 agreement over the last axis of
-    the first output when it is measured there (``scores``: the output is a score vector,
-    logits) and the last axis has more than one entry, and then required for int8."""
+    """Error figures of the runtime's ``outs`` against the native ``refs`` (the model's floating
+    outputs, in order) and the guard verdict: the worst relative error of any (each of its own
+    scale); top-1 agreement over the last axis of the first output when it is measured there
+    (``scores``: the output is a score vector, logits) and the last axis has more than one
+    entry, and then required for int8."""
     if len(outs) != len(refs):
         return {}, f"the runtime gave {len(outs)} outputs, the native model {len(refs)}"
     errs = [float(np.max(np.abs(np.asarray(out, np.float32).reshape(ref.shape) - ref)))
@@ -106,9 +104,9 @@ def run(backend: Backend, result: Result,
     spec = backend.spec
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
     result.resolved["device_kind"] = backend.device_kind()
-    # a model a builder makes (a user's): its own exports and FLOPs
-    user = families.of(backend.arch).builder_capability is not None
-    ex = backend.capability(rules.export_capability(spec, user))  # the worker checked the rules
+    family = families.of(backend.arch)
+    user = family.builder_capability is not None  # a model a builder makes: its FLOPs counted
+    ex = backend.capability(rules.export_capability(spec))  # the worker checked the rules
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}
     exported: list[Path] = []  # the artefact served, kept for the record (Result.artifacts)
@@ -127,17 +125,15 @@ def run(backend: Backend, result: Result,
             checked["artefact_mib"] = artefact_bytes(path) / 2**20
             exported.append(path)
             runtime = importlib.import_module(f"fxtrack.runtimes.{spec.runtime}")
-            served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads,
-                                  **({"every_output": True} if user else {}))
+            served = runtime.load(path, result.resolved["device_kind"], spec.cpu_threads)
             # A runtime module's own version, where it has one (tensorrt runs through onnxruntime)
             version = getattr(runtime, "version", None)
             if version is not None:
                 result.tags[f"{spec.runtime}_version"] = version()
         checked["export_time_s"] = time.perf_counter() - t0  # export + quantise + load
         int8 = spec.quantize == "dynamic_int8"
-        metrics, checked["guard"] = (
-            compare_outputs(ref, served(x), int8, scores=user_scores(backend.arch)) if user
-            else compare(ref, served(x), int8))
+        metrics, checked["guard"] = compare_outputs(ref, served(x), int8,
+                                                    scores=family.scores(backend.arch))
         checked.update(metrics)
         top1 = metrics.get("top1_agreement")
         eprint(f"[fxtrack] {spec.runtime}/{spec.quantize}: relative error "
@@ -175,14 +171,6 @@ def _keep(artefact: Path, work: Path) -> Path:
     for path in [artefact, *extra]:
         shutil.move(str(path), keep / path.name)
     return keep / artefact.name
-
-
-def user_scores(arch: Any) -> bool:
-    """A user's model's first output is a score vector (logits over its last axis, top-1
-    agreement measured, and required for int8) when it is a language model
-    (``model.kind=lm``); a plain model's outputs may be any values (a regression), held to the
-    relative error bound alone."""
-    return arch.dims.get("kind", "plain") == "lm"
 
 
 def latency_metrics(metrics: dict[str, float]) -> dict[str, float]:

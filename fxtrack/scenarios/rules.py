@@ -117,16 +117,15 @@ RULES: tuple[Rule, ...] = (
 )
 
 
-def export_capability(c: Any, user: bool = False) -> str:
-    """The deployment-export capability a deployment run (runtime, quantize) needs; ``user``:
-    for model=custom, the framework's ``user_`` one (a user's model, its inputs and outputs)."""
-    prefix = "user_" if user else ""
+def export_capability(c: Any) -> str:
+    """The deployment-export capability a deployment run (runtime, quantize) needs, for any
+    family (a framework that cannot export a user's model with it says so in a Limit)."""
     if c.runtime == "native":  # quantize=dynamic_int8 in the framework itself
-        return prefix + "native_int8"
+        return "native_int8"
     if c.runtime == "tflite":
-        return prefix + "tflite_export"
+        return "tflite_export"
     if c.runtime in ONNX_RUNTIMES:
-        return prefix + "onnx_export"
+        return "onnx_export"
     raise ValueError(f"runtime={c.runtime}: no deployment export serves it")
 
 
@@ -144,7 +143,7 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
     decodes = spec is not None and spec.generates  # served token by token
     user = spec is not None and spec.builder_capability is not None
     if c.scenario == "inference" and _is_deploy(c):
-        needed = export_capability(c, user)
+        needed = export_capability(c)
         if not framework.has(needed):
             what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
                     else f"runtime={c.runtime}") + (" with model=custom" if user else "")
@@ -167,7 +166,7 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
                                          f"devices={c.devices * c.nodes}", version))
     for limit in framework.limits:
         if limit.when(c):
-            return f"{limit.what} is not supported by {by}: {limit.why}"
+            return f"{limit.describe(c)} is not supported by {by}: {limit.why}"
     if user:  # the levers fxtrack cannot apply to an arbitrary model
         return user_builder.refusal(c.scenario, c.memory, c.parallel, framework.has)
     return None

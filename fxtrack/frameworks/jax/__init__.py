@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any, MutableMapping
 
 from fxtrack import policy
-from fxtrack.frameworks.declaration import CompileRule, Framework, HeldTwice, Setting, append_xla_flag
+from fxtrack.frameworks.declaration import (CompileRule, Framework, HeldTwice, Limit, Setting,
+                                            append_xla_flag)
 
 
 def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
@@ -70,18 +71,21 @@ FRAMEWORK = Framework(
         "serve_buckets": "fxtrack.frameworks.jax.buckets",
         "slot_decode": "fxtrack.frameworks.jax.slots",
     },
+    limits=(
+        # jax2onnx (the deploy-jax extra) converts fxtrack's own models from their pure
+        # functions; a user's nnx.Module would need its own wiring, not written yet (the runtimes
+        # without onnx_export, tflite and native, are refused by their capability first)
+        Limit(lambda c: f"runtime={c.runtime} with model=custom",
+              lambda c: c.family == "custom" and c.runtime != "native",
+              "exporting a user's nnx.Module to ONNX is not wired yet; use framework=torch or "
+              "tensorflow for your model's runtimes"),
+    ),
     absent={
         "tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
-                         "TensorFlow); use runtime=onnxruntime",
-        # jax2onnx (the deploy-jax extra) converts fxtrack's own models from their pure
-        # functions; a user's nnx.Module would need its own wiring, not written yet
-        "user_onnx_export": "exporting a user's nnx.Module to ONNX is not wired yet; use "
-                            "framework=torch or tensorflow for your model's runtimes",
-        "user_tflite_export": "TFLite export is TensorFlow's (jax2tf would convert through "
-                              "TensorFlow); use framework=tensorflow",
-        "user_native_int8": "no maintained dynamic int8 path in the framework itself; use "
-                            "framework=torch",
+                         "TensorFlow); use runtime=onnxruntime (for model=custom: "
+                         "framework=tensorflow)",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
-                       "runtime=onnxruntime quantize=dynamic_int8",
+                       "runtime=onnxruntime quantize=dynamic_int8 (for model=custom: "
+                       "framework=torch)",
     },
 )

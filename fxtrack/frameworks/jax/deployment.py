@@ -1,6 +1,7 @@
 """Deployment export for JAX (capability ``onnx_export``; the serving export is
 ``serving.py``'s): ONNX through ``jax2onnx`` (the maintained JAX/Flax-to-ONNX
-exporter), tracing the inference-mode forward with the weights baked in as constants."""
+exporter), tracing the inference-mode forward with the weights baked in as constants: one
+input named ``input``, one output."""
 
 from __future__ import annotations
 
@@ -27,11 +28,13 @@ def _input(backend) -> np.ndarray:
     return np.asarray(train.model_inputs(backend.batch))  # NHWC images or (B, T) ids
 
 
-def reference(backend) -> tuple[np.ndarray, np.ndarray]:
-    """(input, output) of the jitted fp32 forward on the resident batch, on the host."""
+def reference(backend) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
+    """(the input by its exported name, [the output]) of the jitted fp32 forward on the
+    resident batch, on the host. fxtrack's own models only: a user's model is refused before
+    any work (the framework's Limit)."""
     x = _input(backend)
     y = jax.jit(_forward(backend))(x)
-    return x, np.asarray(y, dtype=np.float32)
+    return {"input": x}, [np.asarray(y, dtype=np.float32)]
 
 
 def to_onnx(backend, path: Path) -> Path:

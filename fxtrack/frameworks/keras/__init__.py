@@ -91,15 +91,12 @@ FRAMEWORK = Framework(
         "pipeline": "not implemented for keras yet",
         "checkpoint": "not implemented for keras yet",
         "serving_export": "not implemented for keras yet",
-        "onnx_export": "not implemented for keras yet; use framework=tensorflow or torch",
-        "tflite_export": "TFLite export is TensorFlow's; use framework=tensorflow",
-        "native_int8": "not implemented for keras yet",
-        "user_onnx_export": "not implemented for keras yet; use framework=tensorflow, which "
-                            "reads the same model.keras builder",
-        "user_tflite_export": "TFLite export is TensorFlow's; use framework=tensorflow, which "
-                              "reads the same model.keras builder",
-        "user_native_int8": "not implemented for keras yet; use framework=tensorflow "
-                            "runtime=tflite",
+        "onnx_export": "not implemented for keras yet; use framework=tensorflow (it reads "
+                       "the same model.keras builder) or torch",
+        "tflite_export": "TFLite export is TensorFlow's; use framework=tensorflow (it reads the "
+                         "same model.keras builder)",
+        "native_int8": "not implemented for keras yet; use framework=tensorflow runtime=tflite "
+                       "quantize=dynamic_int8",
         "sharded_state": "not implemented for keras yet (keras.distribution.ModelParallel on "
                          "JAX could shard it); use framework=torch or framework=jax",
         "remat": "not implemented for keras yet (keras.RematScope fails inside tf.function on "

@@ -62,8 +62,6 @@ FRAMEWORK = Framework(
         "calibration": "fxtrack.frameworks.tensorflow.devices",
         "user_model": "fxtrack.frameworks.tensorflow.user_model",
         "user_serving_export": "fxtrack.frameworks.tensorflow.user_model",
-        "user_onnx_export": "fxtrack.frameworks.tensorflow.user_deployment",
-        "user_tflite_export": "fxtrack.frameworks.tensorflow.user_deployment",
         "generate": "fxtrack.frameworks.tensorflow.generate",
         "serve_buckets": "fxtrack.frameworks.tensorflow.buckets",
         "slot_decode": "fxtrack.frameworks.tensorflow.slots",
@@ -74,8 +72,6 @@ FRAMEWORK = Framework(
               ONE_REPLICA_PER_CPU_WORKER),
     ),
     absent={
-        "user_native_int8": "no maintained dynamic int8 path in the framework itself; use "
-                            "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "native_int8": "no maintained dynamic int8 path in the framework itself; use "
                        "runtime=tflite or runtime=onnxruntime quantize=dynamic_int8",
         "sharded_state": "tf.distribute has no sharded-state strategy (ParameterServerStrategy "

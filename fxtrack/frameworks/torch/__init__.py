@@ -64,8 +64,6 @@ FRAMEWORK = Framework(
         "calibration": "fxtrack.frameworks.torch.devices",
         "user_model": "fxtrack.frameworks.torch.user_model",
         "user_serving_export": "fxtrack.frameworks.torch.user_model",
-        "user_onnx_export": "fxtrack.frameworks.torch.user_deployment",
-        "user_native_int8": "fxtrack.frameworks.torch.user_deployment",
         "user_sharded_state": "fxtrack.frameworks.torch.user_model",
         "user_remat": "fxtrack.frameworks.torch.user_model",
         "generate": "fxtrack.frameworks.torch.generate",
@@ -81,8 +79,6 @@ FRAMEWORK = Framework(
               INT8_CPU_ONLY),
     ),
     absent={
-        "user_tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert "
-                              "through TensorFlow); use runtime=onnxruntime",
         "tflite_export": "TFLite export is TensorFlow's (ai-edge-torch would convert through "
                          "TensorFlow); use runtime=onnxruntime",
     },

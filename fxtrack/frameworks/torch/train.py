@@ -87,7 +87,11 @@ def make_step(loss: Callable[[dict[str, torch.Tensor]], torch.Tensor], opt: torc
     return step
 
 
-def model_input(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+def model_input(batch: Any) -> Any:
+    """The model's inputs in a resident batch: fxtrack's own batch's images or token ids, or
+    the inputs of a builder's (inputs, targets) pair (model=custom)."""
+    if isinstance(batch, tuple):
+        return batch[0]
     return batch["images"] if "images" in batch else batch["input_ids"]
 
 
