@@ -136,7 +136,7 @@ def _sgd(arch: "Arch", global_batch: int) -> tuple[str, float]:
     return "sgd", sgd_lr(global_batch)
 
 
-RESNET = Family("resnet", size_keys=("image_size", "num_classes"), check=_check_resnet,
+RESNET = Family("resnet", size_keys=("image_size", "num_classes", "width"), check=_check_resnet,
                 batch=image_batch, describe=image_shapes, forward_flops=_resnet_flops,
                 dataset="jpeg", optimizer=_sgd)
 VIT = Family("vit", size_keys=("image_size", "num_classes", "patch", "layers", "hidden", "heads",
