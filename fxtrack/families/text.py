@@ -76,7 +76,7 @@ def _next_token_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]
     import numpy as np
 
     tokens = progressions(rng, batch_size, arch.seq_len + 1, arch.vocab_size)
-    return {"input_ids": tokens[:, :-1].astype(np.int32), "labels": tokens[:, 1:].astype(np.int32)}
+    return next_token_windows(tokens.astype(np.int32), [])
 
 
 def _next_token_shapes(arch: "Arch", batch_size: int) -> dict[str, dict[str, Any]]:
@@ -169,9 +169,10 @@ def masked_byte_dims(split: Any) -> dict[str, Any]:
     return {"vocab_size": BYTE_MASK_TOKEN + 1}
 
 
-def next_byte_batch(windows: Any, seeds: list) -> dict[str, Any]:
-    """A decoder LM's batch of byte windows (B, seq_len + 1): ``input_ids`` and ``labels``
-    (B, seq_len) int32, the next byte at every position (no randomness: ``seeds`` unused)."""
+def next_token_windows(windows: Any, seeds: list) -> dict[str, Any]:
+    """A decoder LM's batch of token windows (B, seq_len + 1), synthetic or a byte corpus':
+    ``input_ids`` and ``labels`` (B, seq_len), the next token at every position (no
+    randomness: ``seeds`` unused)."""
     return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
 
 
@@ -215,5 +216,5 @@ LLAMA = Family("llama", size_keys=(*BERT.size_keys, "kv_heads"),
                forward_flops=_llama_flops, generate_flops=_llama_generate_flops,
                params=lambda a: llama_params(a)["total"], activations=_llama_activations,
                memory_note="fused attention assumed", generates=True, seq_len_search=True,
-               is_lm=lambda a: True, data_dims=byte_dims, corpus_batch=next_byte_batch,
+               is_lm=lambda a: True, data_dims=byte_dims, corpus_batch=next_token_windows,
                converge_metrics=CORPUS_METRICS, quality=quality.LLAMA)
