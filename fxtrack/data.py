@@ -297,7 +297,8 @@ class _Config:
 
 def samples(split: Split, seq_len: int, held: bool = False) -> int:
     """Samples in a split: rows, or for a byte stream its non-overlapping ``seq_len + 1``-byte
-    windows (each predicts ``seq_len`` next bytes)."""
+    windows (a Llama predicts ``seq_len`` next bytes from each; BERT masks its first
+    ``seq_len``)."""
     x = split.x_held if held else split.x_train
     return len(x) if split.kind != "bytes" else max(0, (len(x) - 1) // seq_len)
 
@@ -310,20 +311,28 @@ def epoch_order(n: int, seed: int, epoch: int) -> Any:
     return np.random.default_rng([seed, epoch]).permutation(n)
 
 
-def batch(split: Split, rows: Any, seq_len: int, held: bool = False) -> dict[str, Any]:
+def batch(split: Split, rows: Any, seq_len: int, held: bool = False, family: Any = None,
+          seed: int = 0) -> dict[str, Any]:
     """Samples ``rows`` of a split as the family's batch (``fxtrack.synthetic``'s keys):
     ``images`` (B, H, W, 3) float32 centred as the synthetic ones (grey repeated to three
     channels) and ``labels``; 1-D signals (B, L) as one-row images (B, 1, L, 3), their values
     as given (MNIST-1D's are already centred, unit variance), the ViT's input
-    (``fxtrack.families.vision.image_dims``); or ``input_ids`` and ``labels`` (B, seq_len)
-    int32, the next byte."""
+    (``fxtrack.families.vision.image_dims``); or a byte corpus' ``seq_len + 1``-byte windows
+    in the form ``family`` (its ``Family``) gives them (``corpus_batch``: a Llama's next
+    bytes, BERT's masked bytes). A window's randomness (BERT's mask) is seeded by the row:
+    ``[seed, 0, row]`` for training rows, ``[SPLIT_SEED, 1, row]`` for held-out ones (every
+    run scores the same held-out task, as it holds out the same files)."""
     import numpy as np
 
     x = split.x_held if held else split.x_train
     if split.kind == "bytes":
+        if family is None or family.corpus_batch is None:
+            raise DataError(f"data={split.name} is a byte corpus: the model family gives its "
+                            "batch form (Family.corpus_batch)")
         starts = np.asarray(rows) * seq_len
         windows = np.stack([x[s:s + seq_len + 1] for s in starts]).astype(np.int32)
-        return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+        seeds = [[SPLIT_SEED if held else seed, int(held), int(r)] for r in rows]
+        return family.corpus_batch(windows, seeds)
     y = split.y_held if held else split.y_train
     if split.kind == "signals":
         return {"images": np.repeat(x[rows][:, None, :, None], 3, axis=-1), "labels": y[rows]}
@@ -331,3 +340,11 @@ def batch(split: Split, rows: Any, seq_len: int, held: bool = False) -> dict[str
     if images.shape[-1] == 1:
         images = np.repeat(images, 3, axis=-1)
     return {"images": (images - 0.5) / 0.5, "labels": y[rows]}
+
+
+def targets(batch: dict[str, Any]) -> tuple[Any, Optional[Any]]:
+    """(what the held-out metric scores the logits against, the weight of each prediction or
+    None for all): a masked LM's batch scores its masked positions only (``mlm_weights``)."""
+    if "mlm_labels" in batch:
+        return batch["mlm_labels"], batch["mlm_weights"]
+    return batch["labels"], None

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fxtrack import data
+from fxtrack import data, families
 from fxtrack.config.validate import ConfigError, validate
 from fxtrack.scenarios import converge
 from tests.conftest import run_fxtrack, seed_peak_cache
@@ -76,7 +76,7 @@ def test_pycode_holds_out_whole_files():
         if read >= data.PYCODE_BYTES:
             break
     assert split.x_train.tobytes() == taken["train"] and split.x_held.tobytes() == taken["held"]
-    windows = data.batch(split, [0, 1], 16)
+    windows = data.batch(split, [0, 1], 16, family=families.get("llama"))
     assert windows["input_ids"].shape == (2, 16)
     assert (windows["input_ids"][:, 1:] == windows["labels"][:, :-1]).all()  # the next byte
 
@@ -169,8 +169,8 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
     assert "must be divisible by model.patch" in refusal(*CONVERGE, "data=mnist")  # 28 by 16
     assert "trains on synthetic data only" in refusal("scenario=converge", "model=resnet50",
                                                       "size=tiny", "data=mnist1d")
-    assert "trains on synthetic data only" in refusal("scenario=converge", "model=bert",
-                                                      "size=tiny", "data=mnist1d")
+    assert "a masked LM trains on a byte corpus" in refusal("scenario=converge", "model=bert",
+                                                            "size=tiny", "data=mnist1d")
     assert "a decoder LM trains on a byte corpus" in refusal(
         "scenario=converge", "model=llama", "size=tiny", "data=mnist1d")
     assert "the ViT takes square images (N, H, W[, C]) or 1-D signals" in refusal(
@@ -180,8 +180,10 @@ def test_bad_data_is_refused_in_one_line_before_any_work(tmp_path):
             "scenario=converge", "model=vit", "data=mnist1d")  # 40 samples by 16
     assert "outside accuracy's range" in refusal(*CONVERGE, "data=mnist", "model.patch=7",
                                                  "scenario.metric=accuracy", "scenario.target=1.5")
-    assert "bits_per_byte is a language model's" in refusal(
-        *CONVERGE, "data=mnist", "model.patch=7", "scenario.metric=bits_per_byte")
+    assert "bits_per_byte has no figure for model family 'vit' (it takes accuracy, loss)" in \
+        refusal(*CONVERGE, "data=mnist", "model.patch=7", "scenario.metric=bits_per_byte")
+    assert "accuracy has no figure for model family 'llama'" in refusal(
+        "scenario=converge", "model=llama", "size=tiny", "data=pycode", "scenario.metric=accuracy")
     assert "trains on real data" in refusal(*CONVERGE)
     two = (*CONVERGE, "data=mnist", "model.patch=7", "devices=2")
     assert "converge_devices" not in refusal(*two, "framework=tensorflow")  # the reason, said:
@@ -211,6 +213,56 @@ def test_time_to_target_and_the_schedule_are_what_they_say():
     assert converge.score("accuracy", logits, [0, 2]) == (1.0, 2)
     bits, n = converge.score("bits_per_byte", logits, [0, 1])
     assert bits / n == pytest.approx((1.0 + -math.log2(0.8)) / 2)
+
+
+BERT_PYCODE = ("scenario=converge", "model=bert", "size=tiny", "data=pycode", "model.hidden=16",
+               "model.heads=2", "model.mlp_dim=32", "model.seq_len=16")
+
+
+def test_bert_masks_each_byte_window_by_its_row_and_seed():
+    """BERT on data=pycode: vocabulary 257 (the bytes and a [MASK] past them); a window's mask
+    is its row's (the same in any batch, epoch or order: every framework gets the same batch),
+    another seed masks it otherwise, held-out windows are masked the same for every seed; the
+    masked positions (and only those) read [MASK], the labels are the bytes."""
+    from fxtrack.families import text
+
+    conf, arch = validate(composed(*BERT_PYCODE))
+    assert arch.vocab_size == 257 and text.BYTE_MASK_TOKEN == 256
+    split, bert = data.load(conf.data), families.of(arch)
+    batch = lambda rows, **kw: data.batch(split, rows, 16, family=bert, **kw)  # noqa: E731
+    first, again = batch([3, 7, 11], seed=5), batch([11, 3], seed=5)
+    for key in ("input_ids", "mlm_labels", "mlm_weights"):
+        assert (first[key][[2, 0]] == again[key]).all(), key
+    other = batch([3, 7, 11], seed=6)
+    assert (first["mlm_labels"] == other["mlm_labels"]).all()
+    assert (first["mlm_weights"] != other["mlm_weights"]).any()  # another seed, another mask
+    held = [data.batch(split, [0, 1], 16, held=True, family=bert, seed=s) for s in (0, 9)]
+    assert (held[0]["mlm_weights"] == held[1]["mlm_weights"]).all()
+    masked = first["mlm_weights"] == 1
+    assert (first["input_ids"][masked] == 256).all() and (first["input_ids"][~masked] < 256).all()
+    assert (first["mlm_labels"][0] == split.x_train[3 * 16:4 * 16]).all()  # row 3's bytes
+    wide = batch(list(range(200)))["mlm_weights"]
+    assert wide[:, 0].all() and 0.15 < wide[:, 1:].mean() < 0.2  # text.BERT_MASK_FRACTION
+    assert "a masked LM trains on a byte corpus" in refusal("scenario=converge", "model=bert",
+                                                            "size=tiny", "data=mnist")
+
+
+def test_the_held_out_metric_counts_the_masked_positions_only():
+    """Logits that are right at the masked positions and wrong elsewhere score 1.0 and 1 bit
+    per byte on the masked ones (a weighted-out position would change both)."""
+    labels = np.array([[0, 1, 2, 3]])
+    weights = np.array([[1.0, 0.0, 1.0, 0.0]])
+    logits = np.full((1, 4, 4), -30.0)
+    logits[0, [0, 2], [0, 2]] = 0.0  # right at positions 0 and 2 ...
+    logits[0, [1, 3], [0, 0]] = 0.0  # ... wrong at 1 and 3
+    assert converge.score("accuracy", logits, labels, weights) == (2.0, 2)
+    assert converge.score("accuracy", logits, labels) == (2.0, 4)
+    half = np.log(np.full((1, 4, 4), 0.25))
+    half[0, 0] = np.log([0.5, 0.5 / 3, 0.5 / 3, 0.5 / 3])  # position 0: p = 1/2, 1 bit
+    bits, n = converge.score("bits_per_byte", half, labels, weights)
+    assert n == 2 and bits == pytest.approx(1.0 + 2.0)  # 1 bit and 2 bits, not 2 + 2 + 2
+    batch = {"mlm_labels": labels, "mlm_weights": weights, "input_ids": labels}
+    assert data.targets(batch)[1] is weights and data.targets({"labels": labels})[1] is None
 
 
 def converge_spec(spec_factory, path: Path, **options):
@@ -479,19 +531,15 @@ def test_the_answer_reads_time_to_quality_by_mlperfs_rule_as_the_section_does():
     assert short.point == pytest.approx(1.0) and short.interval() is None
 
 
-@pytest.mark.slow
-def test_a_short_mnist1d_run_matches_torchs_start_in_every_framework(tmp_path):
-    """A few steps of the tiny ViT on MNIST-1D in the four frameworks, to an easy target: each
-    run finishes with the parameter count of torch's model, and jax, tensorflow and keras
-    start where torch did (the trajectory check's ``matched``). Four workers' start-up: about
-    a minute of CPU on 2 cores (128 s wall on the shared machine), hence ``slow``."""
-    done = run_fxtrack(tmp_path, "-m", *MNIST1D_VIT, "framework=torch,jax,tensorflow,keras",
-                       "batch_size=16", "scenario.max_steps=8", "scenario.eval_every=4",
-                       "scenario.eval_samples=200", "scenario.target=0.15",
-                       "scenario.trajectory_steps=8",
-                       env=seed_peak_cache(tmp_path / "cache"), timeout=600)
+def matched_short_runs(cwd: Path, *overrides: str) -> dict:
+    """A short converge sweep of the four frameworks in ``cwd`` (8 steps, batch 16, the first 8
+    losses checked): every run FINISHED with torch's parameter count, torch the trajectory
+    reference and the others ``matched``; returns {framework: run}."""
+    done = run_fxtrack(cwd, "-m", *overrides, "framework=torch,jax,tensorflow,keras",
+                       "batch_size=16", "scenario.max_steps=8", "scenario.trajectory_steps=8",
+                       env=seed_peak_cache(cwd / "cache"), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    _, runs = converge_runs(tmp_path)
+    _, runs = converge_runs(cwd)
     counts = {fw: r.data.metrics["param_count"] for fw, r in runs.items()}
     assert len(set(counts.values())) == 1, counts
     assert runs["torch"].data.tags["fxtrack.trajectory"] == "reference"
@@ -499,6 +547,17 @@ def test_a_short_mnist1d_run_matches_torchs_start_in_every_framework(tmp_path):
         tags, m = runs[framework].data.tags, runs[framework].data.metrics
         assert tags["fxtrack.trajectory"] == "matched", (framework, m["loss_divergence_max"])
         assert runs[framework].info.status == "FINISHED"
+    return runs
+
+
+@pytest.mark.slow
+def test_a_short_mnist1d_run_matches_torchs_start_in_every_framework(tmp_path):
+    """A few steps of the tiny ViT on MNIST-1D in the four frameworks, to an easy target: each
+    run finishes with the parameter count of torch's model, and jax, tensorflow and keras
+    start where torch did (the trajectory check's ``matched``). Four workers' start-up: about
+    a minute of CPU on 2 cores (128 s wall on the shared machine), hence ``slow``."""
+    runs = matched_short_runs(tmp_path, *MNIST1D_VIT, "scenario.eval_every=4",
+                              "scenario.eval_samples=200", "scenario.target=0.15")
     assert runs["torch"].data.params["data.name"] == "mnist1d"
 
 
@@ -514,3 +573,18 @@ def test_every_declared_default_names_the_docs_section_of_its_reference_runs():
             path, _, anchor = declared.reference.partition("#")
             headings = re.findall(r"^#+ (.+)$", (ROOT / path).read_text(), re.MULTILINE)
             assert anchor in {_anchor(h) for h in headings}, (family, name, declared.reference)
+
+
+@pytest.mark.slow
+def test_a_short_bert_pycode_run_matches_torchs_start_in_every_framework(tmp_path):
+    """A few steps of a tiny BERT on the standard library's bytes in the four frameworks: each
+    run has torch's parameter count (vocabulary 257) and jax, tensorflow and keras start where
+    torch did (``matched``), their held-out bits per masked byte within 1e-3 of torch's. Four
+    workers' start-up: about 35 s on 2 cores, hence ``slow``."""
+    runs = matched_short_runs(tmp_path, *BERT_PYCODE, "scenario.eval_every=8",
+                              "scenario.eval_samples=64")
+    reference = runs["torch"].data.metrics["final_eval_bits_per_byte"]
+    for framework in ("jax", "tensorflow", "keras"):
+        m = runs[framework].data.metrics
+        assert m["final_eval_bits_per_byte"] == pytest.approx(reference, rel=1e-3), framework
+    assert runs["torch"].data.params["data.name"] == "pycode"

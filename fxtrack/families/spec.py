@@ -92,6 +92,11 @@ class Family:
     # dims only data sets, absent from the architecture table (and so from model.*, run names
     # and every model without them): the ViT's ``image_height`` for a one-row signal
     data_keys: tuple[str, ...] = ()
+    # (windows (B, seq_len + 1) int32 of a byte corpus, one seed per row) -> the family's batch
+    # on them (fxtrack.data.batch: the family decides its form); None: no byte corpus
+    corpus_batch: Optional[Callable[[Any, list], dict[str, Any]]] = None
+    # scenario.metric values its held-out evaluation has a figure for; the first is the default
+    converge_metrics: tuple[str, ...] = ("accuracy", "loss")
     # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
     # reference runs that set them: fxtrack.families.quality); empty: none declared
     quality: dict[str, Any] = dataclasses.field(default_factory=dict)

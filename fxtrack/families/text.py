@@ -2,7 +2,8 @@
 
 Their synthetic batch: arithmetic progressions of token ids (predictable from their
 neighbours); BERT's with 15% of positions replaced by [MASK], Llama's labelled with the next
-token at every position.
+token at every position. On a byte corpus (data=pycode) the same two forms of its windows:
+BERT's masked by the same rule (``mlm_masked``), each row from its own seed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ Arch = Any  # fxtrack.architectures.Arch, which imports this package
 
 BERT_MASK_TOKEN = 103  # [MASK] in the uncased BERT vocabulary
 BERT_MASK_FRACTION = 0.15  # share of positions the MLM task predicts (Devlin et al.)
+BYTE_MASK_TOKEN = 256  # [MASK] on a byte corpus: the id past its 256 bytes
 _FIRST_ORDINARY_TOKEN = 1000  # ids below are [PAD], [CLS], [MASK], unused... in BERT's vocabulary
 
 
@@ -31,9 +33,25 @@ def progressions(rng: Any, batch_size: int, length: int, vocab_size: int) -> Any
     return (start + stride * np.arange(length)) % vocab_size
 
 
+def mlm_masked(tokens: Any, draws: Any, mask_token: int) -> dict[str, Any]:
+    """BERT's masked-LM batch of token ids ``tokens`` (B, T), the one masking rule of every
+    BERT batch (synthetic or real text): the positions whose uniform draw in ``draws`` (B, T)
+    falls below ``BERT_MASK_FRACTION``, and always the first (at least one predicted position
+    per sequence), replaced by ``mask_token``. ``input_ids`` (B, T) int32, ``mlm_labels`` (B, T)
+    int32 (the original ids) and ``mlm_weights`` (B, T) float32 (1 where the loss applies)."""
+    import numpy as np
+
+    masked = draws < BERT_MASK_FRACTION
+    masked[:, 0] = True
+    return {
+        "input_ids": np.where(masked, mask_token, tokens).astype(np.int32),
+        "mlm_labels": tokens.astype(np.int32),
+        "mlm_weights": masked.astype(np.float32),
+    }
+
+
 def _mlm_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]:
-    """``input_ids`` (B, T) int32, ``mlm_labels`` (B, T) int32 and ``mlm_weights`` (B, T)
-    float32 (1 where the loss applies)."""
+    """Arithmetic progressions of ordinary ids, masked by ``mlm_masked`` with [MASK]."""
     import numpy as np
 
     t, v = arch.seq_len, arch.vocab_size
@@ -41,14 +59,8 @@ def _mlm_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]:
     start = rng.integers(lo, v, size=(batch_size, 1))
     stride = rng.integers(1, 8, size=(batch_size, 1))
     tokens = lo + (start - lo + stride * np.arange(t)) % (v - lo)
-    masked = rng.random((batch_size, t)) < BERT_MASK_FRACTION
-    masked[:, 0] = True  # at least one predicted position per sequence
-    mask_token = BERT_MASK_TOKEN if BERT_MASK_TOKEN < v else 0
-    return {
-        "input_ids": np.where(masked, mask_token, tokens).astype(np.int32),
-        "mlm_labels": tokens.astype(np.int32),
-        "mlm_weights": masked.astype(np.float32),
-    }
+    return mlm_masked(tokens, rng.random((batch_size, t)),
+                      BERT_MASK_TOKEN if BERT_MASK_TOKEN < v else 0)
 
 
 def _mlm_shapes(arch: "Arch", batch_size: int) -> dict[str, dict[str, Any]]:
@@ -64,7 +76,7 @@ def _next_token_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]
     import numpy as np
 
     tokens = progressions(rng, batch_size, arch.seq_len + 1, arch.vocab_size)
-    return {"input_ids": tokens[:, :-1].astype(np.int32), "labels": tokens[:, 1:].astype(np.int32)}
+    return next_token_windows(tokens.astype(np.int32), [])
 
 
 def _next_token_shapes(arch: "Arch", batch_size: int) -> dict[str, dict[str, Any]]:
@@ -135,12 +147,45 @@ def _llama_activations(a: "Arch", phase: str, batch: int, act_bytes: int, memory
     return {"activations": held, "logits": 4.0 * 3 * tokens * a.vocab_size}
 
 
+def _byte_vocab(split: Any, model: str) -> int:
+    if split.kind != "bytes":
+        raise ValueError(f"data={split.name} holds {split.kind}; a {model} trains on a byte "
+                         "corpus (data=pycode)")
+    return int(split.classes)
+
+
 def byte_dims(split: Any) -> dict[str, Any]:
     """A byte corpus sets the vocabulary (256); the sequence length stays the model's."""
-    if split.kind != "bytes":
-        raise ValueError(f"data={split.name} holds {split.kind}; a decoder LM trains on a byte "
-                         "corpus (data=pycode)")
-    return {"vocab_size": int(split.classes)}
+    return {"vocab_size": _byte_vocab(split, "decoder LM")}
+
+
+def masked_byte_dims(split: Any) -> dict[str, Any]:
+    """A byte corpus sets a masked LM's vocabulary: its 256 bytes and the [MASK] past them
+    (``BYTE_MASK_TOKEN``: no byte of the text reads as the mask)."""
+    vocab = _byte_vocab(split, "masked LM")
+    if vocab != BYTE_MASK_TOKEN:
+        raise ValueError(f"data={split.name} has a vocabulary of {vocab}; the masked LM's "
+                         f"[MASK] is byte id {BYTE_MASK_TOKEN}, past a 256-byte corpus")
+    return {"vocab_size": BYTE_MASK_TOKEN + 1}
+
+
+def next_token_windows(windows: Any, seeds: list) -> dict[str, Any]:
+    """A decoder LM's batch of token windows (B, seq_len + 1), synthetic or a byte corpus':
+    ``input_ids`` and ``labels`` (B, seq_len), the next token at every position (no
+    randomness: ``seeds`` unused)."""
+    return {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
+
+
+def masked_byte_batch(windows: Any, seeds: list) -> dict[str, Any]:
+    """A masked LM's batch of byte windows (B, seq_len + 1): the first seq_len bytes masked by
+    ``mlm_masked`` with ``BYTE_MASK_TOKEN``, each row's draws from its own seed (``seeds``, one
+    per row: fxtrack.data.batch's), so a row is masked the same way in every epoch and
+    framework."""
+    import numpy as np
+
+    tokens = windows[:, :-1]
+    draws = np.stack([np.random.default_rng(s).random(tokens.shape[1]) for s in seeds])
+    return mlm_masked(tokens, draws, BYTE_MASK_TOKEN)
 
 
 def _check_bert(name: str, d: dict[str, Any]) -> None:
@@ -159,12 +204,17 @@ def _check_llama(name: str, d: dict[str, Any]) -> None:
                          "even: RoPE rotates pairs of channels")
 
 
+# a language model's held-out figures (scenario.metric); the first is the default
+CORPUS_METRICS = ("bits_per_byte", "loss")
 BERT = Family("bert", size_keys=("layers", "hidden", "heads", "mlp_dim", "seq_len", "vocab_size"),
               check=_check_bert, batch=_mlm_batch, describe=_mlm_shapes, forward_flops=_bert_flops,
-              dataset="tokens", seq_len_search=True)
+              dataset="tokens", seq_len_search=True, data_dims=masked_byte_dims,
+              corpus_batch=masked_byte_batch, converge_metrics=CORPUS_METRICS + ("accuracy",),
+              quality=quality.BERT)
 LLAMA = Family("llama", size_keys=(*BERT.size_keys, "kv_heads"),
                check=_check_llama, batch=_next_token_batch, describe=_next_token_shapes,
                forward_flops=_llama_flops, generate_flops=_llama_generate_flops,
                params=lambda a: llama_params(a)["total"], activations=_llama_activations,
                memory_note="fused attention assumed", generates=True, seq_len_search=True,
-               is_lm=lambda a: True, data_dims=byte_dims, quality=quality.LLAMA)
+               is_lm=lambda a: True, data_dims=byte_dims, corpus_batch=next_token_windows,
+               converge_metrics=CORPUS_METRICS, quality=quality.LLAMA)

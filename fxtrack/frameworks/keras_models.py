@@ -456,7 +456,11 @@ _TORCH_NAMES = [
     (r"layer(\d+)/(attn_norm|mlp_norm)/scale", r"blocks.\1.\2.weight"),
     (r"layer(\d+)/(q_proj|k_proj|v_proj|o_proj)/kernel", r"blocks.\1.attn.\2.kernel"),
     (r"layer(\d+)/(gate_proj|up_proj|down_proj)/kernel", r"blocks.\1.mlp.\2.kernel"),
-    (r"(patch_embed|head)/(kernel|bias)", r"\1.\2"),
+    (r"(patch_embed|head|mlm_dense)/(kernel|bias)", r"\1.\2"),
+    # BERT's embeddings, its norms outside the blocks and its decoder's bias
+    (r"(word|position|token_type)_embeddings/embeddings", r"\1_embeddings.weight"),
+    (r"(embed_norm|mlm_norm)/gamma", r"\1.weight"), (r"(embed_norm|mlm_norm)/beta", r"\1.bias"),
+    (r"mlm_bias/bias", "mlm_bias"),
 ]
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from fxtrack import data
+from fxtrack import data, families
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
 from fxtrack.measure.timer import eprint
@@ -45,17 +45,18 @@ def evaluate(backend: Backend, result: Result,
     for start in range(0, len(held), batch):
         rows = held[start:start + batch]
         # an export is built for one batch shape: the last part padded, its extra rows dropped
-        part = data.batch(split, rows + rows[-1:] * (batch - len(rows)), seq_len, held=True)
-        labels = part["labels"][:len(rows)]
+        part = data.batch(split, rows + rows[-1:] * (batch - len(rows)), seq_len, held=True,
+                          family=families.of(spec.arch))
+        labels, weights = (None if t is None else t[:len(rows)] for t in data.targets(part))
         ref = trainer.outputs(backend, part)[:len(rows)]
-        figure, n = converge.score("accuracy", ref, labels)
+        figure, n = converge.score("accuracy", ref, labels, weights)
         totals["fp32"] += figure
         count += n
         if served is not None:
             (name, first), = like.items()  # fxtrack's own models take one input
             x = trainer.exported_input(backend, part).astype(first.dtype)
             out = np.asarray(served({name: x})[0], np.float32)[:len(rows)].reshape(ref.shape)
-            totals["served"] += converge.score("accuracy", out, labels)[0]
+            totals["served"] += converge.score("accuracy", out, labels, weights)[0]
     fp32 = totals["fp32"] / count
     accuracy = totals["served"] / count if served is not None else fp32
     ratio = accuracy / fp32 if fp32 > 0 else float("nan")

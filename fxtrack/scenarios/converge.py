@@ -44,13 +44,19 @@ def met(metric: str, value: float, target: float) -> bool:
     return value >= target if HIGHER_IS_BETTER[metric] else value <= target
 
 
-def score(metric: str, logits: Any, labels: Any) -> tuple[float, int]:
+def score(metric: str, logits: Any, labels: Any, weights: Any = None) -> tuple[float, int]:
     """(sum over the batch's predictions of the metric's per-prediction figure, predictions):
-    correct ones for accuracy; cross-entropy in nats (loss) or bits (bits_per_byte)."""
+    correct ones for accuracy; cross-entropy in nats (loss) or bits (bits_per_byte). Given
+    ``weights`` (0/1 per prediction: a masked LM's ``mlm_weights``, ``fxtrack.data.targets``),
+    only the predictions weighted 1 count."""
     import numpy as np
 
-    logits = logits.reshape(-1, logits.shape[-1]).astype(np.float64)
+    logits = logits.reshape(-1, logits.shape[-1])
     labels = np.asarray(labels).reshape(-1)
+    if weights is not None:
+        kept = np.asarray(weights).reshape(-1) > 0
+        logits, labels = logits[kept], labels[kept]
+    logits = logits.astype(np.float64)
     if metric == "accuracy":
         return float((logits.argmax(-1) == labels).sum()), len(labels)
     shifted = logits - logits.max(-1, keepdims=True)
@@ -181,11 +187,13 @@ def run(backend: Backend, result: Result) -> None:
                            scenario={k: v for k, v in s.items() if k != "batch_size"})
     held = list(range(min(options.eval_samples, data.samples(split, seq_len, held=True))))
 
+    family = families.of(spec.arch)  # a byte corpus' batch form is the family's
+
     def evaluate() -> float:
         total_score, count = 0.0, 0
         for start in range(0, len(held), batch):
-            part = data.batch(split, held[start:start + batch], seq_len, held=True)
-            figure, n = score(s["metric"], trainer.outputs(backend, part), part["labels"])
+            part = data.batch(split, held[start:start + batch], seq_len, held=True, family=family)
+            figure, n = score(s["metric"], trainer.outputs(backend, part), *data.targets(part))
             total_score, count = total_score + figure, count + n
         return total_score / count
 
@@ -195,7 +203,7 @@ def run(backend: Backend, result: Result) -> None:
     eprint(f"[fxtrack] converge: {s['metric']} to {s['target']} on data={split.name}, "
            f"{steps_per_epoch} steps/epoch, at most {total} steps ({s['max_epochs']} epochs)")
     for step, rows in enumerate(batches(n_train, batch, spec.seed, total), start=1):
-        host = data.batch(split, rows, seq_len)
+        host = data.batch(split, rows, seq_len, family=family, seed=spec.seed)
         t0 = time.perf_counter()
         handle = trainer.train_on_host(backend, host, lr_at(step - 1, total, s["lr"], warmup))
         step_times.append(time.perf_counter() - t0)

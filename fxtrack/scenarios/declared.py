@@ -32,13 +32,12 @@ def converge_refusal(options: o.ConvergeOptions, family: Any,
                      batch_size: Optional[int]) -> Optional[str]:
     """A metric this kind of model has no figure for, or a target outside the metric's range
     (the family's default metric when none is set), one line, before any work."""
-    lm = family.is_lm(None) if family.data_dims is not None else False
-    if options.metric == "bits_per_byte" and not lm:
-        return "scenario.metric=bits_per_byte is a language model's; use accuracy or loss"
-    if options.metric == "accuracy" and lm:
-        return "scenario.metric=accuracy is a classifier's; a language model takes bits_per_byte or loss"
+    takes = family.converge_metrics
+    if options.metric is not None and options.metric not in takes:
+        return (f"scenario.metric={options.metric} has no figure for model family "
+                f"{family.name!r} (it takes {', '.join(takes)})")
     try:
-        options.target_refusal(options.metric or ("bits_per_byte" if lm else "accuracy"))
+        options.target_refusal(options.metric or takes[0])
     except ValueError as e:
         return str(e)
     return None

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from fxtrack.frameworks import keras_models
+from fxtrack.frameworks.keras import data
 
 if TYPE_CHECKING:  # annotations only (the backend does not import this module)
     from fxtrack.frameworks.keras.backend import KerasBackend
@@ -36,8 +37,8 @@ def load_weights(backend, path: str) -> None:
 def train_on_host(backend: KerasBackend, batch: dict, lr: float) -> float:
     _same_start(backend)
     backend.opt.learning_rate.assign(lr)
-    x = batch["images"] if "images" in batch else batch["input_ids"]
-    return backend.model.train_on_batch(x, batch["labels"], return_dict=False)
+    x, y, weights = data.fit_form(batch)  # BERT's masked positions as sample weights
+    return backend.model.train_on_batch(x, y, sample_weight=weights, return_dict=False)
 
 
 def outputs(backend: KerasBackend, batch: dict) -> Any:

@@ -17,9 +17,13 @@ def device_batch(arch: Arch, batch_size: int, seed: int) -> tuple[Any, Any, Opti
     weights of the predicted tokens, or a Llama's token ids and next tokens (every position
     counts: no weights)."""
     batch = make_batch(arch, batch_size, seed)
-    on_device = {key: keras.ops.convert_to_tensor(value) for key, value in batch.items()}
-    if "images" in on_device:
-        return on_device["images"], on_device["labels"], None
-    if "mlm_labels" not in on_device:
-        return on_device["input_ids"], on_device["labels"], None
-    return on_device["input_ids"], on_device["mlm_labels"], on_device["mlm_weights"]
+    return fit_form({key: keras.ops.convert_to_tensor(value) for key, value in batch.items()})
+
+
+def fit_form(batch: dict[str, Any]) -> tuple[Any, Any, Optional[Any]]:
+    """A batch (fxtrack.synthetic's keys, any arrays) as (x, y, sample_weight)."""
+    if "images" in batch:
+        return batch["images"], batch["labels"], None
+    if "mlm_labels" not in batch:
+        return batch["input_ids"], batch["labels"], None
+    return batch["input_ids"], batch["mlm_labels"], batch["mlm_weights"]
