@@ -27,11 +27,12 @@ def apply(cfg: DictConfig, uri: str) -> None:
     """Put the run's model and data into ``cfg`` (nothing when model.from_run is unset);
     ConfigError for a run that is not there, keeps no weights, or trained another family, and
     for a scenario or precision that does not evaluate it."""
-    from fxtrack.tracking import models
-
     wanted = run_id(cfg)
     if not wanted:
         return
+    # only now: MLflow's import (about 0.8 s) on every job's path delayed its worker's start
+    from fxtrack.tracking import models
+
     readers = scenarios.where(from_run=True)
     if cfg.scenario.name not in readers:
         raise ConfigError(f"model.from_run is read by scenario={'/'.join(readers)} (it "
@@ -69,11 +70,11 @@ def apply(cfg: DictConfig, uri: str) -> None:
 def spec_of(cfg: Any, uri: str, job_dir: Path) -> dict[str, Any]:
     """``JobSpec.from_run`` for a config ``apply`` checked: the weights fetched into the job's
     directory and the evaluation's size (the run's ``scenario.eval_samples``)."""
-    from fxtrack.tracking import models
-
     wanted = run_id(cfg)
     if not wanted:
         return {}
+    from fxtrack.tracking import models  # only now, as in apply
+
     key = (uri, str(wanted))
     found = _CACHE.get(key) or _CACHE.setdefault(key, models.source(uri, str(wanted)))
     weights = models.fetch(uri, found, job_dir / "from_run")
