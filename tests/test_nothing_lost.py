@@ -4,6 +4,7 @@ line, with nothing lost. Real subprocesses and real signals where the fault is a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -660,3 +661,49 @@ def test_scaling_and_repeats_close_their_parent_on_any_exception(tmp_path, monke
     figure = ("throughput_samples_per_s_x1" if "scenario=scaling" in overrides
               else "throughput_samples_per_s")
     assert closed["metrics"][figure] == 10.0  # the finished child's figure is kept
+
+
+def test_a_jobs_fallback_is_held_before_its_worker_starts(tmp_path, monkeypatch):
+    """The fallback in the spool exists the moment the worker starts (a kill then must find
+    it: it once waited for MLflow's import, 0.8 s with the worker already running); MLflow's
+    run-context tags join the same entry while the worker builds; the log drops it."""
+    from hydra import compose, initialize_config_dir
+
+    from fxtrack.cli import CONF_DIR
+    from fxtrack.config import register
+    from fxtrack.config.validate import validate
+    from fxtrack.orchestrator import job as job_module
+    from fxtrack.tracking import records, spool
+
+    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
+            f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
+        conf, arch = validate(cfg)
+    job = job_module.Job(cfg, conf, arch, str(tmp_path))
+    monkeypatch.setattr(job_module.Job, "log", lambda self, record, artifacts: ("id", "store"))
+    monkeypatch.setattr(job_module.Job, "load_tracking", lambda self: None)
+    seen: dict[str, list] = {}
+
+    def held() -> list[dict]:
+        root = spool.spool_dir()
+        return [json.loads((p / spool.RECORD).read_text()) for p in
+                (root.iterdir() if root.is_dir() else ()) if ".held-" in p.name]
+
+    def run_worker(spec, job_dir, python, timeout_s, meanwhile=None, while_running=None):
+        seen["started"] = held()  # what a kill at the worker's start would leave
+        meanwhile()
+        seen["built"] = held()
+        return Result(spec.result_id, status="FAILED", error="stand-in worker")
+
+    monkeypatch.setattr(job_module, "run_worker", run_worker)
+    (tmp_path / "job").mkdir()
+    job.run(tmp_path / "job", None, 1)
+    started, built = seen["started"], seen["built"]
+    assert [r["status"] for r in started] == ["FAILED"] and len(built) == 1
+    assert started[0]["tags"]["fxtrack.error"] == records.GONE
+    assert started[0]["result_id"] == built[0]["result_id"]  # one entry, rewritten
+    assert "mlflow.user" not in started[0]["tags"] and "mlflow.user" in built[0]["tags"]
+    assert held() == []  # logged: the fallback dropped

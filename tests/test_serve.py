@@ -354,9 +354,15 @@ def test_no_compilation_inside_the_window_of_the_compiled_paths(framework, tmp_p
     assert result.status == "FINISHED" and result.guard == "ok", result.error
     assert result.metrics["serve_recompiles"] == 0
     assert result.tags["serve_buckets"] == "1,2"
-    # the host's load sampled through the windows decides the contended tag, as for training
+    # the host's load sampled through the windows decides the contended tag, as for training:
+    # the windows' own figure, and the probe before them where the windows were too short to
+    # trust alone (host_load.window_figures), so only the probe's verdict may go either way
     from fxtrack.measure.host_load import is_contended
-    assert result.tags["contended"] == str(is_contended(result.metrics["host_other_cpu_frac"])).lower()
+    m = result.metrics
+    if is_contended(m["host_other_cpu_frac"]):
+        assert result.tags["contended"] == "true"
+    elif not is_contended(m["host_other_cpu_frac_before"]):
+        assert result.tags["contended"] == "false"
     # measured as every scenario is (scenarios/timed.py's window): the system metrics read
     # through the windows, each value with its time, and the probe before them
     cpu = result.series["system/cpu_utilization_percentage"]

@@ -476,6 +476,9 @@ def test_config_flattening():
     assert records.flatten({"model": {"layers": 2, "name": "vit"}, "seed": 0, "tracking":
                             {"uri": None}}) == {"model.layers": 2, "model.name": "vit", "seed": 0,
                                                 "tracking.uri": None}
+    # deeper levels joined too; an empty mapping gives no key, a list stays one value
+    assert records.flatten({"a": {"b": {"c": [1, 2]}, "d": {}}, "e": []}) == {"a.b.c": [1, 2],
+                                                                             "e": []}
 
 
 def test_report_finds_the_runs_mlflow_run_made_in_its_default_experiment(tmp_path):

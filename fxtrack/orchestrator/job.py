@@ -119,14 +119,17 @@ class Job:
         config = dict(self.config, devices=devices)
         # only node 0 talks to MLflow
         children = _Children(self, spec, config, name) if spec.node_rank == 0 else None
+        # The fallback is held before the worker exists (a kill must never leave a worker's run
+        # unrecorded), first without MLflow's run-context tags, whose import (0.8 s) had delayed
+        # every job; meanwhile, while the worker imports and builds behind its gate, the same
+        # entry is rewritten whole, then MLflow is loaded for the log.
         holding: list[Path | None] = [None]
+        if spec.node_rank == 0:
+            holding[0] = self.hold(spec, job_dir, config, parent, start_ms, name, context=False)
 
         def meanwhile() -> None:
-            # The fallback, then MLflow for the log, while the worker imports and builds, before
-            # its gate opens (nothing is measured yet): the fallback's tags import MLflow (0.8 s),
-            # which before the worker started had delayed every job by as much.
-            if spec.node_rank == 0:
-                holding[0] = self.hold(spec, job_dir, config, parent, start_ms, name)
+            if spec.node_rank == 0 and holding[0] is not None:
+                holding[0] = self.hold(spec, job_dir, config, parent, start_ms, name) or holding[0]
             self.load_tracking()
 
         try:
@@ -187,17 +190,18 @@ class Job:
         return self.log(record, {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config))})[0]
 
     def hold(self, spec: JobSpec, job_dir: Path, config: dict, parent: str | None,
-             start_ms: int, name: str) -> Path | None:
+             start_ms: int, name: str, context: bool = True) -> Path | None:
         """The run's fallback in the spool while its worker runs (``spool.hold``): if this
         process is killed outright, ``fxtrack sync`` logs the worker's finished result, or the
-        run FAILED with why, once (the worker stops with this process)."""
+        run FAILED with why, once (the worker stops with this process). Held again, the same
+        entry is replaced (one per result id and process); ``context``: records.job_record's."""
         from fxtrack.tracking import records, spool
 
         failed = Result(spec.result_id, status="FAILED", error=records.GONE,
                         tags={"config_id": config_id(config)})
         record = records.job_record(spec, failed, config, self.uri,
                                     self.conf.tracking.experiment, parent, start_ms, name,
-                                    f"{name}: FAILED: {records.GONE}")
+                                    f"{name}: FAILED: {records.GONE}", context=context)
         try:
             return spool.hold(records.held_job(record, str(job_dir), config),
                               {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
