@@ -298,6 +298,20 @@ def test_bf16_training_dots_compile_to_the_bf16_kernel_form(monkeypatch):
                    compiled_dots())
 
 
+def test_the_bf16_peak_probe_computes_the_form_the_models_take():
+    """The calibration's bf16 product on a CPU is the kernel form fxtrack's models take (bf16
+    operands, float32 accumulation), not XLA's own bf16 dot, which is upcast to float32 and 5x
+    slower: a peak taken from that put JAX's bf16 ViT-B/16 at 116% MFU."""
+    from fxtrack.frameworks.jax import devices
+
+    a = jax.numpy.ones((256, 256), jax.numpy.bfloat16)
+    dots = hlo_dots(devices.PROBE_PRODUCT.lower(a, a).compile().as_text())
+    assert dots and all(result == "f32" and operands == ["bf16", "bf16"]
+                        for result, operands, _ in dots), dots
+    own = hlo_dots(jax.jit(jax.numpy.matmul).lower(a, a).compile().as_text())
+    assert not all(operands == ["bf16", "bf16"] for _, operands, _ in own), own  # can fail
+
+
 def test_bf16_run_takes_the_kernel_form_and_learns_alike(spec_factory, monkeypatch):
     """fxtrack's JAX BERT at bf16 on a CPU: tagged with the kernel form, and its first losses
     those of the same model with XLA's own dots."""

@@ -279,7 +279,8 @@ def test_the_cache_is_keyed_by_cpu_model_and_threads_not_host(tmp_path, monkeypa
     calls = _fake_trials(monkeypatch, lambda fw, n: 1.0 if fw == "torch" else None)
     calibration.calibrate("cpu", "fp32", "cpu", {"torch": None}, threads=1)
     (key,) = peak.cached()
-    assert key == f"{peak.cpu_model()}|1 threads|cpu|fp32" and platform.node() not in key.split("|")
+    assert key == f"{peak.cpu_model()}|1 threads|cpu|fp32|probes {peak.PROBES}"
+    assert platform.node() not in key.split("|")
     assert {t for _, t in calls} == {1}  # the probe ran on that many cores
     monkeypatch.setattr(platform, "node", lambda: "another-host")
     monkeypatch.setattr(calibration, "_UNCACHED", {})

@@ -138,11 +138,16 @@ def native_precision(precision: str, kind: str, cpuinfo: Optional[str] = None,
     return None if capability is None else tuple(capability) >= NATIVE_GPU_CAPABILITY[precision]
 
 
+# Raised when a framework's probe changes what it measures, so cached rates are measured again
+# (2: JAX's bf16 probe on a CPU computes the bf16-kernel form its models take, 2026-12-05).
+PROBES = 2
+
+
 def cache_key(device: str, precision: str, threads: int) -> str:
     """Cache key: the hardware and thread count the probe ran on, not the host's name (a cluster
     shares a home directory across hosts with the same CPU; one host may run different thread
-    counts)."""
-    return f"{cpu_model()}|{threads} threads|{device}|{precision}"
+    counts), and the probes' version."""
+    return f"{cpu_model()}|{threads} threads|{device}|{precision}|probes {PROBES}"
 
 
 def thread_count(threads: Optional[int]) -> int:
