@@ -4,7 +4,7 @@ each form in JAX and in TensorFlow under XLA, side by side in one process per fr
 forms alternated round to round. Prints each form's median ms and its ratio to XLA's own bf16
 dot (bf16 result). The rule it backs: fxtrack's models emit every dot of a bf16 step as bf16
 operands with a float32 result and the left operand contracting its last axis
-(frameworks/jax/matmul.py, frameworks/tensorflow/matmul.py).
+(frameworks/xla_bf16.py, frameworks/tensorflow/matmul.py).
 
     python bench/bf16_dots.py [--frameworks jax,tensorflow] [--rounds 7] [--m 1024 --k 768 --n 3072]
 """
@@ -33,7 +33,7 @@ def jax_forms(m: int, k: int, n: int) -> dict:
     import jax.numpy as jnp
     from jax import lax
 
-    from fxtrack.frameworks.jax import matmul
+    from fxtrack.frameworks import xla_bf16 as matmul
 
     key = jax.random.key(0)
     x, w, g = (jax.random.normal(key, s).astype(jnp.bfloat16) for s in ((m, k), (k, n), (m, n)))

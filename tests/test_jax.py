@@ -241,7 +241,7 @@ def test_pipeline_does_the_per_sample_work(tmp_path, monkeypatch):
 def test_bf16_matmul_and_its_gradients_match_the_plain_dot(w_transposed):
     """matmul's custom VJP: the same values and gradients as XLA's own dot of the same bf16
     operands (to bf16's rounding), for w (K, N) and a tied projection's w (N, K)."""
-    from fxtrack.frameworks.jax import matmul
+    from fxtrack.frameworks import xla_bf16 as matmul
 
     kx, kw, kg = jax.random.split(jax.random.key(0), 3)
     x = jax.random.normal(kx, (2, 24, 32)).astype(jax.numpy.bfloat16)
@@ -271,7 +271,7 @@ def test_bf16_training_dots_compile_to_the_bf16_kernel_form(monkeypatch):
     accumulates in float32 and contracts the left operand's last axis, the only form XLA:CPU
     runs on its bf16 kernels; XLA's own lowering of the same layer does not (the check can
     fail), or the fast path would be pointless."""
-    from fxtrack.frameworks.jax import matmul
+    from fxtrack.frameworks import xla_bf16 as matmul
 
     assert matmul.fast_path(jax.numpy.bfloat16, "cpu")[0]
     assert not matmul.fast_path(jax.numpy.float32, "cpu")[0]
@@ -302,10 +302,10 @@ def test_the_bf16_peak_probe_computes_the_form_the_models_take():
     """The calibration's bf16 product on a CPU is the kernel form fxtrack's models take (bf16
     operands, float32 accumulation), not XLA's own bf16 dot, which is upcast to float32 and 5x
     slower: a peak taken from that put JAX's bf16 ViT-B/16 at 116% MFU."""
-    from fxtrack.frameworks.jax import devices
+    from fxtrack.frameworks import xla_bf16
 
     a = jax.numpy.ones((256, 256), jax.numpy.bfloat16)
-    dots = hlo_dots(devices.PROBE_PRODUCT.lower(a, a).compile().as_text())
+    dots = hlo_dots(xla_bf16.PROBE_PRODUCT.lower(a, a).compile().as_text())
     assert dots and all(result == "f32" and operands == ["bf16", "bf16"]
                         for result, operands, _ in dots), dots
     own = hlo_dots(jax.jit(jax.numpy.matmul).lower(a, a).compile().as_text())
@@ -316,7 +316,7 @@ def test_bf16_run_takes_the_kernel_form_and_learns_alike(spec_factory, monkeypat
     """fxtrack's JAX BERT at bf16 on a CPU: tagged with the kernel form, and its first losses
     those of the same model with XLA's own dots."""
     from fxtrack.frameworks.base import BF16_KERNEL_FORM
-    from fxtrack.frameworks.jax import matmul
+    from fxtrack.frameworks import xla_bf16 as matmul
 
     def losses() -> tuple[list[float], dict]:
         backend = JaxBackend(spec_factory("jax", "bert", precision="bf16", compile=True))

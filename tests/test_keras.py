@@ -21,6 +21,7 @@ import pytest
 
 from conftest import SMALL, run_fxtrack, seed_peak_cache, tiny_arch
 
+from fxtrack.frameworks.base import BF16_KERNEL_FORM
 from fxtrack.frameworks.declaration import CAPABILITIES, NotSupported
 from fxtrack.frameworks.keras import FRAMEWORK, KERAS_BACKENDS, prepare_environment
 
@@ -129,7 +130,10 @@ JOBS = textwrap.dedent("""
                               "compiled": b.compiled, "compiles": compiles,
                               "traces": traces}), flush=True)
             continue
+        from fxtrack.frameworks import xla_bf16
+        xla_bf16.ENABLED = not job.get("plain_dots")  # False: XLA's own dots, to compare with
         r = worker.run(s)
+        xla_bf16.ENABLED = True
         print(json.dumps({"model": job["model"], "request": job.get("request", "auto"),
                           "devices": s.devices, "status": r.status, "error": r.error,
                           "guard": r.guard, "losses": r.series.get("loss", []),
@@ -181,6 +185,9 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
         jobs.append({"model": "vit", "request": FORCED[keras_backend][0]})
     if keras_backend == "jax":
         jobs += [{"model": "vit", "devices": 2}, {"model": "vit", "precision": "fp16"}]
+        # bf16 dense layers in XLA:CPU's kernel form, and the same with XLA's own dots
+        jobs += [{"model": "bert", "precision": "bf16"},
+                 {"model": "bert", "precision": "bf16", "plain_dots": True}]
     else:  # mixed precision: Keras' dtype policy, fp16 with its LossScaleOptimizer
         jobs += [{"model": "vit", "precision": "bf16"}, {"model": "vit", "precision": "fp16"}]
     if keras_backend == "tensorflow":  # same backend, same seed: the very same numbers
@@ -218,6 +225,13 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
             assert all(math.isfinite(x) for x in mixed["losses"])
             assert mixed["losses"][-1] < mixed["losses"][0], mixed
     rest = rest[2:]
+    if keras_backend == "jax":  # the kernel form learns as XLA's own bf16 dots do
+        fast, plain = rest
+        for r in (fast, plain):
+            assert r["status"] == "FINISHED", r["error"]
+        assert fast["tags"]["matmul_form"] == BF16_KERNEL_FORM != plain["tags"]["matmul_form"]
+        assert fast["losses"][:3] == pytest.approx(plain["losses"][:3], rel=2e-2)
+        assert fast["losses"][-1] < fast["losses"][0], fast["losses"]
     if keras_backend == "tensorflow":
         # train_on_batch under Keras' own tf.function trains exactly as fxtrack's GradientTape
         # step: the same initial weights, batch, loss and optimiser updates

@@ -18,7 +18,7 @@ from fxtrack.job import JobSpec
 LAYER_NORM_EPS = {"vit": 1e-6, "bert": 1e-12}
 BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-5, 0.1  # torch convention: new = 0.9 old + 0.1 batch
 # The ``fxtrack.matmul_form`` tag of a bf16 run whose dots take the form XLA:CPU runs on its bf16
-# kernels (frameworks/jax/matmul.py, frameworks/tensorflow/matmul.py).
+# kernels (frameworks/xla_bf16.py, frameworks/tensorflow/matmul.py).
 BF16_KERNEL_FORM = ("bf16 operands, float32 accumulation, canonical layouts (the one form XLA:CPU "
                     "runs bf16 dots on its bf16 kernels in)")
 

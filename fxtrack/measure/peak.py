@@ -139,7 +139,8 @@ def native_precision(precision: str, kind: str, cpuinfo: Optional[str] = None,
 
 
 # Raised when a framework's probe changes what it measures, so cached rates are measured again
-# (2: JAX's bf16 probe on a CPU computes the bf16-kernel form its models take, 2026-12-05).
+# (2: JAX's and Keras-on-JAX's bf16 probes on a CPU compute the bf16-kernel form their models
+# take, 2026-12-05).
 PROBES = 2
 
 

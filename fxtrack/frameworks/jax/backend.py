@@ -13,7 +13,8 @@ from flax import nnx
 
 from fxtrack.frameworks.base import Backend, PeakMemory, attention_tokens
 from fxtrack.frameworks.declaration import NotSupported
-from fxtrack.frameworks.jax import data, devices, matmul, models, parallel, train
+from fxtrack.frameworks import xla_bf16 as matmul
+from fxtrack.frameworks.jax import data, devices, models, parallel, train
 
 
 class JaxBackend(Backend):

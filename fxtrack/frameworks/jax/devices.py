@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from fxtrack.frameworks.base import PeakMemory
-from fxtrack.frameworks.jax import matmul as forms
+from fxtrack.frameworks import xla_bf16
 from fxtrack.measure import matmul_probe
 
 # tf32 computes in float32 like fp32; only the matmul precision differs (see ``configure``).
@@ -128,19 +128,15 @@ def visible() -> list[str]:
     return out + [f"gpu:{d.id} {d.device_kind}" for d in _gpus()]
 
 
-# The calibration's product, jitted once per process (a probe compiles it once per size).
-PROBE_PRODUCT = jax.jit(forms.matmul)
-
-
 def matmul_tflops(backend) -> float:
     """Capability ``calibration``: the rate of a jitted n x n @ n x n matmul at the spec's
     precision on the backend's device, n sized to the device by ``fxtrack.measure.matmul_probe``
     (its untimed first run of each size is the compilation for that shape). The product is the
-    one fxtrack's models compute (``matmul.matmul``: the bf16-kernel form at bf16 on a CPU):
+    one fxtrack's models compute (``xla_bf16.PROBE_PRODUCT``: the bf16-kernel form at bf16 on a CPU):
     XLA's own bf16 dot there is upcast to float32, 5x slower, and a peak taken from it put the
     bf16 ViT-B/16 at 116% MFU (docs/results/mfu-vit-2026-12-05.md)."""
     device, dtype = backend.device, DTYPES[backend.spec.precision]
-    matmul = PROBE_PRODUCT
+    matmul = xla_bf16.PROBE_PRODUCT
 
     def make(n: int):
         ka, kb = jax.random.split(jax.random.key(0))

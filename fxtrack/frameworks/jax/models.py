@@ -18,7 +18,8 @@ from flax import nnx
 from fxtrack.architectures import Arch
 from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
                                      patch_grid, patch_hw)
-from fxtrack.frameworks.jax import devices, matmul
+from fxtrack.frameworks import xla_bf16 as matmul
+from fxtrack.frameworks.jax import devices
 
 Dtype = Any
 

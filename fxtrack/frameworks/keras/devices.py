@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import keras
 
@@ -158,12 +158,34 @@ def visible() -> list[str]:
 DTYPES = {"fp32": "float32", "tf32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
+def matmul_form(precision: str) -> tuple[Optional[Callable], str]:
+    """The product fxtrack's Keras models compute their dense layers with at ``precision`` (None:
+    Keras' own ``ops.matmul``), and why (the ``fxtrack.matmul_form`` tag). On the JAX backend at
+    bf16 on a CPU: JAX's bf16-kernel form (``fxtrack.frameworks.xla_bf16``), as framework=jax's
+    models; Keras' ``Dense`` asks XLA:CPU for a bf16-result dot there, which it upcasts to
+    float32 (a fifth of the rate). Elsewhere Keras' own."""
+    name = backend_name()
+    if name != "jax":
+        return None, f"Keras' own matmuls (keras on {name})"
+    import jax
+
+    from fxtrack.frameworks import xla_bf16
+
+    fast, why = xla_bf16.fast_path(DTYPES[precision], jax.default_backend())
+    return (xla_bf16.matmul if fast else None), why
+
+
 def matmul_tflops(backend: Any) -> float:
     """The calibration capability: the rate of an n x n @ n x n ``keras.ops.matmul`` at the
-    spec's precision, n sized to the device by ``fxtrack.measure.matmul_probe``, synced by
-    fetching one element (a device-to-host copy waits for the queued matmuls under every
-    backend)."""
+    spec's precision (the product ``matmul_form`` gives the models, where it gives one), n sized
+    to the device by ``fxtrack.measure.matmul_probe``, synced by fetching one element (a
+    device-to-host copy waits for the queued matmuls under every backend)."""
     dtype = DTYPES[backend.spec.precision]  # on the default device, as the model (backend.py)
+    product = keras.ops.matmul
+    if matmul_form(backend.spec.precision)[0] is not None:
+        from fxtrack.frameworks import xla_bf16
+
+        product = xla_bf16.PROBE_PRODUCT
 
     def make(n: int):
         a = keras.random.normal((n, n), dtype=dtype, seed=0)
@@ -171,7 +193,7 @@ def matmul_tflops(backend: Any) -> float:
 
         def run(reps: int) -> None:
             for _ in range(reps):
-                c = keras.ops.matmul(a, b)
+                c = product(a, b)
             keras.ops.convert_to_numpy(c[0, 0])
         return run
 

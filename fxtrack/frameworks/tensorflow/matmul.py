@@ -1,6 +1,6 @@
 """bf16 matmuls under XLA on a CPU in the one form XLA:CPU's bf16 kernels take.
 
-As in JAX (frameworks/jax/matmul.py, which says why): XLA:CPU runs a bf16 x bf16 dot on its
+As in JAX (frameworks/xla_bf16.py, which says why): XLA:CPU runs a bf16 x bf16 dot on its
 bf16 kernels (AMX / AVX512-BF16) only when the dot asks for a float32 result and its left
 operand contracts its last axis; Keras' bf16 ``ops.matmul`` and its weight gradient are upcast
 to float32 instead, 3-5x slower (docs/measurements.md#bf16-matmuls-on-xla-cpu-2026-12-03).

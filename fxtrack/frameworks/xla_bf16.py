@@ -9,6 +9,11 @@ slower (docs/measurements.md#bf16-matmuls-on-xla-cpu-2026-12-03). ``matmul`` com
 gradient) are all in that form: bf16 operands, float32 accumulation, bf16 result, as a GPU's
 tensor cores and torch's autocast compute them. Elsewhere (a GPU, fp32, fp16) it is the plain
 dot. ``fast_path`` decides, and its answer is the ``fxtrack.matmul_form`` tag.
+
+JAX's own terms, shared by framework=jax and by Keras on its JAX backend (which builds fxtrack's
+Keras models with it, ``keras_models.matmul_form``); each framework's calibration times
+``PROBE_PRODUCT``, so its peak is the rate of the product its models compute. Imported only by
+those two, in the worker, after JAX's environment is prepared.
 """
 
 from __future__ import annotations
@@ -97,3 +102,8 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any, precisio
         return _kernel_form(lhs, rhs, False)
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type, **kwargs)
+
+
+# The peak-FLOP/s probe's product (fxtrack.measure.matmul_probe), jitted once per process: at
+# bf16 on a CPU the kernel form, whose rate XLA's own bf16 dot (upcast to float32) is a fifth of.
+PROBE_PRODUCT = jax.jit(matmul)
