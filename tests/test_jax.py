@@ -330,3 +330,31 @@ def test_bf16_run_takes_the_kernel_form_and_learns_alike(spec_factory, monkeypat
     assert tags["matmul_form"] == BF16_KERNEL_FORM != plain_tags["matmul_form"]
     np.testing.assert_allclose(fast, plain, rtol=2e-2)
     assert fast[-1] < fast[0]
+
+
+def test_resnet_1x1_convolutions_run_as_the_products_they_are_on_a_cpu():
+    """XLA:CPU runs a 1x1 convolution far below its matmul rate, so fxtrack's ResNet computes
+    its 36 1x1 convolutions (strided ones included) as dots: the compiled forward keeps only the
+    stem's 7x7 and the 16 3x3 convolutions, and computes what XLA's convolutions compute."""
+    model = models.build(tiny_arch("resnet50"), jax.numpy.float32, nnx.Rngs(0))
+    model.eval()
+    x = jax.random.normal(jax.random.key(1), (2, 32, 32, 3))
+    graph, state = nnx.split(model)
+
+    def forward(state, x):
+        return nnx.merge(graph, state)(x)
+
+    text = jax.jit(forward).lower(state, x).as_text()
+    assert text.count("stablehlo.convolution") == 1 + 16, text.count("stablehlo.convolution")
+    pointwise = [conv for _, conv in nnx.iter_graph(model)
+                 if isinstance(conv, nnx.Conv) and conv.kernel_size == (1, 1)]
+    assert len(pointwise) == 36
+    y = forward(state, x)
+    for conv in pointwise:  # XLA's own convolutions, same kernels
+        conv.conv_general_dilated = jax.lax.conv_general_dilated
+    reference = nnx.merge(*nnx.split(model))(x)
+    assert rel_err(reference, y) < 1e-5
+    from fxtrack.frameworks import xla_bf16
+
+    assert xla_bf16.conv_form("cpu")[1] == xla_bf16.POINTWISE_AS_MATMUL
+    assert not xla_bf16.conv_form("gpu")[0]

@@ -132,8 +132,9 @@ JOBS = textwrap.dedent("""
             continue
         from fxtrack.frameworks import xla_bf16
         xla_bf16.ENABLED = not job.get("plain_dots")  # False: XLA's own dots, to compare with
+        xla_bf16.CONVS_AS_MATMULS = not job.get("plain_convs")  # and XLA's own convolutions
         r = worker.run(s)
-        xla_bf16.ENABLED = True
+        xla_bf16.ENABLED = xla_bf16.CONVS_AS_MATMULS = True
         print(json.dumps({"model": job["model"], "request": job.get("request", "auto"),
                           "devices": s.devices, "status": r.status, "error": r.error,
                           "guard": r.guard, "losses": r.series.get("loss", []),
@@ -188,6 +189,9 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
         # bf16 dense layers in XLA:CPU's kernel form, and the same with XLA's own dots
         jobs += [{"model": "bert", "precision": "bf16"},
                  {"model": "bert", "precision": "bf16", "plain_dots": True}]
+        # the ResNet's 1x1 convolutions as matmuls, and as XLA's convolutions
+        jobs += [{"model": "resnet50", "batch_size": 4},
+                 {"model": "resnet50", "batch_size": 4, "plain_convs": True}]
     else:  # mixed precision: Keras' dtype policy, fp16 with its LossScaleOptimizer
         jobs += [{"model": "vit", "precision": "bf16"}, {"model": "vit", "precision": "fp16"}]
     if keras_backend == "tensorflow":  # same backend, same seed: the very same numbers
@@ -226,12 +230,18 @@ def test_every_model_trains_on_each_backend(keras_backend, torch_counts):
             assert mixed["losses"][-1] < mixed["losses"][0], mixed
     rest = rest[2:]
     if keras_backend == "jax":  # the kernel form learns as XLA's own bf16 dots do
-        fast, plain = rest
-        for r in (fast, plain):
+        fast, plain, pointwise, convolved = rest
+        for r in rest:
             assert r["status"] == "FINISHED", r["error"]
         assert fast["tags"]["matmul_form"] == BF16_KERNEL_FORM != plain["tags"]["matmul_form"]
         assert fast["losses"][:3] == pytest.approx(plain["losses"][:3], rel=2e-2)
         assert fast["losses"][-1] < fast["losses"][0], fast["losses"]
+        # the same sums at fp32: the same first losses, to rounding (later ones drift apart:
+        # tiny ResNet's BatchNorms over 1x1 maps amplify rounding, see tests/test_jax.py)
+        from fxtrack.frameworks.xla_bf16 import POINTWISE_AS_MATMUL
+        assert pointwise["tags"]["conv_form"] == POINTWISE_AS_MATMUL != convolved["tags"]["conv_form"]
+        assert pointwise["losses"][:3] == pytest.approx(convolved["losses"][:3], rel=1e-4)
+        assert pointwise["params"] == convolved["params"] == torch_counts["resnet50"]
     if keras_backend == "tensorflow":
         # train_on_batch under Keras' own tf.function trains exactly as fxtrack's GradientTape
         # step: the same initial weights, batch, loss and optimiser updates

@@ -75,8 +75,8 @@ def _conv(x, filters: int, kernel: int, stride: int, name: str):
         padding = "valid"
     else:
         padding = "same"
-    return layers.Conv2D(filters, kernel, strides=stride, padding=padding, use_bias=False,
-                         kernel_initializer=conv_init(), name=name)(x)
+    return Conv2D(filters, kernel, strides=stride, padding=padding, use_bias=False,
+                  kernel_initializer=conv_init(), name=name)(x)
 
 
 def conv_bn(x, filters: int, kernel: int, stride: int, name: str, index: str = "",
@@ -173,18 +173,37 @@ class Bias(layers.Layer):
 # (x, w, w_transposed) -> x @ w or x @ w.T, for the layers built inside ``matmul_form``
 Matmul = Callable[..., "keras.KerasTensor"]
 _MATMUL: Optional[Matmul] = None
+# (x, kernel, strides) -> an unpadded 1x1 convolution as its product, likewise
+_POINTWISE: Optional[Callable[..., "keras.KerasTensor"]] = None
 
 
 @contextlib.contextmanager
-def matmul_form(matmul: Optional[Matmul]) -> Iterator[None]:
+def matmul_form(matmul: Optional[Matmul],
+                pointwise: Optional[Callable[..., Any]] = None) -> Iterator[None]:
     """Dense layers and tied output projections built inside use ``matmul`` (a framework's
-    faster form of the same product, e.g. tensorflow/matmul.py) instead of ``ops.matmul``."""
-    global _MATMUL
-    previous, _MATMUL = _MATMUL, matmul
+    faster form of the same product, e.g. tensorflow/matmul.py) instead of ``ops.matmul``, and
+    1x1 convolutions ``pointwise`` (the same product as a matmul) instead of ``ops.conv``."""
+    global _MATMUL, _POINTWISE
+    previous, _MATMUL, _POINTWISE = (_MATMUL, _POINTWISE), matmul, pointwise
     try:
         yield
     finally:
-        _MATMUL = previous
+        _MATMUL, _POINTWISE = previous
+
+
+class Conv2D(layers.Conv2D):
+    """``layers.Conv2D`` whose 1x1 kernels compute as the ``matmul_form``'s ``pointwise`` they
+    were built in, if any (channels-last, unpadded: "same" pads nothing around a 1x1)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        pointwise = self.kernel_size == (1, 1) and self.data_format == "channels_last"
+        self._pointwise = _POINTWISE if pointwise else None
+
+    def convolution_op(self, inputs, kernel):
+        if self._pointwise is None:
+            return super().convolution_op(inputs, kernel)
+        return self._pointwise(inputs, ops.cast(kernel, inputs.dtype), self.strides)
 
 
 class Dense(layers.Dense):

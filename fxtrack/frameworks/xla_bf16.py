@@ -1,4 +1,4 @@
-"""bf16 matmuls on XLA:CPU in the one form its bf16 kernels take.
+"""bf16 matmuls on XLA:CPU in the one form its bf16 kernels take; 1x1 convolutions as matmuls.
 
 XLA:CPU (jaxlib 0.10, YNNPACK) runs a bf16 x bf16 dot on its bf16 kernels (AMX / AVX512-BF16)
 only when the dot asks for a float32 result and its left operand contracts its last axis. A
@@ -28,6 +28,7 @@ from jax import lax
 from fxtrack.frameworks.base import BF16_KERNEL_FORM
 
 ENABLED = True  # tests turn it off to compare with XLA's own dots
+CONVS_AS_MATMULS = True  # tests and bench/conv_form.py turn it off to compare with XLA's convs
 
 
 def fast_path(dtype: Any, platform: str) -> tuple[bool, str]:
@@ -102,6 +103,32 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers: Any, precisio
         return _kernel_form(lhs, rhs, False)
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type, **kwargs)
+
+
+# The ``fxtrack.conv_form`` tag of a ResNet whose 1x1 convolutions run as the products they are.
+POINTWISE_AS_MATMUL = ("1x1 convolutions as matmuls (XLA:CPU runs them as convolutions at up to "
+                       "a quarter of the dot's rate at fp32, a twelfth at bf16)")
+
+
+def conv_form(platform: str) -> tuple[bool, str]:
+    """Whether 1x1 convolutions run as matmuls (``pointwise_conv``) on ``platform``, and why (the
+    ``fxtrack.conv_form`` tag): on a CPU, where XLA's convolution of ResNet-50's 1x1 kernels runs
+    at 0.02-0.14 TFLOP/s and the same products as dots at 1.0-4.4x that at fp32, 4.4-12.7x at bf16
+    in the kernel form (``python bench/conv_form.py --layers``, docs/results/mfu-2026-12-05.md).
+    A GPU's convolutions are left to XLA (cuDNN)."""
+    if not CONVS_AS_MATMULS:
+        return False, "XLA's own convolutions (1x1 form off)"
+    if platform != "cpu":
+        return False, f"XLA's own convolutions (on {platform})"
+    return True, POINTWISE_AS_MATMUL
+
+
+def pointwise_conv(x: jax.Array, kernel: jax.Array, strides: Any) -> jax.Array:
+    """An unpadded 1x1 convolution of x (B, H, W, in) with kernel (1, 1, in, out) as its
+    product: x subsampled by the stride, times the kernel as (in, out), through ``matmul`` (the
+    bf16-kernel form where it applies). The same sums as the convolution, in a dot."""
+    sh, sw = strides
+    return matmul(x[:, ::sh, ::sw, :], kernel.reshape(kernel.shape[-2:]).astype(x.dtype))
 
 
 # The peak-FLOP/s probe's product (fxtrack.measure.matmul_probe), jitted once per process: at

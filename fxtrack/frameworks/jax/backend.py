@@ -40,6 +40,8 @@ class JaxBackend(Backend):
             dtype = train.COMPUTE_DTYPES[self.spec.precision]
             if self.arch.family != "custom":  # fxtrack's own models' layers
                 tags["matmul_form"] = matmul.fast_path(dtype, self.device.platform)[1]
+            if self.arch.family == "resnet":
+                tags["conv_form"] = matmul.conv_form(self.device.platform)[1]
             if self.arch.family in ("vit", "bert", "llama"):
                 if dtype == jnp.float16 and self.device.platform == "cpu":
                     dtype = jnp.float32  # the attention layers' XLA:CPU fp16 workaround

@@ -14,6 +14,7 @@ from typing import Any, Iterable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax import lax
 
 from fxtrack.architectures import Arch
 from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
@@ -42,12 +43,24 @@ def _torch_bias_init(fan_in: int):
 
 
 # ----------------------------------------------------------------------------- ResNet-50 v1.5
+def _pointwise_conv(x: jax.Array, kernel: jax.Array, strides: Any, padding: Any,
+                    **kwargs: Any) -> jax.Array:
+    """``nnx.Conv``'s convolution for an unpadded 1x1 kernel: the product it is
+    (``matmul.pointwise_conv``) where ``matmul.conv_form`` says, else XLA's convolution."""
+    if not matmul.conv_form(jax.default_backend())[0]:
+        return lax.conv_general_dilated(x, kernel, strides, padding, **kwargs)
+    return matmul.pointwise_conv(x, kernel, strides)
+
+
 def _conv(in_ch: int, out_ch: int, k: int, stride: int, pad: int, dtype: Dtype,
           rngs: nnx.Rngs) -> nnx.Conv:
     """A bias-free k x k convolution with explicit symmetric padding, as torch's
-    ``padding=k//2`` (Flax's "SAME" would pad (0, 1) on stride 2)."""
+    ``padding=k//2`` (Flax's "SAME" would pad (0, 1) on stride 2); a 1x1 one as its product
+    (``_pointwise_conv``), with the same kernel."""
+    conv = _pointwise_conv if k == 1 and pad == 0 else lax.conv_general_dilated
     return nnx.Conv(in_ch, out_ch, (k, k), strides=stride, padding=((pad, pad), (pad, pad)),
-                    use_bias=False, kernel_init=_conv_init, dtype=dtype, rngs=rngs)
+                    use_bias=False, kernel_init=_conv_init, dtype=dtype, rngs=rngs,
+                    conv_general_dilated=conv)
 
 
 class DeviceBatchNorm(nnx.BatchNorm):

@@ -42,6 +42,8 @@ class KerasBackend(Backend):
                 self.compiled, settings={"keras_backend": devices.backend_name()})
             if self.arch.family != "custom":
                 tags["matmul_form"] = devices.matmul_form(self.spec.precision)[1]
+            if self.arch.family == "resnet":
+                tags["conv_form"] = devices.conv_form()[1]
             if self.arch.family in ("vit", "bert"):
                 tags["attention"] = devices.attention(self.device)
             elif self.arch.family == "llama":
@@ -78,7 +80,8 @@ class KerasBackend(Backend):
         # ("No gradients provided for any variable", keras 3.15).
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and the backend's RNG
         with keras_train.precision_policy(self.spec.precision), \
-                keras_models.matmul_form(devices.matmul_form(self.spec.precision)[0]):
+                keras_models.matmul_form(devices.matmul_form(self.spec.precision)[0],
+                                         devices.conv_form()[0]):
             self.model = keras_models.build(self.arch)
         self.opt = keras_train.optimizer(self.arch, self.spec.precision, batch_size)
         self.compiled = train.compile_model(self.model, self.opt, train.loss(self.arch.family),

@@ -175,6 +175,22 @@ def matmul_form(precision: str) -> tuple[Optional[Callable], str]:
     return (xla_bf16.matmul if fast else None), why
 
 
+def conv_form() -> tuple[Optional[Callable], str]:
+    """The product fxtrack's Keras ResNet computes its 1x1 convolutions with (None: Keras' own
+    convolutions), and why (the ``fxtrack.conv_form`` tag). On the JAX backend on a CPU: as
+    framework=jax's (``xla_bf16.pointwise_conv``: XLA:CPU's convolution runs a 1x1 kernel at a
+    fraction of its dot rate). Elsewhere Keras' own."""
+    name = backend_name()
+    if name != "jax":
+        return None, f"Keras' own convolutions (keras on {name})"
+    import jax
+
+    from fxtrack.frameworks import xla_bf16
+
+    fast, why = xla_bf16.conv_form(jax.default_backend())
+    return (xla_bf16.pointwise_conv if fast else None), why
+
+
 def matmul_tflops(backend: Any) -> float:
     """The calibration capability: the rate of an n x n @ n x n ``keras.ops.matmul`` at the
     spec's precision (the product ``matmul_form`` gives the models, where it gives one), n sized
