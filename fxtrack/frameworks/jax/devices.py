@@ -134,7 +134,7 @@ def matmul_tflops(backend) -> float:
     (its untimed first run of each size is the compilation for that shape). The product is the
     one fxtrack's models compute (``xla_bf16.PROBE_PRODUCT``: the bf16-kernel form at bf16 on a CPU):
     XLA's own bf16 dot there is upcast to float32, 5x slower, and a peak taken from it put the
-    bf16 ViT-B/16 at 116% MFU (docs/results/mfu-vit-2026-12-05.md)."""
+    bf16 ViT-B/16 at 116% MFU (docs/results/mfu-2026-12-05.md)."""
     device, dtype = backend.device, DTYPES[backend.spec.precision]
     matmul = xla_bf16.PROBE_PRODUCT
 
