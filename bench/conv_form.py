@@ -41,8 +41,9 @@ def layer_rates(precision: str, batch: int, rounds: int) -> None:
     from jax import lax
 
     from fxtrack.frameworks import xla_bf16
+    from fxtrack.frameworks.jax.train import COMPUTE_DTYPES
 
-    dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[precision]
+    dtype = COMPUTE_DTYPES[precision]
     n = 2048
     a = jnp.ones((n, n), dtype)
     square = median_ms(lambda: jax.block_until_ready(xla_bf16.PROBE_PRODUCT(a, a)), rounds)
@@ -64,14 +65,14 @@ def layer_rates(precision: str, batch: int, rounds: int) -> None:
         print(f"{precision}  {side:>3}x{side:<3} {c_in:>4}->{c_out:<4} stride {stride}: "
               f"{rates[0]:.3f} -> {rates[1]:.3f} TFLOP/s ({rates[1] / rates[0]:.1f}x)")
     # The 3x3s, which stay convolutions: one matmul over the gathered 3x3 patches (im2col)
-    def patches(x, w, s=1):
+    def patches(x, w):
         side = x.shape[1]
         padded = jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
         cols = jnp.concatenate([padded[:, i:i + side, j:j + side, :]
                                 for i in range(3) for j in range(3)], axis=-1)
         return xla_bf16.matmul(cols, w.reshape(-1, w.shape[-1]))
 
-    same = lambda x, w, s=1: lax.conv_general_dilated(  # noqa: E731
+    same = lambda x, w: lax.conv_general_dilated(  # noqa: E731
         x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
     for side, c in ((56, 64), (28, 128), (14, 256), (7, 512)):
         x = jax.random.normal(jax.random.key(0), (batch, side, side, c), dtype)
@@ -96,9 +97,10 @@ def compiled_steps(precision: str, batch: int, image: int) -> dict:
     from fxtrack import architectures
     from fxtrack.frameworks import xla_bf16
     from fxtrack.frameworks.jax import models
+    from fxtrack.frameworks.jax.train import COMPUTE_DTYPES
 
     arch = architectures.resolve("resnet50", "full", image_size=image)
-    dtype = {"fp32": jnp.float32, "bf16": jnp.bfloat16}[precision]
+    dtype = COMPUTE_DTYPES[precision]
     model = models.build(arch, dtype, nnx.Rngs(0))
     model.train()
     graph, state = nnx.split(model)
