@@ -39,15 +39,41 @@ def hlo_dots(hlo: str) -> list[tuple[str, list[str], str]]:
     return found
 
 
+# XLA's compiled programs kept on disk for the whole test run, shared by every process it starts
+# (JAX, Keras on JAX, TensorFlow's jit_compile): the suite compiles the same tiny models in dozens
+# of workers, and a hit skips only XLA's backend compile (tracing and lowering still run). JAX's
+# conformance batch took 53 s cold and 26 s warm here (2026-12-06); the tests' own env only, not
+# fxtrack's: a user's first step still compiles as it would.
+XLA_CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": "{dir}/jax",
+                 "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                 "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+                 "TF_XLA_FLAGS": "--tf_xla_persistent_cache_directory={dir}/tf"}
+_XLA_CACHE: list[str] = []  # the directory this process made (removed when it ends)
+
+
 def pytest_configure(config):
     """An xdist worker in a session of its own, as a lone pytest process was: fxtrack's load
     sampler counts its own session's CPU as the run's, and the other worker's (same session
-    otherwise) hid a busy loop from tests/test_load.py's contended check."""
+    otherwise) hid a busy loop from tests/test_load.py's contended check. The first pytest
+    process (xdist's controller, or a lone one) makes the run's XLA cache; its workers and their
+    subprocesses inherit the variables."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         try:
             os.setsid()
         except OSError:  # already a session or group leader: nothing to do
             pass
+    if not any(k in os.environ for k in XLA_CACHE_ENV):  # a developer's own setting wins
+        import tempfile
+
+        _XLA_CACHE.append(tempfile.mkdtemp(prefix="fxtrack-tests-xla-"))
+        os.environ.update({k: v.format(dir=_XLA_CACHE[0]) for k, v in XLA_CACHE_ENV.items()})
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for made in _XLA_CACHE:
+        shutil.rmtree(made, ignore_errors=True)
 
 
 # Smaller than size=tiny where a check does not need the width: tiny ResNet-50 keeps its 25.6M
