@@ -39,40 +39,43 @@ def hlo_dots(hlo: str) -> list[tuple[str, list[str], str]]:
     return found
 
 
-# XLA's compiled programs kept on disk for the whole test run, shared by every process it starts
-# (JAX, Keras on JAX, TensorFlow's jit_compile): the suite compiles the same tiny models in dozens
-# of workers, and a hit skips only XLA's backend compile (tracing and lowering still run). JAX's
-# conformance batch took 53 s cold and 26 s warm here (2026-12-06); the tests' own env only, not
-# fxtrack's: a user's first step still compiles as it would.
+# The test run's own directory, made by the first pytest process (xdist's controller, or a
+# lone one) and inherited by its workers and every process they start; removed at the end.
+RUN_DIR_ENV = "FXTRACK_TESTS_RUN_DIR"
+_MADE: list[str] = []
+# XLA's compiled programs kept on disk in it, shared by every process of the run (JAX, Keras on
+# JAX, TensorFlow's jit_compile): the suite compiles the same tiny models in dozens of workers,
+# and a hit skips only XLA's backend compile (tracing and lowering still run). JAX's conformance
+# batch took 53 s cold and 26 s warm here (2026-12-06). The tests' env only, not fxtrack's: a
+# user's first step still compiles as it would.
 XLA_CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": "{dir}/jax",
                  "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
                  "TF_XLA_FLAGS": "--tf_xla_persistent_cache_directory={dir}/tf"}
-_XLA_CACHE: list[str] = []  # the directory this process made (removed when it ends)
 
 
 def pytest_configure(config):
     """An xdist worker in a session of its own, as a lone pytest process was: fxtrack's load
     sampler counts its own session's CPU as the run's, and the other worker's (same session
-    otherwise) hid a busy loop from tests/test_load.py's contended check. The first pytest
-    process (xdist's controller, or a lone one) makes the run's XLA cache; its workers and their
-    subprocesses inherit the variables."""
+    otherwise) hid a busy loop from tests/test_load.py's contended check."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         try:
             os.setsid()
         except OSError:  # already a session or group leader: nothing to do
             pass
-    if not any(k in os.environ for k in XLA_CACHE_ENV):  # a developer's own setting wins
+    if RUN_DIR_ENV not in os.environ:
         import tempfile
 
-        _XLA_CACHE.append(tempfile.mkdtemp(prefix="fxtrack-tests-xla-"))
-        os.environ.update({k: v.format(dir=_XLA_CACHE[0]) for k, v in XLA_CACHE_ENV.items()})
+        _MADE.append(tempfile.mkdtemp(prefix="fxtrack-tests-"))
+        os.environ[RUN_DIR_ENV] = _MADE[0]
+        if not any(k in os.environ for k in XLA_CACHE_ENV):  # a developer's own setting wins
+            os.environ.update({k: v.format(dir=_MADE[0]) for k, v in XLA_CACHE_ENV.items()})
 
 
 def pytest_unconfigure(config):
     import shutil
 
-    for made in _XLA_CACHE:
+    for made in _MADE:
         shutil.rmtree(made, ignore_errors=True)
 
 
@@ -116,24 +119,32 @@ def run_fxtrack(cwd: Path, *args: str, env: dict | None = None,
     full = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     full["FXTRACK_HOME"] = str(cwd / "home")
     full.update(env or {})
+    if "FXTRACK_CACHE" not in full:  # a test about MFU names its own cache
+        full.update(seed_peak_cache(Path(os.environ[RUN_DIR_ENV]) / "fxtrack-cache",
+                                    keep=True))
     return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=full,
                           capture_output=True, text=True, timeout=timeout)
 
 
-def seed_peak_cache(cache: Path) -> dict[str, str]:
+def seed_peak_cache(cache: Path, keep: bool = False) -> dict[str, str]:
     """A peak-FLOP/s cache for this CPU (1 TFLOP/s for every framework), so runs under test do
-    not calibrate: minutes of matmul probes on a busy 2-core machine, in tests that are not about
-    MFU. Returns the environment that points fxtrack at it."""
+    not calibrate: seconds of matmul probes a framework in every run (a busy 2-core machine's
+    calibration is never cached), in tests that are not about MFU. ``keep``: a cache already
+    there (the run's shared one) stays as it is. Returns the environment that points fxtrack
+    at it."""
     import json
 
     from fxtrack.measure import peak
     from fxtrack.orchestrator import calibration
 
-    entry = {"tflops": 1.0, "date": "2026-01-01", "contended": False, "other_cpu_frac": 0.0}
-    key = peak.cache_key("cpu", "fp32", peak.thread_count(None))
-    cache.mkdir(parents=True, exist_ok=True)
-    (cache / "peak_flops.json").write_text(json.dumps(
-        {key: {fw: entry for fw in calibration.frameworks()}}))
+    path = cache / "peak_flops.json"
+    if not (keep and path.exists()):
+        entry = {"tflops": 1.0, "date": "2026-01-01", "contended": False, "other_cpu_frac": 0.0}
+        key = peak.cache_key("cpu", "fp32", peak.thread_count(None))
+        cache.mkdir(parents=True, exist_ok=True)
+        part = cache / f"peak_flops.{os.getpid()}.part"  # whole for a concurrent reader
+        part.write_text(json.dumps({key: {fw: entry for fw in calibration.frameworks()}}))
+        part.replace(path)
     return {"FXTRACK_CACHE": str(cache)}
 
 
