@@ -63,6 +63,7 @@ def pytest_configure(config):
             os.setsid()
         except OSError:  # already a session or group leader: nothing to do
             pass
+        _own_cores()
     if RUN_DIR_ENV not in os.environ:
         import tempfile
 
@@ -70,6 +71,34 @@ def pytest_configure(config):
         os.environ[RUN_DIR_ENV] = _MADE[0]
         if not any(k in os.environ for k in XLA_CACHE_ENV):  # a developer's own setting wins
             os.environ.update({k: v.format(dir=_MADE[0]) for k, v in XLA_CACHE_ENV.items()})
+
+
+# Each xdist worker on cores of its own (a disjoint share of the allowed ones), inherited by
+# every process it starts, so each job sizes its threads to them (hardware.cpu_threads' default).
+# Two workers' jobs each at every core oversubscribed them: OpenMP and Eigen threads spin-wait
+# at every op for a thread the other job's threads hold off the core. "shared" keeps every core
+# for every worker. The cores the run had are kept for the tests about affinity.
+CORES_ENV, ALL_CORES_ENV = "FXTRACK_TESTS_CORES", "FXTRACK_TESTS_ALL_CORES"
+
+
+def _own_cores() -> None:
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if (os.environ.get(CORES_ENV) == "shared" or count < 2
+            or not hasattr(os, "sched_setaffinity")):
+        return
+    allowed = sorted(os.sched_getaffinity(0))
+    share = len(allowed) // count
+    if share < 1:  # more workers than cores: nothing to split
+        return
+    index = int(os.environ["PYTEST_XDIST_WORKER"].removeprefix("gw")) % count
+    os.environ.setdefault(ALL_CORES_ENV, ",".join(map(str, allowed)))
+    os.sched_setaffinity(0, allowed[index * share:(index + 1) * share])
+
+
+def all_cores() -> set[int]:
+    """The cores the test run was given, before a worker took its share."""
+    kept = os.environ.get(ALL_CORES_ENV)
+    return {int(c) for c in kept.split(",")} if kept else set(os.sched_getaffinity(0))
 
 
 def pytest_unconfigure(config):

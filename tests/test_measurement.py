@@ -15,7 +15,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 
 from fxtrack.measure import complexity  # noqa: E402
-from conftest import run_fxtrack  # noqa: E402
+from conftest import all_cores, run_fxtrack  # noqa: E402
 
 FRAMEWORKS = [fw for fw, module in (("torch", "torch"), ("tensorflow", "tensorflow"), ("jax", "jax"))
               if importlib.util.find_spec(module)]
@@ -304,7 +304,7 @@ def test_probe_restricts_the_worker_to_the_thread_count(monkeypatch):
     from fxtrack.measure import peak
     from fxtrack.orchestrator import calibration
 
-    if not hasattr(os, "sched_setaffinity") or len(peak.cpus()) < 2:
+    if not hasattr(os, "sched_setaffinity") or len(all_cores()) < 2:
         pytest.skip("needs CPU affinity and two cores")
     seen = {}
 
@@ -313,13 +313,15 @@ def test_probe_restricts_the_worker_to_the_thread_count(monkeypatch):
         seen["mask"] = os.sched_getaffinity(0)
         return subprocess.CompletedProcess(cmd, 0, stdout='{"installed": false}\n')
 
-    mask = os.sched_getaffinity(0)
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, all_cores())  # every core the run has, not this worker's share
     monkeypatch.setattr(subprocess, "run", fake_run)
     try:
+        assert len(peak.cpus()) >= 2
         assert calibration.ask_worker("matmul", "torch", None, threads=1) == {"installed": False}
     finally:
-        os.sched_setaffinity(0, mask)
-    assert seen["mask"] == {min(mask)}
+        os.sched_setaffinity(0, own)
+    assert seen["mask"] == {min(all_cores())}
 
 
 # ---- the step timer ----------------------------------------------------------------------
