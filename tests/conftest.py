@@ -64,6 +64,8 @@ def pytest_configure(config):
         except OSError:  # already a session or group leader: nothing to do
             pass
         _own_cores()
+    elif hasattr(config.option, "loadscopereorder"):  # xdist's controller: hand files out in
+        config.option.loadscopereorder = False  # the workers' order (FILE_SECONDS), not by count
     if RUN_DIR_ENV not in os.environ:
         import tempfile
 
@@ -99,6 +101,29 @@ def all_cores() -> set[int]:
     """The cores the test run was given, before a worker took its share."""
     kept = os.environ.get(ALL_CORES_ENV)
     return {int(c) for c in kept.split(",")} if kept else set(os.sched_getaffinity(0))
+
+
+# The heaviest test files first, so the two xdist workers finish together: --dist loadfile hands
+# out files in order (xdist's default order, by test count, put the 63 s test_tracking_team
+# last, and one worker ran it alone for 81 s while the other's core idled). Seconds per file
+# summed over its tests in one `.ci/run`-style run on the 2-core Xeon (2026-12-06; test_slurm from
+# the run before, whose cluster was up); a file not listed (under 25 s) runs after these.
+FILE_SECONDS = {
+    "test_conformance.py": 201, "test_keras.py": 167, "test_converge.py": 158,
+    "test_nothing_lost.py": 107, "test_byom_examples.py": 101, "test_jax.py": 96,
+    "test_fairness.py": 89, "test_measurement.py": 82, "test_byom_stateful.py": 76,
+    "test_tracking.py": 72, "test_byom.py": 72, "test_tensorflow.py": 67, "test_slurm.py": 65,
+    "test_tracking_team.py": 64, "test_memory_levers.py": 58, "test_tracking_trust.py": 57,
+    "test_scaling.py": 57, "test_cli.py": 56, "test_byom_levers.py": 46, "test_compare.py": 40,
+    "test_claims.py": 39, "test_profile.py": 38, "test_from_run.py": 38, "test_batching.py": 37,
+    "test_serve.py": 35, "test_torch.py": 34, "test_llama_jax.py": 33, "test_runtimes.py": 33,
+    "test_system_metrics.py": 30, "test_tracking_ui.py": 29}
+
+
+def pytest_collection_modifyitems(config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # the order only matters to xdist's handing out
+        return
+    items.sort(key=lambda item: -FILE_SECONDS.get(item.path.name, 0))  # stable within a file
 
 
 def pytest_unconfigure(config):

@@ -529,6 +529,16 @@ def test_readme_keeps_the_commands_ci_runs():
         assert f"(docs/{image.name})" in readme, f"docs/{image.name} is no longer shown"
 
 
+def test_the_heaviest_first_order_names_test_files_that_exist():
+    """tests/conftest.py's FILE_SECONDS orders xdist's files; a renamed file would drop to
+    the end of the order unnoticed."""
+    from conftest import FILE_SECONDS
+
+    missing = [name for name in FILE_SECONDS if not (ROOT / "tests" / name).exists()]
+    assert not missing, missing
+    assert list(FILE_SECONDS.values()) == sorted(FILE_SECONDS.values(), reverse=True)
+
+
 def test_nothing_cites_a_design_document_the_repository_lacks():
     # The contract is docs/contract.md; a wheel user has no design document beside it.
     cited = [f"{p.relative_to(ROOT)}:{i}" for top in ("fxtrack", "conf", "tests")
