@@ -236,6 +236,8 @@ def table(rows: list[tuple[dict[str, str], dict[str, Any]]], args: argparse.Name
                 f"{LLAMA['model.seq_len']} tokens (its training floor within "
                 f"{LLAMA_MARGIN:.0%} of {LLAMA_BUDGET_GIB} GiB)" if args.size == "full"
                 else "size=tiny: a smoke run, not a measurement")]
+    if args.set:  # after the cell's own overrides, so these win (framework.compile=... included)
+        notes.append("--set " + " ".join(args.set))
     if profiled:
         notes.append("profile columns: one profiled step's time split (the profile_*_ms "
                      "metrics), median over the repeats")

@@ -6,6 +6,8 @@ ops by self CPU time. For finding why one arm's step is slower than another's (i
     PYTHONPATH=. python bench/profile_step.py --row vit-torch --arm fxtrack --precision bf16
     PYTHONPATH=. python bench/profile_step.py --row vit-torch --arm reference --mode eager
     PYTHONPATH=. python bench/profile_step.py --row llama-torch --arm fxtrack --mode false
+    PYTHONPATH=. python bench/profile_step.py --row llama-torch --precision bf16 --full \
+        --seq-len 256 --batch 1 --steps 1 --shapes   # bench/mfu.py's 1B Llama cell
 
 torch rows only (the profiler is torch's).
 """
@@ -38,14 +40,23 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=None)
     parser.add_argument("--steps", type=int, default=2, help="profiled steps (after 3 warm-up)")
     parser.add_argument("--rows", type=int, default=16, help="table rows")
+    parser.add_argument("--full", action="store_true",
+                        help="the model's canonical size, not reference.py's smaller one")
+    parser.add_argument("--seq-len", type=int, default=None, help="tokens per sequence")
+    parser.add_argument("--batch", type=int, default=None, help="the row's batch otherwise")
+    parser.add_argument("--shapes", action="store_true",
+                        help="one table row per op and input shapes (which products are slow)")
     args = parser.parse_args()
 
     model, framework, reference, default, _, _ = ref.ROWS[args.row]
-    dims = dict(ref.SIZES[model])
+    dims = {} if args.full else dict(ref.SIZES[model])
     if args.image_size and "image_size" in dims:
         dims["image_size"] = args.image_size
+    if args.seq_len:
+        dims["seq_len"] = args.seq_len
     arm = dict(kind=args.arm, model=model, framework=framework, dims=dims,
-               batch=ref.BATCHES.get(model, ref.BATCH), warmup=3, precision=args.precision,
+               batch=args.batch or ref.BATCHES.get(model, ref.BATCH), warmup=3,
+               precision=args.precision,
                reference=reference, mode=args.mode or ("auto" if args.arm == "fxtrack" else default))
 
     from fxtrack.worker.__main__ import prepare_environment
@@ -59,14 +70,16 @@ def main() -> None:
     step, mode = build(arm, arch, spec)
     for _ in range(arm["warmup"]):
         step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=args.shapes,
+                 with_flops=args.shapes) as prof:
         for _ in range(args.steps):
             step()
-    events = prof.key_averages()
+    events = prof.key_averages(group_by_input_shape=args.shapes)
     print(f"{args.row} {args.arm} ({mode}, {args.precision}, batch {arm['batch']}, {dims}): "
           f"{sum(e.count for e in events) // args.steps} ops/step, "
           f"{torch.get_num_threads()} threads")
-    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows))
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.rows,
+                       max_shapes_column_width=60 if args.shapes else 80))
 
 
 if __name__ == "__main__":

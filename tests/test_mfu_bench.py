@@ -145,3 +145,7 @@ def test_profile_columns_show_where_the_runs_logged_them():
     # runs without them: no such columns
     plain = {k: v for k, v in run.items() if "profile_" not in k}
     assert "matmul ms" not in mfu.table([(VIT, mfu.figures(pd.DataFrame([plain])))], args).header
+    # a --set override wins over the cell's own (framework.compile=auto): the table says so
+    assert not any("--set" in note for note in table.notes)
+    forced = mfu.parse_args(["--size", "tiny", "--set", "framework.compile=true"])
+    assert "--set framework.compile=true" in mfu.table([(VIT, figures)], forced).notes
