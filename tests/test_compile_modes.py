@@ -48,10 +48,12 @@ def test_auto_resolves_per_device_kind_and_family(framework, kind, family, compi
     ({"hidden": 256, "layers": 4}, True),  # bench/reference.py's Llama: where it was measured
     ({"hidden": 767}, True), ({"hidden": 768}, False),  # [low, high): ViT-B widths tied
     ({"hidden": 64}, False),  # size=tiny: no compile in the short CPU runs
+    ({"hidden": 2048}, False),  # the 1B dims at fp32: eager (its row holds at bf16 only)
     (None, False),  # sizes unknown: the row does not hold, the next one does
 ])
 def test_a_sized_row_holds_only_at_its_sizes(dims, compiled):
-    got, why = _declared("torch").resolve_compile("cpu", "llama", "auto", dims=dims)
+    got, why = _declared("torch").resolve_compile("cpu", "llama", "auto", dims=dims,
+                                                  precision="fp32")
     assert got is compiled
     assert ("hidden 256-767" in why) is compiled
     # the other families keep their rows whatever the sizes
@@ -74,6 +76,17 @@ def test_a_row_at_some_precisions_holds_only_there(precision, seq_len, compiled)
                                                   precision="fp32")[0]
     assert not _declared("torch").resolve_compile("cpu", "vit", "auto", dims={"image_size": 32},
                                                   precision="bf16")[0]  # size=tiny
+
+
+@pytest.mark.parametrize("hidden,precision,compiled", [
+    (2048, "bf16", True),  # bench/mfu.py's 1B Llama cell, where it was measured
+    (2048, "fp32", False), (2048, None, False),  # another or an unknown precision: eager
+    (4096, "bf16", False), (64, "bf16", False),  # the 8B dims, size=tiny: not measured, eager
+])
+def test_the_1b_llama_compiles_at_bf16_only(hidden, precision, compiled):
+    got, why = _declared("torch").resolve_compile("cpu", "llama", "auto", dims={"hidden": hidden},
+                                                  precision=precision)
+    assert got is compiled and ("(the 1B dims) at bf16" in why) is compiled
 
 
 def test_a_run_resolves_auto_at_its_own_precision(tmp_path, monkeypatch):

@@ -13,6 +13,7 @@ PEER = ("docs/measurements.md#pytorch-at-its-peer-the-llama-and-vit-rows-of-the-
         "-2026-12-02")
 AUTO = "docs/fairness.md#what-frameworkcompileauto-means-each-fxtrackframeworksfw__init__py"
 BF16 = "docs/measurements.md#bf16-on-a-cpu-the-compile-rule-and-the-reference-rows-2026-12-03"
+LLAMA_BF16 = "docs/measurements.md#torchcompile-for-the-1b-llama-at-bf16-on-a-cpu-2026-12-06"
 
 FRAMEWORK = Framework(
     name="torch",
@@ -39,6 +40,10 @@ FRAMEWORK = Framework(
         CompileRule(True, "torch.compile on CPU for a Llama of hidden 256-767: faster at the "
                           "reference config", PEER, device_kind="cpu", family="llama",
                     sizes={"hidden": (256, 768)}),
+        CompileRule(True, "torch.compile on CPU for a Llama of hidden 2048 (the 1B dims) at bf16: "
+                          "faster than eager in bench/mfu.py's cell", LLAMA_BF16,
+                    device_kind="cpu", family="llama", sizes={"hidden": (2048, 2049)},
+                    precisions=("bf16",)),
         CompileRule(False, "eager on CPU for a Llama at other widths: ties at ViT-B widths, and "
                            "tiny runs are too short to repay a compile",
                     PEER, device_kind="cpu", family="llama"),
