@@ -396,6 +396,27 @@ def test_installing_another_framework_does_not_move_a_runs_mfu(tmp_path, monkeyp
     assert "MFU 8.4% (of jax's own matmul peak)" in line
 
 
+def test_a_run_that_outruns_its_peak_recalibrates_its_own_framework_only(tmp_path, monkeypatch):
+    """A run faster than its framework's cached peak measures that peak again; the other
+    frameworks' cached peaks stay. Replacing the whole cache entry dropped them, so in one MFU
+    table torch's first cell was read against a peak that its later cells no longer used."""
+    from fxtrack.measure import peak
+    from fxtrack.orchestrator import calibration
+
+    rates = {"jax": 0.30, "torch": 0.40}
+    monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
+    monkeypatch.setattr(calibration, "frameworks", lambda: ["jax", "torch"])
+    monkeypatch.setattr(calibration, "_UNCACHED", {})
+    monkeypatch.setattr(calibration, "_trial", lambda fw, *a: (
+        {"installed": True, "tflops": rates[fw]}, 0.0))
+    calibration.calibrate("cpu", "fp32", "cpu", {})  # both cached
+    rates["jax"] = 0.50  # the machine is faster now: a JAX run outruns its 0.30
+    metrics, _ = calibration.mfu_metrics("jax", "cpu", "fp32", "cpu", 1, 0.45, {})
+    assert metrics["peak_tflops"] == 0.50
+    [entries] = peak.cached().values()
+    assert entries["jax"]["tflops"] == 0.50 and entries["torch"]["tflops"] == 0.40
+
+
 def test_a_profiled_run_is_the_same_experiment_and_another_option_is_not():
     """train's profile_steps is declared apart from the identity (its steps run after the timed
     window); every other scenario option, e.g. a serve rate, still sets runs apart."""

@@ -288,7 +288,9 @@ def calibrate(device: str, precision: str, hardware: str, pythons: dict[str, Opt
         print(f"[fxtrack] other processes used the cores while calibrating {', '.join(busy)} "
               "(every trial contended): used by this process's runs, not cached",
               file=sys.stderr, flush=True)
-    if keep and not store(key, keep, replace=refresh):
+    # A refresh of only some frameworks (a run that outran its cached peak) replaces theirs:
+    # replacing the whole key dropped every other framework's peak mid-table (2026-12-06).
+    if keep and not store(key, keep, replace=refresh and only is None):
         print(f"[fxtrack] {path}.lock stayed busy for {LOCK_TIMEOUT_S} s: this calibration is "
               "used by this process's runs, not cached", file=sys.stderr, flush=True)
         keep = {}
