@@ -4,6 +4,7 @@ without MLflow; the bench scripts parse their options."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -263,3 +264,35 @@ def test_exit_now_keeps_what_the_interpreters_teardown_would_do(tmp_path, code, 
     assert (tmp_path / "thread").read_text() == "joined"
     assert not Path((tmp_path / "tmpdir").read_text()).exists()
     assert out.stderr == ("fxtrack: a message\n" if status == 1 else "")
+
+
+def _job_overhead():
+    spec = importlib.util.spec_from_file_location("job_overhead", ROOT / "bench" / "job_overhead.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_itemised_phases_add_up_to_each_arms_wall_time(tmp_path):
+    """--itemise (issue 46, item 3): every mark of both arms is there, so fxtrack's own hooks
+    (runner.run_worker, the gate, Job.run, the step timer) are still where the marks look, and
+    each arm's phases run end to end: they add up to its wall time, none negative."""
+    bench = _job_overhead()
+    arms = bench.arms_of("torch", tmp_path, itemise=True)
+    for arm in ("fxtrack", "bare"):
+        cmd, env = arms[arm]
+        got = bench.timed_run(cmd + ["steps=2", "warmup_steps=1"] if arm == "fxtrack" else cmd,
+                              tmp_path, env)
+        names = [name for name, _, _ in bench.PHASES[arm]]
+        assert all(got[name] >= 0 for name in names), (arm, got)
+        assert sum(got[name] for name in names) == pytest.approx(got["wall"], abs=1e-6), got
+        assert got["warm-up and timed steps"] > 0, got
+        if arm == "fxtrack":  # MLflow loaded while the worker built, and only then the gate
+            assert got[bench.ALONGSIDE[0]] > 0, got
+
+
+def test_itemised_marks_refuse_a_run_with_a_mark_missing():
+    bench = _job_overhead()
+    with pytest.raises(SystemExit, match="no 'worker built' mark"):
+        bench.phases("orchestrator interpreter 1.0\norchestrator job_run 1.1\n"
+                     "orchestrator worker_spawn 1.2\nworker interpreter 1.3\n", 0.0, 2.0)
