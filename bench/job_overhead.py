@@ -233,10 +233,10 @@ def itemised(row: dict) -> str:
     names = [p for p, _, _ in PHASES["fxtrack"]] + ["wall", ALONGSIDE[0]]
     for name in names:
         a = [r[name] for r in fx]
-        b = [r.get(name, 0.0) for r in bare_] if name != ALONGSIDE[0] else [0.0] * len(a)
+        b = [r.get(name, 0.0) for r in bare_]
         diffs = [x - y for x, y in zip(a, b)]
         ci = stats.t_interval(diffs)
-        bare_s = f"{stats.median(b):.3f}" if name in fx[0] and name in bare_[0] else "-"
+        bare_s = f"{stats.median(b):.3f}" if name in bare_[0] else "-"
         label = "whole process" if name == "wall" else name
         lines.append(f"  {label:<40} {stats.median(a):>10.3f} {bare_s:>8}  "
                      f"{stats.median(diffs):+.3f} [{ci.low:+.3f}, {ci.high:+.3f}]")

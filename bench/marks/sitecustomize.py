@@ -15,10 +15,10 @@ import time
 _PATH = os.environ.get("FXTRACK_BENCH_MARKS")
 
 
-def mark(name: str, process: str = "") -> None:
+def mark(name: str) -> None:
     """One line, appended in one write (several processes share the file)."""
     if _PATH:
-        line = f"{process or _PROCESS} {name} {time.time():.6f}\n"
+        line = f"{_PROCESS} {name} {time.time():.6f}\n"
         fd = os.open(_PATH, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, line.encode())
@@ -79,9 +79,8 @@ def _worker() -> None:
         os.fdopen = fdopen_marked
 
 
-_ARGV = sys.orig_argv[1:3]
-_PROCESS = {"fxtrack": "orchestrator", "fxtrack.worker": "worker"}.get(
-    _ARGV[1] if _ARGV[:1] == ["-m"] and len(_ARGV) > 1 else "", "bare")
+_PROCESS = {("-m", "fxtrack"): "orchestrator", ("-m", "fxtrack.worker"): "worker"}.get(
+    tuple(sys.orig_argv[1:3]), "bare")
 if _PATH:
     mark("interpreter")
     if _PROCESS == "orchestrator":
