@@ -302,6 +302,8 @@ def fit_with(tmp_path, monkeypatch, probe_run, *overrides: str, names: list | No
             self.name = records.run_name(spec, probe.conf.size.name)  # as Job.run names it
 
         def run(self, child_dir, parent, devices, scenario=None, repeat=None, tags=None):
+            # the worker writes its spec.json into the folder: it must exist (issue 60)
+            assert Path(child_dir).is_dir(), f"{child_dir} was not created"
             calls.append(self.value)
             if names is not None:
                 names.append(self.name)
@@ -357,7 +359,7 @@ def test_a_probe_killed_without_memory_pressure_is_probed_again(tmp_path, monkey
 
 
 def test_a_probe_killed_twice_without_memory_pressure_names_the_uncertainty(tmp_path,
-                                                                            monkeypatch):
+                                                                            monkeypatch, capsys):
     killed_at: list[int] = []
 
     def probe(value, calls):
@@ -372,6 +374,8 @@ def test_a_probe_killed_twice_without_memory_pressure_names_the_uncertainty(tmp_
     assert f"batch_size={calls[1]} was stopped twice" in outcome.error
     assert "the answer is uncertain (at least" in outcome.error
     assert logged[-1]["status"] == "FAILED"
+    # the terminal says why the search ended, not only the parent's tag (issue 60)
+    assert f"search stopped: batch_size={calls[1]} was stopped twice" in capsys.readouterr().out
 
 
 # Fault injection into a real orchestrator process (not its workers): Job.run of the cell with

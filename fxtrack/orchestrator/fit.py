@@ -289,8 +289,10 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
             # killed from outside (or timed out) where the probes' line sees no memory
             # pressure: not a miss; probed again, and a second kill leaves the answer open
             first = result.error
+            again = job_dir / f"{folder}-again"
+            again.mkdir(parents=True, exist_ok=True)  # the worker writes its spec.json there
             _, result, _ = _probe_job(job, s.axis, value).run(
-                job_dir / f"{folder}-again", fit_id, conf.devices, scenario="fit",
+                again, fit_id, conf.devices, scenario="fit",
                 repeat=repeat, tags=tag)
             if found["fit"] == KILLED:
                 stopped.append(f"{s.axis}={value} was stopped twice ({first}; {result.error}) "
@@ -338,6 +340,8 @@ def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Opt
               "scenario.max_probes reached before the search closed its bracket)"}.get(tags["fxtrack.fit_stop"], "")
     line = (f"{name}: largest {s.axis} that fits: {best or '-'}{capped} in {len(probes)} probes "
             f"(budget {_gib(budget_mib)}, {have.source})")
+    if outcome.error:  # the terminal says why the search ended, as the parent's tag does
+        line += f"; search stopped: {outcome.error}"
     tags.update(records.note(line))
     run_id = log_parent(outcome.status, outcome.metrics, _plot(probes, outcome.metrics, budget_mib,
                                                               name, job_dir))
