@@ -60,36 +60,43 @@ def task(cfg: DictConfig) -> None:
     # a scenario with its own driver (fit's probe search, scaling's device sweep) repeats its
     # own way
     repeating = conf.repeats > 1 and scenarios.get(conf.scenario.name).repeatable
-    if conf.resume and resumed(job, conf, hc, multirun, repeating):
+    jobs = Path(hc.sweep.dir) / JOBS_DIR if multirun else None
+    cell = None  # a sweep's repeat: (aggregate id, repeat index, resumed group or None)
+    if repeating and multirun:
+        from fxtrack.orchestrator import repeats
+
+        aggregate, repeat = repeats.sweep_position(hc.job.num, parent)
+        group = repeats.group_of(job, conf) if conf.resume else None
+        cell = (group["aggregate"] if group else aggregate, repeat, group)
+        if group and repeat in group["done"]:  # resume=true: this repeat finished before
+            resumed_repeat(job, conf, jobs, hc, cell, parent)
+            return
+    elif conf.resume and resumed(job, conf, hc, multirun, repeating):
         return
     try:
-        name, result, run_id, repeat, aggregate = dispatch(job, conf, job_dir, parent, hc,
-                                                          multirun, repeating)
+        name, result, run_id = dispatch(job, conf, job_dir, parent, jobs, repeating, cell)
     except Exception as e:  # noqa: BLE001 - an orchestrator bug in one cell: the sweep goes on
         if not multirun:
             raise
         # the cell's runs close themselves (fit's parent); its job file says why, for the
         # closing table
-        name, run_id, repeat, aggregate = f"job {hc.job.num + 1}", None, None, None
+        name, run_id = f"job {hc.job.num + 1}", None
         result = Result("", status="FAILED", error=f"fxtrack failed: {type(e).__name__}: {e}")
         print(f"fxtrack: {name}: {result.error}", file=sys.stderr, flush=True)
         if job.last_record is None:  # nothing logged for the cell: a FAILED run says why
             run_id = job.log_failed(job_dir, parent, result.error)
     if multirun:
-        jobs = Path(hc.sweep.dir) / JOBS_DIR
         jobs.mkdir(parents=True, exist_ok=True)
         record = job.last_record or {}
         (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
             {"name": name, "status": result.status, "guard": result.guard, "error": result.error,
              "metrics": result.metrics, "run_id": run_id, "tags": record.get("tags", {}),
              "params": record.get("params", {}),
-             "aggregate": record.get("tags", {}).get("fxtrack.repeat_of")}))
-        if repeating and repeat == conf.repeats - 1:  # the config's last repeat: close its aggregate
+             "aggregate": cell[0] if cell else record.get("tags", {}).get("fxtrack.repeat_of")}))
+        if cell is not None:  # the config's last repeat closes its aggregate
             from fxtrack.orchestrator import repeats
 
-            repeats.close(job, aggregate, parent, [
-                j for j in map(json.loads, (p.read_text() for p in sorted(jobs.glob("*.json"))))
-                if j.get("aggregate") == aggregate], jobs)
+            repeats.after_repeat(job, cell[0], parent, jobs, cell[1] == conf.repeats - 1)
         return
     from fxtrack.tracking.ui import next_steps
 
@@ -102,39 +109,56 @@ def task(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-def dispatch(job: Job, conf: FxtrackConfig, job_dir: Path, parent: str | None, hc: HydraConfig,
-             multirun: bool, repeating: bool):
-    """Run the cell as its scenario asks; (name, Result, run id, repeat, aggregate)."""
-    repeat = aggregate = None
+def dispatch(job: Job, conf: FxtrackConfig, job_dir: Path, parent: str | None,
+             jobs: Path | None, repeating: bool, cell: tuple | None):
+    """Run the cell as its scenario asks; (name, Result, run id). ``cell``: a sweep's repeat
+    (aggregate id, repeat index, resumed group or None)."""
     driver = scenarios.get(conf.scenario.name).driver
     if driver is not None:  # fit's probe search, scaling's device sweep
         from fxtrack.frameworks.declaration import import_path
 
-        name, result, run_id = import_path(driver)(job, job_dir, parent)
-    elif repeating:
+        return import_path(driver)(job, job_dir, parent)
+    if repeating:
         from fxtrack.orchestrator import repeats
 
-        if multirun:
-            aggregate, repeat = repeats.sweep_position(hc.job.num, parent)
-            name, result, run_id = repeats.run_one(job, job_dir, parent, aggregate, repeat)
-        else:
-            name, result, run_id = repeats.run_all(job, job_dir)
-    else:
-        name, result, run_id = job.run(job_dir, parent, conf.devices)
-    return name, result, run_id, repeat, aggregate
+        if cell is not None:
+            return repeats.run_one(job, job_dir, parent, cell[0], cell[1], jobs,
+                                   reopen=cell[2] is not None)
+        return repeats.run_all(job, job_dir)
+    return job.run(job_dir, parent, conf.devices)
+
+
+def resumed_repeat(job: Job, conf: FxtrackConfig, jobs: Path, hc: HydraConfig, cell: tuple,
+                   parent: str | None) -> None:
+    """resume=true, a sweep's repeat its group finished before: not run again; its job file
+    carries the finished run's figures, so the group's aggregate is completed from them."""
+    from fxtrack.orchestrator import repeats
+
+    aggregate, repeat, group = cell
+    done = group["done"][repeat]
+    print(f"[fxtrack] {done['name']}: finished before (run {done['run_id']}); skipped "
+          "(resume=true)", file=sys.stderr, flush=True)
+    jobs.mkdir(parents=True, exist_ok=True)
+    (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
+        dict(done, error=f"finished before (run {done['run_id']}): skipped, resume=true",
+             aggregate=aggregate, resumed=True)))
+    if repeat == conf.repeats - 1 and not repeats.complete(group, conf.repeats):
+        repeats.after_repeat(job, aggregate, parent, jobs, last=True)
 
 
 def resumed(job: Job, conf: FxtrackConfig, hc: HydraConfig, multirun: bool,
             repeating: bool) -> bool:
     """resume=true: True (the run or cell is skipped, saying so) when its identical config
-    already has a FINISHED run in the store. A fit, scaling or repeats cell is run again: its
-    runs are a search or a set, not one run (docs/contract.md)."""
+    already has a FINISHED run in the store. A fit or scaling cell is run again: its runs are a
+    search, not one run (docs/contract.md); a repeats run resumes its group (repeats.run_all)."""
     from fxtrack.orchestrator.job import config_id
     from fxtrack.tracking import reader
 
-    if repeating or not scenarios.get(conf.scenario.name).repeatable:  # a search or a sweep
-        print("fxtrack: resume=true skips single runs only; this "
-              f"{'repeats' if repeating else conf.scenario.name} run goes ahead", file=sys.stderr)
+    if repeating:  # repeats.run_all runs only the missing repeats of its group
+        return False
+    if not scenarios.get(conf.scenario.name).repeatable:  # a search or a device sweep
+        print("fxtrack: resume=true skips single runs and repeats only; this "
+              f"{conf.scenario.name} run goes ahead", file=sys.stderr)
         return False
     config = dict(job.config, devices=conf.devices)
     run_id = reader.finished_run(job.uri, conf.tracking.experiment, config_id(config))

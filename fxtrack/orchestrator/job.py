@@ -64,8 +64,12 @@ def stop_if_interrupted() -> None:
         return
     from fxtrack.orchestrator import sweep
 
-    sweep.close_interrupted("KILLED")
-    print(f"fxtrack: interrupted by signal {sig}; the run was recorded as KILLED",
+    # a repeats sweep's open aggregates close KILLED with their finished repeats' figures, not
+    # RUNNING until a sync closed them FAILED (issue 60)
+    closed = sweep.close_interrupted("KILLED", f"interrupted by signal {sig}")
+    print(f"fxtrack: interrupted by signal {sig}; the run was recorded as KILLED"
+          + (f", and {len(closed)} repeats aggregate(s) KILLED with their finished repeats "
+             "(resume=true runs only the missing repeats)" if closed else ""),
           file=sys.stderr, flush=True)
     sys.exit(128 + sig)
 
@@ -77,6 +81,9 @@ _CHILD_TAGS = ("device", "framework_version", "python", "cuda", "cudnn", "compil
                "cpu_threads", "serve_mode", "serve_batching", "serve_buckets", "contended")
 
 _LOADED: set[str] = set()  # tracking URIs whose MLflow client this process has opened
+# result id -> the held fallback of a parent this process opened (hold_parent). Process-wide: a
+# repeats sweep opens an aggregate in one cell's Job and closes it in another's (issue 60).
+_HELD_PARENTS: dict[str, Path] = {}
 
 
 class Job:
@@ -97,7 +104,6 @@ class Job:
         config["framework"]["python"] = conf.framework.python or sys.executable
         self.config = config  # what is logged: resolved, without credentials
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
-        self.held_parents: dict[str, Path] = {}  # result id -> its held fallback (hold_parent)
 
     def run(self, job_dir: Path, parent: str | None, devices: int,
             scenario: str | None = None, repeat: int | None = None,
@@ -258,13 +264,13 @@ class Job:
         why instead of leaving it RUNNING for ever; its own closing record drops it."""
         from fxtrack.tracking import records, spool
 
-        spool.drop(self.held_parents.pop(record["result_id"], None))
+        spool.drop(_HELD_PARENTS.pop(record["result_id"], None))
         if record["status"] != "RUNNING":
             return
-        gone = dict(record, status="FAILED", tags=dict(
-            record["tags"], **{"fxtrack.status": "failed", "fxtrack.error": records.GONE_PARENT}))
+        gone = records.fallback(dict(record, status="FAILED", tags=dict(
+            record["tags"], **{"fxtrack.status": "failed", "fxtrack.error": records.GONE_PARENT})))
         try:
-            self.held_parents[record["result_id"]] = spool.hold(gone, {})
+            _HELD_PARENTS[record["result_id"]] = spool.hold(gone, {})
         except spool.SpoolError as e:
             print(f"fxtrack: no fallback for {record['run_name']} in the spool ({e})",
                   file=sys.stderr)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fxtrack import stats
-from fxtrack.orchestrator.sweep import AGGREGATES_DIR, SWEEP_CONFIGS_ENV
+from fxtrack.orchestrator.sweep import AGGREGATES_DIR, CLOSERS, SWEEP_CONFIGS_ENV
 
 # Identity tags an aggregate copies from its repeats, so the report groups it like a single run.
 IDENTITY = ("fxtrack.framework", "fxtrack.model", "fxtrack.scenario", "fxtrack.precision",
@@ -111,6 +111,18 @@ def summary(name: str, metrics: dict[str, float], tags: dict[str, str]) -> str:
 
 # --- running the repeats (called from fxtrack.orchestrator.app.task) ---
 
+class _Open:
+    """An aggregate this process opened and has not closed: what closing it needs."""
+
+    def __init__(self, job, parent: Optional[str], jobs_dir, entries) -> None:
+        self.job, self.parent, self.jobs_dir, self.entries = job, parent, jobs_dir, entries
+
+
+_OPEN: dict[str, _Open] = {}
+_CLOSED: set[str] = set()  # closed by this process: a second close (a signal's, then the
+# caller's own handler) must not log it again
+
+
 def sweep_position(job_num: int, sweep_id: Optional[str]) -> tuple[str, int]:
     """(aggregate id, repeat index) of sweep job ``job_num``."""
     configs = int(os.environ.get(SWEEP_CONFIGS_ENV, "1"))
@@ -130,30 +142,100 @@ def _name_and_tags(job, job_dir) -> tuple[str, dict[str, str]]:
     return records.run_name(spec, job.conf.size.name), tags
 
 
-def _open(job, job_dir, aggregate: str, parent: Optional[str]) -> None:
-    """Create the config's aggregate run (RUNNING) so that its repeats can link to it."""
+def _open(job, job_dir, aggregate: str, parent: Optional[str], jobs_dir, entries) -> None:
+    """Create (or, resumed, reopen) the config's aggregate run RUNNING so that its repeats can
+    link to it; its held fallback closes it FAILED if this process is killed outright."""
     from fxtrack.tracking import records
 
     name, tags = _name_and_tags(job, job_dir)
     job.log(records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
                                   "RUNNING", parent), {})
+    _OPEN[aggregate] = _Open(job, parent, jobs_dir, entries)
 
 
-def run_one(job, job_dir, sweep_id: Optional[str], aggregate: str, repeat: int):
-    """One repeat of a sweep's config; the first one opens the config's aggregate run."""
-    if repeat == 0:
-        _open(job, job_dir, aggregate, sweep_id)
+def _keep(job, aggregate: str, entries: list[dict[str, Any]]) -> None:
+    """After each repeat: the aggregate's held fallback carries the finished repeats' figures,
+    so a kill before the close still leaves them on the aggregate (FAILED, its repeats kept)."""
+    from fxtrack.tracking import records
+
+    done = [e for e in entries if e["status"] == "FINISHED"]
+    if not done or aggregate not in _OPEN:
+        return
+    name, tags = _name_and_tags(job, Path("."))
+    tags.update(aggregate_tags(entries, job.conf.repeats))
+    record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
+                                   "RUNNING", _OPEN[aggregate].parent,
+                                   aggregate_metrics([e["metrics"] for e in done]))
+    record["params"] = done[0].get("params", {})
+    job.hold_parent(record)
+
+
+def group_of(job, conf) -> Optional[dict[str, Any]]:
+    """resume=true: the config's latest repeat group in the store (tracking.reader.repeat_group),
+    said on the terminal; None where it has none."""
+    from fxtrack.orchestrator.job import config_id
+    from fxtrack.tracking import reader
+
+    group = reader.repeat_group(job.uri, conf.tracking.experiment,
+                                config_id(dict(job.config, devices=conf.devices)))
+    return group
+
+
+def complete(group: Optional[dict[str, Any]], total: int) -> bool:
+    """A group whose every repeat finished and whose aggregate closed FINISHED."""
+    return group is not None and group["status"] == "FINISHED" and \
+        all(i in group["done"] for i in range(total))
+
+
+def job_files(jobs_dir, aggregate: str) -> list[dict[str, Any]]:
+    """A sweep's job files of ``aggregate``'s repeats, in job order."""
+    return [j for j in map(json.loads, (p.read_text() for p in sorted(Path(jobs_dir).glob(
+        "*.json")))) if j.get("aggregate") == aggregate]
+
+
+def run_one(job, job_dir, sweep_id: Optional[str], aggregate: str, repeat: int, jobs_dir,
+            reopen: bool = False):
+    """One repeat of a sweep's config; the first one (or, resumed, the first this process runs)
+    opens the config's aggregate run."""
+    if (repeat == 0 or reopen) and aggregate not in _OPEN:
+        _open(job, job_dir, aggregate, sweep_id, jobs_dir, lambda: job_files(jobs_dir, aggregate))
     return job.run(job_dir, aggregate, job.conf.devices, repeat=repeat)
 
 
+def after_repeat(job, aggregate: str, parent: Optional[str], jobs_dir, last: bool) -> None:
+    """A sweep's repeat has its job file: the config's last closes the aggregate, the others
+    update its fallback."""
+    entries = job_files(jobs_dir, aggregate)
+    if last:
+        close(job, aggregate, parent, entries, jobs_dir)
+    else:
+        _keep(job, aggregate, entries)
+
+
 def run_all(job, job_dir):
-    """A single (non-sweep) run with ``repeats=N``: N workers in a row, then the aggregate.
-    Returns the first failed repeat's (name, Result, run id), else the last one's."""
-    aggregate = aggregate_id(uuid.uuid4().hex, 0)
-    _open(job, job_dir, aggregate, None)
-    entries, outcome = [], None
+    """A single (non-sweep) run with ``repeats=N``: N workers in a row, then the aggregate;
+    with resume=true only the repeats its latest group has not finished. Returns the first
+    failed repeat's (name, Result, run id), else the last one's."""
+    from fxtrack.job import Result
+
+    group = group_of(job, job.conf) if job.conf.resume else None
+    if complete(group, job.conf.repeats):
+        print(f"[fxtrack] every repeat finished before (aggregate {group['aggregate']}); "
+              "skipped (resume=true)", file=sys.stderr, flush=True)
+        done = group["done"][job.conf.repeats - 1]
+        return done["name"], Result("", status="FINISHED", metrics=done["metrics"]), \
+            done["run_id"]
+    aggregate = group["aggregate"] if group else aggregate_id(uuid.uuid4().hex, 0)
+    entries: list[dict[str, Any]] = []
+    _open(job, job_dir, aggregate, None, None, lambda: entries)
+    outcome = None
     try:
         for i in range(job.conf.repeats):  # each repeat is logged by job.run as it ends
+            if group and i in group["done"]:
+                entries.append(group["done"][i])
+                print(f"[fxtrack] {group['done'][i]['name']}: finished before; kept "
+                      "(resume=true)", file=sys.stderr, flush=True)
+                continue
             (job_dir / f"repeat{i}").mkdir(parents=True, exist_ok=True)
             name, result, run_id = job.run(job_dir / f"repeat{i}", aggregate, job.conf.devices,
                                            repeat=i)
@@ -161,6 +243,7 @@ def run_all(job, job_dir):
             entries.append({"name": name, "status": result.status, "guard": result.guard,
                             "metrics": result.metrics, "tags": record.get("tags", {}),
                             "params": record.get("params", {})})
+            _keep(job, aggregate, entries)
             if outcome is None or outcome[1].status == "FINISHED":
                 outcome = (name, result, run_id)
     except Exception as e:  # this process's own error: the aggregate closes FAILED with why and
@@ -172,7 +255,24 @@ def run_all(job, job_dir):
         close(job, aggregate, None, entries, None, stopped=("KILLED", "interrupted"))
         raise
     close(job, aggregate, None, entries, None)
+    if outcome is None:  # every repeat was kept from before
+        done = entries[-1]
+        outcome = (done["name"], Result("", status="FINISHED", metrics=done["metrics"]),
+                   done["run_id"])
     return outcome
+
+
+def close_open(stopped: Optional[tuple[str, str]] = None) -> list[dict[str, Any]]:
+    """Close every aggregate this process left open (a signal stopped the sweep: ``stopped``
+    = ("KILLED", why); a sweep's end: None), each with its finished repeats' figures."""
+    closed = []
+    for aggregate, left in list(_OPEN.items()):
+        closed.append(close(left.job, aggregate, left.parent, left.entries(), left.jobs_dir,
+                            stopped=stopped))
+    return [c for c in closed if c]
+
+
+CLOSERS.append(close_open)
 
 
 def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, Any]],
@@ -182,6 +282,10 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
     short. Returns the aggregate entry."""
     from fxtrack.tracking import records
 
+    if aggregate in _CLOSED:
+        return {}
+    _OPEN.pop(aggregate, None)
+    _CLOSED.add(aggregate)
     done = [e for e in entries if e["status"] == "FINISHED"]
     metrics = aggregate_metrics([e["metrics"] for e in done])
     name = _name_and_tags(job, Path("."))[0]  # the repeats' name without their -r<i>
@@ -191,6 +295,8 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
         status = stopped[0]
         tags.update({"fxtrack.status": "failed", "fxtrack.error": stopped[1][:500]})
     line = summary(name, metrics, tags)
+    if stopped is not None:
+        line += f"  {status}: {stopped[1]}"
     tags.update(records.note(line))
     record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
                                    status, parent, metrics)

@@ -88,6 +88,8 @@ class SweepRun(Callback):
         self._deliver(config, "RUNNING")
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        for close_open in CLOSERS:  # an aggregate whose last repeat's cell raised before its close
+            close_open(None)
         jobs_dir = Path(config.hydra.sweep.dir) / JOBS_DIR
         jobs = [json.loads(p.read_text()) for p in sorted(jobs_dir.glob("*.json"))]
         skipped = [j for j in jobs if j.get("skipped")]
@@ -199,7 +201,7 @@ class SweepRun(Callback):
     def _deliver(self, config: DictConfig, status: str, note: str | None = None,
                  params: dict[str, Any] | None = None,
                  artifacts: dict[str, Any] | None = None) -> None:
-        from fxtrack.tracking import spool, writer
+        from fxtrack.tracking import records, spool, writer
 
         uri = self._uri(config)
         record = self._record(config, status, note)
@@ -209,7 +211,7 @@ class SweepRun(Callback):
         if status == "RUNNING":
             self.run_id = run_id
             # the sweep's last word if this process is killed outright: sync closes it FAILED
-            gone = self._record(config, "FAILED", f"FAILED: {GONE}")
+            gone = records.fallback(self._record(config, "FAILED", f"FAILED: {GONE}"))
             gone["tags"]["fxtrack.error"] = GONE
             try:
                 self.held = spool.hold(gone, {})
@@ -259,12 +261,20 @@ def skipped_job(name: str, why: str) -> dict[str, Any]:
             "aggregate": None, "skipped": True}
 
 
-def close_interrupted(status: str = "KILLED") -> None:
-    """Close the sweep in progress (if any) as ``status``: called when a signal stops it."""
+# What closes the parents this process left open (repeats.close_open, registered by that module
+# as it is imported): called with (status, why) when a signal stops the sweep, None at its end.
+CLOSERS: list = []
+
+
+def close_interrupted(status: str = "KILLED", why: str = "interrupted") -> list:
+    """Close the parents this process left open and the sweep in progress (if any) as
+    ``status``: called when a signal stops it. Returns the parents closed besides the sweep."""
     global _ACTIVE
+    closed = [entry for close_open in CLOSERS for entry in close_open((status, why))]
     sweep, _ACTIVE = _ACTIVE, None
     if sweep is not None:
         sweep._deliver(sweep.config, status)
+    return closed
 
 
 def closing_table(jobs: list[dict[str, Any]]) -> str:

@@ -105,8 +105,16 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
             variant |= frame[f"params.{lever}"].fillna(default) != default
     variant = variant.to_numpy()
     benchmark = tagged & ~folded & ~variant
-    failed = benchmark & ((runs["check"] == "failed") | runs["status"].isin(["FAILED", "KILLED"]))
-    finished = benchmark & ~failed & (runs["status"] == "FINISHED")
+    # A repeats aggregate stopped by a signal or a kill keeps its finished repeats' figures
+    # (``repeats`` says how many): they stand, as their repeats' runs do (issue 60).
+    stopped = runs["status"].isin(["FAILED", "KILLED"])
+    kept_repeats = pd.to_numeric(frame.get("metrics.repeats", pd.Series(index=frame.index,
+                                                                        dtype=float)),
+                                 errors="coerce").fillna(0).to_numpy()
+    partial = benchmark & (runs["kind"] == "aggregate") & stopped & (kept_repeats > 0)
+    failed = benchmark & ~partial & ((runs["check"] == "failed") | stopped)
+    finished = benchmark & ~failed & ((runs["status"] == "FINISHED") | partial)
+    runs.loc[partial, "check"] = "ok"  # the figures are the finished repeats': nothing failed
     kept = runs[finished].copy()
     kept["devices"] = pd.to_numeric(kept["devices"], errors="coerce").fillna(1).astype(int)
     for col in ("model", "scenario", "precision", "hardware"):

@@ -96,6 +96,43 @@ def finished_run(uri: str, experiment: str, config_id: str) -> Optional[str]:
     return found[0].info.run_id if found else None
 
 
+def repeat_group(uri: str, experiment: str, config_id: str) -> Optional[dict[str, Any]]:
+    """The latest repeat group of ``config_id`` (runs tagged ``fxtrack.repeat_of``), for
+    ``resume=true``: ``{"aggregate": its result id, "status": the aggregate run's status (None
+    if it was never logged), "done": {repeat index: entry}}`` with an entry per FINISHED repeat
+    (``name``, ``status``, ``guard``, ``metrics``, ``tags``, ``params``, ``run_id``: as a
+    sweep's job file has them). None: no group yet (no store: nothing is created)."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return None
+    mlflow_defaults()
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        return None
+    found = [r for r in client.search_runs([exp.experiment_id],
+                                           f"tags.`fxtrack.config_id` = '{config_id}'",
+                                           max_results=5000)
+             if r.data.tags.get("fxtrack.repeat_of")]
+    if not found:
+        return None
+    latest = max(found, key=lambda r: r.info.start_time or 0).data.tags["fxtrack.repeat_of"]
+    done: dict[int, dict[str, Any]] = {}
+    for run in sorted(found, key=lambda r: r.info.start_time or 0):  # the latest of an index wins
+        tags = run.data.tags
+        if tags["fxtrack.repeat_of"] != latest or run.info.status != "FINISHED" \
+                or not tags.get("fxtrack.repeat", "").isdigit():
+            continue
+        done[int(tags["fxtrack.repeat"])] = {
+            "name": tags.get("mlflow.runName", run.info.run_id), "status": "FINISHED",
+            "guard": tags.get("fxtrack.guard", "ok"), "error": "", "metrics": run.data.metrics,
+            "tags": tags, "params": run.data.params, "run_id": run.info.run_id}
+    from fxtrack.tracking.runs import find_run
+
+    aggregate = find_run(client, exp.experiment_id, latest)
+    return {"aggregate": latest, "status": aggregate.info.status if aggregate else None,
+            "done": done}
+
+
 def experiment_names(uri: str) -> list[str]:
     """The active experiments at ``uri``, sorted; empty when the store cannot be read (or, for
     sqlite, does not exist: listing must not create it)."""

@@ -375,6 +375,12 @@ def sync_advice(uri: str) -> str:
             "retries the URI each result was spooled with)")
 
 
+def fallback(record: dict[str, Any]) -> dict[str, Any]:
+    """A parent's held last word (``spool.hold``): sync delivers it only to a run still RUNNING
+    or absent, never over a close its orchestrator already logged (issue 60)."""
+    return dict(record, fallback=True)
+
+
 GONE_PARENT = ("its orchestrator was gone before it closed this run (killed: SIGKILL, the OOM "
                "killer, a reboot); closed by fxtrack sync")
 GONE = ("its orchestrator was gone before it logged the run (killed: SIGKILL, the OOM killer, "

@@ -89,6 +89,11 @@ def _log(record: dict[str, Any], payload: Payload, uri: str) -> str:
         return _parent_run(client, exp_id, parent_id, uri)
     if record["kind"] == "sweep":
         existing = find_run(client, exp_id, record["result_id"])
+        if existing is not None and existing.info.status != "RUNNING":
+            if record.get("fallback"):  # its orchestrator closed it: the held word is moot
+                return existing.info.run_id
+            if record["status"] == "RUNNING":  # reopened (resume=true completes a group)
+                client.update_run(existing.info.run_id, status="RUNNING")
         run_id, artifact_uri = (existing.info.run_id, existing.info.artifact_uri) if existing \
             else runs.create(client, exp_id, record, payload, uri, parents, adopt)[:2]
         if record["status"] != "RUNNING":
