@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from test_nothing_lost import (  # noqa: F401 - reaper is a fixture
+import test_nothing_lost
+from test_nothing_lost import (
     TINY,
     processes_mentioning,
-    reaper,
     store_runs,
     sync,
     user_env,
@@ -27,6 +27,7 @@ from test_nothing_lost import (  # noqa: F401 - reaper is a fixture
     worker_pids,
 )
 
+reaper = test_nothing_lost.reaper  # the fixture: whatever a test started is gone after it
 pytestmark = pytest.mark.slow  # each case is a real sweep, a resumed one, two syncs, a report
 
 SWEEP = [sys.executable, "-m", "fxtrack", "-m", *TINY, "steps=2", "repeats=2"]
@@ -138,3 +139,24 @@ def test_a_signal_to_the_orchestrator_keeps_the_finished_repeats(tmp_path, reape
         [aggregate], _ = state(tmp_path)
         assert aggregate.info.status == "KILLED" and aggregate.data.metrics["repeats"] == 1
     sync_twice_then_resume(tmp_path, ["seed=0"], groups=1, skipped=1)
+
+
+def test_a_single_repeats_run_resumes_its_group(tmp_path, reaper):
+    """``repeats=2`` without a sweep: the second repeat's worker is SIGKILLed (the run exits 1,
+    its aggregate FINISHED on the first repeat); resume=true runs the second repeat only and
+    completes the same aggregate."""
+    single = [sys.executable, "-m", "fxtrack", *TINY, "steps=2", "repeats=2"]
+    proc = subprocess.Popen(single, cwd=tmp_path, env=user_env(tmp_path),
+                            stdout=subprocess.DEVNULL, stderr=open(tmp_path / "first.log", "w"))
+    reaper.append(proc)
+    second = lambda: [pid for pid in worker_pids(tmp_path)  # noqa: E731
+                      if "/repeat1/spec.json" in Path(f"/proc/{pid}/cmdline").read_text()]
+    os.kill(wait_for(second, 600, "the second repeat's worker")[0], signal.SIGKILL)
+    assert proc.wait(timeout=300) == 1, (tmp_path / "first.log").read_text()
+    assert check(tmp_path, groups=1, resumed=False)
+    again = subprocess.run([*single, "resume=true"], cwd=tmp_path, env=user_env(tmp_path),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "-r0: finished before; kept (resume=true)" in again.stderr, again.stderr
+    assert again.stderr.count("building vit") == 1, again.stderr  # one worker: the second repeat
+    report_shows(tmp_path, check(tmp_path, groups=1, resumed=True))
