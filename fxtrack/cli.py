@@ -126,11 +126,13 @@ def subcommand_parser() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    from fxtrack.environment import secure_process
+    from fxtrack.environment import redact_process_output, secure_process
 
     # Credentials inside tracking URIs move to MLFLOW_TRACKING_USERNAME/PASSWORD before Hydra
-    # or MLflow print, log or spool anything (issue 14).
+    # or MLflow print, log or spool anything (issue 14); whatever URI still carries some (a
+    # preset's, a database's) is redacted on every terminal and log line (issue 60).
     secure_process(sys.argv)
+    redact_process_output()
     try:
         _main()
     except KeyboardInterrupt:  # Ctrl-C outside a worker: one line and the shell's status
@@ -211,6 +213,7 @@ def run_app() -> None:
     exit_on_sigterm()
     sys.argv[1:] = with_user_searchpath(sys.argv[1:], user_config_dirs())
     check_overrides(sys.argv[1:])
+    check_output_dir(sys.argv[1:])
     started: list[bool] = []
 
     def job(cfg: Any) -> None:
@@ -228,9 +231,25 @@ def run_app() -> None:
         app()
     except Exception as e:  # noqa: BLE001 - anything but a config error goes on as it was
         line = None if started else config_error_line(e)
+        if line is None and not started and isinstance(e, OSError):  # Hydra writing its
+            from fxtrack.config.validate import output_dir_error  # output directory
+
+            print(f"fxtrack: {output_dir_error(e, os.getcwd())}", file=sys.stderr)
+            sys.exit(2)
         if line is None:
             raise
         config_error(line)
+
+
+def check_output_dir(args: list[str]) -> None:
+    """Stop (exit 2, one line) where Hydra could not make the run's output directory (a
+    read-only launch directory), before anything runs or is logged."""
+    from fxtrack.config.validate import output_dir_refusal
+
+    why = output_dir_refusal(args, os.getcwd())
+    if why is not None:
+        print(f"fxtrack: {why}", file=sys.stderr)
+        sys.exit(2)
 
 
 def config_groups(extra: list[Path]) -> set[str]:

@@ -37,6 +37,11 @@ SYNTHETIC = "synthetic"
 SPLIT_SEED = 20261204  # the held-out split's permutation: the same in every run
 PYCODE_BYTES = 4 * 2**20  # pycode's cap (train + held-out): reads in well under a second
 PIXEL_SCALE = 255.0  # MNIST's 0..255 grey levels -> [0, 1]
+# The widest input a data file may set: the model is built at the data's shape, and a ViT
+# attends over every patch of it (time and activations grow with their square). A 1024 x 1024
+# image is 4,096 patches of 16 x 16; a 16,384-sample signal 1,024 pieces of (1 x 16).
+MAX_IMAGE_SIDE = 1024
+MAX_SIGNAL = 16384
 
 
 class DataError(ValueError):
@@ -125,10 +130,51 @@ def _checked_rows(name: str, source: str, x: Any, y: Any, holdout: float,
                         f"({source})")
     if len(labels) and labels.min() < 0:
         raise DataError(f"data={name}: labels must be class ids from 0, got {labels.min()}")
+    if len(labels):
+        _check_classes(name, source, labels)
     train, held = holdout_rows(len(x), holdout)
     return Split(name, kind, x[train], labels[train].astype(np.int32), x[held],
                  labels[held].astype(np.int32), int(labels.max()) + 1 if len(labels) else 0,
                  source)
+
+
+def _check_classes(name: str, source: str, labels: Any) -> None:
+    """The classes the labels make (the model's output width is the largest id + 1): at least
+    two, no more than the rows, and most of the ids 0..K-1 in use; else one DataError line."""
+    import numpy as np
+
+    classes, rows = int(labels.max()) + 1, len(labels)
+    present = len(np.unique(labels))
+    if present < 2:  # any model predicts the one class: accuracy 1.000, nothing learned
+        raise DataError(f"data={name}: every label is {int(labels[0])}: one class, which any "
+                        f"model predicts at accuracy 1.000; a classifier needs two classes or "
+                        f"more ({source})")
+    if classes > rows:
+        raise DataError(f"data={name}: labels up to {classes - 1} make {classes:,} classes (the "
+                        f"model's output width) from {rows:,} rows; class ids number the classes "
+                        f"0..K-1, at most one class per row: relabel them ({source})")
+    if 2 * present < classes:
+        raise DataError(f"data={name}: {present:,} of the {classes:,} class ids 0..{classes - 1} "
+                        f"are used (the largest id sets the model's output width); class ids "
+                        f"number the classes 0..K-1, at least half of them used: relabel them "
+                        f"({source})")
+
+
+def _check_width(path: Path, x: Any, images: Optional[Any]) -> None:
+    """Refuse an input wider than a model here takes (``MAX_IMAGE_SIDE``, ``MAX_SIGNAL``), in
+    one line, before the rows are converted and split."""
+    if images is not None and images.shape[1] > MAX_IMAGE_SIDE:
+        raise DataError(f"data.path {path}: {images.shape[1]} x {images.shape[2]} images are past "
+                        f"the {MAX_IMAGE_SIDE} x {MAX_IMAGE_SIDE} the model is built at most "
+                        "(a ViT's time grows with the square of its patches); resize them")
+    if images is None and x.ndim == 2 and x.shape[1] > MAX_SIGNAL:
+        rows, width = x.shape
+        transposed = (f"; {rows:,} rows of {width:,} columns: is the table transposed?"
+                      if width > rows else "")
+        raise DataError(f"data.path {path}: rows of {width:,} features make a 1-D signal of "
+                        f"{width:,} samples, past the {MAX_SIGNAL:,} the model is built at most "
+                        f"(a ViT's time grows with the square of its (1 x patch) pieces){transposed}"
+                        "; keep fewer features")
 
 
 def as_images(x: Any) -> Optional[Any]:
@@ -186,6 +232,7 @@ def _load_file(cfg: Any) -> Split:
         raise DataError(f"data.path {path} could not be read: {type(e).__name__}: "
                         f"{str(e).splitlines()[0] if str(e) else ''}") from None
     images = as_images(np.asarray(x))
+    _check_width(path, np.asarray(x), images)
     split = _checked_rows("file", str(path), np.asarray(x) if images is None else images, y,
                           cfg.holdout, "signals" if images is None else "images")
     if split.kind == "signals" and len(split.shape) != 1:

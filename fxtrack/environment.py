@@ -10,10 +10,12 @@ import functools
 import os
 import platform
 import re
+import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Mapping, MutableMapping
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit
 
 import fxtrack
 
@@ -32,7 +34,9 @@ _RECORDED = re.compile(
     r"|GPUS|GPUS_PER_NODE|JOB_NUM_NODES)$|MLFLOW_(TRACKING_URI|REGISTRY_URI|EXPERIMENT_NAME"
     r"|EXPERIMENT_ID|RUN_ID|S3_ENDPOINT_URL|HTTP_REQUEST_\w+)$)")
 # scheme://user[:password]@ inside any text; the scheme may carry a driver (postgresql+psycopg2).
-_URI_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/@\s'\"]+@")
+# Up to the authority's last '@' (a raw '@' in a password left its tail behind), never past
+# where the authority ends (/ ? # whitespace, a quote or an HTML bracket).
+_URI_CREDENTIALS = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#\s'\"<>]+@")
 # Values that look like a credential whatever their variable is called: well-known token
 # formats (GitHub, GitLab, Slack, AWS, OpenAI/Anthropic-style keys, JWTs, PEM keys), a
 # secret-named option inside a value (--password=x, token: x), and long random-looking strings.
@@ -49,22 +53,86 @@ _RANDOM_LOOKING = re.compile(r"(?<![\w/.+=])(?=[\w+=]*[a-z])(?=[\w+=]*[A-Z])(?=[
                              r"[\w+=]{24,}(?![\w/.+=])")
 
 
-def redact_uri(uri: str) -> str:
-    """A URI with any user:password@ removed, safe to log."""
-    parts = urlsplit(uri)
-    try:
-        if parts.username is None and parts.password is None:
-            return uri
-        host = parts.hostname or ""
-        netloc = f"{host}:{parts.port}" if parts.port else host
-    except ValueError:  # an unparsable netloc: fall back to the textual rule
-        return redact_uri_text(uri)
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
 def redact_uri_text(text: str) -> str:
-    """``text`` with any ``scheme://user:password@`` credentials removed."""
+    """``text`` (a URI, or any text holding URIs) with every ``scheme://user:password@``'s
+    credentials removed. THE redaction of fxtrack: every URI that reaches a page, a link, an
+    artifact, a traceback, a log line, a Hydra output or a terminal line goes through it."""
     return _URI_CREDENTIALS.sub(r"\1", text)
+
+
+def redact_file(path: Path) -> None:
+    """Rewrite the text file ``path`` with its URI credentials removed, whole (a reader never
+    sees half a file); a file without any, or none at all, is left as it is."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError):
+        return
+    redacted = redact_uri_text(text)
+    if redacted != text:
+        part = path.with_name(f".{path.name}.{os.getpid()}.part")
+        part.write_text(redacted)
+        part.replace(path)
+
+
+class _RedactingStream:
+    """A text stream whose writes go through redact_uri_text; the rest is the stream's own."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact_uri_text(text) if "@" in text else text)
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def redact_process_output() -> None:
+    """From now on, this process's terminal lines (stdout, stderr: prints, tracebacks, Hydra's
+    --cfg, MLflow's and Hydra's log handlers) and every log record (Hydra's job log file too)
+    carry no URI credentials, whichever code wrote them: a URI with a password can come from a
+    preset or a DB store, not only the command line that secure_process cleans (issue 60)."""
+    import logging
+
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _RedactingStream):
+            setattr(sys, name, _RedactingStream(stream))
+    make = logging.getLogRecordFactory()
+    if getattr(make, "redacts", False):
+        return
+
+    def redacting(*args, **kwargs) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record: logging reports it itself
+            return record
+        if "@" in text:
+            record.msg, record.args = redact_uri_text(text), ()
+        if record.exc_info and not record.exc_text:  # the traceback a handler would format
+            record.exc_text = redact_uri_text(logging.Formatter().formatException(record.exc_info))
+        return record
+
+    redacting.redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(redacting)
+
+
+def parent_death_signal(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` after which the kernel sends ``sig`` to the child when the thread that
+    started it dies, even by SIGKILL (Linux's PR_SET_PDEATHSIG); None off Linux."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    PR_SET_PDEATHSIG = 1
+    return lambda: prctl(PR_SET_PDEATHSIG, int(sig))
 
 
 def redact_credentials(text: str) -> str:
@@ -112,7 +180,7 @@ def move_uri_credentials(uri: str, environ: MutableMapping[str, str] | None = No
         environ.setdefault("MLFLOW_TRACKING_USERNAME", unquote(user))
     if password:
         environ.setdefault("MLFLOW_TRACKING_PASSWORD", unquote(password))
-    return redact_uri(uri)
+    return redact_uri_text(uri)
 
 
 def secure_process(argv: list[str], environ: MutableMapping[str, str] | None = None) -> None:

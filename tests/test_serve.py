@@ -384,7 +384,7 @@ def test_tensorflow_says_it_cannot_count_compilations():
 
 @pytest.mark.parametrize("options, message", [
     ({"rate": "4", "duration_s": 0}, "scenario.duration_s must be a positive number"),
-    ({"rate": "4", "batch_buckets": [0, 4]}, "do not cover"),
+    ({"rate": "4", "batch_buckets": [0, 4]}, "each 1 or more"),
     ({"rate": "4", "token_spread": 3}, "folded into scenario.length_dist=uniform"),
     ({"rate": "4", "batching": "dynamic"}, "scenario.batching must be one of static|continuous"),
     ({"rate": "4", "length_dist": "zipf"}, "scenario.length_dist must be one of"),

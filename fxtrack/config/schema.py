@@ -22,7 +22,7 @@ from omegaconf import MISSING, II, OmegaConf
 from fxtrack import architectures, families
 from fxtrack.config import slurm
 from fxtrack.frameworks.declaration import import_path
-from fxtrack.policy import COMPILE_REQUESTS
+from fxtrack.policy import COMPILE_REQUESTS, allowed_cpus
 from fxtrack.scenarios import SCENARIOS
 from fxtrack.scenarios.options import at_least, finite, finite_fields, positive
 
@@ -41,6 +41,7 @@ _positive = positive
 
 
 _finite, _finite_fields = finite, finite_fields  # one finite-number check (options.py)
+SEED_MAX = 2**32 - 1  # the largest seed every framework's generator takes
 
 
 @dataclasses.dataclass
@@ -189,6 +190,13 @@ class HardwareConfig:
         _finite_fields("hardware.", self)
         _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads,
                   price_per_hour=self.price_per_hour)
+        # more threads than the machine has CPUs only oversubscribes them, and in the tens of
+        # thousands a framework's pool creation crashes the worker (SIGSEGV)
+        cpus = os.cpu_count() or 1
+        if self.cpu_threads is not None and self.cpu_threads > cpus:
+            raise ValueError(f"hardware.cpu_threads={self.cpu_threads} is more than the {cpus} "
+                             f"CPUs of this machine; set at most {cpus}, or null for the "
+                             f"{len(allowed_cpus())} cores this process may run on")
         if self.gpu_isolation not in ("warn", "error", "wait"):
             raise ValueError("hardware.gpu_isolation must be warn, error or wait, got "
                              f"{self.gpu_isolation!r}")
@@ -288,6 +296,11 @@ class FxtrackConfig:
         # first_step_time_s says so (the timer's side, fxtrack/measure/timer.py).
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        # every framework's generator takes a seed in [0, 2**32 - 1] (NumPy refuses a negative
+        # one; a larger one overflowed in the worker, after the run had started)
+        if not 0 <= self.seed <= SEED_MAX:
+            raise ValueError(f"seed must be an integer from 0 to {SEED_MAX} (2**32 - 1), got "
+                             f"{self.seed}")
 
 
 _GROUP_SCHEMAS = {

@@ -9,6 +9,7 @@ import difflib
 import functools
 import importlib.util
 import os
+from pathlib import Path
 from typing import Iterable, Optional
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -233,6 +234,43 @@ def data_dims(conf: FxtrackConfig, scenario: scenarios.Scenario) -> dict:
     except ValueError as e:  # DataError included
         why = str(e).splitlines()[0]
         raise ConfigError(why if why.startswith("data") else f"data={name}: {why}") from None
+
+
+def output_dir_refusal(args: list[str], cwd: str) -> Optional[str]:
+    """Why Hydra cannot make this run's output directory (``hydra.run.dir``, a sweep's
+    ``hydra.sweep.dir``: under the launch directory unless set), one line, or None: checked
+    before Hydra starts, since a sweep logs its parent run before Hydra makes the directory."""
+    if any(a in ("--cfg", "-c", "--info", "-i", "--hydra-help", "--shell-completion", "-sc")
+           for a in args):
+        return None  # Hydra only prints: it makes no directory
+    multirun = any(a in ("-m", "--multirun") for a in args)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    given = next((a.partition("=")[2] for a in args if a.lstrip("+").startswith(key + "=")),
+                 None)
+    # the part before any interpolation (outputs/${now:...}); the rest is made later
+    static = (given if given is not None else "multirun" if multirun else "outputs").split(
+        "${", 1)[0]
+    path = Path(cwd, static)
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        return (f"{path} is not a directory, and Hydra writes the run's outputs under it; move "
+                f"it away, run from another directory, or set {key}=DIR")
+    if not os.access(path, os.W_OK | os.X_OK):
+        readonly = hasattr(os, "statvfs") and os.statvfs(path).f_flag & os.ST_RDONLY
+        why = "on a read-only file system" if readonly else "not writable"
+        store = "" if given is not None else " and tracking.uri (the default store is ./mlflow.db)"
+        return (f"{path} is {why}, and Hydra writes the run's outputs under it; run from a "
+                f"writable directory (cd), or set {key}=DIR{store}")
+    return None
+
+
+def output_dir_error(e: OSError, cwd: str) -> str:
+    """One line for an OSError raised before the job started: Hydra making its output
+    directory or writing its files there (``.hydra/``, the job's log)."""
+    where = f"{e.strerror or type(e).__name__}: {e.filename!r}" if e.filename else str(e)
+    return (f"cannot write the run's outputs in {cwd} ({where}); run from a writable directory "
+            "(cd), or set hydra.run.dir=DIR (a sweep: hydra.sweep.dir=DIR)")
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

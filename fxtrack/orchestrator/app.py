@@ -29,11 +29,24 @@ from fxtrack.tracking.records import run_name
 from fxtrack.tracking.target import tracking_uri
 
 
+def redact_hydra_files(hc, multirun: bool) -> None:
+    """Hydra saved the composed config in the job's .hydra/ (and a sweep's in multirun.yaml)
+    before this task ran, a preset's tracking.uri with its password included: rewritten without
+    credentials before anything else (issue 60)."""
+    from fxtrack.environment import redact_file
+
+    paths = list(Path(hc.runtime.output_dir, hc.output_subdir).glob("*.yaml")
+                 if hc.output_subdir else [])
+    for path in paths + ([Path(hc.sweep.dir) / "multirun.yaml"] if multirun else []):
+        redact_file(path)
+
+
 def task(cfg: DictConfig) -> None:
     """One job (or, for scenario=scaling, one job per device count), each run in its worker,
     spooled and logged; exits non-zero on failure when not part of a sweep."""
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
+    redact_hydra_files(hc, multirun)
     try:
         if from_run.run_id(cfg):  # the run's model and data in place of the command line's
             from_run.apply(cfg, tracking_uri(cfg.tracking.uri, hc.runtime.cwd))

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
-from fxtrack.environment import host_tags, redact_uri
+from fxtrack.environment import host_tags, redact_uri_text
 from fxtrack.measure import peak, tuned
 from fxtrack.orchestrator import calibration
 
@@ -35,14 +35,14 @@ def nvml_state() -> tuple[Optional[int], str]:
 def tracking_state(uri: str) -> str:
     if uri.startswith("sqlite:///"):
         path = Path(uri[len("sqlite:///"):])
-        return f"{redact_uri(uri)} ({'exists' if path.exists() else 'created on the first run'})"
+        return f"{redact_uri_text(uri)} ({'exists' if path.exists() else 'created on the first run'})"
     if uri.startswith(("http://", "https://")):
         try:
             with urllib.request.urlopen(f"{uri.rstrip('/')}/health", timeout=5) as r:
-                return f"{redact_uri(uri)} (reachable, HTTP {r.status})"
+                return f"{redact_uri_text(uri)} (reachable, HTTP {r.status})"
         except OSError as e:
-            return f"{redact_uri(uri)} (NOT reachable: {e}); results will be spooled for `fxtrack sync`"
-    return redact_uri(uri)
+            return f"{redact_uri_text(uri)} (NOT reachable: {e}); results will be spooled for `fxtrack sync`"
+    return redact_uri_text(uri)
 
 
 def install_line(framework: str, missing: str) -> str:

@@ -99,9 +99,14 @@ class Job:
                 logging.getLogger(name).setLevel(logging.WARNING)
         self.uri = target.tracking_uri(conf.tracking.uri, launch_dir)
         config = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
-        config["tracking"]["uri"] = records.redact_uri(config["tracking"]["uri"] or "") or None
+        config["tracking"]["uri"] = records.redact_uri_text(config["tracking"]["uri"] or "") or None
         # the interpreter the worker runs under (runner.run_worker: this one unless set)
         config["framework"]["python"] = conf.framework.python or sys.executable
+        # the dims that ran: data=<name> sets the input size and classes after model.* was
+        # composed (validate.data_dims), so the arch's values are logged, not the table's
+        for key in families.of(arch).size_keys:
+            if key in config["model"] and key in arch.dims:
+                config["model"][key] = arch.dims[key]
         self.config = config  # what is logged: resolved, without credentials
         self.last_record: dict | None = None  # the latest run's record (tags, params), for repeats
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable
 
 import fxtrack
-from fxtrack.environment import redact_text, worker_environment
+from fxtrack.environment import parent_death_signal, redact_text, worker_environment
 from fxtrack.job import JobSpec, Result, children_path, streamed_children
 from fxtrack.worker.__main__ import GATE_ENV, PARENT_ENV
 
@@ -107,13 +107,7 @@ def _parent_death_signal(cmd: list[str]) -> Callable[[], None] | None:
     """torchrun is not fxtrack's code and watches no parent: the kernel sends it SIGTERM (which
     it passes on to its ranks) when this process dies. fxtrack's own worker watches its parent
     itself (worker.__main__.die_with_parent)."""
-    if TORCHRUN[-1] not in cmd or not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
-    PR_SET_PDEATHSIG = 1
-    return lambda: prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    return parent_death_signal(signal.SIGTERM) if TORCHRUN[-1] in cmd else None
 
 
 def _close_gate(write_fd: int | None, go: bool) -> None:
@@ -189,6 +183,9 @@ def _tee(stream, log, echo: bool, quiet: bool = True) -> None:
     """Copy the worker's output to the log, and to the terminal without known noise lines; when
     ``quiet`` a Python traceback stays in the log (the run's error line says what failed)."""
     in_tb = pointed = False
+    # a read may end mid-line: the rest of that line is shown or hidden with its start, never
+    # taken for a new line (a split traceback line then showed the rest of the traceback)
+    mid_line = hidden = False
     for chunk in iter(lambda: stream.read1(4096), b""):
         log.write(chunk)
         log.flush()
@@ -196,6 +193,12 @@ def _tee(stream, log, echo: bool, quiet: bool = True) -> None:
             if quiet:
                 shown = []
                 for ln in chunk.splitlines(keepends=True):
+                    continued, mid_line = mid_line, not ln.endswith((b"\n", b"\r"))
+                    if continued:
+                        if not hidden:
+                            shown.append(ln)
+                        continue
+                    hidden = True
                     if ln.startswith(_TB_START):
                         if not pointed:
                             pointed = True
@@ -207,6 +210,7 @@ def _tee(stream, log, echo: bool, quiet: bool = True) -> None:
                         continue
                     if not in_tb and not NOISE.match(ln):
                         shown.append(ln)
+                        hidden = False
                 chunk = b"".join(shown)
             sys.stderr.buffer.write(chunk)
             sys.stderr.buffer.flush()

@@ -83,11 +83,29 @@ class Claim:
         return UNITS[self.unit][1] if self.unit else 1.0
 
 
+def _at(e: Any) -> str:
+    """Where in the file a YAML error is, ``, line L column C``, or nothing."""
+    mark = getattr(e, "problem_mark", None)
+    return "" if mark is None else f", line {mark.line + 1} column {mark.column + 1}"
+
+
 def load(path: Path = CLAIMS) -> list[Claim]:
     """The claims file, validated: ValueError names the entry and what is wrong with it."""
     import yaml
 
-    entries = yaml.safe_load(path.read_text(encoding="utf-8"))
+    try:
+        entries = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e})") from None
+    except yaml.constructor.ConstructorError as e:  # a !!python/... tag: nothing is run
+        raise ValueError(f"{path}: not plain YAML data ({e.problem}{_at(e)}); a claims file "
+                         "holds mappings, lists, strings and numbers only") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({getattr(e, 'problem', None) or e}{_at(e)})"
+                         ) from None
+    if entries is not None and not isinstance(entries, list):
+        raise ValueError(f"{path}: a claims file is a list of claims, got a "
+                         f"{type(entries).__name__}")
     claims, seen = [], set()
     for i, entry in enumerate(entries or []):
         where = f"{path.name} entry {i} ({entry.get('id', '?') if isinstance(entry, dict) else '?'})"
@@ -400,18 +418,22 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     """0 when the claims were checked (whatever their verdicts); 2 when the runs cannot be read."""
     args = parse_args(argv)
-    from fxtrack.environment import redact_uri
+    from fxtrack.environment import redact_uri_text
     from fxtrack.report import render
     from fxtrack.tracking import reader, writer
 
-    claims = load(args.claims)
+    try:
+        claims = load(args.claims)
+    except ValueError as e:  # the file, or one entry, says what is wrong: one line
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
     if args.only:
         unknown = set(args.only) - {c.id for c in claims}
         if unknown:
             print(f"{PROG}: no claim {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
         claims = [c for c in claims if c.id in args.only]
-    uri = args.uri or writer.tracking_uri(None, os.getcwd())
+    uri = writer.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
     try:
         frame = reader.load_runs(uri, args.experiment)
     except (reader.ExperimentNotFound, reader.NoRunsFound) as e:
@@ -429,14 +451,14 @@ def main(argv: list[str]) -> int:
             print(f"\n# {v.claim.id} ({v.status}): {v.claim.claim}")
             print("\n".join(v.commands))
         return 0
-    print(f"{PROG}: experiment {args.experiment!r} at {redact_uri(uri)}, {len(found)} claims\n")
+    print(f"{PROG}: experiment {args.experiment!r} at {redact_uri_text(uri)}, {len(found)} claims\n")
     print(render.text([table(found)]))
     for v in found:
         if v.status == UNMEASURED:
             print(f"\nto measure {v.claim.id}:\n  " + "\n  ".join(v.commands))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        report = render.Report("fxtrack claims", [f"experiment {args.experiment!r} at {redact_uri(uri)}"],
+        report = render.Report("fxtrack claims", [f"experiment {args.experiment!r} at {redact_uri_text(uri)}"],
                                [Section("Published claims", [table(found)],
                                         __doc__.split("\n\n")[1].replace("\n", " "))], [])
         (args.out / "claims.md").write_text(render.markdown(report), encoding="utf-8")

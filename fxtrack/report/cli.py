@@ -58,12 +58,12 @@ def main(argv: list[str]) -> int:
     """Run the report; 0 on success, 1 (with one line on stderr) when there is nothing to report."""
     args = parse_args(argv)
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
-    from fxtrack.environment import redact_uri
+    from fxtrack.environment import redact_uri_text
     from fxtrack.report import (charts, claims, cost, levers, lm, render, select, serving,
                                 tables, trend, verdicts)
     from fxtrack.tracking import reader, writer
 
-    uri = args.uri or writer.tracking_uri(None, os.getcwd())
+    uri = writer.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
     try:
         frame = reader.load_runs(uri, args.experiment, args.filter)
     except reader.ExperimentNotFound as e:
@@ -98,7 +98,7 @@ def main(argv: list[str]) -> int:
              + serving.charts(frame, runs, out)
              + converge.charts(frame, out, lambda ids, keys: reader.metric_histories(uri, ids, keys))
              if {"md", "html"} & set(args.formats) else [])
-    source = f"experiment {args.experiment!r} at {redact_uri(uri)}"
+    source = f"experiment {args.experiment!r} at {redact_uri_text(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
             f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
             "each figure is the latest finished run (or repeats=N aggregate) of one identity: "

@@ -216,11 +216,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     """0: no regression beyond --fail-above; 1: one or more; 2: nothing could be compared."""
     args = parse_args(argv)
-    from fxtrack.environment import redact_uri
+    from fxtrack.environment import redact_uri_text
     from fxtrack.report import render
     from fxtrack.tracking import reader, writer
 
-    uri = args.uri or writer.tracking_uri(None, os.getcwd())
+    uri = writer.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
     frames = []
     for side, flt in (("baseline", args.baseline), ("candidate", args.candidate)):
         try:
@@ -234,7 +234,7 @@ def main(argv: list[str]) -> int:
         print(f"{PROG}: no run on either side logged {args.metric!r}", file=sys.stderr)
         return 2
     found = tables(result)
-    print(f"{PROG}: experiment {args.experiment!r} at {redact_uri(uri)}\n"
+    print(f"{PROG}: experiment {args.experiment!r} at {redact_uri_text(uri)}\n"
           f"  baseline:  {args.baseline}\n  candidate: {args.candidate}\n"
           f"  paired on: {', '.join(identity)}\n")
     print(render.text(found))
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
 
 
 def _write(args: argparse.Namespace, result: Comparison, found: list[Table], uri: str) -> list[Path]:
-    from fxtrack.environment import redact_uri
+    from fxtrack.environment import redact_uri_text
     from fxtrack.report import render
 
     out = (args.out or Path(tempfile.mkdtemp(prefix="fxtrack-compare-"))).resolve()
@@ -258,7 +258,7 @@ def _write(args: argparse.Namespace, result: Comparison, found: list[Table], uri
     files = []
     if "md" in args.formats:
         report = render.Report(f"fxtrack compare: {result.metric}", [
-            f"experiment {args.experiment!r} at {redact_uri(uri)}", f"baseline: {args.baseline}",
+            f"experiment {args.experiment!r} at {redact_uri_text(uri)}", f"baseline: {args.baseline}",
             f"candidate: {args.candidate}", f"paired on: {', '.join(result.identity)}"],
             [Section("Comparison", found, __doc__.split("\n\n")[1].replace("\n", " "))], [])
         files.append(out / "compare.md")

@@ -17,10 +17,12 @@ DEFAULT_UI = "http://127.0.0.1:5000"  # where `fxtrack ui` / `mlflow ui` serve b
 def ui_base(uri: str, override: Optional[str] = None) -> str:
     """The MLflow UI the links point to: ``override``, else the tracking server itself, else
     the local ``mlflow ui`` default."""
-    if override:
-        return override.rstrip("/")
+    from fxtrack.environment import redact_uri_text
+
+    if override:  # a link's credentials would reach every reader of the page (issue 60)
+        return redact_uri_text(override).rstrip("/")
     if uri.startswith(("http://", "https://")):
-        return uri.rstrip("/")
+        return redact_uri_text(uri).rstrip("/")
     return DEFAULT_UI
 
 

@@ -300,7 +300,10 @@ class ServeOptions(Options):
                                  f"got {self.rate!r}") from None
             positive("scenario.", rate=rate)
         buckets = self.buckets
-        if min(buckets) < 1 or max(buckets) < self.max_batch:
+        if min(buckets) < 1:  # a bucket is a batch size: [0, 8] covers max_batch, still wrong
+            raise ValueError(f"scenario.batch_buckets are batch sizes, each 1 or more; got "
+                             f"{self.batch_buckets} (drop {min(buckets)})")
+        if max(buckets) < self.max_batch:
             raise ValueError(f"scenario.batch_buckets {buckets} do not cover "
                              f"scenario.max_batch={self.max_batch}; add a bucket >= "
                              f"{self.max_batch}")

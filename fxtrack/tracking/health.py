@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 
-from fxtrack.environment import redact_uri
+from fxtrack.environment import redact_uri_text
 from fxtrack.tracking.errors import ServerUnreachable
 
 # A server that accepts connections but never answers is found out by one /health request with
@@ -66,7 +66,7 @@ def _health(uri: str) -> None:
     except urllib.error.HTTPError:
         pass  # it answers; the API calls will say what is wrong
     except Exception as e:  # noqa: BLE001 - refused, reset, timed out: all mean "not now"
-        mark_down(uri, f"no answer from {redact_uri(uri).rstrip('/')}/health within {PROBE_TIMEOUT_S:g} s "
+        mark_down(uri, f"no answer from {redact_uri_text(uri).rstrip('/')}/health within {PROBE_TIMEOUT_S:g} s "
                        f"({type(e).__name__})")
         raise ServerUnreachable(_DOWN[uri][0]) from None
     _DOWN.pop(uri, None)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from fxtrack.environment import redact_uri
+from fxtrack.environment import redact_uri_text
 from fxtrack.tracking import target
 from fxtrack.tracking.artifacts import WEIGHTS_TAG
 
@@ -26,12 +26,12 @@ def source(uri: str, run_id: str) -> dict[str, Any]:
     db = target.sqlite_path(uri)
     if db is not None and not db.is_file():  # asking MLflow would create an empty store
         raise NoModel(f"model.from_run={run_id} names no run: there is no store at "
-                      f"{redact_uri(uri)} (set tracking.uri to where the converge run went)")
+                      f"{redact_uri_text(uri)} (set tracking.uri to where the converge run went)")
     client = MlflowClient(uri)
     try:
         run = client.get_run(run_id)
     except mlflow.exceptions.MlflowException:
-        raise NoModel(f"model.from_run={run_id} names no run at {redact_uri(uri)} (give a "
+        raise NoModel(f"model.from_run={run_id} names no run at {redact_uri_text(uri)} (give a "
                       "scenario=converge run's id, as its run page shows it)") from None
     models = client.search_logged_models(
         [run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'")

@@ -17,7 +17,7 @@ import mlflow
 import pandas as pd
 from mlflow.tracking import MlflowClient
 
-from fxtrack.environment import redact_uri, redact_uri_text
+from fxtrack.environment import redact_uri_text
 from fxtrack.tracking.errors import corrupt_store
 from fxtrack.tracking.health import mlflow_defaults
 
@@ -45,7 +45,7 @@ def load_runs(uri: str, experiment: str, filter_string: Optional[str] = None) ->
 
     Raises ExperimentNotFound, NoRunsFound, InvalidFilter, or ReadError (store unreachable).
     """
-    where = redact_uri(uri)
+    where = redact_uri_text(uri)
     _require_sqlite_file(uri, experiment)
     mlflow_defaults()  # a server that is down fails the read in seconds, as it fails a write
     try:

@@ -11,7 +11,7 @@ import uuid
 from typing import Any, Optional
 
 from fxtrack import families, scenarios
-from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri, redact_uri_text
+from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri_text
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import JobSpec, Result
 
@@ -117,7 +117,7 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any],
         params["hardware.cpu_threads"] = tags["cpu_threads"]
     for key, value in list(params.items()):
         if isinstance(value, str) and "://" in value:
-            params[key] = redact_uri_text(redact_uri(value))
+            params[key] = redact_uri_text(value)
         if SECRET_NAME.search(key.rsplit(".", 1)[-1]):
             params[key] = "***"
     return params
@@ -329,7 +329,7 @@ def _target(uri: str, experiment: str, parent_result_id: Optional[str]) -> dict[
     Under ``mlflow run`` the entry point's run and experiment (MLFLOW_RUN_ID,
     MLFLOW_EXPERIMENT_ID) are adopted: a single job, or a sweep's parent, logs into that run."""
     adopt = os.environ.get("MLFLOW_RUN_ID") if parent_result_id is None else None
-    return {"uri": redact_uri(uri), "experiment": experiment,
+    return {"uri": redact_uri_text(uri), "experiment": experiment,
             "experiment_id": os.environ.get("MLFLOW_EXPERIMENT_ID"), "adopt_run_id": adopt}
 
 
@@ -370,7 +370,7 @@ def sync_advice(uri: str) -> str:
     """How to deliver what ``uri`` missed: a plain `fxtrack sync` retries the URI each result was
     spooled with, so a mistyped URI needs the right one given to --uri (credentials never shown:
     they live in MLFLOW_TRACKING_USERNAME/PASSWORD)."""
-    return (f"deliver later with `fxtrack sync --uri {redact_uri(uri)}` once that server "
+    return (f"deliver later with `fxtrack sync --uri {redact_uri_text(uri)}` once that server "
             "answers (a mistyped URI: give the right one to --uri; a plain `fxtrack sync` "
             "retries the URI each result was spooled with)")
 

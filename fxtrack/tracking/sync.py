@@ -151,7 +151,7 @@ def _sync_one(entry: Path, uri: str | None, given_up: dict[str, str]) -> str:
 
 def _with_credentials(uri: str) -> str | None:
     """Spooled URIs carry no credentials; $MLFLOW_TRACKING_URI may, for the same server."""
-    from fxtrack.environment import redact_uri
+    from fxtrack.environment import redact_uri_text
 
     env = os.environ.get("MLFLOW_TRACKING_URI")
-    return env if env and redact_uri(env) == uri else None
+    return env if env and redact_uri_text(env) == uri else None

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 from urllib.parse import quote, urlsplit
 
-from fxtrack.environment import redact_uri
+from fxtrack.environment import move_uri_credentials, redact_uri_text
 
 SCHEMES = ("http", "https", "sqlite", "file", "postgresql", "mysql", "mssql", "databricks")
 
@@ -28,13 +28,18 @@ class TrackingRejected(TrackingUnavailable):
 def tracking_uri(configured: Optional[str], launch_dir: str) -> str:
     """``tracking.uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///<launch dir>/mlflow.db``."""
     uri = configured or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri and uri.startswith(("http://", "https://")):
+        # a server's credentials in a preset or a sub-command's --uri move where MLflow reads
+        # them, as the command line's do (environment.secure_process): no URI fxtrack holds
+        # carries them. A database URI keeps its own, which its driver needs (issue 60).
+        uri = move_uri_credentials(uri)
     return uri or f"sqlite:///{Path(launch_dir).resolve() / 'mlflow.db'}"
 
 
 def check_static(uri: str, experiment: str) -> None:
     """The URI's scheme and host, the experiment's name, and under ``mlflow run`` the same
     server as the run it created. Raises TrackingRejected."""
-    where = redact_uri(uri)
+    where = redact_uri_text(uri)
     scheme = urlsplit(uri).scheme.split("+")[0]
     if scheme not in SCHEMES:
         raise TrackingRejected(f"tracking.uri {where!r} is not a tracking URI (scheme must be one "
@@ -45,9 +50,9 @@ def check_static(uri: str, experiment: str) -> None:
         raise TrackingRejected("tracking.experiment is empty: name an experiment")
     run_env = os.environ.get("MLFLOW_RUN_ID")
     env_uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if run_env and env_uri and redact_uri(env_uri) != where:
+    if run_env and env_uri and redact_uri_text(env_uri) != where:
         raise TrackingRejected(f"under `mlflow run` fxtrack logs into the run mlflow created at "
-                               f"{redact_uri(env_uri)}; tracking.uri={where} names another "
+                               f"{redact_uri_text(env_uri)}; tracking.uri={where} names another "
                                "server: drop tracking.uri or pass it to `mlflow run` instead")
 
 
@@ -88,7 +93,7 @@ def check_sqlite(uri: str, experiment: str) -> bool:
         return True
     deleted = deleted_experiment(uri, experiment)
     if deleted:
-        raise TrackingRejected(deleted_message(experiment, redact_uri(uri), deleted))
+        raise TrackingRejected(deleted_message(experiment, redact_uri_text(uri), deleted))
     return deleted is not None
 
 

@@ -19,7 +19,7 @@ from typing import Any, Optional
 import mlflow
 from mlflow.tracking import MlflowClient
 
-from fxtrack.environment import redact_uri
+from fxtrack.environment import redact_uri_text
 from fxtrack.tracking import health, records, runs, spool
 from fxtrack.tracking.artifacts import discard, log_model, model_files, upload
 from fxtrack.tracking.errors import (  # noqa: F401 - the errors callers catch, as writer.X
@@ -38,7 +38,7 @@ def check_target(uri: str, experiment: str) -> None:
     under ``mlflow run`` the same server as the run it created. Raises TrackingRejected (fix
     it), or TrackingUnavailable (cannot tell now: the run goes ahead and is spooled)."""
     health.mlflow_defaults()  # what the processes it starts inherit, as from any writer call
-    where = redact_uri(uri)
+    where = redact_uri_text(uri)
     check_static(uri, experiment)
     if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         return  # a new embedded store: nothing to check, and checking must not create it
@@ -227,7 +227,7 @@ def log_record(record: dict[str, Any], artifacts: dict[str, Path | str],
     terminal or None). A result that cannot be spooled (a full or read-only disk) is still
     delivered directly; if that fails too, the message says it is lost and what survives."""
     name = record.get("run_name") or record.get("result_id")
-    shown = record.get("uri") or redact_uri(uri)
+    shown = record.get("uri") or redact_uri_text(uri)
     try:
         entry = spool.write(record, artifacts)
     except spool.SpoolError as spool_error:
@@ -269,4 +269,4 @@ def _ui_link(uri: str, record: dict[str, Any], run_id: Optional[str]) -> str:
         return ""
     from fxtrack.tracking.ui import run_link
 
-    return f" at {run_link(redact_uri(uri), exp_id, run_id)}"
+    return f" at {run_link(redact_uri_text(uri), exp_id, run_id)}"

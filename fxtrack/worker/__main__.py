@@ -102,6 +102,9 @@ def apply_cpu_threads(spec: JobSpec) -> None:
             os.sched_setaffinity(0, allowed[:threads])
 
 
+INTERRUPTED = "interrupted by SIGINT: the worker was stopped"
+
+
 def _not_installed(framework: Framework, e: ImportError) -> str:
     missing = getattr(e, "name", None) or str(e)
     return (f"{framework.name} is not installed for {sys.executable} ({missing} missing): "
@@ -141,6 +144,9 @@ def run(spec: JobSpec) -> Result:
         result.status = "FINISHED"
     except GateClosed as e:  # nothing ran: no traceback, the orchestrator has its own error
         result.error = str(e)
+    except KeyboardInterrupt:  # SIGINT sent to the worker itself: a stopped run, not a crash;
+        traceback.print_exc()  # the traceback stays in worker.log (the orchestrator's tee)
+        result.status, result.error = "KILLED", INTERRUPTED
     except Exception as e:  # the orchestrator turns this into a FAILED run with the traceback
         traceback.print_exc()
         result.error = f"{type(e).__name__}: {e}".splitlines()[0][:500]
@@ -251,7 +257,10 @@ def main(argv: list[str]) -> int:
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
         result.dump(Path(spec.result_path))
     if result.error:
-        print(f"[fxtrack] job failed: {result.error}", file=sys.stderr)
+        verb = "stopped" if result.status == "KILLED" else "failed"
+        print(f"[fxtrack] job {verb}: {result.error}", file=sys.stderr)
+    if result.status == "KILLED":
+        return 130  # the shell's status for SIGINT
     return 0 if result.status == "FINISHED" else 1
 
 
