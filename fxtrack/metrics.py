@@ -86,6 +86,8 @@ METRICS: tuple[Metric, ...] = (
     _m("host_steal_frac", "fraction 0..1", LOWER, "hypervisor steal time in the window", WINDOW),
     _m("host_loadavg_1m", "processes", LOWER, "1-minute load average at the window's end", WINDOW),
     _m("framework_matmul_tflops", "TFLOP/s", HIGHER, "this framework's large-matmul rate"),
+    _m("own_matmul_share", "fraction", HIGHER,
+       "achieved_tflops / (devices x framework_matmul_tflops)"),
     _m("peak_tflops", "TFLOP/s", NEITHER, "the device's peak MFU is measured against"),
     _m("mfu", "fraction", HIGHER, "achieved_tflops / (devices x peak_tflops)"),
     _m("cost_per_1m_samples", "currency", LOWER, "price of a million samples"),

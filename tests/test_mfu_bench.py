@@ -71,12 +71,12 @@ def test_table_mfu_equals_the_runs_logged_mfu(bench):
     # the cell's headline is the median, which the aggregate run logged as its mfu
     [aggregate] = runs[runs["tags.fxtrack.kind"] == "aggregate"]["metrics.mfu"]
     assert stats.median(figures["mfu"]) == pytest.approx(aggregate, rel=1e-6)
-    assert figures["peak"] == pytest.approx(PEAK_TFLOPS) and figures["source"] == "own-matmul:torch"
+    assert figures["peak"] == pytest.approx(PEAK_TFLOPS) and figures["source"] == "machine-best:torch"
     # ... and it is what the table shows, printed and in the markdown (with the machine, the
     # date and the command)
     shown = f"{100 * stats.median(figures['mfu']):.1f} ["
     row = next(line for line in markdown.splitlines() if line.startswith("| ViT-B/16"))
-    assert shown in row and "own-matmul:torch" in row and "2/2" in row
+    assert shown in row and "machine-best:torch" in row and "2/2" in row
     assert shown in out.stdout
     assert "- machine: " in markdown and "- date: " in markdown
     assert "- command: python bench/mfu.py --size tiny" in markdown
@@ -130,7 +130,7 @@ def test_the_llama_cells_fit_24_gib():
 
 def test_profile_columns_show_where_the_runs_logged_them():
     run = {"status": "FINISHED", "tags.fxtrack.devices": "1",
-           "tags.fxtrack.peak_tflops_source": "own-matmul:torch", "metrics.mfu": 0.5,
+           "tags.fxtrack.peak_tflops_source": "machine-best:torch", "metrics.mfu": 0.5,
            "metrics.flops_per_sample": 1e12, "metrics.throughput_samples_per_s": 0.1,
            "metrics.peak_tflops": 0.2, "metrics.step_time_ms_p50": 10_000.0,
            **{f"metrics.profile_{part}_ms": 100.0 * (i + 1) for i, part in enumerate(mfu.PROFILE)}}

@@ -85,11 +85,21 @@ def _session_ticks(sid: int, agent: Optional[int] = None) -> int:
     return sum(ticks for _, s, ticks, _ in procs if s in sids)
 
 
+def _children_ticks() -> float:
+    """CPU time of this process and of its reaped children, in ticks: what a caller that waits
+    on its own subprocess (calibration's probe) spent, whichever session it was started from."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(
+        resource.RUSAGE_CHILDREN)
+    return (own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime) * _HZ
+
+
 class _Snapshot:
-    def __init__(self, cpus: set[int], sid: int, agent: Optional[int]):
+    def __init__(self, cpus: set[int], sid: int, agent: Optional[int], children: bool = False):
         self.t = time.monotonic()
         self.busy, self.steal = _cpu_ticks(cpus)
-        self.own = _session_ticks(sid, agent)
+        self.own = _children_ticks() if children else _session_ticks(sid, agent)
 
 
 class LoadSampler:
@@ -104,7 +114,12 @@ class LoadSampler:
     Each is None when /proc cannot be read.
     """
 
-    def __init__(self, threads: Optional[int] = None):
+    def __init__(self, threads: Optional[int] = None, children: bool = False):
+        # children: fxtrack's own work is this process and the children it reaps in the window
+        # (calibration's probe worker, waited on), not its session: a shell's background jobs
+        # share that session and were counted as fxtrack's, so a probe under two busy loops
+        # read quiet and was cached (issue 61)
+        self.children = children
         self.cpus = _cpus()
         self.threads = min(threads or len(self.cpus), len(self.cpus))
         self.sid = os.getsid(0)
@@ -120,7 +135,7 @@ class LoadSampler:
     def start(self) -> "LoadSampler":
         if self.available:
             try:
-                self._start = _Snapshot(self.cpus, self.sid, self.agent)
+                self._start = _Snapshot(self.cpus, self.sid, self.agent, self.children)
             except (OSError, ValueError):
                 self.available = False
         return self
@@ -129,7 +144,7 @@ class LoadSampler:
         if self._start is None:
             return self
         try:
-            end = _Snapshot(self.cpus, self.sid, self.agent)
+            end = _Snapshot(self.cpus, self.sid, self.agent, self.children)
         except (OSError, ValueError):
             self.available = False
             return self

@@ -1,7 +1,7 @@
 """Peak FLOP/s calibration: each declared framework's large-matmul rate, measured in its own worker,
 and the MFU a run gets against the datasheet (fxtrack.measure.peak) or, without one (a CPU, an
-unknown GPU), against its own framework's matmul rate on this machine and precision: a yardstick
-that no other framework's installation moves (tag ``peak_tflops_source=own-matmul:<framework>``).
+unknown GPU), against the machine's yardstick: the fastest rate any framework's quiet probe
+measured on this machine and precision (tag ``peak_tflops_source=machine-best:<framework>``).
 
 Each framework's worker sizes its matmul to the device and takes the best of three timings
 (``fxtrack.measure.matmul_probe``). All frameworks of one precision share a time budget
@@ -48,7 +48,7 @@ EXIT_S = 1.0  # of each probe's share: for its worker to print and exit after th
 FLOOR_S = 4.0
 LOCK_TIMEOUT_S = 60  # waiting longer for another process's cache write: this run's entries go uncached
 _FAILED = object()  # the measurement failed: not cached, tried again next time
-OWN = "own-matmul:"  # peak_tflops_source of a yardstick measured with the run's own framework
+MACHINE = "machine-best:"  # peak_tflops_source of the machine's yardstick: which framework set it
 # Entries this process measured but did not cache (contended, "not installed" for an interpreter
 # that is not the framework's, no calibration): every run of one sweep still divides by one peak.
 _UNCACHED: dict[str, dict[str, dict[str, Any]]] = {}
@@ -121,7 +121,7 @@ def _trial(framework: str, python: Optional[str], precision: str, hardware: str,
     ``timeout_s``: (the worker's answer, ``{"stopped": True}`` when it was stopped, or None when
     it failed; other processes' share of the probe's cores meanwhile, 0..1, None where /proc
     cannot be read)."""
-    with LoadSampler(threads) as load:
+    with LoadSampler(threads, children=True) as load:
         answer, stopped = _ask("matmul", framework, python, precision, hardware, timeout_s,
                                threads, deadline_s=max(0.0, deadline_s - EXIT_S))
     return ({"installed": True, "stopped": True} if stopped else answer), load.other_cpu_frac
@@ -302,52 +302,65 @@ def _rate(entries: dict[str, dict[str, Any]], fw: str) -> float:
     return (entries.get(fw) or {}).get("tflops") or 0.0
 
 
+def yardstick(entries: dict[str, dict[str, Any]]) -> Optional[tuple[str, dict[str, Any]]]:
+    """The machine's yardstick among a device's and precision's entries: the framework whose
+    quiet, whole probe read the fastest large-matmul rate, and its entry; None where no probe
+    was quiet. A contended or stopped probe measured what other work left, not the machine."""
+    quiet = [(fw, e) for fw, e in entries.items()
+             if e.get("tflops") and not e.get("contended") and not e.get("stopped")]
+    return max(quiet, key=lambda item: item[1]["tflops"]) if quiet else None
+
+
 def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devices: int,
                 achieved_tflops: float, pythons: dict[str, Optional[str]],
                 threads: Optional[int] = None) -> tuple[dict[str, float], dict[str, str]]:
-    """(``peak_tflops``, ``framework_matmul_tflops``, ``mfu``) and the tags that qualify them:
-    ``peak_tflops_source``, ``peak_calibrated`` (the measured peak's UTC date), ``mfu_over_1``
-    (an MFU above 1 is impossible: the peak or the FLOP count is wrong; never logged silently),
-    ``peak_contended`` (the framework's rate was probed while other processes used the cores:
-    no ``mfu`` then, as that rate is what they left over, not the machine's peak),
+    """(``peak_tflops``, ``framework_matmul_tflops``, ``own_matmul_share``, ``mfu``) and the
+    tags that qualify them: ``peak_tflops_source``, ``peak_calibrated`` (the measured peak's
+    UTC date), ``mfu_over_1`` (an MFU above 1 is impossible: the peak or the FLOP count is
+    wrong; never logged silently), ``peak_contended`` (no quiet probe on this machine yet: the
+    run's own framework's rate is what other processes left over, so no ``mfu``),
     ``calibration_stopped`` (this framework's probe ran past its share of the calibration
-    budget: no ``mfu`` against a measured peak).
+    budget).
 
-    Without a datasheet the yardstick is this framework's own matmul rate: the best of every
-    installed framework would move each run's MFU when another framework is installed (issue
-    42), so only the run's own framework is probed."""
+    Without a datasheet the yardstick is the machine's: the fastest large-matmul rate any
+    framework's quiet probe measured on this device at this precision (``machine-best:<fw>``).
+    MFU says how close a run gets to what the hardware can do, so a framework that cannot reach
+    the machine's matmul rate shows it; its own rate stays beside it (``framework_matmul_tflops``,
+    and ``own_matmul_share``: the run's rate against it). Only the run's own framework is probed
+    here; ``fxtrack doctor --calibrate`` probes every installed one, and another framework's
+    probe only ever raises the yardstick, named with its date (issue 61)."""
     only = [framework]
     entries = calibrate(device, precision, hardware, pythons, threads=threads, only=only)
     sheet = peak.datasheet(device, precision)
-    own_rate = _rate(entries, framework)
-    if not sheet and own_rate and achieved_tflops / devices > own_rate:
+    best = yardstick(entries)
+    if not sheet and best and achieved_tflops / devices > best[1]["tflops"]:
         # A model outran the "peak": the calibration ran on a busy machine. Measure again once.
         print("[fxtrack] the cached peak is below this run's rate; calibrating again",
               file=sys.stderr, flush=True)
         entries = calibrate(device, precision, hardware, pythons, refresh=True, threads=threads,
                             only=only)
+        best = yardstick(entries)
     metrics: dict[str, float] = {}
     tags: dict[str, str] = {}
+    own = entries.get(framework) or {}
     if _rate(entries, framework):
         metrics["framework_matmul_tflops"] = _rate(entries, framework)
-    stopped = (entries.get(framework) or {}).get("stopped")
-    if stopped:
-        tags["calibration_stopped"] = stopped
-    # A cached quiet entry already replaced this process's contended one (calibrate).
+        if not own.get("contended") and not own.get("stopped"):
+            metrics["own_matmul_share"] = achieved_tflops / (devices * own["tflops"])
+    if own.get("stopped"):
+        tags["calibration_stopped"] = own["stopped"]
     if sheet:
         peak_tflops, tags["peak_tflops_source"] = sheet
-    elif _rate(entries, framework):
-        peak_tflops = _rate(entries, framework)
-        tags["peak_tflops_source"] = f"{OWN}{framework}"
-        entry = entries[framework]
-        busy = " (contended, not cached)" if entry["contended"] else ""
-        tags["peak_calibrated"] = entry["date"] + busy
-        if entry["contended"] or stopped:
-            if entry["contended"]:
-                tags["peak_contended"] = "true"
-            metrics["peak_tflops"] = peak_tflops  # kept for the record; no MFU against it
-            return metrics, tags
+    elif best:
+        fw, entry = best
+        peak_tflops = entry["tflops"]
+        tags["peak_tflops_source"] = f"{MACHINE}{fw}"
+        tags["peak_calibrated"] = entry["date"]
     else:
+        if own.get("contended"):  # the only rate measured here is what other work left:
+            tags["peak_contended"] = "true"  # kept for the record, no MFU against it
+            tags["peak_calibrated"] = own["date"] + " (contended, not cached)"
+            metrics["peak_tflops"] = own["tflops"]
         return metrics, tags
     metrics["peak_tflops"] = peak_tflops
     metrics["mfu"] = achieved_tflops / (devices * peak_tflops)

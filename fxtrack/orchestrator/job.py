@@ -409,8 +409,8 @@ def summary_line(name: str, result: Result) -> str:
     m = result.metrics
     parts = [fmt.format(m[key]) for key, fmt in HEADLINE if key in m]
     source = result.tags.get("peak_tflops_source", "")
-    if "mfu" in m and source.startswith("own-matmul:"):  # say which yardstick the MFU is on
-        parts[-1] += f" (of {source.partition(':')[2]}'s own matmul peak)"
+    if "mfu" in m and source.startswith("machine-best:"):  # say which yardstick the MFU is on
+        parts[-1] += f" (of this machine's best matmul rate, {source.partition(':')[2]}'s)"
     notes = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
     if m.get("mfu", 0.0) > 1.0:  # impossible: the peak or the FLOP count is wrong
         notes += (f"  WARNING: MFU {m['mfu']:.0%} > 100%: peak {m.get('peak_tflops', 0):.1f} "

@@ -4,6 +4,7 @@ an interrupted sweep's parent is closed KILLED by ``close_interrupted``)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -48,11 +49,15 @@ class SweepRun(Callback):
         loader = GlobalHydra.instance().config_loader()
         self.not_supported: list[str] = []  # "[overrides]: why" of the cells that will be skipped
         swept: set[str] = set()  # the scenarios the jobs run
+        yardsticks: dict[tuple, dict[str, str | None]] = {}  # calibrate_first's cells
         for overrides in jobs:  # fail before any work starts, naming the job
             cfg = loader.load_sweep_config(config, list(overrides))
             with read_write(cfg), open_dict(cfg):
                 del cfg["hydra"]
             swept.add(str(cfg.scenario.name))
+            if cfg.hardware.name == "cpu" or (cfg.hardware.name == "auto" and no_gpu()):
+                yardsticks.setdefault((str(cfg.precision.name), cfg.hardware.cpu_threads), {})[
+                    str(cfg.framework.name)] = cfg.framework.get("python")
             try:
                 if from_run.run_id(cfg):  # the run's model and data (fxtrack.orchestrator.from_run)
                     from_run.apply(cfg, self._uri(config))
@@ -76,6 +81,7 @@ class SweepRun(Callback):
                   "will be skipped (not run, not logged in MLflow):\n  "
                   + "\n  ".join(self.not_supported), file=sys.stderr, flush=True)
         self._check_target(config)
+        calibrate_first(yardsticks)
         # repeats=N: the hidden sweep dimension launches the job list N times over (round-robin)
         os.environ[SWEEP_TOTAL_ENV] = str(len(jobs) * max(1, int(config.get("repeats", 1) or 1)))
         os.environ[SWEEP_CONFIGS_ENV] = str(len(jobs))
@@ -223,6 +229,30 @@ class SweepRun(Callback):
         if message:
             print(f"fxtrack: the sweep's parent run: {message.removeprefix('fxtrack: ')}",
                   file=sys.stderr)
+
+
+@functools.lru_cache(maxsize=1)
+def no_gpu() -> bool:
+    """No NVIDIA GPU answers NVML here: hardware=auto runs on the CPU."""
+    from fxtrack.measure import peak
+
+    return peak.gpu_capability() is None
+
+
+def calibrate_first(cells: dict[tuple, dict[str, str | None]]) -> None:
+    """Before a CPU sweep's first job: every framework it runs probed at each precision and
+    thread count it uses (those not cached), so each of its runs' MFU is against one machine
+    yardstick (calibration.yardstick), not one that rises as later cells probe their frameworks.
+    A failure here is left to the jobs, which calibrate as they would alone."""
+    from fxtrack.orchestrator import calibration
+
+    for (precision, threads), pythons in cells.items():
+        try:
+            calibration.calibrate("cpu", precision, "cpu", pythons, threads=threads,
+                                  only=sorted(pythons))
+        except Exception as e:  # noqa: BLE001 - the runs still calibrate their own framework
+            print(f"fxtrack: calibrating before the sweep failed ({type(e).__name__}: {e}); each "
+                  "run calibrates its own framework", file=sys.stderr)
 
 
 GONE = ("the sweep's orchestrator was gone before it closed the sweep (killed: SIGKILL, the "
