@@ -5,6 +5,7 @@ job's worker files (spec, log, streamed probes) in a folder of its own there.
 
     python bench/gpu_check.py [--frameworks torch,jax] [--steps 20] [--warmup 5]
                               [--suite seeds|llama|all|fit] [--all] [--dry-run]
+                              [--budget SECONDS [--have DIR]]
 
 ``--all`` is the prepared device check (docs/running-on-a-gpu.md), the first thing to run on a
 new GPU: ResNet-50, BERT and ViT train and inference at bf16, the 1B Llama's train, generate and
@@ -30,6 +31,11 @@ this GPU at the start (``mfu_calibrated``): each framework's matmul probe (``pyt
 fxtrack.worker --matmul``, its ``calibration`` capability) at each precision the jobs use, the
 best rate of any framework, as fxtrack's calibration takes it.
 
+``--budget SECONDS`` fits one device lease (budget_check): --all's jobs, the bf16 training ones
+first (``BUDGET_FIRST``), those with a FINISHED Result in $OUT or gpu-results/ (or ``--have``)
+skipped, each sized to the time left from declared estimates (``BUDGET_ESTIMATE_S``), the summary
+written after every job; with ``--dry-run`` it prints that plan on a faked clock.
+
 Exit status 1 when any job failed, tripped its correctness guard, reported an MFU above 100%
 (against the datasheet or the calibrated peak), a fit probe failed other than by running out of
 memory, the 2-GPU scaling run gave no figure, or a job did not run the expected fast path (``check``): compiled (``compile_mode`` not eager / op-by-op /
@@ -49,7 +55,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -340,8 +346,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=240, help="seconds per job")
-    parser.add_argument("--suite", choices=sorted(SUITES), default="seeds",
-                        help="which jobs: the seeds' models, canonical llama, or all")
+    parser.add_argument("--suite", choices=sorted(SUITES), default=None,
+                        help="which jobs: the seeds' models (default), canonical llama, or all")
     parser.add_argument("--all", action="store_true",
                         help="the prepared device check: every GPU path in one ~10-min budget")
     parser.add_argument("--dry-run", action="store_true",
@@ -354,14 +360,29 @@ def main() -> int:
                         help="each framework's matmul probe, per precision; 0: no calibrated MFU")
     parser.add_argument("--serve-requests", type=int, default=None,
                         help="requests per serve probe (default: SERVE_JOB's)")
+    parser.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                        help="one device lease: --all's jobs (or --suite's) in value order, "
+                             "those already FINISHED skipped, each sized to the time left, "
+                             "summary.json written after each; with --dry-run, the plan")
+    parser.add_argument("--have", action="append", default=None, metavar="DIR",
+                        help="with --budget: an earlier lease's Results, its FINISHED jobs "
+                             "skipped (repeatable; default: the checkout's gpu-results/; $OUT "
+                             "is always read)")
     args = parser.parse_args()
+    if args.budget is not None and (args.only or args.suite == "fit"):
+        print("--budget orders the jobs itself: not with --only or --suite fit", file=sys.stderr)
+        return 2
     if args.suite == "fit" and not args.all:
         return fit_check(args)
-    jobs = FULL_CHECK if args.all else SUITES[args.suite]
+    # --budget without a suite: the prepared device check's jobs (--all's), as a lease wants
+    whole = args.all or (args.budget is not None and args.suite is None)
+    jobs = FULL_CHECK if whole else SUITES[args.suite or "seeds"]
     if args.serve_requests:
         jobs = [j[:4] + ({**j[4], "num_requests": args.serve_requests},) if j[1] == "serve"
                 else j for j in jobs]
     frameworks = args.frameworks.split(",")
+    if args.budget is not None:
+        return budget_check(args, jobs, frameworks, converge=whole)
     if args.only and not args.dry_run:
         return focused(args, jobs, frameworks)
     precisions = sorted({job[2] for job in jobs})
@@ -448,18 +469,21 @@ def main() -> int:
 
 
 def checked_job(fw: str, job: tuple, args: argparse.Namespace, out: Path,
-                calibrated: dict[str, tuple[float, str]], figures: bool = False
+                calibrated: dict[str, tuple[float, str]], figures: bool = False,
+                steps: Optional[int] = None, timeout_s: Optional[float] = None
                 ) -> Optional[tuple]:
     """One job in one framework, its Result written to ``out`` and checked, its line printed
     (with its headline figures where ``figures``): the closing table's row, or None where the
-    framework declares the job's capability absent (said)."""
+    framework declares the job's capability absent (said). ``steps`` and ``timeout_s``: --budget's
+    sizing of this job (default: --steps and --timeout)."""
     model, scenario, precision, batch, options = job
-    absent = declaration(f"fxtrack.frameworks.{fw}").absent.get("slot_decode")
-    if options.get("batching") == "continuous" and absent:
+    absent = absent_capability(fw, job)
+    if absent:
         print(f"{fw} {model} serve continuous: skipped, declared absent: {absent}", flush=True)
         return None
-    r = run_job(fw, model, scenario, precision, batch, options, args.steps, args.warmup, out,
-                args.timeout)
+    r = run_job(fw, model, scenario, precision, batch, options,
+                args.steps if steps is None else steps, args.warmup, out,
+                args.timeout if timeout_s is None else timeout_s)
     add_mfu(r, precision, 1, calibrated)
     r.dump(out / f"{job_name(fw, model, scenario, precision, 1, options)}.json")
     problems = check(fw, model, precision, r, scenario)
@@ -467,6 +491,14 @@ def checked_job(fw: str, job: tuple, args: argparse.Namespace, out: Path,
     print(f"{fw} {model} {scenario} {precision} x{batch}: {r.status} {r.error or ''}"
           + (f" {shown}" if figures and shown else ""), flush=True)
     return fw, model, scenario, precision, batch, r, problems
+
+
+def absent_capability(fw: str, job: tuple) -> Optional[str]:
+    """Why ``fw`` cannot run ``job`` (a continuous serve job where the framework declares no
+    slot_decode), read from its declaration without importing the framework; None: it can."""
+    if job[4].get("batching") != "continuous":
+        return None
+    return declaration(f"fxtrack.frameworks.{fw}").absent.get("slot_decode")
 
 
 def job_key(job: tuple) -> str:
@@ -519,6 +551,229 @@ def focused(args: argparse.Namespace, jobs: list, frameworks: list[str]) -> int:
 SHOWN = ("throughput_samples_per_s", "tokens_per_s", "step_time_ms_p50", "mfu", "mfu_calibrated",
          "peak_mem_device_mib", "max_rate_under_slo_rps", "serve_tpot_ms_p99",
          "serve_ttft_ms_p99", "load_s", "compile_s", "first_request_ms")
+
+
+# ---- --budget: one device lease, the most wanted jobs first, resumable across leases ----------
+
+# --budget's order (issue 61): the figures never measured on a GPU first. The H200 lease of
+# 2026-12-04 spent itself on converge and serve (docs/results/h200-2026-12-04.md): no training MFU
+# exists for these four at bf16. Each runs in every framework before the next (torch, JAX, torch,
+# ...), so one framework's failure or slow compile cannot eat the lease alone.
+BUDGET_FIRST = (("resnet50", "train", "bf16"), ("bert", "train", "bf16"),
+                ("vit", "train", "bf16"), ("llama", "train", "bf16"))
+# --budget's plan per (model, scenario): (start s, s per step); start: the worker's imports, CUDA
+# start, build and first compile; a step: one warm-up or timed step. DECLARED GUESSES, not
+# measurements: no train, inference or generate job has run on a GPU here yet. What the H200
+# lease did measure (docs/results/h200-2026-12-04.md): the converge check's compile 17.4 s (torch)
+# and 6.3 s (JAX), JAX's converge worker done inside a 65 s limit, JAX's serve load 3.9 s and
+# compile 11.0 s; torch's serve jobs gave no Result within 150 s. A step of None: a job of fixed
+# length (the serve rate search, the converge run), never sized down. Replace them with a
+# lease's own timings once its logs hold some.
+BUDGET_ESTIMATE_S: dict[tuple[str, str], tuple[float, Optional[float]]] = {
+    ("resnet50", "train"): (90.0, 0.10), ("resnet50", "inference"): (60.0, 0.04),
+    ("bert", "train"): (70.0, 0.05), ("bert", "inference"): (50.0, 0.02),
+    ("vit", "train"): (70.0, 0.08), ("vit", "inference"): (50.0, 0.03),
+    ("llama", "train"): (120.0, 0.30), ("llama", "generate"): (90.0, 1.0),
+    ("llama", "serve"): (150.0, None), ("vit", "converge"): (60.0, None)}
+BUDGET_FALLBACK_S = (120.0, 0.5)  # a job with no estimate above: a guess too
+BUDGET_MIN_STEPS = 5  # sized to the time left, a job keeps at least this many timed steps (a p50)
+# kept back from the jobs: the closing table, summary.json, a worker killed at its timeout
+BUDGET_RESERVE_S = 15.0
+
+now = time.monotonic  # --budget's clock, read at each call: the tests put a faked one here
+
+
+class FakeClock:
+    """--budget --dry-run's clock: still but for ``advance``, by each planned job's seconds."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+class Unit(NamedTuple):  # not a dataclass: the tests load this file outside sys.modules
+    """One of --budget's jobs in one framework: a suite job, or the converge check (job None)."""
+
+    fw: str
+    job: Optional[tuple]
+
+    @property
+    def name(self) -> str:
+        """Its Result's file name in $OUT, less .json (as checked_job and converge_check write)."""
+        if self.job is None:
+            return f"{self.fw}-{CONVERGE_CHECK[0]}-converge-{CONVERGE_CHECK[2]}"
+        model, scenario, precision, _, options = self.job
+        return job_name(self.fw, model, scenario, precision, 1, options)
+
+    @property
+    def label(self) -> str:
+        if self.job is None:
+            model, dataset, precision = CONVERGE_CHECK
+            return f"{self.fw} {model} converge {precision} ({dataset})"
+        model, scenario, precision, batch, options = self.job
+        policy = f" {options['batching']}" if "batching" in options else ""
+        return f"{self.fw} {model} {scenario}{policy} {precision} x{batch}"
+
+    def estimate(self) -> tuple[float, Optional[float]]:
+        key = ((CONVERGE_CHECK[0], "converge") if self.job is None else self.job[:2])
+        return BUDGET_ESTIMATE_S.get(key, BUDGET_FALLBACK_S)
+
+
+def budget_units(jobs: list, frameworks: list[str], converge: bool) -> list[Unit]:
+    """--budget's jobs in value order: BUDGET_FIRST's, then the rest in the suite's order (the
+    converge check last, as --all runs it), each in every framework before the next."""
+    first = [j for key in BUDGET_FIRST for j in jobs if j[:3] == key]
+    units = [Unit(fw, j) for j in first + [j for j in jobs if j not in first] for fw in frameworks]
+    return units + ([Unit(fw, None) for fw in frameworks] if converge else [])
+
+
+def held_result(unit: Unit, dirs: list[Path]) -> Optional[Path]:
+    """The first FINISHED Result of ``unit`` in ``dirs`` (an earlier lease's): None where there is
+    none, or only a failed or unreadable one (run again)."""
+    for d in dirs:
+        path = d / f"{unit.name}.json"
+        try:
+            if path.exists() and Result.read(path).status == "FINISHED":
+                return path
+        except (ValueError, TypeError):  # cut off mid-write, or not a Result
+            continue
+    return None
+
+
+def sized(unit: Unit, left_s: float, steps: int, warmup: int
+          ) -> tuple[Optional[int], float, float]:
+    """(timed steps, planned s, the least s it needs): --steps where they fit in ``left_s``, else
+    fewer, down to BUDGET_MIN_STEPS; steps None: a job of fixed length. Planned s above
+    ``left_s``: it does not fit."""
+    start, step = unit.estimate()
+    if step is None:
+        return None, start, start
+    least = min(BUDGET_MIN_STEPS, steps)
+    fit = min(steps, int((left_s - start) / step) - warmup)
+    n = max(fit, least)
+    return n, start + (warmup + n) * step, start + (warmup + least) * step
+
+
+def write_summary(out: Path, entries: list[dict]) -> None:
+    """summary.json, replaced whole (a lease cut off mid-write keeps the previous one)."""
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(entries, indent=1))
+    os.replace(tmp, out / "summary.json")
+
+
+def summary_entry(unit: Unit, r: Result, problems: list[str], **extra) -> dict:
+    model, scenario, precision, batch = (
+        (CONVERGE_CHECK[0], "converge", CONVERGE_CHECK[2], None) if unit.job is None
+        else unit.job[:4])
+    return {"framework": unit.fw, "model": model, "scenario": scenario, "precision": precision,
+            "batch": batch, "status": r.status, "error": r.error, "metrics": r.metrics,
+            "tags": r.tags, "problems": problems, **extra}
+
+
+def budget_check(args: argparse.Namespace, jobs: list, frameworks: list[str],
+                 converge: bool) -> int:
+    """--budget SECONDS: the jobs in value order (budget_units), each skipped where a FINISHED
+    Result of it is held ($OUT, --have, else the checkout's gpu-results/), sized to the time
+    left and started only where its least fits, its timeout the time left at most; summary.json
+    is written after every job. --dry-run: the same loop on a FakeClock moved on by each plan,
+    nothing run."""
+    clock = FakeClock() if args.dry_run else None
+
+    def t() -> float:
+        return clock() if clock else now()
+
+    start = t()
+    deadline = start + args.budget
+    out = Path(os.environ.get("OUT") or "gpu-results")
+    haves: list[Path] = []  # $OUT itself first: a second run in one lease resumes there
+    for d in [out] + [Path(d) for d in args.have or [ROOT / "gpu-results"]]:
+        if d.resolve() not in [h.resolve() for h in haves]:
+            haves.append(d)
+    installed = [fw for fw in frameworks if args.dry_run or importlib.util.find_spec(fw)]
+    for fw in sorted(set(frameworks) - set(installed)):
+        print(f"{fw}: not installed, skipped", flush=True)
+    units = budget_units(jobs, installed, converge)
+    held = {u.name: p for u in units if (p := held_result(u, haves))}
+    # the MFU jobs' precisions, calibrated first where any such job is left to run
+    precisions = sorted({u.job[2] for u in units if u.job and u.name not in held})
+    calibrate_s = args.calibrate_s if precisions else 0.0
+    print(f"budget {args.budget:.0f} s; held Results read from {', '.join(map(str, haves))}; "
+          f"{BUDGET_RESERVE_S:.0f} s kept for the summary; planned times are declared estimates "
+          "(BUDGET_ESTIMATE_S), not measurements", flush=True)
+    if not args.dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+    calibrated: dict[str, tuple[float, str]] = {}
+    if calibrate_s and installed:
+        if clock:  # each probe stops at its deadline: planned at that
+            clock.advance(len(installed) * len(precisions) * calibrate_s)
+        else:
+            calibrated = calibrate(installed, precisions, calibrate_s)
+        print(f" 0. calibration at {', '.join(precisions)} ({calibrate_s:.0f} s a probe, "
+              f"{len(installed)} frameworks): {'planned' if clock else 'took'} "
+              f"{t() - start:.0f} s", flush=True)
+    entries: list[dict] = []
+    rows, bad, ran, left_out = [], [], 0, 0
+    for i, u in enumerate(units, 1):
+        head = f"{i:>2}. {u.label}"
+        if u.name in held:
+            print(f"{head}: skipped: FINISHED in {held[u.name]} (an earlier run)", flush=True)
+            r = Result.read(held[u.name])
+            problems = [] if u.job is None else check(u.fw, u.job[0], u.job[2], r, u.job[1])
+            entries.append(summary_entry(u, r, problems, held=str(held[u.name])))
+            continue
+        absent = u.job is not None and absent_capability(u.fw, u.job)
+        if absent:
+            print(f"{head}: skipped: declared absent: {absent}", flush=True)
+            continue
+        left = deadline - t() - BUDGET_RESERVE_S
+        steps, planned, least = sized(u, left, args.steps, args.warmup)
+        if planned > left:
+            print(f"{head}: left out: the budget ends (needs {least:.0f} s at least, "
+                  f"{max(left, 0):.0f} s left)", flush=True)
+            left_out += 1
+            continue
+        what = "fixed length" if steps is None else f"{steps} timed + {args.warmup} warm-up steps"
+        print(f"{head}: planned {planned:.0f} s ({what}), ends at {t() - start + planned:.0f} s",
+              flush=True)
+        ran += 1
+        if clock:
+            clock.advance(planned)
+            continue
+        timeout = min(args.timeout, left)  # never past the budget, whatever the estimate said
+        if u.job is None:
+            line, problems = converge_check(u.fw, out, timeout)
+            print(line, flush=True)
+            path = out / f"{u.name}.json"
+            r = Result.read(path) if path.exists() else Result("-", error=line)
+            entries.append(summary_entry(u, r, problems))
+            bad += [(u.fw, CONVERGE_CHECK[0], CONVERGE_CHECK[2], p) for p in problems]
+        else:
+            row = checked_job(u.fw, u.job, args, out, calibrated, figures=True, steps=steps,
+                              timeout_s=timeout)
+            rows.append(row)
+            entries.append(summary_entry(u, row[5], row[6]))
+            bad += [(u.fw, row[1], row[3], p) for p in row[6]]
+        write_summary(out, entries)  # after every job: a lease cut short keeps what finished
+    print(f"{'planned' if clock else 'ran'} {ran} jobs, ending at {t() - start:.0f} s of the "
+          f"{args.budget:.0f} s budget ({BUDGET_RESERVE_S:.0f} s kept for the summary); "
+          f"{len(held)} held from an earlier run, {left_out} left out", flush=True)
+    if converge:
+        print("not under --budget: the fit search and the 2-GPU scaling check (--all runs them)",
+              flush=True)
+    if clock:
+        return 0
+    write_summary(out, entries)
+    lm_table(rows)
+    for fw, model, precision, problem in bad:
+        print(f"PROBLEM {fw} {model} {precision}: {problem}", flush=True)
+    if not installed:
+        print("no framework installed: nothing checked", flush=True)
+    return 1 if bad or not installed else 0
 
 
 # ---- scenario=fit on one GPU: the largest batch of ViT-B/16 and the 1B Llama at bf16 ----------
