@@ -13,7 +13,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,8 @@ from test_nothing_lost import processes_mentioning, user_env
 
 from fxtrack import environment
 
-PW = f"s3cretPW-{uuid.uuid4().hex[:12]}"
+# fixed, not random: parametrize ids hold it, and xdist needs them equal in every worker
+PW = "s3cretPW-7f3a91c2e0d4"
 TINY = ["framework=torch", "model=vit", "size=tiny", "batch_size=2", "steps=2", "warmup_steps=1",
         "hardware=cpu"]
 WAYS = ("preset", "override", "env")  # how a run is given its tracking URI
