@@ -3,6 +3,7 @@ the timed windows that carry the figures (run_timed; the pipeline scenario's two
 
 from __future__ import annotations
 
+import select
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ def _fake_proc(monkeypatch, samples):
     it = iter(samples)
 
     class Snap:
-        def __init__(self, cpus, sid, agent):
+        def __init__(self, cpus, sid, agent, children=False, pids=()):
             self.t, self.busy, self.steal, self.own = next(it)
 
     monkeypatch.setattr(load, "_Snapshot", Snap)
@@ -245,3 +246,30 @@ def test_wait_for_idle_narrates_and_stops_when_quiet(monkeypatch):
     said.clear()
     load.wait_for_idle(0, say=said.append)  # no wait asked: one silent probe
     assert said == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_span_since_the_worker_started_replaces_the_probe_and_counts_the_orchestrator(
+        one_cpu, monkeypatch):
+    """Issue 61: the 0.5 s probe before the window (half of a tiny job's fixed cost) is the
+    load sampled from the worker's start to its window; the orchestrator's CPU meanwhile
+    (loading MLflow beside the build) is fxtrack's own, another process's is not. The
+    "orchestrator" here is a busy loop given as that pid; another busy loop is competition."""
+    def spin(seconds: float) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", "import time\nt=time.time()\n"
+                                 f"while time.time()-t<{seconds}: pass"], start_new_session=True)
+
+    slept = []
+    monkeypatch.setattr(load.time, "sleep", lambda s: slept.append(s))  # no probe may sleep
+    for counted_as_own, expect_contended in ((True, False), (False, True)):
+        other = spin(1.5)
+        try:
+            load.start_sampling(None, other.pid if counted_as_own else None)
+            select.select([], [], [], 1.0)  # the worker's build: this process idles here
+            before = load.wait_for_idle(0.0)
+        finally:
+            other.kill()
+            other.wait()
+        assert before.window_s >= load.PROBE_S and not slept  # the span, not a probe
+        assert before.contended == expect_contended, before.other_cpu_frac
+    assert load.since_start() is None  # taken once: a later window probes

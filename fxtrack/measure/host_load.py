@@ -57,7 +57,7 @@ def _cpu_ticks(cpus: set[int]) -> tuple[int, int]:
     return busy, steal
 
 
-def _session_ticks(sid: int, agent: Optional[int] = None) -> int:
+def _session_ticks(sid: int, agent: Optional[int] = None, pids: tuple[int, ...] = ()) -> int:
     """CPU ticks (user + system, plus those of reaped children) of every process in session
     ``sid``, and, for a torchrun rank (``agent``: the torchrun agent's pid), also in the agent's
     session and in each session led by one of the agent's children: torchrun starts every rank
@@ -82,7 +82,7 @@ def _session_ticks(sid: int, agent: Optional[int] = None) -> int:
     sids = {sid}
     if agent is not None:
         sids |= {s for ppid, s, _, pid in procs if ppid == agent or pid == agent}
-    return sum(ticks for _, s, ticks, _ in procs if s in sids)
+    return sum(ticks for _, s, ticks, pid in procs if s in sids or pid in pids)
 
 
 def _children_ticks() -> float:
@@ -96,10 +96,11 @@ def _children_ticks() -> float:
 
 
 class _Snapshot:
-    def __init__(self, cpus: set[int], sid: int, agent: Optional[int], children: bool = False):
+    def __init__(self, cpus: set[int], sid: int, agent: Optional[int], children: bool = False,
+                 pids: tuple[int, ...] = ()):
         self.t = time.monotonic()
         self.busy, self.steal = _cpu_ticks(cpus)
-        self.own = _children_ticks() if children else _session_ticks(sid, agent)
+        self.own = _children_ticks() if children else _session_ticks(sid, agent, pids)
 
 
 class LoadSampler:
@@ -114,12 +115,14 @@ class LoadSampler:
     Each is None when /proc cannot be read.
     """
 
-    def __init__(self, threads: Optional[int] = None, children: bool = False):
+    def __init__(self, threads: Optional[int] = None, children: bool = False,
+                 pids: tuple[int, ...] = ()):
         # children: fxtrack's own work is this process and the children it reaps in the window
         # (calibration's probe worker, waited on), not its session: a shell's background jobs
         # share that session and were counted as fxtrack's, so a probe under two busy loops
         # read quiet and was cached (issue 61)
         self.children = children
+        self.pids = pids  # more processes whose CPU is fxtrack's own (the orchestrator's)
         self.cpus = _cpus()
         self.threads = min(threads or len(self.cpus), len(self.cpus))
         self.sid = os.getsid(0)
@@ -135,7 +138,7 @@ class LoadSampler:
     def start(self) -> "LoadSampler":
         if self.available:
             try:
-                self._start = _Snapshot(self.cpus, self.sid, self.agent, self.children)
+                self._start = _Snapshot(self.cpus, self.sid, self.agent, self.children, self.pids)
             except (OSError, ValueError):
                 self.available = False
         return self
@@ -144,7 +147,7 @@ class LoadSampler:
         if self._start is None:
             return self
         try:
-            end = _Snapshot(self.cpus, self.sid, self.agent, self.children)
+            end = _Snapshot(self.cpus, self.sid, self.agent, self.children, self.pids)
         except (OSError, ValueError):
             self.available = False
             return self
@@ -178,6 +181,29 @@ class LoadSampler:
         return {k: float(v) for k, v in out.items() if v is not None}
 
 
+_SINCE_START: list[LoadSampler] = []  # sampling since the worker started (start_sampling)
+
+
+def start_sampling(threads: Optional[int], orchestrator: Optional[int]) -> None:
+    """Sample other processes' CPU use from now (the worker's start) until its first window
+    opens: its imports and build take seconds, so that span replaces the 0.5 s probe before the
+    window (issue 61: half of a tiny job's fixed cost). ``orchestrator``: its pid, whose own
+    CPU (loading MLflow beside the build) is fxtrack's, not competition; it is in another
+    session, which may also hold a shell's background jobs, so it counts as one process."""
+    _SINCE_START[:] = [LoadSampler(threads, pids=(orchestrator,) if orchestrator else ()).start()]
+
+
+def since_start() -> Optional[LoadSampler]:
+    """The sampler start_sampling began, stopped now, once (a later window probes); None where
+    none was started or its span was shorter than the probe it replaces."""
+    if not _SINCE_START:
+        return None
+    sampler = _SINCE_START.pop().stop()
+    if sampler.window_s is None or sampler.window_s < PROBE_S:
+        return None
+    return sampler
+
+
 def probe(seconds: float = PROBE_S, threads: Optional[int] = None) -> LoadSampler:
     """Sample for ``seconds`` while this process sleeps (so its own share is ~0)."""
     sampler = LoadSampler(threads).start()
@@ -190,7 +216,7 @@ def wait_for_idle(max_s: float, threads: Optional[int] = None,
     """Probe until other work drops to CONTENDED_FRAC or ``max_s`` seconds have passed, narrating
     the wait; returns the last probe (its ``contended`` says whether the wait succeeded)."""
     deadline = time.monotonic() + max_s
-    last = probe(threads=threads)
+    last = since_start() or probe(threads=threads)
     if last.contended and max_s > 0:
         say(f"[fxtrack] other processes use {last.other_cpu_frac:.0%} of the cores; "
             f"waiting up to {max_s:.0f} s for the machine to go quiet")

@@ -97,6 +97,9 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
             if not go:
                 _stop(proc, None)
         timed_out = _wait(proc, timeout_s, while_running)
+        # what the worker left in its group (it exits without tearing down: worker.leave)
+        # would hold its output pipe open: the tee would wait on it
+        _kill_group(proc, signal.SIGKILL)
         tee.join(timeout=10)
         if while_running is not None:  # what the worker wrote in its last half second
             while_running()

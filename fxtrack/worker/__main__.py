@@ -251,6 +251,10 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 2
     spec = JobSpec.read(Path(argv[0]))
+    from fxtrack.measure import host_load
+
+    orchestrator = os.environ.get(PARENT_ENV)
+    host_load.start_sampling(spec.cpu_threads, int(orchestrator) if orchestrator else None)
     die_with_parent()
     prepare_environment(spec)
     result = run(spec)
@@ -264,5 +268,18 @@ def main(argv: list[str]) -> int:
     return 0 if result.status == "FINISHED" else 1
 
 
+def leave(code: int) -> None:
+    """Exit once the Result is written, without the interpreter's teardown: freeing a
+    framework's modules and pools took a tiny job's worker 0.36 s that the orchestrator waited
+    on for nothing (issue 61). What it leaves running (a compiler's worker pool) is in this
+    worker's process group, which the orchestrator stops once the worker is gone. A torchrun
+    rank exits as usual: its peers may still wait on its collective teardown."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if "RANK" in os.environ:
+        sys.exit(code)
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave(main(sys.argv[1:]))
