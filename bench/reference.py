@@ -1,8 +1,10 @@
 """fxtrack's models against the public implementation a user would pick in the same framework,
 each trained with the same batch, optimiser (AdamW / SGD as fxtrack uses) and precision, one
 process per arm, in rotated rounds; a ratio >= 1 means fxtrack trains at least as fast.
-``--precision bf16`` runs every arm in bf16 mixed precision (torch autocast, Keras'
-``mixed_bfloat16`` policy, fxtrack's ``precision=bf16``).
+Every row runs at each of ``--precisions`` (default ``fp32,bf16``): at bf16 every arm is in bf16
+mixed precision (fxtrack's ``precision=bf16``; the torch references under
+``torch.autocast("cpu", bfloat16)`` around the forward and loss, as fxtrack's torch step; the
+Keras references built under Keras' ``mixed_bfloat16`` policy, as fxtrack's Keras models are).
 
 Rows (model, framework) and their references, all built from explicit arguments (no download):
   vit / bert       torch       Hugging Face ``ViTForImageClassification`` / ``BertForMaskedLM``
@@ -11,6 +13,10 @@ Rows (model, framework) and their references, all built from explicit arguments 
   resnet50         tensorflow  ``keras.applications.ResNet50`` (v1: its stride sits on the first
                                1x1 conv, ~3% fewer FLOPs, which flatters the reference slightly),
                                ``tf.function`` and XLA
+  resnet50         jax         the same ``keras.applications.ResNet50`` on Keras' JAX backend (no
+                               public Flax ResNet-50 installs here: transformers 5 dropped Flax),
+                               the same optimiser and loss, Keras' default (jit) and
+                               ``jit_compile=True``
   vit / bert       tensorflow  keras-hub ``ViTBackbone`` + a dense head on the class token /
                    jax         ``BertBackbone`` + keras-hub's ``MaskedLMHead`` (as ``BertMaskedLM``:
                                dense, GELU, LayerNorm, the tied embedding, a bias) on every
@@ -21,6 +27,12 @@ Rows (model, framework) and their references, all built from explicit arguments 
   llama            tensorflow  keras-hub ``LlamaBackbone`` + its (reversible) token embedding as
                    jax         the output projection, as keras-hub's ``Llama3CausalLM`` computes
                                its logits, Keras' default and ``jit_compile=True``
+  all four models  keras       fxtrack's Keras-3 path (``framework=keras``,
+                   on each     ``framework.keras_backend=<backend>``; rows
+                   backend     ``<model>-keras-<backend>``) against the same keras-hub /
+                               ``keras.applications`` reference as above, on that backend; on
+                               torch Keras' default is eager and ``jit_compile=True`` is
+                               ``torch.compile`` of the step (mode ``compile``)
 
 Every row times fxtrack at its default (``framework.compile=auto``) against the reference at its
 best mode (``--modes all`` adds fxtrack with ``framework.compile=true`` and the reference's
@@ -32,14 +44,17 @@ round (paired), its median and the 95% t interval of the mean log ratio (fxtrack
 
     pip install transformers keras-hub          # the references; torchvision for ResNet-50 (torch)
     python bench/reference.py [--rounds 5] [--only vit-tensorflow,bert-jax] [--modes all]
+    python bench/reference.py --only '*-keras-*,resnet50-jax' --precisions bf16   # patterns
     python bench/reference.py --quick           # every row at tiny widths: a smoke run
 
-A reference that is not installed makes its row say so instead of failing.
+A reference that is not installed makes its row say so instead of failing; so does an arm whose
+process fails (its traceback on stderr), and the rows after it still run.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import importlib.util
 import json
 import math
@@ -79,8 +94,31 @@ ROWS = {
     "llama-torch": ("llama", "torch", "hf", "eager", "compile", "transformers"),
     "llama-tensorflow": ("llama", "tensorflow", "keras-hub", "auto", "xla", "keras_hub"),
     "llama-jax": ("llama", "jax", "keras-hub", "auto", "xla", "keras_hub"),
+    # keras.applications on the JAX backend: "auto" is jit there, as on the keras-hub JAX rows
+    "resnet50-jax": ("resnet50", "jax", "keras-app", "auto", "xla", "keras"),
 }
 KERAS_BACKEND = {"tensorflow": "tensorflow", "jax": "jax"}
+# framework=keras: fxtrack's Keras-3 path against the same references, one row per model and
+# backend. Keras' default mode is "auto" on each; its other mode is jit_compile=True (XLA on
+# TensorFlow and JAX, torch.compile of the step on torch, hence "compile").
+KERAS_ROW_BACKEND: dict[str, str] = {}
+for _backend, _best in (("tensorflow", "xla"), ("jax", "xla"), ("torch", "compile")):
+    for _model in ("vit", "bert", "llama", "resnet50"):
+        _app = _model == "resnet50"
+        ROWS[f"{_model}-keras-{_backend}"] = (_model, "keras", "keras-app" if _app else "keras-hub",
+                                              "auto", _best, "keras" if _app else "keras_hub")
+        KERAS_ROW_BACKEND[f"{_model}-keras-{_backend}"] = _backend
+# Both by default: issue 61 asks every family against its peer at fp32 and at bf16, so a bare
+# run is that table; --precisions fp32 halves it (and --precision, its old name, still parses).
+PRECISIONS = ("fp32", "bf16")
+# the reference's mode -> compile(jit_compile=...): a plain graph (TF), Keras' own default, or
+# compiled (XLA on TF and JAX, torch.compile on torch)
+JIT_COMPILE = {"graph": False, "auto": "auto", "xla": True, "compile": True}
+
+
+def keras_backend(row: str) -> str | None:
+    """The Keras backend the row's processes run on (None: a torch row, no Keras)."""
+    return KERAS_ROW_BACKEND.get(row) or KERAS_BACKEND.get(ROWS[row][1])
 
 
 # ---------------------------------------------------------------------------------------- arms
@@ -97,12 +135,16 @@ def job(arm: dict):
 
     arch = architectures.resolve(arm["model"], **arm["dims"])
     mode = arm["mode"] if arm["kind"] == "fxtrack" else "auto"
+    # framework=keras: the backend is a setting its environment hook reads (KERAS_BACKEND), for
+    # the reference's process as for fxtrack's
+    settings = {"keras_backend": arm["keras_backend"]} if arm["framework"] == "keras" else {}
     return arch, JobSpec(
         result_id=uuid.uuid4().hex, framework=arm["framework"],
         package=packages()[arm["framework"]], scenario="train",
         runner="fxtrack.scenarios.train:run", arch=arch.to_json(), precision=arm["precision"],
         hardware="auto", devices=1, compile=mode != "false", compile_request=mode, seed=0,
-        batch_size=arm["batch"], steps=1, warmup_steps=0, result_path="", progress=False)
+        batch_size=arm["batch"], steps=1, warmup_steps=0, result_path="", progress=False,
+        framework_settings=settings)
 
 
 def fxtrack_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
@@ -115,15 +157,18 @@ def fxtrack_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
                                                                 dims=arch.dims,
                                                                 precision=spec.precision)
     backend.build(arm["batch"])
-    return backend.train_step, backend.framework.compile_mode_tag(spec.compile, spec.framework_settings)
+    # Keras resolves its own "auto" (eager on torch, a plain graph on a TF CPU): what it chose
+    compiled = getattr(backend, "compiled", spec.compile)
+    return backend.train_step, backend.framework.compile_mode_tag(compiled,
+                                                                   spec.framework_settings)
 
 
-def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
+def torch_reference_model(arm: dict, arch) -> tuple[Any, Callable[[Any], Any]]:
+    """The torch reference and its loss (model -> loss), fxtrack's batch on it."""
     import torch
     import torch.nn.functional as F
 
     from fxtrack import synthetic
-    from fxtrack.frameworks.torch import train
 
     torch.manual_seed(0)
     data = synthetic.make_batch(arch, arm["batch"], 0)
@@ -174,10 +219,21 @@ def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
         x = torch.from_numpy(data["images"]).permute(0, 3, 1, 2).contiguous()
         y = torch.from_numpy(data["labels"]).long()
         forward = lambda m: F.cross_entropy(m(pixel_values=x).logits, y)  # noqa: E731
+    return model, forward
+
+
+def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
+    import torch
+
+    from fxtrack.frameworks.torch import train
+
+    model, forward = torch_reference_model(arm, arch)
     model.train()
     opt = train.optimizer(model, arch, torch.device("cpu"), arm["batch"])  # fxtrack's, fused
     run = torch.compile(model) if arm["mode"] == "compile" else model
 
+    # fxtrack's torch policy (train.forward_loss): forward and loss under autocast, backward
+    # and the fp32 master weights' update outside it
     amp = train.AMP_DTYPES[arm["precision"]]
 
     def step():
@@ -191,17 +247,18 @@ def torch_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
     return step, arm["mode"]
 
 
-def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
+def keras_reference_model(arm: dict, arch) -> tuple[Any, Any, Any, Any]:
+    """The Keras reference (model, x, y, sample weights), built under the arm's dtype policy:
+    at bf16 ``mixed_bfloat16`` (bf16 compute, fp32 variables), as fxtrack's Keras models are
+    built (keras_train.POLICIES); set globally, as a user would, in this arm's own process."""
     import keras
 
     from fxtrack import synthetic
-    from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
 
     keras.utils.set_random_seed(0)
-    if arm["precision"] == "bf16":  # as fxtrack's Keras models run bf16
-        keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    keras.mixed_precision.set_global_policy("mixed_bfloat16" if arm["precision"] == "bf16"
+                                            else "float32")
     data = synthetic.make_batch(arch, arm["batch"], 0)
-    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     if arm["reference"] == "keras-app":
         model = keras.applications.ResNet50(weights=None, input_shape=data["images"].shape[1:],
                                             classes=arch.num_classes, classifier_activation=None)
@@ -259,16 +316,22 @@ def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]
         x = {"token_ids": ids, "segment_ids": np.zeros_like(ids), "padding_mask": np.ones_like(ids),
              "mask_positions": np.broadcast_to(np.arange(t, dtype=np.int32), ids.shape).copy()}
         y, weights = data["mlm_labels"], data["mlm_weights"]
+    return model, x, y, weights
+
+
+def keras_reference_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
+    import keras
+
+    from fxtrack.frameworks.base import ADAMW, SGD, optimizer_choice
+
+    model, x, y, weights = keras_reference_model(arm, arch)
+    loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     kind, lr = optimizer_choice(arch, arm["batch"])
     opt = (keras.optimizers.SGD(lr, momentum=SGD["momentum"], weight_decay=SGD["weight_decay"])
            if kind == "sgd" else
            keras.optimizers.AdamW(lr, weight_decay=ADAMW["weight_decay"], beta_1=ADAMW["b1"],
                                   beta_2=ADAMW["b2"], epsilon=ADAMW["eps"]))
-    if arm["reference"] == "keras-app":  # a plain graph or XLA, as fxtrack's own TF step
-        model.compile(optimizer=opt, loss=loss, jit_compile=arm["mode"] == "xla")
-    else:
-        model.compile(optimizer=opt, loss=loss,
-                      jit_compile=True if arm["mode"] == "xla" else "auto")
+    model.compile(optimizer=opt, loss=loss, jit_compile=JIT_COMPILE[arm["mode"]])
     # on the device once, as fxtrack's own batch is: no host copy inside the timed steps
     tensor = keras.ops.convert_to_tensor
     x = {k: tensor(v) for k, v in x.items()} if isinstance(x, dict) else tensor(x)
@@ -330,7 +393,10 @@ class Arm:
 
     def close(self) -> None:
         if self.proc.stdin:
-            self.proc.stdin.close()
+            try:
+                self.proc.stdin.close()
+            except BrokenPipeError:  # the arm's process already ended (a failed arm)
+                pass
         self.proc.wait(timeout=60)
 
 
@@ -339,8 +405,9 @@ def missing(row: str) -> str | None:
     return None if importlib.util.find_spec(module) else f"{module.replace('_', '-')} not installed"
 
 
-def arms_of(row: str, modes: str) -> list[tuple[str, dict]]:
-    """(label, arm spec) for the row's arms: the reference's best first (the ratios' base)."""
+def arms_of(row: str, modes: str, precision: str) -> list[tuple[str, dict]]:
+    """(label, arm spec) for the row's arms at ``precision``: the reference's best first (the
+    ratios' base)."""
     model, framework, reference, default, best, _ = ROWS[row]
     arms = [(f"{reference} {best}", dict(kind="reference", reference=reference, mode=best)),
             ("fxtrack auto", dict(kind="fxtrack", mode="auto"))]
@@ -348,43 +415,61 @@ def arms_of(row: str, modes: str) -> list[tuple[str, dict]]:
         arms += [("fxtrack compile=true", dict(kind="fxtrack", mode="true")),
                  (f"{reference} {default}", dict(kind="reference", reference=reference,
                                                  mode=default))]
-    return [(label, dict(spec, model=model, framework=framework)) for label, spec in arms]
+    return [(label, dict(spec, model=model, framework=framework, precision=precision,
+                         keras_backend=keras_backend(row))) for label, spec in arms]
 
 
-def measure_row(row: str, args: argparse.Namespace) -> dict:
+def select(only: str) -> list[str]:
+    """``--only``'s rows, in the order given: names or shell patterns (``*-keras-*``)."""
+    rows: list[str] = []
+    for item in only.split(","):
+        hits = [row for row in ROWS if fnmatch.fnmatchcase(row, item)]
+        if not hits:
+            raise ValueError(f"no row {item!r}; rows: {', '.join(ROWS)}")
+        rows += [row for row in hits if row not in rows]
+    return rows
+
+
+def measure_row(row: str, precision: str, args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT),
                                                                     os.environ.get("PYTHONPATH")])))
-    framework = ROWS[row][1]
-    if framework in KERAS_BACKEND:
-        env["KERAS_BACKEND"] = KERAS_BACKEND[framework]
+    if keras_backend(row):
+        env["KERAS_BACKEND"] = keras_backend(row)
     dims = (QUICK if args.quick else SIZES)[ROWS[row][0]]
+    batch = args.batch or (2 if args.quick else BATCHES.get(ROWS[row][0], BATCH))
     arms: list[Arm] = []
+    label = ""
     try:
-        for label, spec in arms_of(row, args.modes):  # one at a time: no overlapping warm-ups
-            batch = args.batch or (2 if args.quick else BATCHES.get(ROWS[row][0], BATCH))
-            arms.append(Arm(label, dict(spec, dims=dims, batch=batch, warmup=args.warmup,
-                                        precision=args.precision), env))
+        for label, spec in arms_of(row, args.modes, precision):  # one at a time: no overlap
+            arms.append(Arm(label, dict(spec, dims=dims, batch=batch, warmup=args.warmup), env))
         for r in range(args.rounds):
             for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+                label = arm.label
                 arm.run(args.steps)
-            print(f"{row} round {r + 1}: " + ", ".join(f"{a.label} {a.samples[-1]:.2f}"
-                                                       for a in arms) + " samples/s",
+            print(f"{row} {precision} round {r + 1}: " + ", ".join(
+                f"{a.label} {a.samples[-1]:.2f}" for a in arms) + " samples/s",
                   file=sys.stderr, flush=True)
+    except (RuntimeError, BrokenPipeError) as e:
+        # one arm that cannot run (its traceback is above, on stderr) costs its row, not the
+        # hours of rows after it
+        return {"row": row, "precision": precision, "skipped": f"{label} failed: {e}"[:200]}
     finally:
         for arm in arms:
             arm.close()
-    return {"row": row, "batch": batch,
+    return {"row": row, "precision": precision, "batch": batch,
             "arms": [{"label": a.label, "mode": a.mode, "samples_per_s": a.samples} for a in arms]}
 
 
 def table(rows: list[dict]) -> list[str]:
     from fxtrack import stats
 
-    out = [f"{'row':<20} {'arm':<22} {'mode that ran':<24} {'samples/s [95%]':<28} "
+    # the mode column fits framework=keras' tags (keras-tensorflow:tf.function)
+    out = [f"{'row':<25} {'prec':<4} {'arm':<22} {'mode that ran':<28} {'samples/s [95%]':<28} "
            "arm / reference's best [95%]"]
     for row in rows:
+        head = f"{row['row']:<25} {row.get('precision', ''):<4}"
         if "skipped" in row:
-            out.append(f"{row['row']:<20} {row['skipped']}")
+            out.append(f"{head} {row['skipped']}")
             continue
         base = row["arms"][0]["samples_per_s"]
         for arm in row["arms"]:
@@ -395,21 +480,21 @@ def table(rows: list[dict]) -> list[str]:
             rci = stats.t_interval(logs)
             ratio = f"{stats.median([a / b for a, b in zip(xs, base)]):.3f} " \
                     f"[{math.exp(rci.low):.3f}, {math.exp(rci.high):.3f}]"
-            out.append(f"{row['row']:<20} {arm['label']:<22} {arm['mode'][:24]:<24} {rate:<28} "
-                       f"{ratio}")
+            out.append(f"{head} {arm['label']:<22} {arm['mode'][:28]:<28} {rate:<28} {ratio}")
     return out
 
 
-def main() -> None:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per arm per round")
     parser.add_argument("--warmup", type=int, default=WARMUP)
     parser.add_argument("--batch", type=int, default=None,
                         help=f"default: {BATCH}, the Llama {BATCHES['llama']}")
-    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
-    parser.add_argument("--only", default=",".join(ROWS), help="comma-separated rows: "
-                        + ", ".join(ROWS))
+    parser.add_argument("--precisions", "--precision", default=",".join(PRECISIONS),
+                        help="comma-separated, each row at each (default: fp32,bf16)")
+    parser.add_argument("--only", default=",".join(ROWS), help="comma-separated rows or "
+                        "patterns (*-keras-*): " + ", ".join(ROWS))
     parser.add_argument("--modes", choices=("best", "all"), default="best",
                         help="best: fxtrack's default vs the reference's best; all: also "
                              "fxtrack compile=true and the reference's default")
@@ -418,7 +503,20 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="tiny widths, 2 rounds of 2 steps, batch 2: proves every row runs")
     parser.add_argument("--serve", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    args.precisions = args.precisions.split(",")
+    if not set(args.precisions) <= set(PRECISIONS):
+        parser.error(f"--precisions: each of {', '.join(PRECISIONS)}")
+    if not args.serve:
+        try:
+            args.rows = select(args.only)
+        except ValueError as e:
+            parser.error(str(e))
+    return args
+
+
+def main() -> None:
+    args = parse()
     if args.serve:
         serve(json.loads(args.serve))
         return
@@ -429,16 +527,15 @@ def main() -> None:
         args.rounds, args.steps, args.warmup = 2, 2, 1
     sys.path.insert(0, str(ROOT))
     rows = []
-    for row in args.only.split(","):
-        if row not in ROWS:
-            parser.error(f"no row {row!r}; rows: {', '.join(ROWS)}")
+    for row in args.rows:
         why = missing(row)
-        rows.append({"row": row, "skipped": why} if why else measure_row(row, args))
+        rows += [{"row": row, "skipped": why}] if why else [
+            measure_row(row, precision, args) for precision in args.precisions]
     sizes = "tiny widths (--quick)" if args.quick else json.dumps(SIZES)
     batches = sorted({str(r["batch"]) for r in rows if "batch" in r})
     print(f"\n{sizes}, batch {'/'.join(batches)}, {args.steps} timed steps per arm per round, "
-          f"{args.rounds} rotated rounds, {args.precision}, {os.cpu_count()} cores; ratio = arm / "
-          "the reference's best, paired per round")
+          f"{args.rounds} rotated rounds, {'/'.join(args.precisions)}, {os.cpu_count()} cores; "
+          "ratio = arm / the reference's best, paired per round")
     print("\n".join(table(rows)))
 
 
