@@ -81,14 +81,21 @@ def _read_error(e: Exception, where: str) -> None:
     raise e
 
 
+def _existing(uri: str, experiment: str) -> tuple[Optional[MlflowClient], Any]:
+    """(a client, ``experiment``) where the store and the experiment exist; (None, None) where
+    a sqlite store is not there yet (looking must not create it), (client, None) where the
+    experiment is not."""
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
+        return None, None
+    mlflow_defaults()
+    client = MlflowClient(uri)
+    return client, client.get_experiment_by_name(experiment)
+
+
 def finished_run(uri: str, experiment: str, config_id: str) -> Optional[str]:
     """The id of a FINISHED run of ``config_id`` (tag ``fxtrack.config_id``) in ``experiment``,
     or None (no store yet: nothing is created)."""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        return None
-    mlflow_defaults()
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
+    client, exp = _existing(uri, experiment)
     if exp is None:
         return None
     found = client.search_runs([exp.experiment_id], f"tags.`fxtrack.config_id` = '{config_id}' "
@@ -102,11 +109,7 @@ def repeat_group(uri: str, experiment: str, config_id: str) -> Optional[dict[str
     if it was never logged), "done": {repeat index: entry}}`` with an entry per FINISHED repeat
     (``name``, ``status``, ``guard``, ``metrics``, ``tags``, ``params``, ``run_id``: as a
     sweep's job file has them). None: no group yet (no store: nothing is created)."""
-    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
-        return None
-    mlflow_defaults()
-    client = MlflowClient(uri)
-    exp = client.get_experiment_by_name(experiment)
+    client, exp = _existing(uri, experiment)
     if exp is None:
         return None
     found = [r for r in client.search_runs([exp.experiment_id],
