@@ -171,14 +171,13 @@ def _keep(job, aggregate: str, entries: list[dict[str, Any]]) -> None:
 
 
 def group_of(job, conf) -> Optional[dict[str, Any]]:
-    """resume=true: the config's latest repeat group in the store (tracking.reader.repeat_group),
-    said on the terminal; None where it has none."""
+    """resume=true: the config's latest repeat group in the store (tracking.reader.repeat_group);
+    None where it has none."""
     from fxtrack.orchestrator.job import config_id
     from fxtrack.tracking import reader
 
-    group = reader.repeat_group(job.uri, conf.tracking.experiment,
-                                config_id(dict(job.config, devices=conf.devices)))
-    return group
+    return reader.repeat_group(job.uri, conf.tracking.experiment,
+                               config_id(dict(job.config, devices=conf.devices)))
 
 
 def complete(group: Optional[dict[str, Any]], total: int) -> bool:
