@@ -424,17 +424,19 @@ SERVE = ["scenario=serve", "scenario.slo.e2e_ms=5000", "scenario.num_requests=4"
 
 @pytest.mark.parametrize("stop", ["sigkill-worker", "sigterm-main"])
 def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop):
-    """Case 2: a serve rate search stopped after two finished probe windows left its parent
-    FAILED / KILLED with 0 child runs: the probes lived only in the worker's final result."""
+    """Case 2: a serve rate search stopped after finished probe windows left its parent
+    FAILED / KILLED with 0 child runs: the probes lived only in the worker's final result.
+    Stopped after the first window: a search has at least two (it doubles until one fails), so
+    the worker is still serving; after two, a short search had sometimes ended already."""
     proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *TINY, "steps=2", *SERVE],
                             cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     reaper.append(proc)
-    def two_probes() -> bool:
-        assert proc.poll() is None, f"the run ended before two probes: {proc.stderr.read()}"
-        return len(streamed(tmp_path)) >= 2
+    def a_probe() -> bool:
+        assert proc.poll() is None, f"the run ended before a probe: {proc.stderr.read()}"
+        return len(streamed(tmp_path)) >= 1
 
-    wait_for(two_probes, 600, "two finished probes")
+    wait_for(a_probe, 600, "a finished probe")
     if stop == "sigkill-worker":
         os.kill(worker_pids(tmp_path)[0], signal.SIGKILL)
     else:
@@ -446,7 +448,7 @@ def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop)
     [parent] = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     assert parent.info.status == ("FAILED" if stop == "sigkill-worker" else "KILLED")
     probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(probes) == finished >= 2
+    assert len(probes) == finished >= 1
     assert {r.info.status for r in probes} == {"FINISHED"}
     assert all(r.data.tags["fxtrack.serve_probe"] in ("pass", "slo", "saturated") for r in probes)
     assert all(r.data.metrics["serve_requests"] > 0 for r in probes)

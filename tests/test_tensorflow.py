@@ -269,9 +269,9 @@ def test_bf16_xla_dense_layers_compile_to_the_bf16_kernel_form():
     assert not matmul.fast_path("fp32", "cpu", xla=True)[0]
 
     def compiled_dots(form: str) -> list:
-        """The optimised HLO's dots, compiled in a process of its own without the test run's
-        shared XLA cache: in the full suite a cached program compiled elsewhere once answered
-        with f32 dots (2026-12-07, passing alone, in its file and on one core)."""
+        """The optimised HLO's dots, compiled in a process of its own, without the test run's
+        shared XLA cache or environment: in the full suite it read f32 dots twice on this AMD
+        EPYC while it passed alone, in its file and on one core (2026-12-07)."""
         code = textwrap.dedent(f"""
             import json
             import tensorflow as tf
@@ -292,9 +292,11 @@ def test_bf16_xla_dense_layers_compile_to_the_bf16_kernel_form():
             step = tf.function(grads, jit_compile=True)
             print(json.dumps(hlo_dots(step.experimental_get_compiler_ir(x)(stage="optimized_hlo"))))
         """)
-        env = {k: v for k, v in os.environ.items() if k != "TF_XLA_FLAGS"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path(__file__).parent),
-                                                          env.get("PYTHONPATH")]))
+        # a clean environment: in the full suite, variables earlier in-process runs set
+        # (prepare_environment's framework flags) reached it, and it read f32 dots
+        env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent),
+                                             str(Path(__file__).parents[1])])
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                              text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-2000:]
