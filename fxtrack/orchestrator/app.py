@@ -99,13 +99,12 @@ def task(cfg: DictConfig) -> None:
         if job.last_record is None:  # nothing logged for the cell: a FAILED run says why
             run_id = job.log_failed(job_dir, parent, result.error)
     if multirun:
-        jobs.mkdir(parents=True, exist_ok=True)
         record = job.last_record or {}
-        (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
-            {"name": name, "status": result.status, "guard": result.guard, "error": result.error,
-             "metrics": result.metrics, "run_id": run_id, "tags": record.get("tags", {}),
-             "params": record.get("params", {}),
-             "aggregate": cell[0] if cell else record.get("tags", {}).get("fxtrack.repeat_of")}))
+        write_job_file(hc, {
+            "name": name, "status": result.status, "guard": result.guard, "error": result.error,
+            "metrics": result.metrics, "run_id": run_id, "tags": record.get("tags", {}),
+            "params": record.get("params", {}),
+            "aggregate": cell[0] if cell else record.get("tags", {}).get("fxtrack.repeat_of")})
         if cell is not None:  # the config's last repeat closes its aggregate
             from fxtrack.orchestrator import repeats
 
@@ -151,10 +150,8 @@ def resumed_repeat(job: Job, conf: FxtrackConfig, jobs: Path, hc: HydraConfig, c
     done = group["done"][repeat]
     print(f"[fxtrack] {done['name']}: finished before (run {done['run_id']}); skipped "
           "(resume=true)", file=sys.stderr, flush=True)
-    jobs.mkdir(parents=True, exist_ok=True)
-    (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
-        dict(done, error=f"finished before (run {done['run_id']}): skipped, resume=true",
-             aggregate=aggregate, resumed=True)))
+    write_job_file(hc, dict(done, error=f"finished before (run {done['run_id']}): skipped, "
+                                      "resume=true", aggregate=aggregate, resumed=True))
     if repeat == conf.repeats - 1 and not repeats.complete(group, conf.repeats):
         repeats.after_repeat(job, aggregate, parent, jobs, last=True)
 
@@ -181,12 +178,10 @@ def resumed(job: Job, conf: FxtrackConfig, hc: HydraConfig, multirun: bool,
     print(f"[fxtrack] {name}: finished before (run {run_id}); skipped (resume=true)",
           file=sys.stderr, flush=True)
     if multirun:
-        jobs = Path(hc.sweep.dir) / JOBS_DIR
-        jobs.mkdir(parents=True, exist_ok=True)
-        (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(
-            {"name": name, "status": "FINISHED", "guard": "ok", "metrics": {}, "run_id": run_id,
-             "error": f"finished before (run {run_id}): skipped, resume=true", "tags": {},
-             "params": {}, "aggregate": None}))
+        write_job_file(hc, {
+            "name": name, "status": "FINISHED", "guard": "ok", "metrics": {}, "run_id": run_id,
+            "error": f"finished before (run {run_id}): skipped, resume=true", "tags": {},
+            "params": {}, "aggregate": None})
     return True
 
 
@@ -196,9 +191,14 @@ def skip(hc: HydraConfig, refused: Refused) -> None:
                     refused.conf.size.name)
     print(f"[fxtrack] job {hc.job.num + 1}/{os.environ.get(SWEEP_TOTAL_ENV, '?')}: {name}: "
           "not supported, skipped", file=sys.stderr, flush=True)
+    write_job_file(hc, skipped_job(name, str(refused)))
+
+
+def write_job_file(hc: HydraConfig, entry: dict) -> None:
+    """This sweep job's line for the closing table and its aggregate (``fxtrack_jobs/NNNN.json``)."""
     jobs = Path(hc.sweep.dir) / JOBS_DIR
     jobs.mkdir(parents=True, exist_ok=True)
-    (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(skipped_job(name, str(refused))))
+    (jobs / f"{hc.job.num:04d}.json").write_text(json.dumps(entry))
 
 
 def preflight(conf: FxtrackConfig, launch_dir: str, check_server: bool = True) -> None:
