@@ -74,8 +74,10 @@ class OnnxExport(Protocol):
         """(inputs by name, the live model's floating outputs), inference mode: the exported
         file's outputs are compared to these."""
 
-    def to_onnx(self, backend: Any, path: Path) -> Path:
-        """The ONNX file written at ``path`` (NotSupported with the exporter's reason)."""
+    def to_onnx(self, backend: Any, path: Path, tags: Optional[dict[str, str]] = None) -> Path:
+        """The ONNX file written at ``path`` (NotSupported with the exporter's reason; a
+        package the exporter lacks is an ImportError naming it); ``tags``, where given, gets
+        ``onnx_exporter``: which exporter wrote it."""
 
 
 class TfliteExport(Protocol):

@@ -242,16 +242,30 @@ def named_inputs(inputs: Any) -> dict[str, Any]:
     return {"input": inputs}
 
 
+def root_cause(error: BaseException) -> BaseException:
+    """The innermost ``__cause__`` of ``error`` (the exporter's own error under its wrappers)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error
+
+
+def root_reason(error: BaseException, limit: int = 300) -> str:
+    """``Type: first line`` of the innermost cause (``limit`` characters of it): the op an
+    exporter stopped at."""
+    root = root_cause(error)
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    return f"{type(root).__name__}: {(lines or [''])[0][:limit]}"
+
+
 def exporter_refusal(what: str, exporter: str, arch: Arch, framework: Framework,
-                     error: BaseException) -> NotSupported:
+                     error: BaseException | dict[str, BaseException]) -> NotSupported:
     """An exporter that cannot convert the model (a user's, ``model.<key>=<builder>``, or
     fxtrack's own, ``model=<name>``): a not-supported cell quoting the exporter's own error
-    (its innermost cause's first line: the op it stopped at), not a crash."""
-    root = error
-    while root.__cause__ is not None:
-        root = root.__cause__
-    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    (root_reason), not a crash. ``error`` may be each path's error by name (every one tried
+    refused): each reason is quoted after its name."""
     key = framework.builder_key
     model = f"model.{key}={arch.dims[key]}" if arch.dims.get(key) else f"model={arch.name}"
-    return NotSupported(f"{what} is not supported by {exporter} for {model}: "
-                        f"{type(root).__name__}: {(lines or [''])[0][:300]}")
+    # several reasons share the one line a failed run keeps (500 characters): each shorter
+    why = ("; ".join(f"{path}: {root_reason(e, 150)}" for path, e in error.items())
+           if isinstance(error, dict) else root_reason(error))
+    return NotSupported(f"{what} is not supported by {exporter} for {model}: {why}")

@@ -20,10 +20,12 @@ class StepTimes:
 
 
 def time_steps(step: Callable[[], Any], warmup_steps: int, steps: int, show: bool = True,
-               label: str = "", window: Optional[ContextManager] = None) -> StepTimes:
-    """Run ``warmup_steps`` untimed steps, then ``steps`` timed ones; the very first step's time
-    is kept apart as ``first_step_time_s`` (with ``warmup_steps=0`` it is also the first timed
-    step, compilation included: the user asked for that).
+               label: str = "", window: Optional[ContextManager] = None,
+               min_steps: int = 0, min_duration_s: float = 0.0) -> StepTimes:
+    """Run ``warmup_steps`` untimed steps, then ``steps`` timed ones, and more until at least
+    ``min_steps`` are timed and the window has lasted ``min_duration_s`` (both); the very first
+    step's time is kept apart as ``first_step_time_s`` (with ``warmup_steps=0`` it is also the
+    first timed step, compilation included: the user asked for that).
 
     ``step`` runs one step on device-resident data and returns only once the device is done
     (torch.cuda.synchronize / block_until_ready / fetching the loss), handing back a loss handle
@@ -44,7 +46,8 @@ def time_steps(step: Callable[[], Any], warmup_steps: int, steps: int, show: boo
     times: list[float] = []
     with window or contextlib.nullcontext():
         window_start = time.perf_counter()
-        for _ in range(steps):
+        floor = max(steps, min_steps)
+        while len(times) < floor or time.perf_counter() - window_start < min_duration_s:
             t = time.perf_counter()
             handles.append(step())
             times.append(time.perf_counter() - t)

@@ -181,6 +181,12 @@ def min_queries_for(percentile: float, confidence: float = 0.99) -> int:
     return int(math.ceil(math.log(1 - confidence) / math.log(p) - 1e-9))
 
 
+def undersized(have: int, percentile: float) -> bool:
+    """Whether ``have`` samples are too few behind ``percentile`` for the early-stopping rule
+    (min_queries_for): the one test serve's requests and inference's batches are put to."""
+    return have < min_queries_for(percentile)
+
+
 class SlotDecoder(Protocol):
     """A framework's decoder seen per KV-cache slot: ``prefill`` one request's prompt of
     ``prompt_len`` tokens into ``slot`` (its first token out), ``step`` one token for each of

@@ -45,13 +45,15 @@ INT8_REL_ERR = 0.1
 INT8_TOP1 = 0.9
 
 
-def export_artefact(backend: Backend, exporter: Any, work: Path) -> Path:
-    """Write what ``spec.runtime`` serves into ``work``; returns its path."""
+def export_artefact(backend: Backend, exporter: Any, work: Path,
+                    tags: Optional[dict[str, str]] = None) -> Path:
+    """Write what ``spec.runtime`` serves into ``work``; returns its path. ``tags``: the
+    exporter's (``onnx_exporter``)."""
     spec = backend.spec
     int8 = spec.quantize == "dynamic_int8"
     if spec.runtime == "tflite":
         return exporter.to_tflite(backend, work / "model.tflite", quantize=int8)
-    path = exporter.to_onnx(backend, work / "model.onnx")
+    path = exporter.to_onnx(backend, work / "model.onnx", tags)
     if int8:  # ONNX Runtime's quantiser; OpenVINO then runs the same int8 graph
         from fxtrack.runtimes import onnxruntime as ort_runtime
 
@@ -97,10 +99,10 @@ def compare_outputs(refs: list[np.ndarray], outs: list[np.ndarray], int8: bool, 
 
 
 def run(backend: Backend, result: Result,
-        evaluate: Optional[Callable[..., None]] = None) -> None:
+        evaluate: Optional[Callable[..., None]] = None, **window: Any) -> None:
     """``evaluate``: model.from_run's scoring (``scenarios.accuracy.evaluate``), given the
     served callable once the timed window is over; the run's weights are loaded before the
-    export."""
+    export. ``window``: run_timed's floor on the timed window (min_steps, min_duration_s)."""
     spec = backend.spec
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
     result.resolved["device_kind"] = backend.device_kind()
@@ -121,7 +123,7 @@ def run(backend: Backend, result: Result,
         if spec.runtime == "native":  # quantize=dynamic_int8 in the framework itself
             served = ex.quantize_native(backend)
         else:
-            path = export_artefact(backend, ex, work)
+            path = export_artefact(backend, ex, work, result.tags)
             checked["artefact_mib"] = artefact_bytes(path) / 2**20
             exported.append(path)
             runtime = importlib.import_module(f"fxtrack.runtimes.{spec.runtime}")
@@ -144,7 +146,7 @@ def run(backend: Backend, result: Result,
 
     try:  # an exporter without a path for this model raises NotSupported too
         run_timed(backend, result, prepare, user_flops(backend, result, "forward") if user
-                  else flops.forward_flops_per_sample(backend.arch))
+                  else flops.forward_flops_per_sample(backend.arch), **window)
         served, like = checked.pop("served"), checked.pop("like")
         if evaluate is not None:
             evaluate(backend, result, served, like)

@@ -34,7 +34,8 @@ from fxtrack import families
 from fxtrack.job import append_child
 from fxtrack.measure.timer import eprint, percentile
 from fxtrack.scenarios.batching import (bucket_for, continuous_window, length_data_refusal,
-                                        min_queries_for, prompt_buckets, request_lengths)
+                                        min_queries_for, prompt_buckets, request_lengths,
+                                        undersized)
 from fxtrack.search import bracket_search
 from fxtrack.scenarios import accuracy
 from fxtrack.scenarios.options import ServeOptions, from_json
@@ -269,7 +270,7 @@ def tail_tags(figures: dict[str, float], percentile_q: float = 99) -> dict[str, 
     need = min_queries_for(percentile_q)
     have = int(figures.get("serve_percentile_requests", 0))
     return {"serve_p99_min_requests": str(need),
-            "serve_p99_undersized": "true" if have < need else "false"}
+            "serve_p99_undersized": "true" if undersized(have, percentile_q) else "false"}
 
 
 def sized_requests(percentile_q: float = 99) -> int:

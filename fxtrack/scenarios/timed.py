@@ -78,17 +78,20 @@ def tuned_key(backend: Backend, kind: str, batch: int) -> str:
 
 
 def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[], Any]],
-              flops_per_sample: Union[int, Callable[[], Optional[float]]]) -> list[Any]:
+              flops_per_sample: Union[int, Callable[[], Optional[float]]],
+              min_steps: int = 0, min_duration_s: float = 0.0) -> list[Any]:
     """Build the model, time ``prepare()``'s step, and fill ``result`` with the figures common to
     every scenario. Returns the step handles (warm-up included) for scenario-specific use.
     ``flops_per_sample``: a number, or a function counting them on the built model (a user's
-    model: its framework's counter), called after the timed window."""
+    model: its framework's counter), called after the timed window. ``min_steps`` and
+    ``min_duration_s``: the window runs on past ``steps`` until both are met (time_steps)."""
     spec = backend.spec
     kind, batch, steps, warmup = build(backend, result)
     step = prepare()
     window = open_window(spec, kind)
     times = time_steps(step, warmup, steps, show=spec.progress,
-                       label=f"{spec.framework}-{spec.arch['name']}", window=window.sampling())
+                       label=f"{spec.framework}-{spec.arch['name']}", window=window.sampling(),
+                       min_steps=min_steps, min_duration_s=min_duration_s)
     if callable(flops_per_sample):
         flops_per_sample = flops_per_sample()
 
@@ -100,7 +103,8 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
     if flops_per_sample is not None:  # None: the counter could not (fxtrack.flops_unavailable)
         m["flops_per_sample"] = float(flops_per_sample)
         m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
-    record_window(backend, result, window, kind, global_batch * steps)
+    # the steps timed, not asked for: min_steps / min_duration_s may have run more
+    record_window(backend, result, window, kind, global_batch * len(times.step_times_s))
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
     return times.loss_handles
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import warnings
 from pathlib import Path
+from typing import Optional
 
 import jax
 import numpy as np
@@ -37,7 +38,7 @@ def reference(backend) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
     return {"input": x}, [np.asarray(y, dtype=np.float32)]
 
 
-def to_onnx(backend, path: Path) -> Path:
+def to_onnx(backend, path: Path, tags: Optional[dict[str, str]] = None) -> Path:
     """The model as ONNX for the resident batch's shape (jax2onnx's default opset)."""
     try:
         from jax2onnx import to_onnx as convert
@@ -59,4 +60,6 @@ def to_onnx(backend, path: Path) -> Path:
         raise NotSupported(f"runtime=onnxruntime is not supported by jax2onnx "
                            f"{version('jax2onnx')} for {backend.arch.name}: "
                            f"{type(e).__name__}: {str(e).splitlines()[0][:160]}") from None
+    if tags is not None:
+        tags["onnx_exporter"] = "jax2onnx"
     return path

@@ -11,7 +11,7 @@ native model."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import keras
 import numpy as np
@@ -84,7 +84,7 @@ def to_tflite(backend: Any, path: Path, quantize: bool = False) -> Path:
         raise _refusal(backend, f"tensorflow {tf.__version__}'s TFLite converter", e) from None
 
 
-def to_onnx(backend: Any, path: Path) -> Path:
+def to_onnx(backend: Any, path: Path, tags: Optional[dict[str, str]] = None) -> Path:
     """The inference-mode forward through tf2onnx (opset 17), its inputs by name, its floating
     outputs in order, checked."""
     try:
@@ -107,4 +107,6 @@ def to_onnx(backend: Any, path: Path) -> Path:
         raise NotSupported(f"runtime=onnxruntime is not supported by tf2onnx "
                            f"{tf2onnx.__version__} for this model: "
                            f"{str(e).splitlines()[0][:160]}") from None
+    if tags is not None:
+        tags["onnx_exporter"] = "tf2onnx"
     return path

@@ -2,8 +2,8 @@
 serving export is ``serving.py``'s), for fxtrack's own models and a user's alike: the model in
 eval mode, called as it is called (one tensor, positional or keyword inputs), its floating
 outputs flattened (a Hugging Face ``ModelOutput`` read as its dict). ONNX through the dynamo
-exporter (``torch.onnx.export(..., dynamo=True)``, needs ``onnx`` and ``onnxscript``), and dynamic
-int8 quantisation of the Linear layers in PyTorch itself
+exporter (``torch.onnx.export(..., dynamo=True)``, needs ``onnx`` and ``onnxscript``), or where it
+refuses the model the TorchScript exporter (``dynamo=False``), and dynamic int8 quantisation of the Linear layers in PyTorch itself
 (``torch.ao.quantization.quantize_dynamic``). The exported graph's inputs are named as
 ``user_builder.named_inputs`` names them (``input`` for one tensor); its outputs are the
 flattened floating outputs, in order, which ``reference`` gives for the native model."""
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -23,6 +23,7 @@ from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.torch import INT8_CPU_ONLY
 from fxtrack.frameworks.torch.train import model_input
 from fxtrack.frameworks.torch.user_model import plain
+from fxtrack.measure.timer import eprint
 
 
 class Flat(nn.Module):
@@ -62,24 +63,59 @@ def reference(backend: Any) -> tuple[dict[str, np.ndarray], list[np.ndarray]]:
             [o.float().cpu().numpy() for o in outs])
 
 
-def to_onnx(backend: Any, path: Path) -> Path:
-    """The model as ONNX through torch's dynamo exporter at the resident inputs' shapes (opset
-    chosen by the exporter); an exporter that cannot convert it is NotSupported with its own
-    error."""
+def _dynamo(flat: Flat, xs: dict[str, torch.Tensor], path: Path) -> None:
+    program = torch.onnx.export(flat, tuple(xs.values()), dynamo=True, input_names=list(xs),
+                                verbose=False)
+    program.save(str(path))
+
+
+def _torchscript(flat: Flat, xs: dict[str, torch.Tensor], path: Path) -> None:
+    torch.onnx.export(flat, tuple(xs.values()), str(path), dynamo=False, input_names=list(xs))
+
+
+# Tried in order, the first that writes the graph wins: dynamo's torch.export capture refuses
+# some models the TorchScript tracer takes (a Hugging Face T5: a view of a transposed tensor).
+EXPORTERS: tuple[tuple[str, Callable[[Flat, dict[str, torch.Tensor], Path], None]], ...] = (
+    ("dynamo", _dynamo), ("torchscript", _torchscript))
+
+
+def to_onnx(backend: Any, path: Path, tags: Optional[dict[str, str]] = None) -> Path:
+    """The model as ONNX at the resident inputs' shapes (opset chosen by the exporter): torch's
+    dynamo exporter, then where it refuses, the TorchScript one; ``tags`` gets ``onnx_exporter``
+    (which wrote it) and, after a refusal, ``onnx_dynamo_refusal``. Both refusing is
+    NotSupported quoting both; a package either lacks is an ImportError naming it."""
     flat, xs = _flat(backend)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the exporter's deprecation chatter
-            program = torch.onnx.export(flat, tuple(xs.values()), dynamo=True,
-                                        input_names=list(xs), verbose=False)
-        program.save(str(path))
+    refused: dict[str, BaseException] = {}
+    for name, export in EXPORTERS:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the exporters' deprecation and tracer chatter
+                export(flat, xs, path)
+        except NotSupported:
+            raise
+        except Exception as e:  # noqa: BLE001  (any failure: the next path, or a reason)
+            refused[name] = e
+            continue
+        if tags is not None:
+            tags["onnx_exporter"] = name
+            if "dynamo" in refused:
+                tags["onnx_dynamo_refusal"] = ub.root_reason(refused["dynamo"])
+        if refused:
+            eprint(f"[fxtrack] ONNX: the {name} exporter wrote the graph after "
+                   + "; ".join(f"{k} refused ({ub.root_reason(e)})" for k, e in refused.items()))
         return path
-    except NotSupported:
-        raise
-    except Exception as e:  # noqa: BLE001  (any exporter failure is the cell's reason)
-        raise ub.exporter_refusal(f"runtime={backend.spec.runtime}",
-                                  f"torch {torch.__version__}'s ONNX exporter", backend.arch,
-                                  backend.framework, e) from None
+    runtime = f"runtime={backend.spec.runtime}"
+    lacking = [(k, ub.root_cause(e)) for k, e in refused.items()
+               if isinstance(ub.root_cause(e), ImportError)]
+    if lacking:  # an install away, not a model the exporters cannot take
+        k, e = lacking[0]
+        package = f"the '{e.name.split('.')[0]}' package" if e.name else ub.root_reason(e)
+        others = "".join(f"; the {o} exporter: {ub.root_reason(r)}" for o, r in refused.items()
+                         if o != k)
+        raise ImportError(f"{runtime} for torch needs {package} (the {k} exporter imports "
+                          f"it): pip install 'fxtrack[deploy]'{others}")
+    raise ub.exporter_refusal(runtime, f"torch {torch.__version__}'s ONNX exporter", backend.arch,
+                              backend.framework, refused)
 
 
 def quantize_native(backend: Any) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
