@@ -20,6 +20,8 @@ TIMED = ("train", "inference", "generate", "scaling", "pipeline")
 WINDOW = TIMED + ("serve",)  # measured windows: the host load, system metrics, NVML
 AGGREGATE = ("aggregate",)
 CONVERGE = ("converge",)  # an aggregate run of repeats=N, any scenario
+# every scenario's timed work carries its host load (converge: over its training steps)
+LOADED = WINDOW + CONVERGE
 # MLPerf Inference's quality bar: a served model keeps at least 99% of its fp32 reference's
 # accuracy (model.from_run's accuracy_vs_fp32; below it the run is tagged serving_quality=lost)
 SERVING_QUALITY = 0.99
@@ -81,10 +83,10 @@ METRICS: tuple[Metric, ...] = (
     _m("energy_j_per_sample", "J/sample", LOWER, "GPU: NVML energy per sample", WINDOW),
     _m("power_w_mean", "W", LOWER, "GPU: mean power over the timed window", WINDOW),
     _m("host_other_cpu_frac", "fraction 0..1", LOWER,
-       "CPU other processes took on the run's cores in the window", WINDOW),
-    _m("host_other_cpu_frac_before", "fraction 0..1", LOWER, "the same, just before the window", WINDOW),
-    _m("host_steal_frac", "fraction 0..1", LOWER, "hypervisor steal time in the window", WINDOW),
-    _m("host_loadavg_1m", "processes", LOWER, "1-minute load average at the window's end", WINDOW),
+       "CPU other processes took on the run's cores in the window", LOADED),
+    _m("host_other_cpu_frac_before", "fraction 0..1", LOWER, "the same, just before the window", LOADED),
+    _m("host_steal_frac", "fraction 0..1", LOWER, "hypervisor steal time in the window", LOADED),
+    _m("host_loadavg_1m", "processes", LOWER, "1-minute load average at the window's end", LOADED),
     _m("framework_matmul_tflops", "TFLOP/s", HIGHER, "this framework's large-matmul rate"),
     _m("own_matmul_share", "fraction", HIGHER,
        "achieved_tflops / (devices x framework_matmul_tflops)"),
@@ -134,6 +136,8 @@ METRICS: tuple[Metric, ...] = (
        CONVERGE),
     # scenario=inference
     _m("latency_ms_{p50|p90|p99}", "ms", LOWER, "one batch's forward time", ("inference",)),
+    _m("latency_percentile_queries", "count", NEITHER,
+       "the timed batches every latency percentile is taken over", ("inference",)),
     _m("output_max_abs_err", "logit units", LOWER, "largest difference from native fp32",
        ("inference",)),
     _m("output_rel_err", "ratio", LOWER, "that difference / the largest native logit",
@@ -266,3 +270,31 @@ def lookup(key: str) -> Metric | None:
                 return lookup(key[len(_RESIDENT):])
             return metric
     return None
+
+
+@dataclass(frozen=True)
+class Caveat:
+    """A run's tag (``fxtrack.<tag>`` = ``true``) that qualifies its figures: shown beside each
+    figure that stands on such a run (an aggregate: on any of its repeats), wherever it appears."""
+
+    tag: str
+    words: str  # beside the figure: "contended"
+    meaning: str  # a page's note: what it means, what to do
+    scenarios: tuple[str, ...] = ()  # the scenarios whose figures it qualifies; (): every one
+
+
+CAVEATS = (
+    Caveat("contended", "contended", "other processes shared the cores (or the GPU) while it "
+           "was measured; re-measure on a quiet machine"),
+    Caveat("noisy", "noisy", "its repeats spread widely (the interval is wide); more repeats or "
+           "a quieter machine narrow it"),
+    Caveat("serve_rate_short", "rate short", "the load generator delivered less than the rate "
+           "asked: the rate it reached is the figure's real load", ("serve",)),
+    Caveat("serve_p99_undersized", "p99 from few requests", "too few requests for a p99 by "
+           "MLPerf's early-stopping rule: a longer window sizes the tail", ("serve",)),
+)
+
+
+def caveats(scenario: str) -> tuple[Caveat, ...]:
+    """The caveats declared for ``scenario``'s figures."""
+    return tuple(c for c in CAVEATS if not c.scenarios or scenario in c.scenarios)

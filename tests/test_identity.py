@@ -203,9 +203,14 @@ def test_serving_loads_stay_apart_in_tables_charts_and_compare(frame):
     jax = sorted((p.x, p.y) for p in points if p.framework == "jax")
     assert jax == [(SERVE_FIXED, 150.0), (SERVE_SEARCH, 300.0)]  # never their mean
     blocks, _ = answer.blocks(frame)
-    serve = _block(blocks, "serve", "vit tiny")
-    assert {e.framework: e.sample.point for e in serve.entries} == {"jax": SERVE_SEARCH, "torch": 50.0}
-    assert serve.entries[0].mode.endswith("scenario.rate=search")  # which of jax's two loads
+    # another load is another experiment: its own block, titled by it, never a row beside it
+    serve = {b.where: b for b in blocks if b.objective.key == "serve" and b.label == "vit tiny"}
+    assert set(serve) == {"scenario.rate=8", "scenario.rate=search"}
+    assert {e.framework: e.sample.point for e in serve["scenario.rate=search"].entries} == {
+        "jax": SERVE_SEARCH, "torch": 50.0}
+    assert {e.framework: e.sample.point for e in serve["scenario.rate=8"].entries} == {
+        "jax": SERVE_FIXED}
+    assert all("scenario.rate" not in e.mode for b in serve.values() for e in b.entries)
     assert "scenario.rate" in samples.identity_columns(frame)
     result = compare.compare(frame, frame, "max_rate_under_slo_rps", False,
                              samples.identity_columns(frame))
@@ -238,7 +243,8 @@ def test_suggested_commands_use_what_ran_here_and_a_size_that_fits(frame):
     # the suggestion is the size that runs here
     ran = pd.DataFrame([{"model": "llama_8b", "framework": "jax", "size": "full", "hardware": "cpu"}])
     train = next(o for o in answer.objectives() if o.key == "train")
-    assert answer._suggested(ran, "llama_8b", train).command() == (
+    ran["label"] = "Llama 3 8B"
+    assert answer._suggested(ran, "llama_8b", train, ran).command() == (
         "python -m fxtrack framework=jax model=llama_8b scenario=train repeats=3 size=tiny")
 
 

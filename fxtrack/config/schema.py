@@ -24,7 +24,7 @@ from fxtrack.config import slurm
 from fxtrack.frameworks.declaration import import_path
 from fxtrack.policy import COMPILE_REQUESTS, allowed_cpus
 from fxtrack.scenarios import SCENARIOS
-from fxtrack.scenarios.options import at_least, finite, finite_fields, positive
+from fxtrack.scenarios.options import apart, at_least, finite, finite_fields, positive
 
 
 def _arch(key: str) -> Any:
@@ -54,10 +54,13 @@ class FrameworkConfig:
     # table); true / false force torch.compile / XLA (tf jit_compile) / jax.jit on or off;
     # tune: the worker times each mode the framework declares on this model, keeps the fastest.
     compile: str = "auto"
-    python: Optional[str] = None  # interpreter for this framework's worker; None: the current one
+    # interpreter for this framework's worker; None: the current one
+    python: Optional[str] = apart("a path: the framework's version is a provenance tag, which "
+                                  "the trend compares", default=None)
     # "torchrun": devices > 1 (or nodes > 1) start one worker per device through
     # torch.distributed.run; "process": one worker drives every device (tf.distribute, JAX SPMD).
-    launcher: str = "process"
+    launcher: str = apart("how the workers start: the devices and the parallel lever they "
+                          "run are identity", default="process")
 
     def __post_init__(self) -> None:
         self.compile = str(self.compile).lower()  # `framework.compile=true` arrives as a bool
@@ -174,17 +177,22 @@ class HardwareConfig:
     # SLURM_NODEID, first host of SLURM_JOB_NODELIST:29500; fxtrack/config/slurm.py),
     # read on the node that runs the job; outside SLURM: 1, 0, None (coordinator: host:port).
     nodes: int = dataclasses.field(default=II("fx.slurm:nodes"))
-    node_rank: int = dataclasses.field(default=II("fx.slurm:node_rank"))
-    coordinator: Optional[str] = dataclasses.field(default=II("fx.slurm:coordinator"))
+    node_rank: int = apart("which node logged: the nodes of one run are one experiment",
+                           default=II("fx.slurm:node_rank"))
+    coordinator: Optional[str] = apart("an address", default=II("fx.slurm:coordinator"))
     # Threads every framework's worker uses (intra-op pools, OMP/MKL); None: the cores this
     # process may run on (os.sched_getaffinity).
     cpu_threads: Optional[int] = None
-    wait_for_idle_s: float = 0.0  # wait up to this long for the machine to go quiet before timing
+    # wait up to this long for the machine to go quiet before timing
+    wait_for_idle_s: float = apart("how long to wait for quiet: a contended run is a caveat "
+                                   "(fxtrack.contended), not another experiment", default=0.0)
     # Other processes on the run's GPUs (docs/running-on-a-gpu.md): warn (tag the run
     # contended), error (fail before any work) or wait (up to wait_for_idle_s for them to go).
-    gpu_isolation: str = "warn"
+    gpu_isolation: str = apart("what to do about other processes: their presence is a caveat "
+                               "(fxtrack.contended)", default="warn")
     # Price of one device-hour of this hardware, any currency; None: no cost_per_1m_* metrics.
-    price_per_hour: Optional[float] = None
+    price_per_hour: Optional[float] = apart("prices the figures (cost_per_1m_*), never changes "
+                                            "them", default=None)
 
     def __post_init__(self) -> None:
         _finite_fields("hardware.", self)
@@ -219,7 +227,10 @@ class DataConfig:
     its input shape, classes or vocabulary from it. ``synthetic``: the generated batches."""
 
     name: str = MISSING  # synthetic | mnist | mnist1d | pycode | file
-    path: Optional[str] = None  # data=file: a .npz (x, y), .parquet or .csv
+    # data=file: a .npz (x, y), .parquet or .csv
+    path: Optional[str] = apart("a path: the file's content digest (fxtrack.data_digest) is the "
+                                "identity, so a moved file is the same data, an edited one not",
+                                default=None)
     label: str = "label"  # data=file, a table: the label column (the others are features)
     holdout: float = 0.2  # the held-out share (mnist, pycode, file; mnist1d keeps its own)
 
@@ -233,9 +244,9 @@ class DataConfig:
 
 @dataclasses.dataclass
 class TrackingConfig:
-    experiment: str = "fxtrack"
+    experiment: str = apart("where the record goes", default="fxtrack")
     # None: $MLFLOW_TRACKING_URI, else sqlite:///<launch directory>/mlflow.db
-    uri: Optional[str] = None
+    uri: Optional[str] = apart("where the record goes", default=None)
 
 
 class Parallel(enum.Enum):
@@ -273,19 +284,26 @@ class FxtrackConfig:
     data: DataConfig = MISSING
     batch_size: Optional[int] = None  # per device; None: the hardware's default for the model
     devices: int = 1  # data-parallel device count
-    steps: Optional[int] = None  # timed steps; None: the hardware's default
-    warmup_steps: Optional[int] = None  # untimed steps; the first step's time is first_step_time_s
-    seed: int = 0
-    repeats: int = 1  # each config run N times as N workers (round-robin across a sweep)
+    # timed steps; None: the hardware's default
+    steps: Optional[int] = apart("the window's length: more steps narrow a figure's interval, "
+                                 "not what it measures", default=None)
+    # untimed steps; the first step's time is first_step_time_s
+    warmup_steps: Optional[int] = apart("untimed steps before the window", default=None)
+    seed: int = apart("a repeat group's runs differ by it; a run of another seed measures the "
+                      "same experiment", default=0)
+    # each config run N times as N workers (round-robin across a sweep)
+    repeats: int = apart("how many runs a group holds: its n, said beside its figure",
+                         default=1)
     parallel: Parallel = Parallel.ddp
     memory: Memory = Memory.none
     runtime: Runtime = Runtime.native
     quantize: Quantize = Quantize.none
-    timeout_s: float = 7200.0  # a worker running longer is stopped and its run marked FAILED
-    verbose: bool = False  # let frameworks print their own log spam
+    # a worker running longer is stopped and its run marked FAILED
+    timeout_s: float = apart("a limit, not a setting of the run", default=7200.0)
+    verbose: bool = apart("what the terminal shows", default=False)  # frameworks' own log spam
     # skip a run (a sweep's cell) whose identical config already has a FINISHED run in the
     # store (tag fxtrack.config_id); without it a re-run is new runs
-    resume: bool = False
+    resume: bool = apart("whether finished cells are skipped", default=False)
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
@@ -364,3 +382,18 @@ def register() -> None:
 
     for name in declared():  # framework/<name>.yaml names /schema/framework/<name>@_here_
         cs.store(group="schema/framework", name=name, node=framework_schema(name))
+
+
+def apart_from_identity() -> dict[str, str]:
+    """Every config key declared apart from a run's identity (``options.apart``) -> why: the
+    fields of the top-level schema and of each group's, and every scenario's options."""
+    import typing
+
+    from fxtrack.scenarios.options import apart_from_identity as options_apart, apart_keys
+
+    found = {**apart_keys(FxtrackConfig), **options_apart()}
+    for name, kind in typing.get_type_hints(FxtrackConfig).items():
+        if dataclasses.is_dataclass(kind):
+            found.update(apart_keys(kind, f"{name}."))
+    found.update(apart_keys(FrameworkConfig, "framework."))  # its schema is made per framework
+    return found

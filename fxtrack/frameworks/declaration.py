@@ -164,6 +164,7 @@ class Framework:
     # it is imported (platform, XLA flags, allocator), before the worker imports it
     prepare_environment: Optional[Callable[[Any, MutableMapping[str, str]], None]] = None
     words: str = ""  # how a sentence names it (PyTorch): the usage, the answer page; "": name
+    colour: str = "grey"  # the colour every chart draws it in, the same on each
 
     @property
     def said(self) -> str:

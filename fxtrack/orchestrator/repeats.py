@@ -36,6 +36,10 @@ IDENTITY = ("fxtrack.framework", "fxtrack.model", "fxtrack.scenario", "fxtrack.p
             "fxtrack.cpu_threads")
 
 
+# A repeat's own tags, never its aggregate's: which repeat, which group, which record, its
+# config's resume key (an aggregate is not a finished cell to skip)
+PER_RUN = {"fxtrack.repeat", "fxtrack.repeat_of", "fxtrack.result_id", "fxtrack.writer",
+           "fxtrack.config_id"}
 REPEAT_ENV = "FXTRACK_REPEAT"  # set per job by the hidden sweep dimension (conf/config.yaml)
 
 
@@ -83,6 +87,11 @@ def aggregate_tags(jobs: list[dict[str, Any]], total: int) -> dict[str, str]:
     done = [j for j in jobs if j["status"] == "FINISHED"]
     first = (done or jobs)[0].get("tags", {}) if jobs else {}
     tags = {k: first[k] for k in IDENTITY if k in first}
+    # and every other fxtrack tag all its finished repeats share (the data's digest, a tag a
+    # later scenario adds): an identity tag is carried without anyone listing it here
+    tags.update({k: v for k, v in first.items() if k.startswith("fxtrack.")
+                 and k not in PER_RUN and done
+                 and all(j.get("tags", {}).get(k) == v for j in done)})
     contended = sum(j.get("tags", {}).get("fxtrack.contended") == "true" for j in done)
     guard = [j.get("guard", "ok") for j in done if j.get("guard", "ok") != "ok"]
     tags.update({"fxtrack.kind": "aggregate", "fxtrack.repeats": str(len(done)),

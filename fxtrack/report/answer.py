@@ -67,6 +67,15 @@ class Block:
     batch: Optional[str] = None
     contended: bool = False  # a run behind a figure shared the cores with other processes
     label: str = ""  # the model as the dims that ran name it (identity.size_label)
+    # what this comparison holds that differs between the model's blocks of one objective
+    # (the data, the target, a serve load): "data=file (3f2a9c1e), scenario.target=0.9"
+    where: str = ""
+    held: dict = dataclasses.field(default_factory=dict)  # the experiment's columns, as held
+
+    @property
+    def caveats(self) -> list[str]:
+        """Every caveat on a figure of the block, once, in the order of the entries."""
+        return list(dict.fromkeys(c for e in self.entries for c in e.sample.caveats))
 
     @property
     def best(self) -> Entry:
@@ -96,6 +105,8 @@ class Missing:
     # every one the objective names), and a size the memory check lets this hardware run
     frameworks: Optional[tuple[str, ...]] = None
     size: str = "full"
+    dims: tuple[tuple[str, str], ...] = ()  # the model.* the runs of that label set
+    label: str = ""  # the model as its dims name it: listed only where it has no figure
 
     def command(self) -> str:
         line = self.objective.command.format(model=self.model)
@@ -105,21 +116,28 @@ class Missing:
             line = line.replace(f"framework={listed}", f"framework={','.join(usable)}")
             if len(usable) == 1:
                 line = line.replace("python -m fxtrack -m ", "python -m fxtrack ")
-        return line + (f" size={self.size}" if self.size != "full" else "")
+        line += f" size={self.size}" if self.size != "full" else ""
+        return line + "".join(f" model.{k}={v}" for k, v in self.dims)
 
 
-def _suggested(configs: pd.DataFrame, model: str, objective: Objective) -> Missing:
-    """The objective's command as this machine can run it: its frameworks (those the runs used
-    that are installed here), and ``size=tiny`` where the
-    model ran only tiny here or the memory check refuses the full size on this hardware."""
+def _suggested(configs: pd.DataFrame, model: str, objective: Objective,
+               runs: pd.DataFrame) -> Missing:
+    """The objective's command as this machine can run it for the model at the dims ``runs``
+    (one label's) ran: its frameworks (those the runs used that are installed here), their
+    size and dims, and ``size=tiny`` where the memory check refuses the full size here."""
     from fxtrack.config.frameworks import installed
 
-    of_model = configs[configs["model"] == model]
     here = installed()  # the store's runs may come from another machine: what this one has
     fws = tuple(dict.fromkeys(f for f in configs["framework"] if f != "-" and f in here))
-    sizes = set(of_model["size"])
-    size = "tiny" if sizes == {"tiny"} or _refused(model, objective, of_model) else "full"
-    return Missing(objective, model, fws or here or None, size)
+    size = str(runs["size"].iloc[-1]) if len(runs) else "full"
+    size = "full" if size in ("-", "") else size
+    if size == "full" and _refused(model, objective, runs):
+        size = "tiny"
+    dims = tuple((c[len("model."):], str(runs[c].iloc[-1])) for c in sorted(runs.columns)
+                 if c.startswith("model.") and c != "model.from_run"
+                 and str(runs[c].iloc[-1]) not in ("-", "", "nan", "None"))
+    label = str(runs["label"].iloc[-1]) if len(runs) else model
+    return Missing(objective, model, fws or here or None, size, dims, label)
 
 
 def _refused(model: str, objective: Objective, runs: pd.DataFrame) -> bool:
@@ -173,7 +191,11 @@ def _batch(runs: pd.DataFrame, rule: str) -> Optional[str]:
 
 
 def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
-    """The answer blocks of a ``search_runs`` frame, and the objectives of each model with no runs."""
+    """The answer blocks of a ``search_runs`` frame, and the objectives of each model (at the
+    dims that ran) with no figure at all. A block is one experiment: every identity column held
+    equal but what a framework chooses (``identity.experiment``: its mode, levers and the
+    objective's ``modes``), so runs to another target, on other data or at another load are
+    another block, titled by what differs, never a row beside it."""
     configs = samples.configs(frame)
     if configs.empty:
         return [], []
@@ -190,20 +212,45 @@ def blocks(frame: pd.DataFrame) -> tuple[list[Block], list[Missing]]:
             runs = of_model[of_model["scenario"] == objective.scenario]
             key = _metric_of(runs, objective)
             if key is None:
-                _add(missing, _suggested(configs, model, objective))
+                _add(missing, _suggested(configs, model, objective, of_model))
                 continue
-            runs = runs[runs[f"metrics.{key}"].notna()]
-            for machine, on in runs.groupby(["hardware", "precision", "devices"], sort=True):
+            if not objective.repeats_rule:  # a rule counts a run without the figure (a miss)
+                runs = runs[runs[f"metrics.{key}"].notna()]
+            held = [c for c in identity.experiment(ident, objective.modes)
+                    if c not in ("batch_size", "model", "size") and not c.startswith("model.")]
+            every = [dict(zip(held, k if isinstance(k, tuple) else (k,)))
+                     for k, _ in runs.groupby(held, sort=True, dropna=False)]
+            for k, on in runs.groupby(held, sort=True, dropna=False):
+                where = dict(zip(held, k if isinstance(k, tuple) else (k,)))
+                machine = (where["hardware"], where["precision"], where["devices"])
                 batch = _batch(on, objective.batch)
                 if batch is None:
-                    _add(missing, _suggested(configs, model, objective))
+                    _add(missing, _suggested(configs, model, objective, of_model))
                     continue
                 block = _block(objective, model, machine, on[on["batch_size"] == batch], configs,
                                key, ident, cpu, tags)
                 if block:
                     block.batch, block.label = batch, label
+                    block.where = _where(where, every)
+                    block.held = where
                     found.append(block)
-    return found, missing
+    have = {(b.objective.key, b.label) for b in found}
+    return found, [m for m in missing if (m.objective.key, m.label) not in have]
+
+
+def _where(where: dict[str, str], every: list[dict[str, str]]) -> str:
+    """What sets one block apart from the model's other blocks of its objective (its data,
+    target, load): the held columns whose values differ between them; a user's file by its
+    content digest."""
+    out = []
+    for k, v in where.items():
+        if len({w.get(k) for w in every}) < 2 or k in ("hardware", "precision", "devices"):
+            continue
+        if k == "data.name" and where.get("data_digest", "-") != "-":
+            continue  # said with its digest
+        out.append(f"data={where.get('data.name', '?')} ({v[:8]})" if k == "data_digest"
+                   else f"{k}={v}")
+    return ", ".join(out)
 
 
 def _add(missing: list[Missing], one: Missing) -> None:
@@ -248,12 +295,13 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
     best_per_fw: dict[str, Entry] = {}
     contended = False
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
-    # a framework's configs that differ in more than its mode (a serve rate) say so in the mode
+    # a framework's configs that differ in what it may choose beside its mode and levers (the
+    # objective's modes: serve's batching policy) say so in the mode column
     apart = identity.apart(runs.drop(columns=["compile", *LEVERS], errors="ignore"), ["model"])
     rule = import_path(objective.repeats_rule) if objective.repeats_rule else None
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         one = samples.sample(group, every, key, rule)
-        if one is None or not one.point:
+        if one is None or not one.point or one.point != one.point:  # none, 0 or NaN
             continue
         config = group.iloc[-1]
         fw = _framework(config)
@@ -277,6 +325,7 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
             interval = (1.0, 1.0) if base.log else None
         ratios.append(Ratio(e.framework, point, interval, e.sample.n, ""))
     hardware, precision, devices = machine
+    contended = contended or any("contended" in e.sample.caveats for e in entries)
     return Block(objective, model, f"{hardware}, {precision}, x{devices}", cpu, entries, ratios,
                  contended=contended)
 
@@ -303,7 +352,9 @@ def sentence(block: Block) -> str:
             else f"On this {block.cpu} ({hardware})")
     model = block.label or architectures.display_name(block.model)
     if len(block.entries) == 1:
-        return f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of {model}."
+        where = f" ({block.where})" if block.where else ""
+        return (f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of "
+                f"{model}{where}." + _qualified(block))
     clear, tied, single = [], [], []
     for entry, r in zip(block.entries[1:], block.ratios[1:]):
         verdict = block.verdict(r)
@@ -325,13 +376,26 @@ def sentence(block: Block) -> str:
         names = " and ".join(fw_words(e.framework) for e, _ in tied)
         words += f"; {names} show{'s' if len(tied) == 1 else ''} no clear difference from {fw_words(best.framework)}"
     if single:
-        names = " and ".join(f"{fw_words(e.framework)} ({_times(r, ob.lower):.2f}x)" for e, r in single)
+        # the ratio the block's table shows (the other's figure over the best's)
+        names = " and ".join(f"{fw_words(e.framework)} ({r.ratio:.2f}x the best's figure)"
+                             for e, r in single)
         words += f"; {names}: single runs, no verdict"
-    words += f" ({ob.title.lower()}, batch {block.batch})."
+    words += f" ({ob.title.lower()}{', ' + block.where if block.where else ''}, batch {block.batch})."
+    return words + _qualified(block)
+
+
+def _qualified(block: Block) -> str:
+    """What the sentence carries after its verdict: every caveat on the block's figures and
+    where a later, thinner group of a config replaced a fuller one."""
+    words = ""
+    marks = [c for c in block.caveats if c != "contended"]
     if block.contended:
         words += " Contended: other processes shared the cores; re-measure on a quiet machine."
+    if marks:
+        words += " Caveats: " + "; ".join(marks) + "."
+    earlier = [f"{fw_words(e.framework)} ({e.sample.n} runs; an earlier group had "
+               f"{e.sample.earlier})" for e in block.entries if e.sample.earlier]
+    if earlier:
+        words += (" The latest group of a config stands, not a larger earlier one: "
+                  + ", ".join(earlier) + ".")
     return words
-
-
-def _times(r: Ratio, lower: bool) -> float:
-    return r.ratio if lower else 1 / r.ratio

@@ -38,6 +38,14 @@ SIZE_WORDS = {"tiny": "tiny models (a few layers: a smoke test, not the publishe
               "full": "full-size models"}
 
 
+
+def colour(framework: str) -> str:
+    """The framework's declared colour (``keras-jax``: Keras's), the same on every chart."""
+    from fxtrack.config.frameworks import declared
+
+    found = declared().get(str(framework).partition("-")[0].partition("[")[0])
+    return found.colour if found else "grey"
+
 def throughput_charts(runs: pd.DataFrame, out: Path) -> list[Chart]:
     """One grouped bar chart per (scenario, precision): a bar per framework for each model."""
     charts = []
@@ -127,7 +135,7 @@ def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str
                 for c, h, n in zip(categories, heights, counts)]
         errors = [[max(0.0, v) for v in low], [max(0.0, v) for v in high]]
         any_interval = any_interval or any(low + high)
-        bars = ax.bar(xs, heights, width, label=fw,
+        bars = ax.bar(xs, heights, width, label=fw, color=colour(fw),
                       yerr=errors if any(low + high) else None, capsize=3)
         for bar, height, flag, above, n, contended in zip(bars, heights, flagged, errors[1],
                                                           counts, busy):
@@ -200,10 +208,15 @@ def latency_throughput_chart(lines: dict[str, list[tuple[float, float, bool]]], 
     """Serving: one line per framework through its windows, p99 latency against the achieved
     throughput; a window that met its SLOs (and kept up) filled, one that failed hollow."""
     fig, ax = plt.subplots(figsize=(6.5, 4.4))
-    for i, (label, points) in enumerate(sorted(lines.items())):
+    seen: dict[str, int] = {}
+    for label, points in sorted(lines.items()):
         points = sorted(points)
-        colour = f"C{i}"
-        ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, label=label)
+        fw = label.split(" ")[0]
+        colour = globals()["colour"](fw)  # a framework's second line (a policy) is dashed
+        style = ("-", "--", ":")[min(2, seen.setdefault(fw, 0))]
+        seen[fw] += 1
+        ax.plot([p[0] for p in points], [p[1] for p in points], color=colour, label=label,
+                linestyle=style)
         for x, y, ok in points:
             ax.plot([x], [y], "o", color=colour, markerfacecolor=colour if ok else "white")
     ax.set_xlabel("achieved throughput (requests/s)")

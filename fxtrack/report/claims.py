@@ -224,6 +224,8 @@ def groups(claim: Claim, frame: pd.DataFrame, metric: Optional[str] = None) -> l
         if lever not in claim.arm_keys:
             runs = runs[runs[lever] == default]
     keys = [c for c in identity_columns(frame) if c not in claim.arm_keys]
+    if "framework" in claim.arm_keys:  # arms that differ by framework: not by its own settings
+        keys = identity.across_frameworks(keys)
     found = []
     for values, rows in (runs.groupby(keys, sort=False) if len(runs) else []):
         arms = [sample(_matches_arm(rows, arm), runs, metric) if len(_matches_arm(rows, arm))

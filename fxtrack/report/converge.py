@@ -7,18 +7,18 @@ ratio to the fastest with its Welch interval (fxtrack/stats.py)."""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import Callable, Optional
 
 import pandas as pd
 
 from fxtrack import stats
+from fxtrack.report import identity, samples
 from fxtrack.report.tables import Section, Table, fmt
 from fxtrack.scenarios import of_section
 
 MIN_RUNS = 5  # MLPerf Training's fewest runs for a result (its benchmarks ask 5 to 10)
-GROUP = ["tags.fxtrack.model", "params.data.name", "params.scenario.target",
-         "tags.fxtrack.precision", "tags.fxtrack.hardware"]
 INTRO = ("Training time to the held-out target (time_to_target_s: the steps' time, evaluation "
          "and compilation excluded). MLPerf Training's rules: at least 5 runs (repeats=5), the "
          "fastest and the slowest dropped, a run that missed the target counts as the slowest "
@@ -38,63 +38,98 @@ def middle(times: list[Optional[float]]) -> tuple[Optional[list[float]], str]:
     return [float(t) for t in ranked], ""
 
 
-def runs_of(frame: pd.DataFrame) -> pd.DataFrame:
-    """Every single converge run (not an aggregate) that finished."""
-    if frame.empty or "tags.fxtrack.scenario" not in frame or "metrics.reached_target" not in frame:
-        return frame.iloc[0:0]
-    kind = frame.get("tags.fxtrack.kind", pd.Series([None] * len(frame), index=frame.index))
-    found = frame[frame["tags.fxtrack.scenario"].isin(of_section(__name__))
-                  & frame["metrics.reached_target"].notna()
-                  & (kind != "aggregate")].copy()  # a repeats=N aggregate holds medians
-    for column in GROUP:
-        if column not in found:
-            found[column] = None
-    return found
+KEY = "time_to_target_s"
+
+
+def groups(frame: pd.DataFrame) -> list[tuple[dict[str, str], list[tuple[str, samples.Sample]]]]:
+    """The section's comparisons, each one experiment (every identity column but what a framework
+    chooses: ``identity.experiment``) with each config's figure, from the one figure function
+    (``samples.sample`` under MLPerf's rule, ``middle``): (the experiment's columns, [(the
+    config's words, its figure)]), a config's latest repeat group standing for it."""
+    configs = samples.configs(frame)
+    if configs.empty:
+        return []
+    configs = configs[configs["scenario"].isin(of_section(__name__))]
+    if configs.empty or "metrics.reached_target" not in configs:
+        return []
+    if f"metrics.{KEY}" not in configs:  # every run missed: each is a None
+        configs = configs.assign(**{f"metrics.{KEY}": float("nan")})
+    cols = [c for c in samples.identity_columns(configs) if c in configs]
+    held = identity.experiment(cols)
+    out = []
+    for key, block in configs.groupby(held, sort=True, dropna=False):
+        found = []
+        apart = identity.apart(block[cols], held)
+        for _, one in block.groupby(cols, sort=False, dropna=False):
+            figure = samples.sample(one, configs, KEY, middle)
+            if figure is None:
+                continue
+            fw = one["framework"].iloc[-1]
+            found.append((fw + (f" ({apart[one.index[-1]]})" if apart[one.index[-1]] else ""),
+                          figure))
+        if found:
+            out.append((dict(zip(held, key if isinstance(key, tuple) else (key,))), found))
+    return out
+
+
+def title(where: dict[str, str], every: list[dict[str, str]]) -> str:
+    """``Time to quality: mlp on data=file (3f2a9c1e), target 0.9 (fp32, cpu)``: the model by
+    its dims, the data (a user's file by its content digest), the target, the machine, and any
+    other setting that differs between the section's comparisons of the model."""
+    label = identity.label_of(where)
+    data = where.get("data.name", "-")
+    if where.get("data_digest", "-") not in ("-", "") and data == "file":
+        data += f" ({where['data_digest'][:8]})"
+    named = {"model", "size", "data.name", "data_digest", "scenario.target", "precision",
+             "hardware", "scenario"}
+    same = [w for w in every if w.get("model") == where.get("model")]
+    other = [f"{k}={v}" for k, v in where.items() if k not in named and not k.startswith("model.")
+             and len({w.get(k) for w in same}) > 1]
+    return (f"Time to quality: {label} on data={data}, target {where.get('scenario.target', '-')}"
+            f" ({where.get('precision', '-')}, {where.get('hardware', '-')})"
+            + (f" [{', '.join(other)}]" if other else ""))
 
 
 def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
-    found = runs_of(frame)
-    if found.empty:
+    found = groups(frame)
+    if not found:
         return None
-    tables = []
-    for key, group in found.groupby(GROUP, dropna=False):
-        model, data, target, precision, hardware = key
-        kept = {}
-        for framework, own in group.groupby("tags.fxtrack.framework"):
-            times = [None if r["metrics.reached_target"] != 1.0 else r["metrics.time_to_target_s"]
-                     for _, r in own.iterrows()]
-            kept[framework] = (own, times, *middle(times))
-        means = {fw: sum(k[2]) / len(k[2]) for fw, k in kept.items() if k[2]}
-        best = min(means, key=means.get) if means else None
+    rows_of = frame.set_index("run_id")
+    every = [where for where, _ in found]
+    tables, notes = [], []
+    for where, figures in found:
+        ranked = {name: f for name, f in figures if f.log is not None or (f.values and not f.why)}
+        best = min(ranked, key=lambda n: ranked[n].point) if ranked else None
         rows = []
-        for framework, (own, times, middle_times, why) in sorted(kept.items()):
-            reached = sum(t is not None for t in times)
+        for name, f in sorted(figures):
+            reached = sum(v is not None for v in f.values)
             interval = ratio = "-"
-            if middle_times:
-                ci = stats.log_t_interval(middle_times)
-                interval = f"[{ci.low:.3g}, {ci.high:.3g}]"
-                if best is not None and framework != best:
-                    r = stats.ratio_interval(stats.log_summary(middle_times),
-                                             stats.log_summary(kept[best][2]))
-                    ratio = (f"{means[framework] / means[best]:.2f}x"
-                             + ("" if r is None else f" [{r[0]:.2f}, {r[1]:.2f}]"))
-                elif framework == best:
-                    ratio = "fastest"
+            if f.log is not None:
+                low, high = f.interval()
+                interval = f"[{low:.3g}, {high:.3g}]"
+            if name == best:
+                ratio = "fastest"
+            elif best is not None and name in ranked:
+                point, ci = samples.ratio(f, ranked[best])
+                ratio = f"{point:.2f}x" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
+            own = rows_of.loc[[r for r in f.members if r in rows_of.index]]
             finals = [v for c in own.columns if c.startswith("metrics.final_eval_")
                       and not c.endswith("_vs_fp32") for v in own[c].dropna()]
             tags = sorted(set(own.get("tags.fxtrack.trajectory", pd.Series(dtype=object))
                               .dropna().astype(str)))
-            rows.append([framework, str(len(times)), str(reached),
-                         "-" if framework not in means else f"{means[framework]:.3g}", interval, ratio or "-",
-                         fmt(stats.median(finals), 3) if finals else "-",
-                         ", ".join(tags) or "-", why or "-"])
-        title = (f"Time to quality: {model} on data={data}, target {target} "
-                 f"({precision}, {hardware})")
-        tables.append(Table(title, ["framework", "runs", "reached", "time to target s",
-                                    "95% interval", "ratio to fastest [95%]",
-                                    "final metric (median)", "trajectory", "no figure because"],
-                            rows))
-    return Section("Time to quality", tables, INTRO)
+            rows.append([name, str(len(f.values)), str(reached),
+                         "-" if math.isnan(f.point) else f"{f.point:.3g}", interval,
+                         ratio, fmt(stats.median(finals), 3) if finals else "-",
+                         ", ".join(tags) or "-", ", ".join(f.caveats) or "-"])
+            if f.earlier:
+                notes.append(f"{title(where, every)}: {name}'s latest group ({f.n} runs) stands; "
+                             f"an earlier group of {f.earlier} runs of the same config is not "
+                             "pooled with it.")
+        tables.append(Table(title(where, every),
+                            ["framework", "runs", "reached", "time to target s", "95% interval",
+                             "ratio to fastest [95%]", "final metric (median)", "trajectory",
+                             "caveats"], rows))
+    return Section("Time to quality", tables, INTRO + ("\n\n" + "\n".join(notes) if notes else ""))
 
 
 METRICS = ("accuracy", "loss", "bits_per_byte")
@@ -111,31 +146,35 @@ def charts(frame: pd.DataFrame, out: Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fxtrack.report.charts import Chart
+    from fxtrack.report.charts import Chart, colour
 
-    found = runs_of(frame)
-    if found.empty:
+    found = groups(frame)
+    if not found:
         return []
     keys = ["eval_train_s", *(f"eval_{m}" for m in METRICS)]
-    points = histories(list(found["run_id"]), keys)
+    # each run of the group a figure stands on (an aggregate's repeats, not the aggregate)
+    lines = {id(f): [r for r in f.members if len(f.members) == 1 or r not in f.run_ids]
+             for _, figures in found for _, f in figures}
+    points = histories([r for runs in lines.values() for r in runs], keys)
     drawn = []
-    for key, group in found.groupby(GROUP, dropna=False):
-        model, data, target, precision, hardware = key
+    every = [where for where, _ in found]
+    for where, figures in found:
+        target = where.get("scenario.target")
+        heading = title(where, every)
         fig, ax = plt.subplots(figsize=(6.5, 4.4))
-        colours: dict = {}
         metric = None
-        for _, r in group.sort_values("tags.fxtrack.framework").iterrows():
-            own = points.get(r["run_id"], {})
-            metric = next((m for m in METRICS if f"eval_{m}" in own), metric)
-            if metric is None or "eval_train_s" not in own:
-                continue
-            seconds = dict(own["eval_train_s"])
-            xy = [(seconds[s], v) for s, v in own[f"eval_{metric}"] if s in seconds]
-            fw = r["tags.fxtrack.framework"]
-            colour = colours.setdefault(fw, f"C{len(colours)}")
-            labelled = fw in ax.get_legend_handles_labels()[1]  # one legend entry per framework
-            ax.plot([p[0] for p in xy], [p[1] for p in xy], color=colour, alpha=0.8,
-                    label=None if labelled else fw)
+        for name, f in sorted(figures):
+            fw = name.split(" ")[0]
+            for run in lines[id(f)]:
+                own = points.get(run, {})
+                metric = next((m for m in METRICS if f"eval_{m}" in own), metric)
+                if metric is None or "eval_train_s" not in own:
+                    continue
+                seconds = dict(own["eval_train_s"])
+                xy = [(seconds[s], v) for s, v in own[f"eval_{metric}"] if s in seconds]
+                labelled = name in ax.get_legend_handles_labels()[1]  # one entry per config
+                ax.plot([p[0] for p in xy], [p[1] for p in xy], color=colour(fw), alpha=0.8,
+                        label=None if labelled else name)
         if metric is None:
             plt.close(fig)
             continue
@@ -145,15 +184,14 @@ def charts(frame: pd.DataFrame, out: Path,
             pass
         ax.set_xlabel("training seconds (evaluation and compilation excluded)")
         ax.set_ylabel(f"held-out {metric}")
-        title = f"Time to quality: {model} on data={data} ({precision}, {hardware})"
-        ax.set_title(title, fontsize=10)
+        ax.set_title("\n".join(textwrap.wrap(heading, 70)), fontsize=9)  # never past the figure
         ax.legend(title="framework", fontsize=8)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        name = "".join(c if c.isalnum() else "_" for c in f"converge_{model}_{data}_{target}_{precision}")
+        name = "".join(c if c.isalnum() else "_" for c in f"converge_{len(drawn)}_{heading[17:60]}")
         path = out / f"{name}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
-        drawn.append(Chart(title, path, "each line one run (repeats: one per seed); dashed: "
-                                        "the target"))
+        drawn.append(Chart(heading, path, "each line one run of the group its figure stands on "
+                                          "(repeats: one per seed); dashed: the target"))
     return drawn

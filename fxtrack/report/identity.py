@@ -1,13 +1,16 @@
 """The one comparison identity: when two runs are the same experiment, and which runs pool.
 
 Every reader asks this module: the page's answer and tables (select.py, samples.py), the charts,
-``fxtrack compare``, ``fxtrack claims`` and the trend. A run's identity is the framework-neutral
-config that changes a figure: the declared columns below (framework and its identity settings,
-compile mode, model, scenario, precision, devices, hardware, batch, size, levers), then every
-``model.*`` param (the dims set apart from the size) and every ``scenario.*`` param (the
-scenario's options: a serve rate, a fit axis, SLOs) a run logged. Runs of one identity are one
-experiment; the latest stands. Figures pool only within a repeat group: the repeats one
-``repeats=N`` asked for (``fxtrack.repeat_of``), never runs that happen to share parameters.
+``fxtrack compare``, ``fxtrack claims``, the converge section and the trend. A run's identity is
+every key it logged, unless its config field is declared apart with its reason
+(``fxtrack.config.schema.apart_from_identity``: a timeout, verbosity, the seed, a path whose
+content digest is the identity instead). The declared columns below come first (framework and
+its identity settings, compile mode, model, scenario, precision, devices, hardware, batch, size,
+levers, the data's content digest), then every other param a run logged, sorted: the model's
+dims, the scenario's options, the data, a config group added later, without anyone listing it.
+Runs of one identity are one experiment; the latest stands. Figures pool only within a repeat
+group: the repeats one ``repeats=N`` asked for (``fxtrack.repeat_of``), never runs that happen
+to share parameters.
 """
 
 from __future__ import annotations
@@ -18,15 +21,10 @@ import pandas as pd
 
 from fxtrack import architectures
 from fxtrack.config.frameworks import identity_settings
-from fxtrack.scenarios.options import apart_from_identity
+from fxtrack.config.schema import apart_from_identity
 
 # Each lever and its default: runs at the defaults are the main tables' benchmarks.
 LEVERS = {"runtime": "native", "quantize": "none", "parallel": "ddp", "memory": "none"}
-# Param prefixes whose every key is identity (read from what each run logged, never a list of
-# scenario names): the model's dims set apart from its size, the scenario's options.
-OPTION_PREFIXES = ("model.", "scenario.")
-# Named by a declared column already
-NAMED = {"model.name", "scenario.name"}
 
 
 def declared() -> dict[str, tuple[Optional[str], str]]:
@@ -46,15 +44,26 @@ def declared() -> dict[str, tuple[Optional[str], str]]:
         "batch_size": (None, "batch_size"),
         "size": (None, "size.name"),
         **{lever: (None, lever) for lever in LEVERS},
+        # a user's file is the data its content is, wherever it lies (data.path is apart)
+        "data_digest": ("fxtrack.data_digest", None),
     }
 
 
+# Columns a reader's frame holds besides params: metrics, tags, a figure's caveat tags
+READERS_OWN = ("metrics.", "tags.", "attributes.", "caveat.", "identity.")
+
+
 def options(frame: pd.DataFrame) -> list[str]:
-    """The ``model.*`` and ``scenario.*`` params any run of ``frame`` logged, sorted; ``frame``
-    a ``search_runs`` frame (``params.model.layers``) or one ``read`` built (``model.layers``)."""
-    names = {c[len("params."):] if c.startswith("params.") else c for c in frame.columns}
-    apart = NAMED | apart_from_identity()  # e.g. train's profile_steps: measured after the figures
-    return sorted(n for n in names if n.startswith(OPTION_PREFIXES) and n not in apart)
+    """Every param any run of ``frame`` logged that is identity and not a declared column,
+    sorted: what is not declared apart (``apart_from_identity``) is identity. ``frame`` a
+    ``search_runs`` frame (``params.model.layers``) or one ``read`` built (``model.layers``,
+    ``data.name``: then every column not a declared one or a reader's own)."""
+    if any(c.startswith("params.") for c in frame.columns):
+        names = {c[len("params."):] for c in frame.columns if c.startswith("params.")}
+    else:  # a frame ``read`` built: its columns past the declared ones are params
+        names = {c for c in frame.columns if "." in c and not c.startswith(READERS_OWN)}
+    named = {param for _, param in declared().values() if param}
+    return sorted(names - named - set(apart_from_identity()))
 
 
 def columns(frame: pd.DataFrame) -> list[str]:
@@ -162,7 +171,7 @@ def apart(ident: pd.DataFrame, within: list[str]) -> pd.Series:
     page showing several identities of one model says which is which."""
     framework = {"framework", *identity_settings(), "model", "size"}
     keys = [c for c in ident.columns if c in columns_of(ident) and c not in framework
-            and not c.startswith("model.") and c not in within]
+            and not c.startswith("model.") and not owned(c) and c not in within]
     out = pd.Series("", index=ident.index, dtype=object)
     for _, group in ident.groupby(within, sort=False, dropna=False):
         varying = [k for k in keys if group[k].nunique() > 1]
@@ -171,7 +180,32 @@ def apart(ident: pd.DataFrame, within: list[str]) -> pd.Series:
     return out
 
 
+def chosen(modes: tuple[str, ...] = ()) -> set[str]:
+    """The identity columns a framework chooses (itself, its identity settings, its compile mode,
+    the levers, and an objective's ``modes``, e.g. serve's ``scenario.batching``), besides its
+    own ``framework.*`` settings (``owned``): one answer compares its configs; every other
+    identity column makes another experiment."""
+    return {"framework", *identity_settings(), "compile", *LEVERS, *modes}
+
+
+def owned(col: str) -> bool:
+    """A framework's own setting (``framework.donate``, ``framework.compile_mode``): identity
+    within the framework, never held equal across frameworks."""
+    return col.startswith("framework.")
+
+
+def experiment(cols: list[str], modes: tuple[str, ...] = ()) -> list[str]:
+    """``cols`` less what a framework chooses: the columns one comparison holds equal."""
+    return [c for c in cols if c not in chosen(modes) and not owned(c)]
+
+
+def across_frameworks(cols: list[str]) -> list[str]:
+    """``cols`` for pairing runs of different frameworks (compare's sides, a claim's arms): a
+    framework's own settings and its identity settings left out with the framework."""
+    return [c for c in cols if not owned(c) and c not in identity_settings()]
+
+
 def columns_of(ident: pd.DataFrame) -> list[str]:
     """The identity columns present in a frame that ``read`` (or ``samples.configs``) built."""
     names = set(declared())
-    return [c for c in ident.columns if c in names or c.startswith(OPTION_PREFIXES)]
+    return [c for c in ident.columns if c in names or c in options(ident)]

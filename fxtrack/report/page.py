@@ -37,16 +37,19 @@ def table(block: Block) -> Table:
         verdict = "best" if entry is block.best else block.verdict(r)
         rows.append([fw_words(entry.framework), entry.mode, _figure(entry.sample.point),
                      str(entry.sample.n), "1.00x" if entry is block.best else r.cell(),
-                     {"clear": "clear difference"}.get(verdict, verdict)])
-    title = f"{block.objective.title}: {block.label or block.model} ({block.machine}, batch {block.batch})"
+                     {"clear": "clear difference"}.get(verdict, verdict),
+                     ", ".join(entry.sample.caveats) or "-"])
+    where = f", {block.where}" if block.where else ""
+    title = (f"{block.objective.title}: {block.label or block.model} ({block.machine}, "
+             f"batch {block.batch}{where})")
     return Table(title, ["framework", "mode / levers", block.best.metric, "repeats",
-                         "ratio to best [95%]", "verdict"], rows, [sentence(block)])
+                         "ratio to best [95%]", "verdict", "caveats"], rows, [sentence(block)])
 
 
 def missing_table(missing: list[Missing]) -> Optional[Table]:
     if not missing:
         return None
-    rows = [[m.model, m.objective.title, m.command()] for m in missing]
+    rows = [[m.label or m.model, m.objective.title, m.command()] for m in missing]
     return Table("Objectives with no runs yet: the command that measures each",
                  ["model", "objective", "command"], rows)
 
@@ -68,7 +71,7 @@ def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experime
             link = run_link(base, experiment_id, entry.sample.run_ids[-1])
             cells = [esc(row[0]), esc(row[1]),
                      f'<a class="run" href="{esc(link)}">{esc(row[2])}</a>', esc(row[3]),
-                     esc(row[4]), esc(row[5])]
+                     esc(row[4]), esc(row[5]), esc(row[6])]
             cls = "best" if entry is block.best else {NO_CLEAR: "tie", SINGLE: "single"}.get(
                 block.verdict(r), "clear")
             rows.append(f'<tr class="{cls}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")

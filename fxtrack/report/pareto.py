@@ -130,9 +130,10 @@ def _draw(found: list[Point], marks: list[bool], axes: tuple, title: str, path: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.4))
-    colours = {}
+    from fxtrack.report.charts import colour as colour_of
+
     for p, on in zip(found, marks):
-        colour = colours.setdefault(p.framework, f"C{len(colours)}")
+        colour = colour_of(p.framework)
         err = None
         if p.y_interval:
             err = [[max(0.0, p.y - p.y_interval[0])], [max(0.0, p.y_interval[1] - p.y)]]

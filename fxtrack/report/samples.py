@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from fxtrack import stats
-from fxtrack.metrics import lookup
+from fxtrack.metrics import CAVEATS, caveats as declared_caveats, lookup
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import identity as ident
 from fxtrack.report.tables import fmt
@@ -64,7 +64,8 @@ def identity_columns(frame: pd.DataFrame, *filters: str) -> list[str]:
         if (tag and f"tags.{tag}" in selected) or f"params.{param}" in selected:
             continue
         out.append(col)
-    return out
+    # sides that differ by framework pair their runs across its own settings
+    return out if "framework" in out else ident.across_frameworks(out)
 
 
 def configs(frame: pd.DataFrame) -> pd.DataFrame:
@@ -78,6 +79,8 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
                       ("device", "fxtrack.device"), ("framework_version", "fxtrack.framework_version"),
                       ("git_commit", "fxtrack.git_commit"), ("host", "fxtrack.host")):
         runs[name] = ident.column(frame, tag, None)
+    for caveat in CAVEATS:  # the tags that qualify a figure, carried to every place it appears
+        runs[f"caveat.{caveat.tag}"] = ident.column(frame, f"fxtrack.{caveat.tag}", None)
     runs["run_id"] = frame["run_id"]
     runs["start_time"] = frame["start_time"]
     runs["status"] = frame["status"]
@@ -101,6 +104,14 @@ class Sample:
     n: int
     run_ids: list[str]
     rows: pd.DataFrame = dataclasses.field(repr=False)  # the runs, for provenance columns
+    # every run's figure of the group (None: it has none, e.g. missed its target), as the
+    # rule saw them; why the rule kept none ("" where it did)
+    values: list = dataclasses.field(default_factory=list)
+    why: str = ""
+    # the declared caveats (fxtrack.metrics.CAVEATS) on any run it stands on, and the rule's
+    caveats: tuple[str, ...] = ()
+    earlier: Optional[int] = None  # an earlier group of this identity held more runs: its n
+    members: list = dataclasses.field(default_factory=list)  # the run ids it stands on
 
     def interval(self) -> Optional[tuple[float, float]]:
         """95% Student-t interval of the geometric mean (None for a single run)."""
@@ -144,42 +155,86 @@ def _from_aggregate(agg: pd.Series, key: str, rows: pd.DataFrame) -> Optional[Sa
 def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str,
            rule: Optional[Callable[[list], tuple[Optional[list[float]], str]]] = None
            ) -> Optional[Sample]:
-    """The figure of ``key`` that one config's runs (``group``, from ``configs``: one identity)
-    stand on: its latest repeat group with the figure. An aggregate pools its own repeats
-    (``fxtrack.repeat_of``, looked up in ``runs``); separate runs never pool (identity.py).
-    ``rule`` (an objective's ``repeats_rule``) picks the repeats the figure stands on from all of
-    them (None where a run has no figure): their mean and interval; where it keeps none, the
-    median with no interval (no verdict)."""
+    """The one figure of ``key`` for one identity's runs (``group``, from ``configs``): every
+    place a figure appears asks this. The identity's latest repeat group (an aggregate with its
+    repeats, looked up in ``runs``) or single run stands, pooled by the metric's rule: ``rule``
+    (an objective's ``repeats_rule``: which repeats it keeps, None where a run has no figure),
+    their mean and interval, else the median with no interval; without a rule, the median and
+    the t interval of the repeats. Separate runs never pool (identity.py). Without a rule, a
+    latest group that logged no such figure leaves it to the latest that did (a metric logged
+    only on request, as a cost). The figure carries the declared caveats of every run it stands
+    on and the n of an earlier, larger group it replaced."""
     col = f"metrics.{key}"
     if col not in group:
         return None
-    having = group[group[col].notna() & (group["repeat_of"].isna() | (group["kind"] == "aggregate"))]
-    if having.empty:
+    heads = group[group["repeat_of"].isna() | (group["kind"] == "aggregate")]
+    if rule is None:
+        heads = heads[heads[col].notna()]
+    if heads.empty:
         return None
-    latest = having.iloc[[-1]]
-    if latest["kind"].iloc[0] == "aggregate":
-        agg = latest.iloc[0]
-        reps = runs[(runs["repeat_of"] == agg["result_id"]) & (runs["kind"] != "aggregate")]
+    head = heads.iloc[-1]
+    found = _pooled(head, heads.iloc[[-1]], runs, col, key, rule)
+    if found is None:
+        return None
+    stood = _members(head, runs)
+    scenario = str(head.get("scenario", ""))
+    marks = [c.words for c in declared_caveats(scenario)
+             if f"caveat.{c.tag}" in stood and (stood[f"caveat.{c.tag}"] == "true").any()]
+    if found.why:
+        marks.append(found.why)
+    earlier = max((_size(h, runs) for _, h in heads.iloc[:-1].iterrows()), default=0)
+    found.caveats = tuple(marks)
+    found.members = list(stood["run_id"])
+    found.earlier = earlier if earlier > found.n else None
+    return found
+
+
+def _members(head: pd.Series, runs: pd.DataFrame) -> pd.DataFrame:
+    """The runs a group's head stands for: an aggregate and its repeats, or the run itself."""
+    if head.get("kind") == "aggregate" and "repeat_of" in runs:
+        return pd.concat([head.to_frame().T, runs[runs["repeat_of"] == head["result_id"]]])
+    return head.to_frame().T
+
+
+def _size(head: pd.Series, runs: pd.DataFrame) -> int:
+    """How many runs a group holds (an aggregate's repeats, else one)."""
+    if head.get("kind") != "aggregate":
+        return 1
+    reps = int(((runs["repeat_of"] == head["result_id"]) & (runs["kind"] != "aggregate")).sum())
+    logged = head.get("metrics.repeats")
+    return reps or (1 if logged is None or pd.isna(logged) else int(logged))
+
+
+def _pooled(head: pd.Series, latest: pd.DataFrame, runs: pd.DataFrame, col: str, key: str,
+            rule: Optional[Callable[[list], tuple[Optional[list[float]], str]]]) -> Optional[Sample]:
+    if head["kind"] == "aggregate":
+        reps = runs[(runs["repeat_of"] == head["result_id"]) & (runs["kind"] != "aggregate")]
         column = reps.get(col, pd.Series(dtype=float))
         if rule is not None:
-            return _by_rule(rule, column, [agg["run_id"]], latest)
+            return by_rule(rule, column, [head["run_id"]], latest)
         values = [float(v) for v in column.dropna()]
         if len(values) > 1:
-            return _from_values(values, [agg["run_id"]], latest)
-        return _from_aggregate(agg, key, latest)
+            return _from_values(values, [head["run_id"]], latest)
+        return _from_aggregate(head, key, latest)
+    if rule is not None:
+        return by_rule(rule, latest[col], list(latest["run_id"]), latest)
     return _from_values([float(latest[col].iloc[0])], list(latest["run_id"]), latest)
 
 
-def _by_rule(rule: Callable[[list], tuple[Optional[list[float]], str]], column: pd.Series,
+def by_rule(rule: Callable[[list], tuple[Optional[list[float]], str]], column: pd.Series,
              run_ids: list[str], rows: pd.DataFrame) -> Optional[Sample]:
-    """The repeats' figure as ``rule`` keeps them (a run with none counted as such)."""
+    """The group's figure as ``rule`` keeps its runs (a run with none counted as such): the
+    mean of the kept and their interval; where it keeps none, the median of those with a
+    figure and no interval (no verdict), the rule's reason beside it; None where no run has
+    a figure."""
     every = [None if pd.isna(v) else float(v) for v in column]
-    kept, _ = rule(every)
+    kept, why = rule(every)
     if kept:
         log = stats.log_summary(kept) if len(kept) > 1 and min(kept) > 0 else None
-        return Sample(sum(kept) / len(kept), log, len(every), run_ids, rows)
+        return Sample(sum(kept) / len(kept), log, len(every), run_ids, rows, every)
     values = [v for v in every if v is not None]
-    return Sample(stats.median(values), None, len(every), run_ids, rows) if values else None
+    point = stats.median(values) if values else math.nan
+    return Sample(point, None, len(every), run_ids, rows, every, why)
 
 
 def ratio(cand: Sample, base: Sample) -> tuple[float, Optional[tuple[float, float]]]:

@@ -22,6 +22,7 @@ from typing import Any, Optional
 from fxtrack import data, families
 from fxtrack.frameworks.base import Backend
 from fxtrack.job import Result
+from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import eprint
 from fxtrack.scenarios import timed
 from fxtrack.scenarios.registry import options_of
@@ -120,20 +121,28 @@ def config_check(conf: Any, arch: Any) -> Optional[str]:
     if conf.hardware.nodes > 1:
         return ("scenario=converge runs on one node: set hardware.nodes=1 (devices on one "
                 "machine split each batch)")
-    spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data={"name": conf.data.name},
+    spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data=dataclasses.asdict(conf.data),
                                batch_size=conf.batch_size)
     try:
         batch = settings(spec, conf.scenario)["batch_size"]
     except ValueError as e:
         return str(e)
-    have = data.samples(data.load(conf.data), int(arch.dims.get("seq_len", 1)))
-    if have < batch:
-        return (f"data={conf.data.name} has {have} training samples, fewer than one batch of "
-                f"{batch}; set a smaller batch_size")
+    why = too_few(data.load(conf.data), int(arch.dims.get("seq_len", 1)), batch)
+    if why is not None:
+        return why
     if batch % conf.devices:  # batch_size is the global batch: each device takes 1/devices
         return (f"scenario=converge splits each batch of {batch} over devices={conf.devices}, "
                 f"which does not divide it; set batch_size to a multiple of {conf.devices}")
     return None
+
+
+def too_few(split: data.Split, seq_len: int, batch: int) -> Optional[str]:
+    """Why ``split`` cannot fill one training batch of ``batch``, or None."""
+    have = data.samples(split, seq_len)
+    if have >= batch:
+        return None
+    return (f"data={split.name} has {have} training samples, fewer than one batch of {batch}; "
+            "set a smaller batch_size")
 
 
 @dataclasses.dataclass
@@ -143,22 +152,81 @@ class _Spec:  # what settings() reads of a JobSpec
     batch_size: Optional[int] = None
 
 
+# The options a run cannot start without: each set, or the family's default for the dataset
+NEEDED = ("metric", "target", "eval_every", "max_epochs", "lr")
+EVALS_PER_EPOCH = 4  # a suggested eval_every's evaluations an epoch
+SUGGESTED_STEPS = 500  # a suggested budget's steps (the declared defaults' run 310 to 1,714)
+
+
 def settings(spec: Any, options: Any) -> dict[str, Any]:
     """The run's metric, target, budget, rate and batch: each option, else the family's
-    default for this dataset (fxtrack.families.quality); ValueError where neither is set."""
+    default for this dataset (fxtrack.families.quality); ValueError naming every one neither
+    sets, each with a value that fits the data (``missing_settings``)."""
     declared = families.of(spec.arch).quality.get(spec.data["name"])
     out = {}
-    for key in ("metric", "target", "eval_every", "max_epochs", "lr", "max_steps"):
+    for key in (*NEEDED, "max_steps"):  # max_steps: None is no cap
         value = getattr(options, key)
-        if value is None and declared is not None:
-            value = getattr(declared, key)
-        if value is None and key != "max_steps":  # max_steps: None is no cap
-            raise ValueError(f"scenario.{key} is not set and model family "
-                             f"{spec.arch['family']!r} declares no default for "
-                             f"data={spec.data['name']}: set scenario.{key}")
-        out[key] = value
+        out[key] = getattr(declared, key) if value is None and declared is not None else value
     out["batch_size"] = spec.batch_size or (declared.batch_size if declared else 32)
+    missing = [key for key in NEEDED if out[key] is None]
+    if missing:
+        raise ValueError(missing_settings(spec, out, missing))
     return out
+
+
+def missing_settings(spec: Any, chosen: dict[str, Any], missing: list[str]) -> str:
+    """One line naming every setting in ``missing`` with a value that fits the data (read
+    here: the error comes before any work, so one message must carry them all): a metric the
+    family scores, a target halfway from what a model that learned nothing scores to a perfect
+    one, about ``EVALS_PER_EPOCH`` evaluations an epoch, a budget of about ``SUGGESTED_STEPS``
+    steps, and the peak rate of the declared defaults."""
+    family = families.of(spec.arch)
+    split = data.load(spec.data)
+    seq_len = int(spec.arch.get("dims", {}).get("seq_len", 1))
+    batch = chosen["batch_size"]
+    if too_few(split, seq_len, batch) is not None:  # no value fits until a batch does
+        return too_few(split, seq_len, batch)
+    per_epoch = data.samples(split, seq_len) // batch
+    metric = chosen["metric"] or family.converge_metrics[0]
+    blind = blind_score(metric, split)
+    target = float(f"{blind + (1.0 - blind) / 2 if HIGHER_IS_BETTER[metric] else blind / 2:.2g}")
+    rates = [q.lr for name in families.names() for q in families.get(name).quality.values()]
+    what = {"images": "images", "signals": "signals", "bytes": "windows"}[split.kind]
+    classes = (f"{split.classes} classes" if split.y_train is not None
+               else f"vocabulary {split.classes}")
+    values = {
+        "metric": (metric, "the labels are class ids" if split.y_train is not None
+                   else "a byte corpus"),
+        "target": (target, f"halfway from the {blind:.3g} of a model that learned only the "
+                   f"{'labels' if split.y_train is not None else 'bytes'}' frequencies to a "
+                   f"perfect {1 if HIGHER_IS_BETTER[metric] else 0}, or the quality you need"),
+        "eval_every": (max(1, per_epoch // EVALS_PER_EPOCH),
+                       f"about {EVALS_PER_EPOCH} evaluations an epoch"),
+        "max_epochs": (math.ceil(SUGGESTED_STEPS / per_epoch),
+                       f"about {SUGGESTED_STEPS} steps"),
+        "lr": (statistics.median(rates), "AdamW's peak rate in the declared defaults"),
+    }
+    return (f"scenario=converge on data={split.name} needs {len(missing)} setting(s) that "
+            f"model family {family.name!r} has no default for on this data "
+            f"({data.samples(split, seq_len):,} training {what} of shape {split.shape}, "
+            f"{classes}, batch {batch}: {per_epoch} steps an epoch); values that "
+            f"fit it: set " + " ".join(f"scenario.{k}={values[k][0]}" for k in missing)
+            + " (" + "; ".join(f"{k}: {values[k][1]}" for k in missing) + ")")
+
+
+def blind_score(metric: str, split: data.Split) -> float:
+    """``metric`` of a model that learned nothing but the label frequencies of the training
+    split: the commonest label's share (accuracy), or their entropy (in nats: loss; in bits:
+    bits_per_byte)."""
+    import numpy as np
+
+    labels = split.y_train if split.y_train is not None else split.x_train
+    shares = np.bincount(np.asarray(labels, dtype=np.int64)) / len(labels)
+    if metric == "accuracy":
+        return float(shares.max())
+    shares = shares[shares > 0]
+    nats = float(-(shares * np.log(shares)).sum())
+    return nats / LN2 if metric == "bits_per_byte" else nats
 
 
 def run(backend: Backend, result: Result) -> None:
@@ -177,8 +245,7 @@ def run(backend: Backend, result: Result) -> None:
     if s["max_steps"] is not None:
         total = min(total, s["max_steps"])
     if total < 1:  # validation refuses it; a spec written by other means gets the same line
-        raise ValueError(f"data={split.name} has {n_train} training samples, fewer than one "
-                         f"batch of {batch}")
+        raise ValueError(too_few(split, seq_len, batch))
     warmup = max(1, round(total * options.warmup_frac))
     spec.batch_size = batch
     timed.build(backend, result)
@@ -202,6 +269,10 @@ def run(backend: Backend, result: Result) -> None:
     reached = False
     eprint(f"[fxtrack] converge: {s['metric']} to {s['target']} on data={split.name}, "
            f"{steps_per_epoch} steps/epoch, at most {total} steps ({s['max_epochs']} epochs)")
+    # the training steps are the timed work: other processes' share of the cores over them is
+    # the contended caveat every scenario's figures carry (evaluation is this process's own)
+    before = load.wait_for_idle(spec.wait_for_idle_s, spec.cpu_threads, eprint)
+    during = load.LoadSampler(spec.cpu_threads).start()
     for step, rows in enumerate(batches(n_train, batch, spec.seed, total), start=1):
         host = data.batch(split, rows, seq_len, family=family, seed=spec.seed)
         t0 = time.perf_counter()
@@ -221,6 +292,10 @@ def run(backend: Backend, result: Result) -> None:
         if met(s["metric"], value, s["target"]):
             reached = True
             break
+    figures, contended = load.window_figures(before, during.stop())
+    result.metrics.update(figures)
+    result.tags["contended"] = "true" if contended else "false"
+    result.tags["data_digest"] = split.digest  # the data's identity, wherever its file lies
     compile_s = (max(0.0, step_times[0] - statistics.median(step_times[1:]))
                  if len(step_times) > 1 else 0.0)
     m = result.metrics

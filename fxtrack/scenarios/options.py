@@ -52,19 +52,29 @@ def at_least(owner: str, floor: float, **values: Any) -> None:
             raise ValueError(f"{owner}{key} must be >= {floor:g}, got {value}")
 
 
-# An option's field metadata key: False where the option changes what a run logs beside its
-# figures, never the figures (fxtrack.report.identity leaves it out of a run's identity).
+# A config field's metadata key: every key a run logs is part of its identity (which runs are
+# one experiment, fxtrack.report.identity) unless its field says why not, with ``apart``.
 IDENTITY = "identity"
 
 
-def apart_from_identity() -> set[str]:
-    """``scenario.<key>`` of every option, of every scenario, declared apart from a run's identity."""
-    found, todo = set(), [Options]
+def apart(why: str, **field: Any) -> Any:
+    """A dataclass field kept out of a run's identity, with the reason beside the key."""
+    return dataclasses.field(metadata={IDENTITY: why}, **field)
+
+
+def apart_keys(cls: type, prefix: str = "") -> dict[str, str]:
+    """``prefix + key`` -> why, for the fields of ``cls`` declared ``apart``."""
+    return {prefix + f.name: f.metadata[IDENTITY] for f in dataclasses.fields(cls)
+            if f.metadata.get(IDENTITY)}
+
+
+def apart_from_identity() -> dict[str, str]:
+    """``scenario.<key>`` -> why, of every option of every scenario declared apart."""
+    found, todo = {}, [Options]
     while todo:
         cls = todo.pop()
         todo += cls.__subclasses__()
-        found |= {f"scenario.{f.name}" for f in dataclasses.fields(cls)
-                  if f.metadata.get(IDENTITY) is False}
+        found.update(apart_keys(cls, "scenario."))
     return found
 
 
@@ -82,9 +92,9 @@ class Options:
 class TrainOptions(Options):
     name: str = "train"
     # after the timed window: this many steps under the framework's own profiler, their time
-    # split into categories (the profile_* metrics); 0: none. Not a run's identity: the timed
-    # figures are measured before it, so a profiled run is the same experiment as one without.
-    profile_steps: int = dataclasses.field(default=0, metadata={IDENTITY: False})
+    # split into categories (the profile_* metrics); 0: none.
+    profile_steps: int = apart("profiled after the timed window: the figures are measured "
+                               "before it", default=0)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -93,7 +103,20 @@ class TrainOptions(Options):
 
 @dataclasses.dataclass
 class InferenceOptions(Options):
+    """The timed window runs ``steps`` batches, and on until it has timed at least
+    ``min_queries`` batches and lasted ``min_duration_s`` (MLPerf's min_query_count and
+    min_duration): a p99 needs 459 batches behind it (batching.min_queries_for)."""
+
     name: str = "inference"
+    # None: steps alone
+    min_queries: Optional[int] = apart("the window's length, as steps: a longer window sizes "
+                                       "the tail, it measures the same thing", default=None)
+    # None: no floor on the window's time
+    min_duration_s: Optional[float] = apart("the window's length, as steps", default=None)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive("scenario.", min_queries=self.min_queries, min_duration_s=self.min_duration_s)
 
 
 @dataclasses.dataclass

@@ -45,6 +45,9 @@ class Objective:
     # not): a rule for which repeats a figure stands on (converge: MLPerf's, the fastest and the
     # slowest of at least 5 dropped); None: every repeat
     repeats_rule: Optional[str] = None
+    # identity columns a framework chooses, compared within one block as its compile mode is
+    # (serve: ``scenario.batching``); every other option makes another block
+    modes: tuple[str, ...] = ()
     scenario: str = ""  # the declaring scenario's name (objectives() fills it in)
 
     @property

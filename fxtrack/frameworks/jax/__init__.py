@@ -36,6 +36,7 @@ FRAMEWORK = Framework(
     backend="fxtrack.frameworks.jax.backend:JaxBackend",
     extra="jax",
     report_order=30,
+    colour="#4285f4",
     # op-by-op dispatch is JAX's debugging mode, never its fast path
     compile_rules=(CompileRule(True, "jax always jits", AUTO),),
     tune_modes=(True,),  # framework.compile=tune: jit is the one mode, nothing to time

@@ -61,6 +61,7 @@ FRAMEWORK = Framework(
     backend="fxtrack.frameworks.keras.backend:KerasBackend",
     extra="keras",
     report_order=40,
+    colour="#8e24aa",
     # Keras' own default, compile(jit_compile="auto"): jax.jit on JAX; XLA on TensorFlow where
     # a GPU is present (a plain tf.function on a CPU-only machine); eager on torch (Keras does
     # not torch.compile unless asked). true / false force jit_compile=True / False; the

@@ -28,6 +28,7 @@ FRAMEWORK = Framework(
     backend="fxtrack.frameworks.tensorflow.backend:TensorFlowBackend",
     extra="tensorflow",
     report_order=20,
+    colour="#ff8f00",
     # framework.compile=auto per device kind and model family, the first match wins; every
     # row links the docs section holding its figure, interval, machine and command
     compile_rules=(

@@ -21,6 +21,7 @@ FRAMEWORK = Framework(
     backend="fxtrack.frameworks.torch.backend:TorchBackend",
     extra="torch",
     report_order=10,
+    colour="#ee4c2c",
     # framework.compile=auto per device kind and model family, the first match wins; every
     # row links the docs section holding its figure, interval, machine and command
     compile_rules=(
