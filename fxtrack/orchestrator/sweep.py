@@ -103,10 +103,13 @@ class SweepRun(Callback):
         failed = [j for j in jobs if (j["status"] != "FINISHED" and not _unsupported(j))
                   or numbers_wrong(j.get("guard", "ok"))]
         verdict = closing_table(jobs)
-        aggregates = [json.loads(p.read_text())
+        # each aggregate with its id (its file's name), which its repeats' job files name
+        aggregates = [dict(json.loads(p.read_text()), id=p.stem)
                       for p in sorted((jobs_dir / AGGREGATES_DIR).glob("*.json"))]
-        if aggregates:
-            verdict += aggregate_table(aggregates)
+        timed_work = [a for a in aggregates if not _converges(a)]  # converge's: its own table
+        if timed_work:
+            verdict += aggregate_table(timed_work)
+        verdict += converge_table(jobs, aggregates)
         from fxtrack.report import fit, serving  # scenario=fit / serve jobs: their answers
 
         verdict += fit.closing_table(jobs) + serving.closing_table(jobs)
@@ -349,6 +352,52 @@ def aggregate_table(aggregates: list[dict[str, Any]]) -> str:
                      note])
     return _text("Aggregates (median of the repeats, 95% Student-t interval of the mean log):",
                  ["config", "repeats", "samples/s (median)", "95% interval", "+-%", "note"], rows)
+
+
+def _converges(entry: dict[str, Any]) -> bool:
+    """A converge run's (or aggregate's) entry: its figure is the time to a target."""
+    return "reached_target" in entry.get("metrics", {})
+
+
+def converge_table(jobs: list[dict[str, Any]], aggregates: list[dict[str, Any]]) -> str:
+    """The sweep's converge runs: each single run's time to target, and each aggregate's by the
+    report's rule (fxtrack/report/converge.py: MLPerf's mean of the middle runs, a missed
+    target the slowest), so the terminal and the page give one figure; "" when none."""
+    import pandas as pd
+
+    from fxtrack.report.converge import middle
+    from fxtrack.report.samples import by_rule
+
+    def held_out(m: dict[str, float]) -> str:
+        return next((f"{k[len('final_eval_'):]} {v:.3f}" for k, v in m.items()
+                     if k.startswith("final_eval_")), "-")
+
+    rows = []
+    for j in jobs:
+        if _converges(j) and not j.get("aggregate"):  # a repeat counts in its aggregate's row
+            m = j["metrics"]
+            rows.append([j["name"], f"{m['reached_target']:.0f}/1",
+                         _fmt(m.get("time_to_target_s")), _fmt(m.get("steps_to_target"), 0),
+                         held_out(m), "single run" + ("; contended" if j.get("tags", {}).get(
+                             "fxtrack.contended") == "true" else "")])
+    for a in filter(_converges, aggregates):
+        repeats = [j["metrics"] for j in jobs if j.get("aggregate") == a["id"] and _converges(j)]
+        times = [m.get("time_to_target_s") if m["reached_target"] == 1.0 else None
+                 for m in repeats]
+        reached = sum(t is not None for t in times)
+        # the one figure function's rule, as the page pools these repeats (report/samples.py)
+        pooled = by_rule(middle, pd.Series(times, dtype=object), [a["id"]], pd.DataFrame())
+        figure = None if reached == 0 else pooled.point
+        note = pooled.why or f"mean of middle {len(times) - 2} of {len(times)}"
+        if a["tags"].get("fxtrack.contended_repeats"):
+            note += f"; contended in {a['tags']['fxtrack.contended_repeats']}"
+        rows.append([a["name"], f"{reached}/{len(times)}", _fmt(figure),
+                     _fmt(a["metrics"].get("steps_to_target"), 0), held_out(a["metrics"]), note])
+    if not rows:
+        return ""
+    return _text("Time to target (scenario=converge; training seconds, evaluation and compilation "
+                 "excluded):", ["run", "reached", "to target s", "steps", "held-out", "note"],
+                 rows)
 
 
 def _text(title: str, header: list[str], rows: list[list[str]],

@@ -48,14 +48,32 @@ def run_link(base: str, experiment_id: str, run_id: str) -> str:
     return f"{redact_uri_text(base).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?{WORKFLOW}"
 
 
+def shell_command() -> str:
+    """``fxtrack`` as the user's shell runs it, shell-quoted: a bare ``fxtrack`` only where the
+    one on PATH is the script beside the interpreter that ran; else that script by its path (the
+    README's venv is not on PATH: a bare ``fxtrack`` is "command not found"); else
+    ``<interpreter> -m fxtrack`` (no script there: an install without console scripts)."""
+    import shlex
+    import shutil
+
+    script = Path(sys.executable).with_name("fxtrack")
+    if not (script.is_file() and os.access(script, os.X_OK)):
+        return f"{shlex.quote(sys.executable)} -m fxtrack"
+    on_path = shutil.which("fxtrack")
+    if on_path is not None and os.path.samefile(on_path, script):
+        return "fxtrack"
+    return shlex.quote(str(script))
+
+
 def next_steps(uri: str, run_id: Optional[str], what: str = "the run",
                experiment: str = "fxtrack") -> str:
     """A run's (or a sweep's) last lines: where its results are and what to open next. On a
     server, ``what``'s page in its UI; on a local store, ``fxtrack ui``, which serves it."""
     from fxtrack.environment import redact_uri_text
 
+    fxtrack = shell_command()
     lines = [f"[fxtrack] results in {redact_uri_text(uri)}",
-             "[fxtrack] next: fxtrack report    (the answer, tables and charts: "
+             f"[fxtrack] next: {fxtrack} report    (the answer, tables and charts: "
              "./fxtrack-report/index.html)"]
     if uri.startswith(("http://", "https://")) and run_id:
         from fxtrack.tracking import runs
@@ -65,7 +83,7 @@ def next_steps(uri: str, run_id: Optional[str], what: str = "the run",
             lines.append(f"[fxtrack]       {what} in the MLflow UI: "
                          f"{run_link(redact_uri_text(uri), exp_id, run_id)}")
             return "\n".join(lines)
-    lines.append(f"[fxtrack]       fxtrack ui        (the MLflow UI on this store; {what}: "
+    lines.append(f"[fxtrack]       {fxtrack} ui        (the MLflow UI on this store; {what}: "
                  f"{run_id or 'in the local spool until fxtrack sync'})")
     return "\n".join(lines)
 
