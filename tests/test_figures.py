@@ -447,3 +447,52 @@ def test_8_a_thinner_later_group_stands_and_the_page_says_a_fuller_one_exists():
     torch = next(e.sample for e in block.entries if e.framework == "torch")
     assert (torch.n, torch.earlier) == (2, 3) and torch.point == pytest.approx(20.5)
     assert "an earlier group had 3" in answer.sentence(block)
+
+
+# -- every suggestion checked before it is shown
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_suggested_command_of_a_generated_store_passes_the_validator_or_says_why(seed):
+    from fxtrack.config.suggest import refusal
+
+    _, missing = answer.blocks(search_frame(generate(seed).runs))
+    assert missing
+    for m in missing:
+        shown = m.checked()
+        assert (refusal(m.command()) is None) == (not shown.startswith("#")), shown
+    assert any(not m.checked().startswith("#") for m in missing)
+
+
+def test_the_two_suggestions_that_failed_now_run_here():
+    from fxtrack.config.suggest import refusal
+
+    quality = next(o for o in answer.objectives() if o.key == "quality")
+    llama = answer.Missing(quality, "llama", ("torch",)).command()
+    vit = answer.Missing(quality, "vit", ("torch",)).command()
+    assert "data=pycode" in llama and "model.patch=7" in vit and "data=mnist" in vit
+    assert refusal(llama) is None and refusal(vit) is None
+    # what the page suggested before: refused here, so never shown as if it would run
+    assert "byte corpus" in refusal("python -m fxtrack framework=torch model=llama "
+                                    "scenario=converge data=mnist")
+    assert "divisible" in refusal("python -m fxtrack framework=torch model=vit "
+                                  "scenario=converge data=mnist")
+
+
+def test_a_runtime_whose_package_is_missing_is_refused_before_any_work(monkeypatch):
+    from fxtrack import runtimes
+    from fxtrack.config.suggest import checked, refusal
+    from fxtrack.report import claim_plans
+
+    monkeypatch.setitem(runtimes.PACKAGES, "onnxruntime", ("no_such_module_here", "onnxruntime"))
+    refusal.cache_clear()
+    line = ("python -m fxtrack framework=tensorflow model=resnet50 scenario=inference "
+            "runtime=onnxruntime size=tiny repeats=3")
+    assert "needs the 'onnxruntime' package" in refusal(line)
+    assert checked(line).startswith("# fails here (")
+    # the plan of a claim on that runtime: commented, not printed as if it would run
+    claim = type("Claim", (), {"conditions": {"model": "resnet50", "scenario": "inference"},
+                               "arm_keys": ["runtime"], "test": "anywhere", "kind": "ratio",
+                               "arms": [{"runtime": "native"}, {"runtime": "onnxruntime"}]})()
+    lines = claim_plans.plan(claim, "cpu")
+    assert lines and all(line.startswith("#") for line in lines), lines
+    refusal.cache_clear()

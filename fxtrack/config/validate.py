@@ -194,7 +194,7 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     why = scenario.refusal(conf.scenario, families.of(arch), conf.batch_size)
     if why is not None:
         raise ConfigError(why)
-    why = refusal(conf, arch) or family_refusal(conf, arch)
+    why = refusal(conf, arch) or family_refusal(conf, arch) or runtime_refusal(conf)
     if why is not None:
         raise Refused(why, conf, arch)
     if scenario.config_check is not None:  # e.g. fit's budget: the search finds what fits
@@ -271,6 +271,15 @@ def output_dir_error(e: OSError, cwd: str) -> str:
     where = f"{e.strerror or type(e).__name__}: {e.filename!r}" if e.filename else str(e)
     return (f"cannot write the run's outputs in {cwd} ({where}); run from a writable directory "
             "(cd), or set hydra.run.dir=DIR (a sweep: hydra.sweep.dir=DIR)")
+
+
+def runtime_refusal(conf: FxtrackConfig) -> Optional[str]:
+    """A deployment runtime whose package this interpreter lacks, before the model is built
+    (a worker on another interpreter, ``framework.python``, finds out in its own import)."""
+    from fxtrack.runtimes import unavailable
+
+    runtime = getattr(conf.runtime, "value", conf.runtime)
+    return None if conf.framework.python else unavailable(str(runtime))
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:

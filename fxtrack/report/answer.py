@@ -117,7 +117,39 @@ class Missing:
             if len(usable) == 1:
                 line = line.replace("python -m fxtrack -m ", "python -m fxtrack ")
         line += f" size={self.size}" if self.size != "full" else ""
-        return line + "".join(f" model.{k}={v}" for k, v in self.dims)
+        line += "".join(f" model.{k}={v}" for k, v in self.dims)
+        return _on_declared_data(line, self.model)
+
+    def checked(self) -> str:
+        """The command as the page shows it: validated as a run is (fxtrack.config.suggest),
+        commented with the reason where it would fail here."""
+        from fxtrack.config.suggest import checked
+
+        return checked(self.command())
+
+
+def _on_declared_data(line: str, model: str) -> str:
+    """A command's ``data=`` as the model's family can train on it: a data set the family
+    declares reference runs for (a decoder LM: a byte corpus, not images), with those runs' dims
+    where the line sets none (the ViT's 7-pixel patch on MNIST's 28-pixel digits)."""
+    from fxtrack import families
+
+    words = line.split(" ")
+    data = next((w.split("=", 1)[1] for w in words if w.startswith("data=")), None)
+    if data is None:
+        return line
+    try:
+        declared = families.get(architectures.family(model)).quality
+    except (KeyError, ValueError):  # a user's model: its own data
+        return line
+    if not declared:
+        return line
+    if data not in declared:
+        data = next(iter(declared))
+        words = [f"data={data}" if w.startswith("data=") else w for w in words]
+    words += [f"model.{k}={v}" for k, v in declared[data].dims.items()
+              if not any(w.startswith(f"model.{k}=") for w in words)]
+    return " ".join(words)
 
 
 def _suggested(configs: pd.DataFrame, model: str, objective: Objective,

@@ -107,4 +107,8 @@ def _line(fixed: dict[str, Any], sweep: dict[str, list[str]], machine: str) -> s
     missing = [fw for fw in values.get("framework", []) if fw not in installed()]
     if missing:
         needs.append(f"framework={','.join(missing)} (not in this install)")
-    return f"# needs {' and '.join(needs)}: {line}" if needs else line
+    if needs:
+        return f"# needs {' and '.join(needs)}: {line}"
+    from fxtrack.config.suggest import checked
+
+    return checked(line)  # validated as a run is: a line that would fail is commented

@@ -49,7 +49,7 @@ def table(block: Block) -> Table:
 def missing_table(missing: list[Missing]) -> Optional[Table]:
     if not missing:
         return None
-    rows = [[m.label or m.model, m.objective.title, m.command()] for m in missing]
+    rows = [[m.label or m.model, m.objective.title, m.checked()] for m in missing]
     return Table("Objectives with no runs yet: the command that measures each",
                  ["model", "objective", "command"], rows)
 

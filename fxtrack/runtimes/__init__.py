@@ -17,6 +17,22 @@ from __future__ import annotations
 from pathlib import Path
 
 DEPLOY_EXTRA = "pip install 'fxtrack[deploy]'"
+# runtime -> (the module it imports, the package that installs it): asked before any work
+PACKAGES = {"onnxruntime": ("onnxruntime", "onnxruntime"),
+            "tflite": ("ai_edge_litert", "ai-edge-litert"),
+            "openvino": ("openvino", "openvino"),
+            "tensorrt": ("onnxruntime", "onnxruntime-gpu")}
+
+
+def unavailable(runtime: str) -> str | None:
+    """Why ``runtime`` cannot serve from this interpreter (its package is not installed), or
+    None; the runtime's own import says the same in the worker."""
+    import importlib.util
+
+    module, package = PACKAGES.get(runtime, (None, None))
+    if module is None or importlib.util.find_spec(module) is not None:
+        return None
+    return f"runtime={runtime} needs the '{package}' package: {DEPLOY_EXTRA}"
 
 
 def missing(runtime: str, package: str) -> ImportError:
