@@ -121,3 +121,17 @@ def test_deployment_cells_are_not_cut_mid_word():
                      "error": "RuntimeError: " + " ".join(["overflowing"] * 20)})
     cell = levers._state(row)
     assert cell.endswith("overflowing ...") and len(cell) <= len("FAILED: ") + 90
+
+
+def test_a_wide_whisker_is_drawn_to_the_cap_and_marked_never_flattening_the_bars(drawn):
+    wide = frame(repeats=3)
+    wide.loc[0, "metrics.throughput_ci_high"] = 60.0 * 50  # torch's interval: up to 3,000
+    (_, ), (fig,) = drawn(wide)
+    notes, legend, _, _ = texts(fig)
+    (ax,) = fig.axes
+    assert ax.get_ylim()[1] <= charts.WHISKER_CAP * 250 * 1.2  # jax's 250 stays readable
+    assert notes[0] == "60\nn=3\n\u25b2 to 3e+03" and notes[1] == "250\nn=3"
+    assert any("drawn to the cap" in label for label in legend)
+    (torch_bars, _) = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert max(torch_bars.lines[2][0].get_segments()[0][:, 1]) == pytest.approx(
+        charts.WHISKER_CAP * 250)

@@ -496,3 +496,19 @@ def test_a_runtime_whose_package_is_missing_is_refused_before_any_work(monkeypat
     lines = claim_plans.plan(claim, "cpu")
     assert lines and all(line.startswith("#") for line in lines), lines
     refusal.cache_clear()
+
+
+def test_the_page_keeps_its_tables_and_charts_inside_it_in_a_real_browser(tmp_path):
+    """The page as a person reads it: laid out by Chromium in an 800-pixel window, no table,
+    chart or command reaches past it (a wide table scrolls inside its own box)."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    if shutil.which("chromium") is None:
+        pytest.skip("needs Debian's chromium (apt-get install chromium)")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs"))
+    import figures_shot
+
+    page = figures_shot.report_page(3, tmp_path)
+    assert figures_shot.overflow(page, width=800) == {"past": [], "tables": 0}

@@ -67,6 +67,10 @@ def check(tmp_path: Path, groups: int, resumed: bool) -> dict[str, int]:
         mine = [r for r in repeats if r.data.tags["fxtrack.repeat_of"]
                 == agg.data.tags["fxtrack.result_id"] and r.info.status == "FINISHED"]
         assert mine, agg.info.run_name  # each case leaves at least one repeat finished
+        # the aggregate's name is never a separate run's: it says it pools its repeats
+        assert agg.info.run_name.endswith("-repeats2"), agg.info.run_name
+        assert {r.info.run_name.rsplit("-r", 1)[0] for r in mine} == {
+            agg.info.run_name[:-len("-repeats2")]}, agg.info.run_name
         figures = agg.data.metrics
         assert agg.info.status in ("FINISHED", "KILLED", "FAILED"), agg.info.status
         assert figures["repeats"] == len(mine), (agg.info.run_name, figures)  # the kept ones

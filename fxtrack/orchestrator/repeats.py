@@ -148,7 +148,8 @@ def _name_and_tags(job, job_dir) -> tuple[str, dict[str, str]]:
             "fxtrack.scenario": spec.scenario, "fxtrack.precision": spec.precision,
             "fxtrack.devices": str(spec.devices), "fxtrack.hardware": spec.hardware,
             "fxtrack.kind": "aggregate", "fxtrack.repeats_requested": str(job.conf.repeats)}
-    return records.run_name(spec, job.conf.size.name), tags
+    # never a separate run's name: the aggregate says it pools N repeats
+    return f"{records.run_name(spec, job.conf.size.name)}-repeats{job.conf.repeats}", tags
 
 
 def _open(job, job_dir, aggregate: str, parent: Optional[str], jobs_dir, entries) -> None:

@@ -280,8 +280,11 @@ def _where(where: dict[str, str], every: list[dict[str, str]]) -> str:
             continue
         if k == "data.name" and where.get("data_digest", "-") != "-":
             continue  # said with its digest
-        out.append(f"data={where.get('data.name', '?')} ({v[:8]})" if k == "data_digest"
-                   else f"{k}={v}")
+        if k == "data_digest":  # a user's file by its content; a named data set by its name
+            name = where.get("data.name", "?")
+            out.append(f"data={name} ({v[:8]})" if name == "file" else f"data={name}")
+        else:
+            out.append(f"{k}={v}")
     return ", ".join(out)
 
 

@@ -8,6 +8,7 @@ headless server; figures are closed after saving because a report may draw dozen
 from __future__ import annotations
 
 import dataclasses
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -38,6 +39,8 @@ SIZE_WORDS = {"tiny": "tiny models (a few layers: a smoke test, not the publishe
               "full": "full-size models"}
 
 
+
+WHISKER_CAP = 1.6  # the y axis reaches this multiple of the tallest bar, no further
 
 def colour(framework: str) -> str:
     """The framework's declared colour (``keras-jax``: Keras's), the same on every chart."""
@@ -120,6 +123,10 @@ def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str
     width = 0.8 / len(fws)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(categories) * max(1, len(fws)) / 2), 4.6))
     any_interval = False
+    # a whisker past this is drawn to it and marked with its top: one wide interval never
+    # flattens the other bars to the axis
+    cap = WHISKER_CAP * max([float(v) for v in frame["_thr"] if v == v] or [1.0])
+    clipped_any = False
     for i, fw in enumerate(fws):
         sub = frame[frame["framework"] == fw].set_index("_label")
         xs = [c + (i - (len(fws) - 1) / 2) * width for c in range(len(categories))]
@@ -133,25 +140,35 @@ def _bars(frame: pd.DataFrame, categories: list[str], fws: list[str], title: str
                for c, h, n in zip(categories, heights, counts)]
         high = [_num(sub.loc[c, "_high"], h) - h if c in sub.index and n > 1 else 0.0
                 for c, h, n in zip(categories, heights, counts)]
-        errors = [[max(0.0, v) for v in low], [max(0.0, v) for v in high]]
+        tops = [h + max(0.0, v) for h, v in zip(heights, high)]
+        errors = [[max(0.0, v) for v in low],
+                  [max(0.0, min(v, cap - h)) for v, h in zip(high, heights)]]
         any_interval = any_interval or any(low + high)
         bars = ax.bar(xs, heights, width, label=fw, color=colour(fw),
                       yerr=errors if any(low + high) else None, capsize=3)
-        for bar, height, flag, above, n, contended in zip(bars, heights, flagged, errors[1],
-                                                          counts, busy):
+        for bar, height, flag, above, n, contended, top in zip(bars, heights, flagged, errors[1],
+                                                               counts, busy, tops):
             if flag:  # hatched: failed the correctness guard, not a figure to trust
                 bar.set_hatch("//")
             if height:
                 value = f"{height:,.0f}" if height >= 100 else f"{height:.3g}"
-                ax.annotate(f"{value}{'*' if contended else ''}\nn={n}",
+                clipped = top > cap
+                clipped_any = clipped_any or clipped
+                mark = f"\n\u25b2 to {top:,.3g}" if clipped else ""
+                ax.annotate(f"{value}{'*' if contended else ''}\nn={n}{mark}",
                             (bar.get_x() + bar.get_width() / 2, height + above),
                             ha="center", va="bottom", fontsize=7, xytext=(0, 2),
                             textcoords="offset points")
-    ax.set_xticks(range(len(categories)), categories)
+    # long model labels wrap, so neighbouring labels never overlap
+    ax.set_xticks(range(len(categories)), ["\n".join(textwrap.wrap(c, 18)) for c in categories],
+                  fontsize=8)
     ax.set_ylabel("samples/s (higher is better)")
     ax.set_ylim(top=ax.get_ylim()[1] * 1.12)  # room for the two-line labels above the bars
     ax.set_title(title)
     handles, labels = ax.get_legend_handles_labels()
+    if clipped_any:
+        handles.append(Patch(facecolor="none", edgecolor="none"))
+        labels.append("\u25b2 interval drawn to the cap, its top said")
     if any_interval:
         handles.append(Line2D([], [], color="black", marker="|", linestyle="none",
                               markersize=10))

@@ -130,16 +130,29 @@ def _draw(found: list[Point], marks: list[bool], axes: tuple, title: str, path: 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.4))
-    from fxtrack.report.charts import colour as colour_of
+    from fxtrack.report.charts import WHISKER_CAP, colour as colour_of
 
+    # a whisker past the cap is drawn to it, its top said: one wide interval never flattens
+    # the points to the axis
+    cap = WHISKER_CAP * max(p.y for p in found)
+    # labels of nearby points stacked apart, so that none is written over another
+    placed: list[tuple[float, float, int]] = []
+    span_x = (max(p.x for p in found) - min(p.x for p in found)) or 1.0
+    span_y = (max(p.y for p in found) - min(p.y for p in found)) or 1.0
     for p, on in zip(found, marks):
         colour = colour_of(p.framework)
-        err = None
+        err, top = None, None
         if p.y_interval:
-            err = [[max(0.0, p.y - p.y_interval[0])], [max(0.0, p.y_interval[1] - p.y)]]
+            top = p.y_interval[1]
+            err = [[max(0.0, p.y - p.y_interval[0])], [max(0.0, min(top, cap) - p.y)]]
         ax.errorbar([p.x], [p.y], yerr=err, fmt="o", color=colour, capsize=3,
                     markerfacecolor=colour if on else "white", markersize=8)
-        ax.annotate(p.label, (p.x, p.y), fontsize=7, xytext=(5, 4), textcoords="offset points")
+        near = sum(abs(p.x - x) < 0.15 * span_x and abs(p.y - y) < 0.08 * span_y
+                   for x, y, _ in placed)
+        placed.append((p.x, p.y, near))
+        label = p.label + (f" (\u25b2 interval to {top:,.3g})" if top and top > cap else "")
+        ax.annotate(label, (p.x, p.y), fontsize=7, xytext=(5, 4 - 10 * near),
+                    textcoords="offset points")
     front = sorted((p.x, p.y) for p, on in zip(found, marks) if on)
     if len(front) > 1:
         ax.plot(*zip(*front), color="grey", linestyle="--", linewidth=1)

@@ -166,7 +166,9 @@ h1 { border-bottom: 2px solid #d0d7de; padding-bottom: .3rem; }
 h2 { margin-top: 2.2rem; border-bottom: 1px solid #d0d7de; padding-bottom: .2rem; }
 h3 { font-size: 1rem; margin-bottom: .4rem; }
 ul.meta { color: #57606a; }
-table { border-collapse: collapse; margin: .3rem 0 .4rem; font-size: .92rem; }
+/* a table wider than the page scrolls inside its own box, never past the page */
+table { border-collapse: collapse; margin: .3rem 0 .4rem; font-size: .92rem; display: block;
+        max-width: 100%; overflow-x: auto; }
 th, td { border: 1px solid #d0d7de; padding: .3rem .7rem; }
 th { background: #f6f8fa; text-align: left; }  /* figures: tabulate sets text-align: right */
 td { white-space: nowrap; font-variant-numeric: tabular-nums; }
@@ -180,6 +182,8 @@ figcaption { color: #57606a; font-size: .85rem; }
 p.verdict { font-weight: 600; margin: .2rem 0; }
 tr.best td { background: #dafbe1; }
 table.missing td { white-space: normal; }
+td code { white-space: pre-wrap; overflow-wrap: anywhere; }  /* a long command wraps */
+figure { max-width: 100%; }
 """
 
 
