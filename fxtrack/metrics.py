@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Callable
 from dataclasses import dataclass
 
 LOWER, HIGHER, NEITHER = "lower", "higher", "neither"  # NEITHER: a figure, not a merit
@@ -197,6 +198,18 @@ METRICS: tuple[Metric, ...] = (
     _m("highest_passing_rate_rps", "requests/s", HIGHER, "the same", ("serve",)),
     _m("lowest_failing_rate_rps", "requests/s", HIGHER, "the lowest rate that failed",
        ("serve",)),
+    _m("max_concurrency_under_slo", "clients", HIGHER,
+       "the most closed-loop clients meeting every SLO", ("serve",)),
+    _m("lowest_failing_concurrency", "clients", HIGHER, "the fewest clients that failed",
+       ("serve",)),
+    _m("mismatched_requests", "count", LOWER,
+       "requests served other tokens than their prompt decoded alone", ("serve",)),
+    _m("first_mismatch_position", "token", NEITHER, "the earliest output position that differed",
+       ("serve",)),
+    _m("serve_output_checked_requests", "count", NEITHER,
+       "requests whose tokens were checked", ("serve",)),
+    _m("serve_output_check_s", "s", NEITHER, "the output check's time, outside the windows",
+       ("serve",)),
     # scenario=pipeline
     _m("pipeline_samples_per_s", "samples/s", HIGHER, "the loader alone", ("pipeline",)),
     _m("resident_samples_per_s", "samples/s", HIGHER, "training on device-resident data",
@@ -292,9 +305,18 @@ CAVEATS = (
            "asked: the rate it reached is the figure's real load", ("serve",)),
     Caveat("serve_p99_undersized", "p99 from few requests", "too few requests for a p99 by "
            "MLPerf's early-stopping rule: a longer window sizes the tail", ("serve",)),
+    Caveat("serve_outputs_mismatch", "wrong outputs", "some requests were served other tokens "
+           "than their prompt decoded alone (mismatched_requests): batching changed the answers, "
+           "so the speed is not of a correct server", ("serve",)),
 )
 
 
 def caveats(scenario: str) -> tuple[Caveat, ...]:
     """The caveats declared for ``scenario``'s figures."""
     return tuple(c for c in CAVEATS if not c.scenarios or scenario in c.scenarios)
+
+
+def caveat_words(scenario: str, tagged: "Callable[[str], bool]") -> list[str]:
+    """The words of each caveat declared for ``scenario`` whose tag ``tagged`` says is set:
+    what every place that shows a figure writes beside it."""
+    return [c.words for c in caveats(scenario) if tagged(c.tag)]

@@ -24,6 +24,7 @@ class FakeSlots:
 
     def __init__(self, clock: VirtualClock, raise_on_prefill=()) -> None:
         self.clock, self.raise_on, self.prefills = clock, set(raise_on_prefill), 0
+        self.last = [0] * 64  # each slot's latest token, as a real decoder reads it back
 
     def prefill(self, slot, prompt_len):
         self.prefills += 1

@@ -190,7 +190,12 @@ def undersized(have: int, percentile: float) -> bool:
 class SlotDecoder(Protocol):
     """A framework's decoder seen per KV-cache slot: ``prefill`` one request's prompt of
     ``prompt_len`` tokens into ``slot`` (its first token out), ``step`` one token for each of
-    ``slots``; each returns ``clock()`` read after waiting for the device."""
+    ``slots``; each returns ``clock()`` read after waiting for the device. ``ids`` (host, (1,
+    longest prompt bucket)) is the seeded prompt a request of n tokens reads the first n of;
+    ``last`` each slot's latest token, read back: the window records them for the output check."""
+
+    ids: np.ndarray
+    last: np.ndarray
 
     def prefill(self, slot: int, prompt_len: int) -> float: ...
 
@@ -208,6 +213,7 @@ class Pending(Protocol):
     failed: str
     batch_id: int
     bucket: int
+    output_ids: list[int]
 
 
 def continuous_window(decoder: SlotDecoder, requests: Sequence[Pending], *, max_batch: int,
@@ -217,6 +223,9 @@ def continuous_window(decoder: SlotDecoder, requests: Sequence[Pending], *, max_
     """Serve ``requests`` (sorted by arrival, times in s from the window's start) with
     ``max_batch`` slots, filling in each record's admission, token times and failure."""
     t0 = clock()
+    # the tokens each slot was served, read back for the output check after the window
+    def last(slot: int) -> int:
+        return int(decoder.last[slot])
     free = list(range(max_batch))
     active: dict[int, Pending] = {}  # slot -> its request
     waiting = 0  # requests[:waiting] were admitted or dropped
@@ -241,6 +250,7 @@ def continuous_window(decoder: SlotDecoder, requests: Sequence[Pending], *, max_
             waiting += 1
             try:
                 r.token_s.append(decoder.prefill(slot, r.prompt_len) - t0)
+                r.output_ids.append(last(slot))
             except Exception as e:  # noqa: BLE001 - a failed request is counted, not lost
                 r.failed = f"error: {type(e).__name__}"
                 free.append(slot)
@@ -265,5 +275,6 @@ def continuous_window(decoder: SlotDecoder, requests: Sequence[Pending], *, max_
         for slot in slots:
             r = active[slot]
             r.token_s.append(t)
+            r.output_ids.append(last(slot))
             if len(r.token_s) >= r.new_tokens:
                 finish(slot)

@@ -256,7 +256,9 @@ class ServeOptions(Options):
     new_tokens: int = 128  # language models: tokens decoded per request (the mean)
     rate: str = "search"  # requests/s, or "search": the highest rate under the SLOs
     burstiness: float = 1.0  # gamma shape of the arrival gaps; 1 = Poisson
-    concurrency: Optional[int] = None  # closed loop with this many clients (rate ignored)
+    # closed loop with this many clients (rate ignored), or "search": the most clients under
+    # the SLOs (text, as rate is: the config types it once for both)
+    concurrency: Optional[str] = None
     max_batch: int = 4  # the most requests one batch serves
     max_wait_ms: float = 10.0  # the batcher waits this long for a batch to fill
     batch_buckets: Optional[list[int]] = None  # padded batch sizes compiled; None: [max_batch]
@@ -282,11 +284,22 @@ class ServeOptions(Options):
         if isinstance(self.slo, dict):  # read back from a JobSpec's JSON
             self.slo = SloOptions(**self.slo)
         self.rate = str(self.rate)
+        if self.concurrency is not None:
+            self.concurrency = str(self.concurrency)
         super().__post_init__()
         positive("scenario.", prompt_len=self.prompt_len, new_tokens=self.new_tokens,
                  burstiness=self.burstiness, max_batch=self.max_batch,
-                 concurrency=self.concurrency, resolution=self.resolution,
-                 duration_s=self.duration_s)
+                 resolution=self.resolution, duration_s=self.duration_s)
+        if self.concurrency not in (None, "search"):
+            try:
+                clients = float(self.concurrency)
+            except ValueError:
+                raise ValueError("scenario.concurrency must be a number of clients or 'search', "
+                                 f"got {self.concurrency!r}") from None
+            positive("scenario.", concurrency=clients)
+            if clients != int(clients):
+                raise ValueError(f"scenario.concurrency is a number of clients, got {clients:g}")
+            self.concurrency = str(int(clients))
         if self.token_spread is not None:
             raise ValueError("scenario.token_spread is folded into scenario.length_dist=uniform "
                              "(spread: scenario.length_sigma, a fraction of the mean)")
@@ -342,9 +355,12 @@ class ServeOptions(Options):
             if lm_set:
                 return (f"scenario.slo.{lm_set[0]} is a language-model figure; this model has "
                         "only scenario.slo.e2e_ms")
-        if (self.concurrency is None and self.rate == "search"
-                and all(v is None for v in self.slo.as_dict().values())):
-            return "scenario.rate=search needs an SLO to search under; set scenario.slo.e2e_ms"
+        if all(v is None for v in self.slo.as_dict().values()):
+            if self.concurrency == "search":
+                return ("scenario.concurrency=search needs an SLO to search under; set "
+                        "scenario.slo.e2e_ms")
+            if self.concurrency is None and self.rate == "search":
+                return "scenario.rate=search needs an SLO to search under; set scenario.slo.e2e_ms"
         return None
 
     @property

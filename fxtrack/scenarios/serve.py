@@ -14,6 +14,11 @@ join the queue when their time comes, whatever the server is doing (a request th
 while a batch ran waits in the queue: its latency counts from its arrival). Closed loop
 (``concurrency`` = C): C clients, each sending its next request when its last one ended.
 
+Correct outputs (issue 62): after each window, outside its timing, every completed request's
+tokens are compared with its prompt decoded alone (batch 1, greedy, no cache, the run's
+precision: the generate capability's ``uncached``); a sample of prompts when a window holds many
+different ones (MAX_REFERENCE_PROMPTS), counted in ``serve_output_checked_requests``.
+
 The batcher: when the queue holds a request, wait until ``max_batch`` have arrived or the
 oldest has waited ``max_wait_ms``, then serve up to ``max_batch`` at once, padded to the
 smallest bucket of ``batch_buckets`` that holds them (every bucket compiled in the warm-up).
@@ -51,6 +56,10 @@ FAILED_FRACTION = 0.01  # a probe with more of its requests failed fails (no p99
 # scenario.sized_tail with rate=search: the passing rates confirmed at full size, highest first,
 # before the search gives up (each costs sized_requests() / rate seconds)
 MAX_CONFIRMATIONS = 3
+# the most distinct prompts a run decodes alone for the output check (each is a batch-1 decode
+# of the longest output, no cache): beyond it a request whose prompt has no reference yet is
+# left unchecked and the count of checked requests says so
+MAX_REFERENCE_PROMPTS = 32
 
 
 @dataclasses.dataclass
@@ -66,6 +75,10 @@ class Request:
     bucket: int = 0
     prompt_len: int = 0  # language models: its prompt's tokens (0: not a language model)
     failed: str = ""  # "timeout" (waited past scenario.timeout_ms) or "error: <exception>"
+    batch_row: int = -1  # static batching: its row of its bucket's batch (its prompt)
+    output_ids: list[int] = dataclasses.field(default_factory=list)  # the tokens it was served
+    checked: bool = False  # its tokens were compared with its prompt decoded alone
+    first_mismatch: Optional[int] = None  # the first position where they differed
 
     @property
     def completed(self) -> bool:
@@ -109,13 +122,15 @@ class Request:
                 "end_s": self.end_s if done else None, "prompt_len": self.prompt_len,
                 "new_tokens": self.new_tokens, "tokens": len(self.token_s),
                 "batch_id": self.batch_id, "bucket": self.bucket, "failed": self.failed,
-                "token_s": self.token_s}
+                "token_s": self.token_s, "checked": self.checked,
+                "first_mismatch": self.first_mismatch}
 
 
 class Server(Protocol):
     """A framework's compiled step seen by the batcher: serve ``len(new_tokens)`` requests padded
     to ``bucket``, decoding ``max(new_tokens)`` tokens; return each token's completion time
-    (``clock()`` read after waiting for the device), in order."""
+    (``clock()`` read after waiting for the device), in order. A server that decodes tokens
+    (decoder_server) also holds ``outputs``: the last call's token ids, (bucket, tokens)."""
 
     def __call__(self, bucket: int, new_tokens: Sequence[int]) -> list[float]: ...
 
@@ -193,8 +208,11 @@ def serve_window(server: Server, *, max_batch: int, max_wait_ms: float, buckets:
                 times = []
                 for r in batch:
                     r.failed = f"error: {type(e).__name__}"
-            for r in batch:
-                r.token_s = times[:r.new_tokens]
+            ids = getattr(server, "outputs", None) if times else None
+            for row, r in enumerate(batch):
+                r.token_s, r.batch_row = times[:r.new_tokens], row
+                if ids is not None:
+                    r.output_ids = [int(t) for t in ids[row, :r.new_tokens]]
             batch_id += 1
         served += len(taken)
         if concurrency is not None:  # each finished client sends its next request
@@ -355,6 +373,58 @@ def search_rate(passes: Callable[[float], bool], start: float, resolution: float
                         math.inf if found.failing is None else found.failing, found.probes)
 
 
+def search_concurrency(passes: Callable[[int], bool], start: int, resolution: float,
+                       max_clients: int) -> SearchResult:
+    """The most closed-loop clients under the SLOs: the rate's bracket search over whole
+    clients, from ``start`` up to ``max_clients`` (a probe of that many requests holds no more)
+    and down to 1, stopping when the bracket is within ``resolution`` of the passing count."""
+    found = bracket_search(passes, start, upper=max_clients, lower=1, integer=True,
+                           narrow=lambda lo, hi: hi - lo <= max(1.0, resolution * lo))
+    return SearchResult(float(found.passing or 0),
+                        math.inf if found.failing is None else float(found.failing), found.probes)
+
+
+def check_outputs(requests: Sequence[Request],
+                  reference: Callable[[Request], Optional[Sequence[int]]]) -> None:
+    """Mark each completed request that has tokens and a ``reference`` (its prompt decoded
+    alone; None: not in the sample) checked, with the first position where they differ."""
+    for r in requests:
+        if not r.completed or not r.output_ids:
+            continue
+        want = reference(r)
+        if want is None:
+            continue
+        r.checked = True
+        got = list(r.output_ids[:r.new_tokens])
+        want = [int(t) for t in want[:r.new_tokens]]
+        differs = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
+        if differs or len(got) != len(want):
+            r.first_mismatch = differs[0] if differs else min(len(got), len(want))
+
+
+def output_metrics(requests: Sequence[Request]) -> dict[str, float]:
+    """The check's figures from the records: requests checked, mismatched, and the earliest
+    position any of them differed at (absent when none did)."""
+    checked = [r for r in requests if r.checked]
+    wrong = [r.first_mismatch for r in checked if r.first_mismatch is not None]
+    out = {"serve_output_checked_requests": float(len(checked)),
+           "mismatched_requests": float(len(wrong))}
+    if wrong:
+        out["first_mismatch_position"] = float(min(wrong))
+    return out
+
+
+def output_tags(figures: dict[str, float]) -> dict[str, str]:
+    """``serve_outputs``: ``match``, ``mismatch`` or ``not_checked`` (no request had tokens to
+    check: a model that is not an LM, or none completed); ``serve_outputs_mismatch`` the caveat's
+    boolean beside it."""
+    if not figures.get("serve_output_checked_requests"):
+        return {"serve_outputs": "not_checked", "serve_outputs_mismatch": "false"}
+    bad = figures.get("mismatched_requests", 0) > 0
+    return {"serve_outputs": "mismatch" if bad else "match",
+            "serve_outputs_mismatch": "true" if bad else "false"}
+
+
 # ---- the worker side: a framework's step as a Server ------------------------------------------
 
 def decoder_server(decoders: dict[int, Any], prompt: Callable[[int], np.ndarray],
@@ -362,18 +432,29 @@ def decoder_server(decoders: dict[int, Any], prompt: Callable[[int], np.ndarray]
     """A Server over a Decoder per bucket (the generate capability): prefill the padded batch,
     then decode; each token's time read after the device is waited on."""
 
-    def serve(bucket: int, new_tokens: Sequence[int]) -> list[float]:
-        decoder = decoders[bucket]
-        token = decoder.prefill(prompt(bucket))
-        decoder.tokens(token)
-        times = [clock()]
+    return DecoderServer(decoders, prompt, clock)
+
+
+class DecoderServer:
+    """decoder_server's Server; each call's token ids kept in ``outputs`` (the values the wait
+    for the device read anyway) for the output check after the window."""
+
+    def __init__(self, decoders: dict[int, Any], prompt: Callable[[int], np.ndarray],
+                 clock: Callable[[], float]) -> None:
+        self.decoders, self.prompt, self.clock = decoders, prompt, clock
+        self.outputs: Optional[np.ndarray] = None
+
+    def __call__(self, bucket: int, new_tokens: Sequence[int]) -> list[float]:
+        decoder = self.decoders[bucket]
+        token = decoder.prefill(self.prompt(bucket))
+        ids = [decoder.tokens(token)]
+        times = [self.clock()]
         for _ in range(max(new_tokens) - 1):
             token = decoder.step(token)
-            decoder.tokens(token)
-            times.append(clock())
+            ids.append(decoder.tokens(token))
+            times.append(self.clock())
+        self.outputs = np.stack(ids, axis=1)
         return times
-
-    return serve
 
 
 def step_server(steps: dict[int, Callable[[], Any]],
@@ -431,6 +512,35 @@ def _servers(backend: Any, buckets: Sequence[int], lm: bool, prompt_len: int,
     return step_server(steps)
 
 
+def _reference(backend: Any, prompt_of: Callable[[Request], np.ndarray],
+               longest: int) -> Callable[[Sequence[Request]], None]:
+    """The output check over a window's records: each prompt decoded alone (the generate
+    capability's ``uncached``, batch 1, ``longest`` tokens: greedy decoding is the same on any
+    prefix of them), once per run, at most MAX_REFERENCE_PROMPTS prompts."""
+    references: dict[bytes, np.ndarray] = {}
+
+    def check(requests: Sequence[Request]) -> None:
+        wanted: dict[bytes, np.ndarray] = {}
+        for r in requests:
+            if r.completed and r.output_ids:
+                p = np.asarray(prompt_of(r))
+                key = p.tobytes()
+                if (key not in references and key not in wanted
+                        and len(references) + len(wanted) < MAX_REFERENCE_PROMPTS):
+                    wanted[key] = p
+        by_length: dict[int, list[tuple[bytes, np.ndarray]]] = {}
+        for key, p in wanted.items():
+            by_length.setdefault(len(p), []).append((key, p))
+        for length, group in sorted(by_length.items()):  # one decoder per prompt length
+            decoder = backend.capability("generate").prepare(backend, length, longest)
+            for key, p in group:
+                references[key] = np.asarray(decoder.uncached(p[None], longest))[0]
+            del decoder
+        check_outputs(requests, lambda r: references.get(np.asarray(prompt_of(r)).tobytes()))
+
+    return check
+
+
 def _compile_counter(backend: Any) -> tuple[Callable[[], Optional[int]], Optional[str]]:
     """The framework's count of compilations so far, and why not where it cannot count."""
     from fxtrack.frameworks.declaration import NotSupported
@@ -469,35 +579,42 @@ class Window:
     verdict: str = ""
     started_ms: Optional[int] = None  # epoch ms, for the child run's start and end
     ended_ms: Optional[int] = None
+    concurrency: Optional[int] = None  # closed loop: its clients
+
+    @property
+    def load(self) -> float:
+        """What a search varies: the rate, else the clients."""
+        return self.rate if self.rate is not None else float(self.concurrency or 0)
 
 
-def search_windows(probe: Callable[[float, int], Window], start: float, resolution: float,
-                   small: int, sized: Optional[int] = None,
+def search_windows(probe: Callable[[Any, int], Window], start: float, resolution: float,
+                   small: int, sized: Optional[int] = None, *,
+                   find: Optional[Callable[[Callable[[Any], bool]], SearchResult]] = None,
                    ) -> tuple[list[Window], float, float, Window]:
     """The rate search over windows: ``probe(rate, requests)`` serves one and gives its verdict.
     Probes of ``small`` requests find the bracket; with ``sized`` (scenario.sized_tail) windows
     of that many then confirm the passing rates, highest first (confirm_rates). Returns every
     window, the highest passing rate (0: none), the lowest failing (inf: none) and the window
     whose figures are reported: the confirming one, else the highest passing probe's (else the
-    last)."""
+    last). ``find`` searches another load the same way (the clients: search_concurrency)."""
     probes: list[Window] = []
 
-    def passes(rate: float, n: int = small) -> bool:
-        probes.append(probe(rate, n))
+    def passes(load: Any, n: int = small) -> bool:
+        probes.append(probe(load, n))
         return probes[-1].verdict == "pass"
 
-    found = search_rate(passes, start, resolution, max_rate=1024 * start)
+    found = (find or (lambda p: search_rate(p, start, resolution, max_rate=1024 * start)))(passes)
     best, lowest = found.max_rate_rps, found.lowest_failing_rps
     if sized is not None:  # the small probes found the bracket; a full window confirms
-        confirmed, refuted = confirm_rates([w.rate for w in probes if w.verdict == "pass"],
-                                           lambda rate: passes(rate, sized))
+        confirmed, refuted = confirm_rates([w.load for w in probes if w.verdict == "pass"],
+                                           lambda load: passes(load, sized))
         lowest = min([lowest, *refuted])
         if confirmed is not None:
             return probes, confirmed, lowest, probes[-1]
         # none held at full size: the highest small pass below them (its p99 undersized)
-        best = max((w.rate for w in probes if w.verdict == "pass" and w.rate < lowest),
+        best = max((w.load for w in probes if w.verdict == "pass" and w.load < lowest),
                    default=0.0)
-    passing = [w for w in probes if w.rate == best and w.verdict == "pass"]
+    passing = [w for w in probes if w.load == best and w.verdict == "pass"]
     return probes, best, lowest, (passing or probes[-1:])[-1]
 
 
@@ -568,14 +685,25 @@ def run(backend: Any, result: Any) -> None:
     compiles, uncounted = _compile_counter(backend)
 
     served: list[int] = []  # requests of every window (a search's probes included)
+    if lm:  # the output check: which prompt each request was given, decoded alone after
+        if continuous:  # a slot's prompt: the first prompt_len tokens of the seeded one
+            check = _reference(backend, lambda r: slots.ids[0, :r.prompt_len], longest)
+        else:  # static: its row of its bucket's batch, every prompt padded to prompt_len
+            from fxtrack.scenarios import generate
 
-    def window(rate: Optional[float], n: int = bound) -> Window:
+            rows = {b: generate.prompts(backend, b, prompt_len) for b in buckets}
+            check = _reference(backend, lambda r: rows[r.bucket][r.batch_row], longest)
+    checks: list[Window] = []  # every window checked (a search's probes included)
+    check_s: list[float] = []
+
+    def window(rate: Optional[float], n: int = bound,
+               clients: Optional[int] = None) -> Window:
         before = compiles()
         started_ms = int(time.time() * 1000)  # wall clock: the probe's child run's start
         if rate is None:
             reqs = serve_window(server, max_batch=o["max_batch"], max_wait_ms=o["max_wait_ms"],
                                 buckets=buckets, tokens=tokens[:n], duration_s=o["duration_s"],
-                                concurrency=int(o["concurrency"]), prompt_lens=prompt_lens,
+                                concurrency=clients, prompt_lens=prompt_lens,
                                 timeout_ms=o["timeout_ms"])
         else:
             if o["duration_s"] is not None:  # (one seeded draw of arrivals per rate)
@@ -594,21 +722,75 @@ def run(backend: Any, result: Any) -> None:
                                     tokens=tokens[:len(arrivals)], arrivals_s=arrivals,
                                     prompt_lens=prompt_lens[:len(arrivals)],
                                     timeout_ms=o["timeout_ms"])
+        ended_ms = int(time.time() * 1000)
         figures = request_metrics(reqs, o["slo"], lm, rate)
         served.append(len(reqs))
         if before is not None:  # compilations inside the window: 0 when warm-up covered it
             figures["serve_recompiles"] = float(compiles() - before)
-        return Window(rate, reqs, figures, started_ms=started_ms,
-                      ended_ms=int(time.time() * 1000))
+        w = Window(rate, reqs, figures, started_ms=started_ms, ended_ms=ended_ms,
+                   concurrency=clients)
+        if lm:  # after the window's clock stopped: the references cost it nothing
+            t = time.perf_counter()
+            check(reqs)
+            check_s.append(time.perf_counter() - t)
+            figures.update(output_metrics(reqs))
+            checks.append(w)
+        return w
 
     m = result.metrics
     # every window measured as the timed scenarios' are: the contention check, system metrics,
     # on a GPU its NVML figures (scenarios/timed.py)
     kind = result.resolved["device_kind"]
     measured = open_window(backend.spec, kind)
+    children: list[dict[str, Any]] = []
+
+    def probe(w: Window) -> Window:
+        """A search's window: its verdict, its child run (kept if the worker dies), a line."""
+        w.verdict = probe_verdict(w.figures, o["slo"])
+        children.append(_child(backend, len(children), w))
+        append_child(backend.spec.result_path, children[-1])
+        f, n = w.figures, len(w.requests)
+        load = f"{w.rate:g} req/s x {n}" if w.rate is not None else f"{w.concurrency} clients x {n}"
+        # numbered as its child run is named (probe0, probe1, ...)
+        eprint(f"[fxtrack] serve probe {len(children) - 1}: {load}: "
+               f"{w.verdict} (e2e p99 {f.get('serve_e2e_ms_p99', math.nan):,.0f} ms, "
+               f"queue p99 {f.get('serve_queue_ms_p99', math.nan):,.0f} ms)")
+        return w
+
+    def searched(probes: list[Window], lowest: float, series: str, unfailed: str) -> None:
+        """What both searches log beside their answer: why the lowest failing probe failed,
+        each probe's load and figures as series, the probes as child runs."""
+        failing = [w for w in probes if w.load == lowest and w.verdict != "pass"]
+        result.tags["serve_search_stop"] = failing[-1].verdict if failing else unfailed
+        result.series[series] = [w.load for w in probes]
+        result.series["serve_probe_achieved_rps"] = [w.figures["request_throughput_rps"]
+                                                     for w in probes]
+        for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
+            if k in probes[0].figures:
+                result.series[f"serve_probe_{k}"] = [w.figures[k] for w in probes]
+        result.tags["serve_probes"] = str(len(probes))
+        result.children = children
+        # every window's compilations, the probes' included
+        if uncounted is None:
+            reported.figures["serve_recompiles"] = sum(w.figures["serve_recompiles"]
+                                                       for w in probes)
+
     with measured.sampling():
-        if o["concurrency"] is not None:
-            reported = window(None)
+        if o["concurrency"] == "search":
+            # from max_batch clients (one full batch), the rate's bracket search over whole
+            # clients, up to one per request of a probe
+            probes, best, lowest, reported = search_windows(
+                lambda c, n: probe(window(None, n, clients=int(c))), o["max_batch"],
+                o["resolution"], o["num_requests"], sized if o["sized_tail"] else None,
+                find=lambda passes: search_concurrency(
+                    passes, min(o["max_batch"], o["num_requests"]), o["resolution"],
+                    o["num_requests"]))
+            m["max_concurrency_under_slo"] = best
+            if math.isfinite(lowest):
+                m["lowest_failing_concurrency"] = lowest
+            searched(probes, lowest, "serve_probe_concurrency", "max_clients")
+        elif o["concurrency"] is not None:
+            reported = window(None, clients=int(o["concurrency"]))
         elif o["rate"] == "search":
             # a first rate from one unloaded batch (its service time bounds what one bucket
             # serves), snapped down to a power of two: every framework's probes then lie on the
@@ -616,46 +798,23 @@ def run(backend: Any, result: Any) -> None:
             t = time.perf_counter()
             server(buckets[-1], [new_tokens])
             start = 2.0 ** math.floor(math.log2(max(0.5, buckets[-1] / (time.perf_counter() - t) / 4)))
-            children: list[dict[str, Any]] = []
-
-            def probe(rate: float, n: int) -> Window:
-                w = window(rate, n)
-                w.verdict = probe_verdict(w.figures, o["slo"])
-                children.append(_child(backend, len(children), w))
-                append_child(backend.spec.result_path, children[-1])  # kept if the worker dies
-                f = w.figures
-                eprint(f"[fxtrack] serve probe {len(children)}: {rate:g} req/s x {n}: "
-                       f"{w.verdict} (e2e p99 {f.get('serve_e2e_ms_p99', math.nan):,.0f} ms, "
-                       f"queue p99 {f.get('serve_queue_ms_p99', math.nan):,.0f} ms)")
-                return w
-
             probes, best, lowest, reported = search_windows(
-                probe, start, o["resolution"], o["num_requests"],
-                sized if o["sized_tail"] else None)
+                lambda rate, n: probe(window(rate, n)), start, o["resolution"],
+                o["num_requests"], sized if o["sized_tail"] else None)
             m.update(max_rate_under_slo_rps=best, highest_passing_rate_rps=best)
-            failing = [w for w in probes if w.rate == lowest and w.verdict != "pass"]
             if math.isfinite(lowest):
                 m["lowest_failing_rate_rps"] = lowest
-            result.tags["serve_search_stop"] = failing[-1].verdict if failing else "max_rate"
-            result.series["serve_probe_rate_rps"] = [w.rate for w in probes]
-            result.series["serve_probe_achieved_rps"] = [w.figures["request_throughput_rps"]
-                                                         for w in probes]
-            for k in ("serve_e2e_ms_p99", "serve_tpot_ms_p99", "goodput_rps"):
-                if k in probes[0].figures:
-                    result.series[f"serve_probe_{k}"] = [w.figures[k] for w in probes]
-            result.tags["serve_probes"] = str(len(probes))
-            result.children = children
-            # every window's compilations, the probes' included
-            if uncounted is None:
-                reported.figures["serve_recompiles"] = sum(w.figures["serve_recompiles"]
-                                                           for w in probes)
+            searched(probes, lowest, "serve_probe_rate_rps", "max_rate")
         else:
             reported = window(float(o["rate"]))
     record_window(backend, result, measured, kind, sum(served))
     m.update(reported.figures)
     m["param_count"] = float(backend.param_count())
     m.update(load_s=load_s, compile_s=compile_s, first_request_ms=first_request_ms)
-    result.tags.update(tail_tags(reported.figures))
+    if checks:  # every window's check, a search's probes included: one mismatch marks the run
+        m.update(output_metrics([r for w in checks for r in w.requests]))
+        m["serve_output_check_s"] = sum(check_s)
+    result.tags.update(tail_tags(reported.figures), **output_tags(m))
     # asked for a sized tail: whether the reported p99 got it (failures or a search whose
     # confirming windows all failed can leave it short)
     result.tags["serve_tail_sized"] = ("false" if not o["sized_tail"] else "could_not"
@@ -692,10 +851,11 @@ def _child(backend: Any, index: int, w: Window) -> dict[str, Any]:
     figures, verdict and per-request records."""
     path = Path(backend.spec.result_path).with_name(f"serve_requests_probe{index}.json")
     path.write_text(json.dumps([r.row() for r in w.requests]))
-    return {"suffix": f"probe{index}-rate{w.rate:.3g}", "metrics": dict(w.figures),
+    load = f"rate{w.rate:.3g}" if w.rate is not None else f"clients{w.concurrency}"
+    return {"suffix": f"probe{index}-{load}", "metrics": dict(w.figures),
             # each probe's p99 against the early-stopping minimum: a probe too small says so
             "tags": {"serve_probe": w.verdict, "serve_probe_index": str(index),
-                     **tail_tags(w.figures)},
+                     **tail_tags(w.figures), **output_tags(w.figures)},
             "series": {"serve_request_e2e_ms": [r.e2e_ms() for r in w.requests
                                                 if r.completed]},
             "artifacts": {"serve_requests": str(path)},

@@ -41,10 +41,11 @@ class TorchSlots:
         self.cache = [(torch.zeros(shape, dtype=dtype, device=self.device),
                        torch.zeros(shape, dtype=dtype, device=self.device))
                       for _ in range(arch.layers)]
-        # one seeded synthetic prompt; a request of n tokens reads its first n
+        # one seeded synthetic prompt; a request of n tokens reads its first n (``ids`` on the
+        # host, as the SlotDecoder protocol has it, for the output check)
         rng = np.random.default_rng(backend.spec.seed)
-        self.ids = torch.from_numpy(rng.integers(0, arch.vocab_size, (1, prompt_len))).to(
-            self.device)
+        self.ids = rng.integers(0, arch.vocab_size, (1, prompt_len))
+        self._ids = torch.from_numpy(self.ids).to(self.device)
         self.pos = torch.zeros(slots, 1, dtype=torch.long, device=self.device)
         self.token = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.last = np.zeros(slots, dtype=np.int64)  # each slot's latest token, read back
@@ -64,7 +65,7 @@ class TorchSlots:
         padded = min(b for b in self.buckets if b >= prompt_len)
         view = [(k[slot:slot + 1], v[slot:slot + 1]) for k, v in self.cache]
         with _context(self.device, self.amp):
-            token = self._prefill(self.ids[:, :padded], view)[prompt_len - 1]
+            token = self._prefill(self._ids[:, :padded], view)[prompt_len - 1]
             self.token[slot] = token
             self.pos[slot, 0] = prompt_len
         self.last[slot] = int(token.item())  # waits for the device
