@@ -318,7 +318,11 @@ def scanned_tags() -> set[str]:
 
     runtimes = sorted(p.stem for p in (PACKAGE / "runtimes").glob("*.py")
                       if re.search(r"^def version\(", p.read_text(encoding="utf-8"), re.MULTILINE))
-    families = {"f'{spec.runtime}_version'": [f"{r}_version" for r in runtimes]}
+    from fxtrack.metrics import CAVEATS
+
+    families = {"f'{spec.runtime}_version'": [f"{r}_version" for r in runtimes],
+                # an aggregate carries each declared caveat of its repeats (repeats.py)
+                "f'fxtrack.{caveat.tag}'": [c.tag for c in CAVEATS]}
     full: set[str] = set()
     short: set[str] = set()
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -115,6 +115,8 @@ class Generator:
         have = [v for v in values if v is not None]
         # what every repeat shares (the data's digest), as repeats.aggregate_tags copies it
         agg_tags = {**tags_each(), "fxtrack.kind": "aggregate", "fxtrack.repeats": str(len(values))}
+        if "contended" in caveats:  # as repeats.aggregate_tags marks it: any repeat contended
+            agg_tags["fxtrack.contended"] = "true"
         if self.rng.random() < NOISY_P:
             agg_tags["fxtrack.noisy"] = "true"
             caveats.add("noisy")
@@ -512,3 +514,53 @@ def test_the_page_keeps_its_tables_and_charts_inside_it_in_a_real_browser(tmp_pa
 
     page = figures_shot.report_page(3, tmp_path)
     assert figures_shot.overflow(page, width=800) == {"past": [], "tables": 0}
+
+
+@pytest.mark.parametrize("seed", [0, 5])
+def test_the_reports_sections_and_report_md_carry_each_figures_caveats(seed, tmp_path):
+    """report.md through the real report: each serve figure's row in the Serving section and
+    each time-to-quality row say the caveats its answer block says; the page's table rows too."""
+    import re
+
+    from fxtrack.report.cli import main
+
+    g = generate(seed)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    log(g.runs, uri)
+    assert main(["--uri", uri, "--out", str(tmp_path / "r"), "--format", "md", "--no-log"]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    serving = md[md.index("\n## Serving\n"):md.index("\n## Time to quality\n")]
+    for fw, want in g.expected[("serve", "")].items():
+        for words in want.caveats:
+            rows = [line for line in serving.splitlines() if line.startswith(f"| {fw} static")
+                    or line.startswith(f"| {fw} continuous")]
+            assert any(words in row for row in rows), (fw, words, rows)
+    # one table puts each framework's static and continuous policies side by side
+    assert serving.count("### Serving: vit tiny\n") == 1
+    for fw in g.expected[("serve", "")]:
+        assert f"| {fw} static" in serving and f"| {fw} continuous" in serving, fw
+    quality = md[md.index("\n## Time to quality\n"):]
+    for (key, where), want in g.expected.items():
+        if key != "quality":
+            continue
+        for fw, e in want.items():
+            shown = [w for w in sorted(e.caveats) if w != "earlier"]
+            pattern = re.compile(rf"^\| {fw} .*\| (.*) \|$", re.MULTILINE)
+            rows = pattern.findall(quality)
+            assert any(all(w in row for w in shown) for row in rows), (where, fw, shown, rows)
+
+
+def test_the_answer_gives_serving_capacity_in_users_beside_the_rate():
+    g = _quiet()
+    for fw, users, rate in (("torch", 8.0, 40.0), ("jax", 16.0, 30.0)):
+        g.group(fw, "serve", {"scenario.rate": "search", "scenario.batching": "static"}, [rate],
+                "max_rate_under_slo_rps", {"goodput_rps": rate})
+        g.group(fw, "serve", {"scenario.concurrency": "search", "scenario.batching": "static"},
+                [users], "max_concurrency_under_slo", {"goodput_rps": 1.0})
+    blocks, _ = answer.blocks(search_frame(g.runs))
+    users = next(b for b in blocks if b.objective.key == "users")
+    assert {e.framework: e.sample.point for e in users.entries} == {"torch": 8.0, "jax": 16.0}
+    assert "(serving capacity in concurrent users, batch" in answer.sentence(users)
+    rate = [b for b in blocks if b.objective.key == "serve"
+            and b.held.get("scenario.concurrency", "-") == "-"]
+    assert {e.framework: e.sample.point for e in rate[0].entries} == {"torch": 40.0, "jax": 30.0}

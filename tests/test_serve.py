@@ -176,10 +176,11 @@ def test_the_serving_section_ranks_max_rate_against_the_best():
     from fxtrack.report import serving
 
     runs = pd.DataFrame([
-        {"scenario": "serve", "model": "llama", "framework": "torch", "contended": "true",
+        # select.latest_runs' column of each declared caveat (fxtrack.metrics.CAVEATS)
+        {"scenario": "serve", "model": "llama", "framework": "torch", "caveat.contended": "true",
          "run_id": "t", "metrics.max_rate_under_slo_rps": 4.0,
          "metrics.serve_e2e_ms_p99": 900.0, "metrics.goodput_rps": 3.5},
-        {"scenario": "serve", "model": "llama", "framework": "jax", "contended": "false",
+        {"scenario": "serve", "model": "llama", "framework": "jax", "caveat.contended": "false",
          "run_id": "j", "metrics.max_rate_under_slo_rps": 8.0,
          "metrics.serve_e2e_ms_p99": 700.0, "metrics.goodput_rps": 7.0},
         {"scenario": "train", "model": "vit", "framework": "jax", "run_id": "v"}])

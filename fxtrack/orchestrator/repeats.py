@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fxtrack import stats
+from fxtrack.metrics import CAVEATS
 from fxtrack.orchestrator.sweep import AGGREGATES_DIR, CLOSERS, SWEEP_CONFIGS_ENV
 
 # Identity tags an aggregate copies from its repeats, so the report groups it like a single run.
@@ -100,6 +101,10 @@ def aggregate_tags(jobs: list[dict[str, Any]], total: int) -> dict[str, str]:
                  "fxtrack.contended": "true" if contended else "false"})
     if contended:
         tags["fxtrack.contended_repeats"] = str(contended)
+    for caveat in CAVEATS:  # a caveat on any repeat qualifies the aggregate's figures too
+        if caveat.tag != "contended" and any(j.get("tags", {}).get(f"fxtrack.{caveat.tag}")
+                                             == "true" for j in done):
+            tags[f"fxtrack.{caveat.tag}"] = "true"
     if guard:
         tags["fxtrack.guard"] = guard[0]
     return tags

@@ -26,6 +26,7 @@ from fxtrack.report.verdicts import Ratio
 from fxtrack.scenarios import Objective
 
 NO_CLEAR, SINGLE = "no clear difference", "single runs: no verdict"
+RULED = "no verdict: the rule keeps no figure"  # e.g. MLPerf's, a missed run among the kept
 # Friendly names for sentences; an unknown framework keeps its own name.
 # how a sentence names each framework, and a variant by its backend (keras[jax]: Keras-on-JAX),
 # from the declarations
@@ -82,6 +83,9 @@ class Block:
         return self.entries[0]
 
     def verdict(self, ratio: Ratio) -> str:
+        entry = next((e for e in self.entries if e.framework == ratio.framework), None)
+        if entry is not None and entry.sample.why:  # repeats the metric's rule keeps none of
+            return RULED
         if ratio.interval is None:
             return SINGLE
         return "clear" if ratio.clear else NO_CLEAR
@@ -295,20 +299,18 @@ def _add(missing: list[Missing], one: Missing) -> None:
 
 def _run_tags(frame: pd.DataFrame) -> dict[str, dict[str, str]]:
     """run id (and an aggregate's result id, through its repeats) -> the tags a block reads:
-    what the compile mode resolved to, whether the cores were contended, a serve run's batching
-    policy."""
+    what the compile mode resolved to, a serve run's batching policy (caveats, as whether the
+    cores were contended, come with each figure: samples.sample)."""
     out: dict[str, dict[str, str]] = {}
-    cols = {"mode": "tags.fxtrack.compile_mode", "contended": "tags.fxtrack.contended",
-            "of": "tags.fxtrack.repeat_of", "batching": "tags.fxtrack.serve_batching"}
+    cols = {"mode": "tags.fxtrack.compile_mode", "of": "tags.fxtrack.repeat_of",
+            "batching": "tags.fxtrack.serve_batching"}
     for _, row in frame.iterrows():
         got = {k: str(row[c]) for k, c in cols.items() if c in frame and isinstance(row[c], str)}
         out[row["run_id"]] = got
-        if got.get("of"):  # a repeat speaks for its aggregate's mode; any contended repeat counts
+        if got.get("of"):  # a repeat speaks for its aggregate's mode
             agg = out.setdefault("result:" + got["of"], {})
             agg.setdefault("mode", got.get("mode", ""))
             agg.setdefault("batching", got.get("batching", ""))
-            if got.get("contended") == "true":
-                agg["contended"] = "true"
     return out
 
 
@@ -319,8 +321,6 @@ def _entry_tags(group: pd.DataFrame, tags: dict[str, dict[str, str]]) -> dict[st
             for key in ("mode", "batching"):
                 if source.get(key) and not found.get(key):
                     found[key] = source[key]
-            if source.get("contended") == "true":
-                found["contended"] = "true"
     return found
 
 
@@ -328,7 +328,6 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
            every: pd.DataFrame, key: str, ident: list[str], cpu: str,
            tags: Optional[dict[str, dict[str, str]]] = None) -> Optional[Block]:
     best_per_fw: dict[str, Entry] = {}
-    contended = False
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
     # a framework's configs that differ in what it may choose beside its mode and levers (the
     # objective's modes: serve's batching policy) say so in the mode column
@@ -341,7 +340,6 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
         config = group.iloc[-1]
         fw = _framework(config)
         extra = _entry_tags(group, tags or {})
-        contended = contended or extra.get("contended") == "true"
         mode = _mode(config) + (f" ({extra['mode']})" if extra.get("mode") else "")
         if apart[group.index[-1]]:
             mode += f", {apart[group.index[-1]]}"
@@ -360,7 +358,8 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
             interval = (1.0, 1.0) if base.log else None
         ratios.append(Ratio(e.framework, point, interval, e.sample.n, ""))
     hardware, precision, devices = machine
-    contended = contended or any("contended" in e.sample.caveats for e in entries)
+    # only what the figures stand on: an earlier group's contended run qualifies nothing shown
+    contended = any("contended" in e.sample.caveats for e in entries)
     return Block(objective, model, f"{hardware}, {precision}, x{devices}", cpu, entries, ratios,
                  contended=contended)
 
@@ -390,10 +389,10 @@ def sentence(block: Block) -> str:
         where = f" ({block.where})" if block.where else ""
         return (f"{head}, only {fw_words(best.framework)} has a figure for {ob.title.lower()} of "
                 f"{model}{where}." + _qualified(block))
-    clear, tied, single = [], [], []
+    clear, tied, single, ruled = [], [], [], []
     for entry, r in zip(block.entries[1:], block.ratios[1:]):
         verdict = block.verdict(r)
-        (clear if verdict == "clear" else tied if verdict == NO_CLEAR else single).append((entry, r))
+        {"clear": clear, NO_CLEAR: tied, RULED: ruled}.get(verdict, single).append((entry, r))
     parts = []
     for entry, r in clear:
         # the best's figure relative to the other's, always >= 1: "1.13x as fast as"
@@ -415,6 +414,10 @@ def sentence(block: Block) -> str:
         names = " and ".join(f"{fw_words(e.framework)} ({r.ratio:.2f}x the best's figure)"
                              for e, r in single)
         words += f"; {names}: single runs, no verdict"
+    if ruled:
+        names = " and ".join(f"{fw_words(e.framework)} ({r.ratio:.2f}x the best's figure)"
+                             for e, r in ruled)
+        words += f"; {names}: no verdict, the figure's rule keeps none of the runs"
     words += f" ({ob.title.lower()}{', ' + block.where if block.where else ''}, batch {block.batch})."
     return words + _qualified(block)
 

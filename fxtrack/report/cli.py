@@ -43,6 +43,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="the MLflow UI the page's run links open (default: the tracking "
                         "server when --uri is one, else http://127.0.0.1:5000, what `fxtrack ui` "
                         "serves)")
+    parser.add_argument("--suite", type=Path, metavar="FILE",
+                        help="a YAML list of the cells the 'Across the suite' verdict stands on, "
+                        "each {objective, model, weight} (default: every cell of the page)")
     parser.add_argument("--no-log", action="store_true",
                         help="do not log the report (the default; kept for old scripts)")
     args = parser.parse_args(argv)
@@ -57,6 +60,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str]) -> int:
     """Run the report; 0 on success, 1 (with one line on stderr) when there is nothing to report."""
     args = parse_args(argv)
+    weights = None
+    if args.suite is not None:  # a bad file is said before any work
+        from fxtrack.report.suite import read_weights
+
+        try:
+            weights = read_weights(args.suite)
+        except ValueError as e:
+            print(f"{PROG}: {e}", file=sys.stderr)
+            return 2
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri_text
     from fxtrack.report import (charts, claims, cost, levers, lm, render, select, serving,
@@ -113,7 +125,8 @@ def main(argv: list[str]) -> int:
         sections.insert(1, tables.Section("Verdicts", verdict, verdicts.__doc__.split("\n\n")[1]
                                           .replace("\n", " ")))
     lead, lead_html, sentences, tradeoffs = _answer(frame, out, uri, args.ui_url,
-                                                    draw={"md", "html"} & set(args.formats))
+                                                    draw={"md", "html"} & set(args.formats),
+                                                    weights=weights)
     report = render.Report(f"fxtrack report: {args.experiment}", meta, sections, drawn, lead,
                            lead_html, tradeoffs)
 
@@ -134,27 +147,33 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _answer(frame, out: Path, uri: str, ui_url, draw) -> tuple[list, str, list[str], list]:
+def _answer(frame, out: Path, uri: str, ui_url, draw,
+            weights=None) -> tuple[list, str, list[str], list]:
     """The answer section (tables for text and Markdown, linked HTML for the page) and its
-    verdict sentences; Pareto charts drawn only where a page shows them."""
-    from fxtrack.report import answer, page, pareto
+    verdict sentences, the verdict across the suite first; charts drawn only where a page
+    shows them."""
+    from fxtrack.report import answer, page, pareto, suite
     from fxtrack.report.tables import Section
 
     blocks, missing = answer.blocks(frame)
     if not blocks and not missing:
         return [], "", [], []
-    tables = [page.table(b) for b in blocks]
+    across = suite.suites(blocks, weights)
+    first = [suite.table(s) for s in across]
+    tables = first + [page.table(b) for b in blocks]
     code = page.code_size_table(sorted({b.best.framework for b in blocks}
                                        | {e.framework for b in blocks for e in b.entries}))
     tables += [code] if code else []
     gaps = page.missing_table(missing)
     drawn = pareto.charts(frame, out) if draw else []
+    profiles = [suite.chart(s, out) for s in across] if draw else []
     section = Section("The answer", tables + ([gaps] if gaps else []))
     experiment_id = str(frame["experiment_id"].iloc[0]) if "experiment_id" in frame and len(frame) else "0"
     html_text = page.html_blocks(blocks, missing, page.ui_base(uri, ui_url), experiment_id, drawn,
-                                 [code] if code else [])
-    sentences = [answer.sentence(b) for b in blocks] + (code.notes if code else [])
-    return [section], html_text, sentences, drawn
+                                 [code] if code else [], first, profiles)
+    sentences = ([t.notes[0] for t in first] + [answer.sentence(b) for b in blocks]
+                 + (code.notes if code else []))
+    return [section], html_text, sentences, drawn + profiles
 
 
 def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> None:

@@ -96,8 +96,9 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
         return None
     rows_of = frame.set_index("run_id")
     every = [where for where, _ in found]
-    tables, notes = [], []
+    tables: list[Table] = []
     for where, figures in found:
+        notes: list[str] = []
         ranked = {name: f for name, f in figures if f.log is not None or (f.values and not f.why)}
         best = min(ranked, key=lambda n: ranked[n].point) if ranked else None
         rows = []
@@ -122,14 +123,14 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
                          ratio, fmt(stats.median(finals), 3) if finals else "-",
                          ", ".join(tags) or "-", ", ".join(f.caveats) or "-"])
             if f.earlier:
-                notes.append(f"{title(where, every)}: {name}'s latest group ({f.n} runs) stands; "
-                             f"an earlier group of {f.earlier} runs of the same config is not "
-                             "pooled with it.")
+                notes.append(f"{name}'s latest group ({f.n} runs) stands; an earlier group of "
+                             f"{f.earlier} runs of the same config is not pooled with it")
         tables.append(Table(title(where, every),
                             ["framework", "runs", "reached", "time to target s", "95% interval",
                              "ratio to fastest [95%]", "final metric (median)", "trajectory",
-                             "caveats"], rows))
-    return Section("Time to quality", tables, INTRO + ("\n\n" + "\n".join(notes) if notes else ""))
+                             "caveats"], rows, notes))
+        notes = []
+    return Section("Time to quality", tables, INTRO)
 
 
 METRICS = ("accuracy", "loss", "bits_per_byte")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 from typing import Optional
 
-from fxtrack.report.answer import NO_CLEAR, SINGLE, Block, Missing, fw_words, sentence
+from fxtrack.report.answer import NO_CLEAR, RULED, SINGLE, Block, Missing, fw_words, sentence
 from fxtrack.report.tables import Table
 from fxtrack.tracking.ui import experiment_link, run_link
 
@@ -46,6 +46,24 @@ def table(block: Block) -> Table:
                          "ratio to best [95%]", "verdict", "caveats"], rows, [sentence(block)])
 
 
+def _plain_block(t: Table) -> str:
+    """A table without run links (the suite's, code size), its sentence above it."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in t.header)
+    rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in t.rows)
+    return (f'<div class="answer-block"><h3>{esc(t.title)}</h3>'
+            f'<p class="verdict">{esc(t.notes[0])}</p><table><tr>{head}</tr>{rows}</table></div>')
+
+
+def _figure_html(chart) -> str:
+    import base64
+
+    data = base64.b64encode(chart.path.read_bytes()).decode("ascii")
+    return (f'<figure class="profile"><img alt="{html.escape(chart.title)}" '
+            f'src="data:image/png;base64,{data}"><figcaption>{html.escape(chart.title)}<br>'
+            f"{html.escape(chart.caption)}</figcaption></figure>")
+
+
 def missing_table(missing: list[Missing]) -> Optional[Table]:
     if not missing:
         return None
@@ -55,7 +73,8 @@ def missing_table(missing: list[Missing]) -> Optional[Table]:
 
 
 def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experiment_id: str,
-                pareto: list, extra: Optional[list[Table]] = None) -> str:
+                pareto: list, extra: Optional[list[Table]] = None,
+                first: Optional[list[Table]] = None, first_charts: Optional[list] = None) -> str:
     """The page's answer section: a block per objective, each figure a link to its run; then
     the Pareto charts (embedded as data URIs) and the objectives without runs."""
     import base64
@@ -64,6 +83,10 @@ def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experime
     parts = ['<section id="answer"><h2>The answer</h2>',
              f'<p class="note"><a href="{esc(experiment_link(base, experiment_id))}">'
              'the runs in MLflow</a>; each figure links to the run it stands on.</p>']
+    for t, chart in zip(first or [], first_charts or [None] * len(first or [])):  # the suite
+        parts.append(_plain_block(t))
+        if chart is not None:
+            parts.append(_figure_html(chart))
     for block in blocks:
         t = table(block)
         rows = []
@@ -72,7 +95,7 @@ def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experime
             cells = [esc(row[0]), esc(row[1]),
                      f'<a class="run" href="{esc(link)}">{esc(row[2])}</a>', esc(row[3]),
                      esc(row[4]), esc(row[5]), esc(row[6])]
-            cls = "best" if entry is block.best else {NO_CLEAR: "tie", SINGLE: "single"}.get(
+            cls = "best" if entry is block.best else {NO_CLEAR: "tie", SINGLE: "single", RULED: "single"}.get(
                 block.verdict(r), "clear")
             rows.append(f'<tr class="{cls}">' + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
         head = "".join(f"<th>{esc(h)}</th>" for h in t.header)
@@ -80,10 +103,7 @@ def html_blocks(blocks: list[Block], missing: list[Missing], base: str, experime
                      f'<p class="verdict">{esc(t.notes[0])}</p>'
                      f"<table><tr>{head}</tr>{''.join(rows)}</table></div>")
     for t in extra or []:  # figures without runs to link (code size)
-        head = "".join(f"<th>{esc(h)}</th>" for h in t.header)
-        rows = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in t.rows)
-        parts.append(f'<div class="answer-block"><h3>{esc(t.title)}</h3>'
-                     f'<p class="verdict">{esc(t.notes[0])}</p><table><tr>{head}</tr>{rows}</table></div>')
+        parts.append(_plain_block(t))
     for chart in pareto:
         data = base64.b64encode(chart.path.read_bytes()).decode("ascii")
         links = ", ".join(f'<a class="run" href="{esc(run_link(base, experiment_id, p.run_id))}">'

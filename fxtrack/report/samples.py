@@ -18,7 +18,7 @@ from typing import Callable, Optional
 import pandas as pd
 
 from fxtrack import stats
-from fxtrack.metrics import CAVEATS, caveats as declared_caveats, lookup
+from fxtrack.metrics import CAVEATS, caveat_words, lookup
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import identity as ident
 from fxtrack.report.tables import fmt
@@ -178,8 +178,8 @@ def sample(group: pd.DataFrame, runs: pd.DataFrame, key: str,
         return None
     stood = _members(head, runs)
     scenario = str(head.get("scenario", ""))
-    marks = [c.words for c in declared_caveats(scenario)
-             if f"caveat.{c.tag}" in stood and (stood[f"caveat.{c.tag}"] == "true").any()]
+    marks = caveat_words(scenario, lambda tag: f"caveat.{tag}" in stood
+                         and bool((stood[f"caveat.{tag}"] == "true").any()))
     if found.why:
         marks.append(found.why)
     earlier = max((_size(h, runs) for _, h in heads.iloc[:-1].iterrows()), default=0)

@@ -17,6 +17,7 @@ import dataclasses
 import pandas as pd
 
 from fxtrack import scenarios
+from fxtrack.metrics import CAVEATS
 
 from fxtrack.config.frameworks import declared, identity_settings
 from fxtrack.report import identity
@@ -74,6 +75,8 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     # a GPU that throttled for power or heat measured its cooling: marked as a contended run is
     throttled = _tag(frame, "fxtrack.gpu_throttled").notna()
     runs.loc[throttled, "contended"] = "true"
+    for caveat in CAVEATS:  # the tags that qualify a figure: each table writes them beside it
+        runs[f"caveat.{caveat.tag}"] = _tag(frame, f"fxtrack.{caveat.tag}")
     runs["run_id"] = frame["run_id"].to_numpy()
     runs["status"] = frame["status"].to_numpy()
     runs["start_time"] = frame["start_time"].to_numpy()

@@ -11,6 +11,7 @@ from typing import Optional
 
 import pandas as pd
 
+from fxtrack.metrics import caveat_words
 from fxtrack.report.select import by_model, frameworks, metric
 from fxtrack.scenarios import of_section
 from fxtrack.report.tables import Section, Table, fmt
@@ -71,7 +72,11 @@ def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Tab
     """Per model: the max-rate table, and goodput at the common rate (two frameworks or more)."""
     frame = runs if frame is None else frame
     out = []
-    for model, group in _served(runs).groupby(by_model(runs), sort=True):
+    served = _served(runs)
+    # a framework's batching policies side by side in one table: the policy is its choice
+    # (as the answer's serve block compares them), named in its row, not another table
+    served = served.assign(_table=[_without_policy(v) for v in served[by_model(runs)]])
+    for model, group in served.groupby("_table", sort=True):
         order = frameworks(group)
         group = group.iloc[sorted(range(len(group)),
                                   key=lambda i: order.index(group["framework"].iloc[i]))]
@@ -113,12 +118,22 @@ def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Tab
     return out
 
 
+def _without_policy(label: str) -> str:
+    """``vit tiny [scenario.batching=static, scenario.rate=8]`` -> ``vit tiny [scenario.rate=8]``."""
+    import re
+
+    out = re.sub(r"scenario\.batching=[^,\]]*(, )?", "", str(label))
+    return re.sub(r",? \[\]$|, \]", lambda m: "" if m.group(0).endswith("[]") else "]", out)
+
+
 def _label(row: pd.Series) -> str:
     """The framework and, where the run says, its batching policy: a line and a row each."""
-    contended = " (contended)" if str(row.get("contended")) == "true" else ""
+    marks = caveat_words("serve", lambda tag: str(row.get(f"caveat.{tag}")) == "true")
     policy = row.get("tags.fxtrack.serve_batching")
-    policy = f" {policy}" if isinstance(policy, str) and policy else ""
-    return f"{row['framework']}{policy}{contended}"
+    if not isinstance(policy, str) or not policy:
+        policy = row.get("identity.scenario.batching")
+    policy = f" {policy}" if isinstance(policy, str) and policy not in ("", "-") else ""
+    return f"{row['framework']}{policy}" + (f" ({', '.join(marks)})" if marks else "")
 
 
 def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list:
@@ -162,7 +177,8 @@ def closing_table(jobs: list[dict]) -> str:
         m, t = j["metrics"], j["tags"]
         rate = m.get("max_rate_under_slo_rps")
         p99_note = " (few)" if t.get("fxtrack.serve_p99_undersized") == "true" else ""
-        name = j["name"] + (" (contended)" if t.get("fxtrack.contended") == "true" else "")
+        marks = caveat_words("serve", lambda tag: t.get(f"fxtrack.{tag}") == "true")
+        name = j["name"] + (f" ({', '.join(marks)})" if marks else "")
         policy = t.get("fxtrack.serve_batching", "-")
         rows.append([name, policy, fmt(rate, 2), f"{rate / best:.2f}x" if rate and best else "-",
                      fmt(m.get("lowest_failing_rate_rps"), 2), t.get("fxtrack.serve_search_stop", "-"),

@@ -105,6 +105,12 @@ SERVE = register(Scenario(
         Objective("serve", "Serving capacity under the SLOs",
                   ("max_rate_under_slo_rps", "goodput_rps"), "common",
                   ("serves", "as many requests/s of"), _MEASURE % "serve", rank=40,
+                  modes=("scenario.batching",)),
+        # capacity planned in users: the most closed-loop clients meeting every SLO
+        Objective("users", "Serving capacity in concurrent users", ("max_concurrency_under_slo",),
+                  "common", ("serves", "as many concurrent users of"),
+                  _MEASURE % "serve" + " scenario.concurrency=search scenario.slo.e2e_ms=<ms>",
+                  rank=41,
                   modes=("scenario.batching",)),)))
 CONVERGE = register(Scenario(
     "converge", "training on real data to a held-out target: time, steps and samples to it",
