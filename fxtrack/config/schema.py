@@ -24,7 +24,7 @@ from fxtrack.config import slurm
 from fxtrack.frameworks.declaration import import_path
 from fxtrack.policy import COMPILE_REQUESTS, allowed_cpus
 from fxtrack.scenarios import SCENARIOS
-from fxtrack.scenarios.options import apart, at_least, finite, finite_fields, positive
+from fxtrack.scenarios.options import apart, at_least, finite_fields, positive
 
 
 def _arch(key: str) -> Any:
@@ -36,11 +36,6 @@ def _arch_resolver(key: str, *, _root_: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
-# the one check of a positive number, NaN and inf refused (shared with the scenarios' options)
-_positive = positive
-
-
-_finite, _finite_fields = finite, finite_fields  # one finite-number check (options.py)
 SEED_MAX = 2**32 - 1  # the largest seed every framework's generator takes
 
 
@@ -64,12 +59,11 @@ class FrameworkConfig:
 
     def __post_init__(self) -> None:
         self.compile = str(self.compile).lower()  # `framework.compile=true` arrives as a bool
-        if self.compile not in COMPILE_CHOICES:
-            raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_CHOICES)}, "
+        if self.compile not in COMPILE_REQUESTS:
+            raise ValueError(f"framework.compile must be one of {', '.join(COMPILE_REQUESTS)}, "
                              f"got {self.compile!r}")
 
 
-COMPILE_CHOICES = COMPILE_REQUESTS  # one list: the declaration resolves them in the worker
 
 # framework name -> its schema (FrameworkConfig plus the keys its declaration adds), made once so
 # that register() stays idempotent.
@@ -115,7 +109,7 @@ def sized_schema(family: families.Family) -> type:
     ``size`` (e.g. ``VitConfig``: image_size, num_classes, patch, layers, hidden, heads,
     mlp_dim)."""
     def __post_init__(self: Any) -> None:
-        _positive("model.", **{key: getattr(self, key) for key in family.size_keys})
+        positive("model.", **{key: getattr(self, key) for key in family.size_keys})
 
     fields = [(key, int, _arch(key)) for key in family.size_keys]
     # model.from_run=<run id>: scenario=inference evaluates that converge run's trained weights
@@ -161,8 +155,8 @@ class CustomConfig:
             bad = [n for n in getattr(self, key) if not str(n).isidentifier()]
             if bad:
                 raise ValueError(f"model.{key} takes class names, got {bad[0]!r}")
-        _finite_fields("model.", self)
-        _positive("model.", lr=self.lr)
+        finite_fields("model.", self)
+        positive("model.", lr=self.lr)
 
 
 @dataclasses.dataclass
@@ -195,8 +189,8 @@ class HardwareConfig:
                                             "them", default=None)
 
     def __post_init__(self) -> None:
-        _finite_fields("hardware.", self)
-        _positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads,
+        finite_fields("hardware.", self)
+        positive("hardware.", nodes=self.nodes, cpu_threads=self.cpu_threads,
                   price_per_hour=self.price_per_hour)
         # more threads than the machine has CPUs only oversubscribes them, and in the tens of
         # thousands a framework's pool creation crashes the worker (SIGSEGV)
@@ -235,7 +229,7 @@ class DataConfig:
     holdout: float = 0.2  # the held-out share (mnist, pycode, file; mnist1d keeps its own)
 
     def __post_init__(self) -> None:
-        _finite_fields("data.", self)
+        finite_fields("data.", self)
         if self.path:  # the worker, or a launcher's job elsewhere, reads the same file
             self.path = os.path.abspath(os.path.expanduser(self.path))
         if not 0 < self.holdout < 1:
@@ -307,8 +301,8 @@ class FxtrackConfig:
     tracking: TrackingConfig = dataclasses.field(default_factory=TrackingConfig)
 
     def __post_init__(self) -> None:
-        _finite_fields("", self)
-        _positive("", batch_size=self.batch_size, devices=self.devices, steps=self.steps,
+        finite_fields("", self)
+        positive("", batch_size=self.batch_size, devices=self.devices, steps=self.steps,
                   timeout_s=self.timeout_s, repeats=self.repeats)
         # warmup_steps=0 is allowed: the first timed step then carries the compilation, and
         # first_step_time_s says so (the timer's side, fxtrack/measure/timer.py).
