@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import math
 from pathlib import Path
 
@@ -348,6 +349,10 @@ def test_time_to_target_is_recomputed_from_the_logged_eval_history(converge_swee
         first = min(p.step for p in history if p.value >= 0.6)
         assert m["steps_to_target"] == first and m["samples_to_target"] == first * 16
         assert m["time_to_target_s"] == pytest.approx(train_s[first])
+        # the training steps' host load and its caveat, as every scenario's timed work
+        assert "host_other_cpu_frac" in m and run.data.tags["fxtrack.contended"] in ("true", "false")
+    # one file, one digest: the runs are one experiment wherever the file lies
+    assert len({r.data.tags["fxtrack.data_digest"] for r in runs.values()}) == 1
     dataset = runs["torch"].inputs.dataset_inputs[0].dataset
     assert dataset.name == "data-file" and json.loads(dataset.profile) == {"train": 160,
                                                                            "held_out": 40}
@@ -439,9 +444,12 @@ def test_the_report_has_a_time_to_quality_section_and_chart(converge_sweep):
     done = run_fxtrack(cwd, "report", "--out", str(cwd / "report"), "--format", "md")
     assert done.returncode == 0, done.stderr[-2000:]
     page = (cwd / "report" / "report.md").read_text()
-    assert "### Time to quality: vit on data=file, target 0.6 (fp32, cpu)" in page
-    assert "1 run(s): needs repeats=5" in page  # single runs: no figure, said why
-    assert (cwd / "report" / "converge_vit_file_0_6_fp32.png").stat().st_size > 10_000
+    # titled by the dims that ran and the user's file by its content digest
+    assert re.search(r"### Time to quality: vit tiny \(.*\) on data=file \([0-9a-f]{8}\), "
+                     r"target 0.6 \(fp32, cpu\)", page), page
+    assert "1 run(s): needs repeats=5" in page  # single runs: no verdict, said why
+    (chart,) = (cwd / "report").glob("converge_*.png")
+    assert chart.stat().st_size > 10_000
     done = run_fxtrack(cwd, "report", "--out", str(cwd / "html"))
     assert done.returncode == 0, done.stderr[-2000:]
     assert "(time to quality, batch" in (cwd / "html" / "index.html").read_text()  # its block
@@ -483,23 +491,46 @@ def test_the_report_keeps_mlperfs_rules():
 
 
 def test_the_time_to_quality_section_counts_runs_and_gives_a_ratio_with_its_interval():
-    import pandas as pd
-
     from fxtrack.report.converge import section
+    from tests.test_figures import Generator, search_frame
 
-    rows = [{"tags.fxtrack.framework": fw, "tags.fxtrack.scenario": "converge",
-             "tags.fxtrack.model": "vit", "params.data.name": "mnist",
-             "params.scenario.target": "0.8", "tags.fxtrack.precision": "fp32",
-             "tags.fxtrack.hardware": "cpu", "tags.fxtrack.kind": None,
-             "metrics.reached_target": 1.0, "metrics.time_to_target_s": t,
-             "metrics.final_eval_accuracy": 0.8}
-            for fw, times in (("jax", [1.0, 1.1, 0.9, 1.2, 1.0]), ("torch", [2.0, 2.2, 1.9, 2.1, 2.0]))
-            for t in times]
-    rows.append({**rows[0], "tags.fxtrack.kind": "aggregate"})  # a repeats=5 aggregate: left out
-    table = section(pd.DataFrame(rows), pd.DataFrame(rows)).tables[0]
+    g = Generator(0)
+    g.rng.random = lambda: 0.99  # no caveats
+    for fw, times in (("jax", [1.0, 1.1, 0.9, 1.2, 1.0]), ("torch", [2.0, 2.2, 1.9, 2.1, 2.0])):
+        g.group(fw, "converge", {"data.name": "mnist", "scenario.target": "0.8"}, times,
+                "time_to_target_s", {"reached_target": 1.0, "final_eval_accuracy": 0.8})
+    frame = search_frame(g.runs)  # a repeats=5 aggregate each: its repeats pool, it does not
+    table = section(None, frame).tables[0]
     jax, torch = table.rows
     assert jax[:3] == ["jax", "5", "5"] and jax[5] == "fastest"
     assert torch[5].startswith("1.97x [")  # (2.0 + 2.1 + 2.0) / (1.0 + 1.1 + 1.0)
+
+
+def test_a_framework_needing_more_steps_is_flagged_and_the_matching_one_same():
+    """Sample efficiency apart from step speed: from the same start the step counts agree; a
+    framework handed another learning rate needs more of them, and the page says which share
+    of its time difference that is."""
+    from fxtrack.report.converge import section
+    from tests.test_figures import Generator, search_frame
+
+    g = Generator(0)
+    g.rng.random = lambda: 0.99
+    plan = {"torch": (1.0, 100), "jax": (1.2, 100), "tensorflow": (2.0, 150)}  # s/step-ish, steps
+    for fw, (slow, steps) in plan.items():
+        jitter = [1.0, 1.02, 0.98, 1.01, 0.99]
+        g.group(fw, "converge", {"data.name": "mnist", "scenario.target": "0.8"},
+                [slow * steps / 100 * j for j in jitter], "time_to_target_s",
+                {"reached_target": 1.0})
+        for run, j in zip([r for r in g.runs if r.tags["fxtrack.framework"] == fw
+                           and r.tags.get("fxtrack.kind") != "aggregate"], jitter):
+            run.metrics["steps_to_target"] = round(steps * j)
+    table = section(None, search_frame(g.runs)).tables[0]
+    rows = {r[0]: r for r in table.rows}
+    assert rows["torch"][6] == "-"  # the fastest: the reference
+    assert rows["jax"][6].startswith("same: 1.00x steps [")
+    assert rows["tensorflow"][6].startswith("more_steps: 1.50x steps [")
+    words = " ".join(table.notes)
+    assert "tensorflow: 3.00x the time of torch, 1.50x its steps: 37% of the difference" in words
 
 
 def test_the_answer_reads_time_to_quality_by_mlperfs_rule_as_the_section_does():

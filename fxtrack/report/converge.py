@@ -39,6 +39,34 @@ def middle(times: list[Optional[float]]) -> tuple[Optional[list[float]], str]:
 
 
 KEY = "time_to_target_s"
+# Sample efficiency apart from step speed (issue 62): from the same start the step counts to a
+# target should agree; a framework's steps are "same" as the fastest's when the 90% interval of
+# their ratio (two one-sided tests at 5%) lies within this factor either way
+SAME_STEPS = 1.10
+
+
+def sample_efficiency(steps: list[float], reference: list[float]
+                      ) -> Optional[tuple[float, Optional[tuple[float, float]], str]]:
+    """(ratio of geometric-mean steps to target, its 95% interval, verdict) against the
+    reference's: ``same`` (equivalent within SAME_STEPS by TOST), ``more_steps``,
+    ``fewer_steps`` (the 90% interval past 1), ``undecided``; None below MIN_RUNS each."""
+    if len(steps) < MIN_RUNS or len(reference) < MIN_RUNS:
+        return None
+    mine, ref = stats.log_summary(steps), stats.log_summary(reference)
+    ratio = math.exp(mine[0] - ref[0])
+    tost = stats.ratio_interval(mine, ref, level=0.90)
+    shown = stats.ratio_interval(mine, ref)
+    if tost is None:
+        return ratio, shown, "undecided"
+    if 1 / SAME_STEPS <= tost[0] and tost[1] <= SAME_STEPS:
+        verdict = "same"
+    elif tost[0] > 1:
+        verdict = "more_steps"
+    elif tost[1] < 1:
+        verdict = "fewer_steps"
+    else:
+        verdict = "undecided"
+    return ratio, shown, verdict
 
 
 def groups(frame: pd.DataFrame) -> list[tuple[dict[str, str], list[tuple[str, samples.Sample]]]]:
@@ -70,6 +98,14 @@ def groups(frame: pd.DataFrame) -> list[tuple[dict[str, str], list[tuple[str, sa
         if found:
             out.append((dict(zip(held, key if isinstance(key, tuple) else (key,))), found))
     return out
+
+
+def _steps(own: pd.DataFrame, figure: samples.Sample) -> list[float]:
+    """The steps to target of the runs a figure stands on that reached it (not an aggregate)."""
+    if "metrics.steps_to_target" not in own:
+        return []
+    runs = own[~own.index.isin(figure.run_ids)] if len(own) > 1 else own
+    return [float(v) for v in runs["metrics.steps_to_target"].dropna() if v > 0]
 
 
 def title(where: dict[str, str], every: list[dict[str, str]]) -> str:
@@ -114,21 +150,39 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
                 point, ci = samples.ratio(f, ranked[best])
                 ratio = f"{point:.2f}x" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
             own = rows_of.loc[[r for r in f.members if r in rows_of.index]]
+            steps = _steps(own, f)
             finals = [v for c in own.columns if c.startswith("metrics.final_eval_")
                       and not c.endswith("_vs_fp32") for v in own[c].dropna()]
             tags = sorted(set(own.get("tags.fxtrack.trajectory", pd.Series(dtype=object))
                               .dropna().astype(str)))
+            efficiency = "-"
+            if best is not None and name != best:
+                found_se = sample_efficiency(steps, _steps(rows_of.loc[[
+                    r for r in ranked[best].members if r in rows_of.index]], ranked[best]))
+                if found_se is not None:
+                    steps_ratio, ci, verdict = found_se
+                    efficiency = (f"{verdict}: {steps_ratio:.2f}x steps"
+                                  + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]"))
+                    time_ratio = f.point / ranked[best].point if name in ranked else None
+                    if time_ratio and abs(math.log(time_ratio)) > 1e-9:
+                        share = math.log(steps_ratio) / math.log(time_ratio)
+                        notes.append(f"{name}: {time_ratio:.2f}x the time of {best}, "
+                                     f"{steps_ratio:.2f}x its steps: {share:.0%} of the "
+                                     f"difference (in log) is step count, {1 - share:.0%} step "
+                                     "speed" + ("" if verdict == "same" else
+                                                f"; {verdict}: from the same start the counts "
+                                                "should agree, see the trajectory check"))
             rows.append([name, str(len(f.values)), str(reached),
                          "-" if math.isnan(f.point) else f"{f.point:.3g}", interval,
-                         ratio, fmt(stats.median(finals), 3) if finals else "-",
+                         ratio, efficiency, fmt(stats.median(finals), 3) if finals else "-",
                          ", ".join(tags) or "-", ", ".join(f.caveats) or "-"])
             if f.earlier:
                 notes.append(f"{name}'s latest group ({f.n} runs) stands; an earlier group of "
                              f"{f.earlier} runs of the same config is not pooled with it")
         tables.append(Table(title(where, every),
                             ["framework", "runs", "reached", "time to target s", "95% interval",
-                             "ratio to fastest [95%]", "final metric (median)", "trajectory",
-                             "caveats"], rows, notes))
+                             "ratio to fastest [95%]", "sample efficiency [95%]",
+                             "final metric (median)", "trajectory", "caveats"], rows, notes))
         notes = []
     return Section("Time to quality", tables, INTRO)
 
