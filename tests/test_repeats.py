@@ -217,3 +217,44 @@ def test_overhead_rounds_alternate_and_stop_when_the_interval_is_narrow(monkeypa
     args.max_rounds = 4
     overhead.child("torch", args)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rounds"] == 4
+
+
+def test_a_converge_aggregate_is_tagged_with_its_sample_efficiency_against_the_sweeps_first(
+        tmp_path):
+    """issue 62: from the same start the steps to target agree; a group needing more of them
+    than the sweep's first group of the same experiment is tagged more_steps, the matching one
+    same, and another experiment (another target) is not compared."""
+    import json
+
+    from fxtrack.orchestrator.sweep import AGGREGATES_DIR
+
+    params = {"model.name": "vit", "data.name": "mnist", "scenario.target": "0.8", "seed": "0",
+              "framework.name": "x", "timeout_s": "7200.0"}
+    (tmp_path / AGGREGATES_DIR).mkdir()
+
+    def group(aggregate, fw, steps, target="0.8"):
+        done = []
+        for i, n in enumerate(steps):
+            entry = {"status": "FINISHED", "aggregate": aggregate, "name": f"{fw}-r{i}",
+                     "metrics": {"reached_target": 1.0, "steps_to_target": float(n)},
+                     "params": dict(params, **{"scenario.target": target, "seed": str(i),
+                                               "framework.name": fw})}
+            (tmp_path / f"{aggregate}-{i}.json").write_text(json.dumps(entry))
+            done.append(entry)
+        return done
+
+    tags = {"fxtrack.framework": "torch", "fxtrack.model": "vit", "fxtrack.scenario": "converge"}
+    torch = group("a0", "torch", [100, 102, 98, 101, 99])
+    assert repeats.sample_efficiency_tags(torch, tags, torch[0]["params"], tmp_path) == {}
+    (tmp_path / AGGREGATES_DIR / "a0.json").write_text(json.dumps(
+        {"tags": tags, "params": torch[0]["params"]}))
+    jax = group("a1", "jax", [101, 99, 100, 102, 98])
+    tf = group("a2", "tensorflow", [150, 153, 147, 151, 149])
+    other = group("a3", "keras", [150, 153, 147, 151, 149], target="0.9")
+    for done, fw, want in ((jax, "jax", "same"), (tf, "tensorflow", "more_steps")):
+        got = repeats.sample_efficiency_tags(done, dict(tags, **{"fxtrack.framework": fw}),
+                                             done[0]["params"], tmp_path)
+        assert got["fxtrack.sample_efficiency"] == want, (fw, got)
+        assert got["fxtrack.sample_efficiency_reference"] == "torch"
+    assert repeats.sample_efficiency_tags(other, dict(tags, **{"fxtrack.framework": "keras"}),
+                                          other[0]["params"], tmp_path) == {}

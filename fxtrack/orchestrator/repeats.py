@@ -276,6 +276,49 @@ def run_all(job, job_dir):
     return outcome
 
 
+# What two converge groups of a sweep must share to compare their step counts: one experiment
+# but for the framework (its model and dims, data, target, precision, machine, batch)
+_SAME_EXPERIMENT_TAGS = ("fxtrack.model", "fxtrack.scenario", "fxtrack.precision",
+                         "fxtrack.hardware", "fxtrack.devices", "fxtrack.data_digest")
+
+
+def sample_efficiency_tags(done: list[dict[str, Any]], tags: dict[str, str],
+                           params: dict[str, Any], jobs_dir) -> dict[str, str]:
+    """A converge aggregate's steps to target against the sweep's first group of the same
+    experiment (closed before it: repeats run round-robin), by the report's rule
+    (report.converge.sample_efficiency): ``fxtrack.sample_efficiency`` = same / more_steps /
+    fewer_steps / undecided, and the reference's framework; {} where there is none."""
+    from fxtrack.config.schema import apart_from_identity
+    from fxtrack.report.converge import sample_efficiency
+
+    mine = [e["metrics"]["steps_to_target"] for e in done if "steps_to_target" in e["metrics"]]
+    if not done or "reached_target" not in done[0]["metrics"]:
+        return {}
+    apart = apart_from_identity()  # the keys that never make another experiment
+
+    def held_of(p: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in p.items() if not k.startswith("framework.") and k not in apart}
+
+    held = held_of(params)
+    for path in sorted((Path(jobs_dir) / AGGREGATES_DIR).glob("*.json"),
+                       key=lambda p: p.stat().st_mtime):
+        other = json.loads(path.read_text())
+        if other["tags"].get("fxtrack.framework") == tags.get("fxtrack.framework") or any(
+                other["tags"].get(k) != tags.get(k) for k in _SAME_EXPERIMENT_TAGS):
+            continue
+        if held_of(other.get("params", {})) != held:
+            continue
+        theirs = [e["metrics"]["steps_to_target"] for e in job_files(jobs_dir, path.stem)
+                  if e.get("status") == "FINISHED" and "steps_to_target" in e["metrics"]]
+        found = sample_efficiency(mine, theirs)
+        if found is None:
+            return {}
+        return {"fxtrack.sample_efficiency": found[2],
+                "fxtrack.sample_efficiency_reference": other["tags"]["fxtrack.framework"],
+                "fxtrack.sample_efficiency_steps_x": f"{found[0]:.3f}"}
+    return {}
+
+
 def close_open(stopped: Optional[tuple[str, str]] = None) -> list[dict[str, Any]]:
     """Close every aggregate this process left open (a signal stopped the sweep: ``stopped``
     = ("KILLED", why); a sweep's end: None), each with its finished repeats' figures."""
@@ -304,6 +347,9 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
     metrics = aggregate_metrics([e["metrics"] for e in done])
     name = _name_and_tags(job, Path("."))[0]  # the repeats' name without their -r<i>
     tags = aggregate_tags(entries, job.conf.repeats)
+    params = (done or entries)[0].get("params", {}) if entries else {}
+    if jobs_dir is not None and stopped is None:
+        tags.update(sample_efficiency_tags(done, tags, params, jobs_dir))
     status = "FINISHED" if done else "FAILED"
     if stopped is not None:
         status = stopped[0]
@@ -314,11 +360,11 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
     tags.update(records.note(line))
     record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
                                    status, parent, metrics)
-    record["params"] = (done or entries)[0].get("params", {}) if entries else {}
+    record["params"] = params
     run_id, where = job.log(record, {})
     print(f"{line}  [{where}]", file=sys.stderr, flush=True)
     entry = {"name": name, "status": record["status"], "metrics": metrics, "tags": tags,
-             "run_id": run_id}
+             "run_id": run_id, "params": params}
     if jobs_dir is not None:
         out = Path(jobs_dir) / AGGREGATES_DIR
         out.mkdir(parents=True, exist_ok=True)
