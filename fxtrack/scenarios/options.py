@@ -44,6 +44,16 @@ def positive(owner: str, **values: Any) -> None:
             raise ValueError(f"{owner}{key} must be a positive number, got {value}")
 
 
+def _number_or_search(key: str, value: str, what: str) -> float:
+    """``scenario.<key>`` that is not ``search``: a positive number, else one line saying so."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"scenario.{key} must be {what} or 'search', got {value!r}") from None
+    positive("scenario.", **{key: number})
+    return number
+
+
 def at_least(owner: str, floor: float, **values: Any) -> None:
     """Raise ValueError unless each value that is set is finite and >= ``floor``."""
     finite(owner, **values)
@@ -291,12 +301,7 @@ class ServeOptions(Options):
                  burstiness=self.burstiness, max_batch=self.max_batch,
                  resolution=self.resolution, duration_s=self.duration_s)
         if self.concurrency not in (None, "search"):
-            try:
-                clients = float(self.concurrency)
-            except ValueError:
-                raise ValueError("scenario.concurrency must be a number of clients or 'search', "
-                                 f"got {self.concurrency!r}") from None
-            positive("scenario.", concurrency=clients)
+            clients = _number_or_search("concurrency", self.concurrency, "a number of clients")
             if clients != int(clients):
                 raise ValueError(f"scenario.concurrency is a number of clients, got {clients:g}")
             self.concurrency = str(int(clients))
@@ -329,12 +334,7 @@ class ServeOptions(Options):
             raise ValueError("scenario.sized_tail sizes a window by its requests; drop "
                              "scenario.duration_s (or scenario.sized_tail)")
         if self.rate != "search":
-            try:
-                rate = float(self.rate)
-            except ValueError:
-                raise ValueError("scenario.rate must be a number of requests/s or 'search', "
-                                 f"got {self.rate!r}") from None
-            positive("scenario.", rate=rate)
+            _number_or_search("rate", self.rate, "a number of requests/s")
         buckets = self.buckets
         if min(buckets) < 1:  # a bucket is a batch size: [0, 8] covers max_batch, still wrong
             raise ValueError(f"scenario.batch_buckets are batch sizes, each 1 or more; got "
