@@ -167,17 +167,37 @@ def spec_factory(tmp_path):
 
 def run_fxtrack(cwd: Path, *args: str, env: dict | None = None,
                 timeout: int = 1200) -> subprocess.CompletedProcess:
-    """``python -m fxtrack ARGS`` in ``cwd`` as a user would run it: no MLflow variables from
-    the test's environment (the embedded store in ``cwd`` unless ``env`` names one), its spool
-    under ``cwd/home``; ``env`` adds or overrides variables."""
+    """``python -m fxtrack ARGS`` in ``cwd`` as a user would run it, in ``fxtrack_env(cwd,
+    env)``; its output captured."""
+    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd,
+                          env=fxtrack_env(cwd, env), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def fxtrack_env(cwd: Path, env: dict | None = None) -> dict[str, str]:
+    """The environment of fxtrack run in ``cwd`` as a user would run it (``run_fxtrack``, or a
+    process a test starts itself): no MLflow variables from the test's environment (the embedded
+    store in ``cwd`` unless ``env`` names one), its spool under ``cwd/home``, the run's seeded
+    peak cache unless ``env`` names a cache; ``env`` adds or overrides variables."""
     full = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     full["FXTRACK_HOME"] = str(cwd / "home")
     full.update(env or {})
     if "FXTRACK_CACHE" not in full:  # a test about MFU names its own cache
         full.update(seed_peak_cache(Path(os.environ[RUN_DIR_ENV]) / "fxtrack-cache",
                                     keep=True))
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout)
+    return full
+
+
+@pytest.fixture
+def isolated_store(tmp_path, monkeypatch) -> Path:
+    """fxtrack called in this process, kept off the developer's own store: its spool under
+    ``tmp_path/home`` (a logged report's or run's entry), no $MLFLOW_TRACKING_URI (the store is
+    the one a test names). A module opts in with ``pytestmark =
+    pytest.mark.usefixtures("isolated_store")``. Returns the FXTRACK_HOME it set."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("FXTRACK_HOME", str(home))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return home
 
 
 def seed_peak_cache(cache: Path, keep: bool = False) -> dict[str, str]:

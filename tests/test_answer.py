@@ -17,6 +17,8 @@ from fxtrack.report import answer, page, pareto  # noqa: E402
 from fxtrack.report.cli import main  # noqa: E402
 from fxtrack.tracking import reader  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("isolated_store")
+
 T0 = int(time.time() * 1000) - 3_600_000
 # framework -> the throughput of each repeat (samples/s) of vit training at batch 8
 VIT = {"jax": [120.0, 121.0, 119.0],        # best
@@ -84,12 +86,6 @@ def _aggregate(result_id, n):
 @pytest.fixture(scope="module")
 def frame(store):
     return reader.load_runs(store, "fxtrack", None)
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
 def _block(blocks, key, model):

@@ -15,11 +15,7 @@ mlflow = pytest.importorskip("mlflow")
 from conftest import run_fxtrack, seed_peak_cache  # noqa: E402
 from fxtrack.report import claims  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_store")
 
 
 def test_every_claim_has_a_source_conditions_and_a_kind():

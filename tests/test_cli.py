@@ -27,10 +27,6 @@ HOST_TAGS = ["fxtrack.framework", "fxtrack.framework_version", "fxtrack.model", 
              "fxtrack.host", "fxtrack.python", "fxtrack.version"]
 
 
-def fxtrack(cwd: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return run_fxtrack(cwd, *args, timeout=timeout)
-
-
 def runs(cwd: Path) -> list:
     """Every run of the ``fxtrack`` experiment in ``cwd/mlflow.db``, oldest first."""
     client = mlflow.MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
@@ -39,7 +35,7 @@ def runs(cwd: Path) -> list:
 
 
 def test_single_run_lands_in_the_embedded_default_store(tmp_path):
-    proc = fxtrack(tmp_path, *TINY_VIT)
+    proc = run_fxtrack(tmp_path, *TINY_VIT, timeout=600)
     assert proc.returncode == 0, proc.stderr
     # what differs from the defaults (size, batch, steps, the forced compile) is in the name,
     # on the console and in MLflow alike
@@ -71,7 +67,7 @@ def test_single_run_lands_in_the_embedded_default_store(tmp_path):
 
 
 def test_multirun_is_one_parent_with_linked_children(tmp_path):
-    proc = fxtrack(tmp_path, "-m", *TINY_VIT[1:], "framework=torch", "seed=0,1")
+    proc = run_fxtrack(tmp_path, "-m", *TINY_VIT[1:], "framework=torch", "seed=0,1", timeout=600)
     assert proc.returncode == 0, proc.stderr
     all_runs = runs(tmp_path)
     parents = [r for r in all_runs if "mlflow.parentRunId" not in r.data.tags]
@@ -85,8 +81,9 @@ def test_multirun_is_one_parent_with_linked_children(tmp_path):
 
 
 def test_timeout_and_missing_interpreter_fail_while_the_sweep_goes_on(tmp_path):
-    proc = fxtrack(tmp_path, "-m", *TINY_VIT,
-                   "timeout_s=0.5,600", "framework.python=null,/nonexistent/python")
+    proc = run_fxtrack(tmp_path, "-m", *TINY_VIT,
+                       "timeout_s=0.5,600", "framework.python=null,/nonexistent/python",
+                       timeout=600)
     assert proc.returncode == 1, proc.stderr
     children = [r for r in runs(tmp_path) if "mlflow.parentRunId" in r.data.tags]
     assert len(children) == 4
@@ -170,8 +167,8 @@ def test_summary_line_shows_what_each_scenario_measured():
 
 
 def test_every_scenario_lands_through_the_cli(tmp_path):
-    proc = fxtrack(tmp_path, "-m", *TINY_VIT, "scenario=inference,pipeline,checkpoint",
-                   "scenario.dataset_samples=32", "scenario.loader_workers=1")
+    proc = run_fxtrack(tmp_path, "-m", *TINY_VIT, "scenario=inference,pipeline,checkpoint",
+                       "scenario.dataset_samples=32", "scenario.loader_workers=1", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     children = {r.data.tags["fxtrack.scenario"]: r for r in runs(tmp_path)
                 if "mlflow.parentRunId" in r.data.tags}

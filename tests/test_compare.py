@@ -11,6 +11,8 @@ mlflow = pytest.importorskip("mlflow")
 from conftest import run_fxtrack, seed_peak_cache  # noqa: E402
 from fxtrack.report import compare, samples, trend  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("isolated_store")  # a --log run's spool entry
+
 # One intra-op thread: on a shared 2-core machine a 2-thread pool waits on whichever core is
 # busy elsewhere, which spreads a tiny step's time over 4x between repeats; one thread is steady.
 TINY = ["framework=torch", "model=vit", "size=tiny", "steps=5", "warmup_steps=1", "hardware=cpu",
@@ -44,12 +46,6 @@ def _seed_one_thread(path):
     cache = json.loads(path.read_text())
     cache[peak.cache_key("cpu", "fp32", 1)] = cache[peak.cache_key("cpu", "fp32", peak.thread_count(None))]
     path.write_text(json.dumps(cache))
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))  # a --log run's spool entry
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
 def run(capsys, *args):

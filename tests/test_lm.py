@@ -4,13 +4,11 @@ framework stands in where a worker runs."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pandas as pd
 import pytest
+from conftest import run_fxtrack
 from hydra import compose, initialize_config_dir
 
 from fxtrack import architectures
@@ -29,13 +27,6 @@ GIB = 2**30
 def device(gib: float, shared_by: int = 1):
     """A fake source of available memory: ``gib`` per device, whatever the device kind."""
     return lambda kind, devices: memory.Available(gib * GIB, "fake", shared_by)
-
-
-def run_cli(cwd, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    full.update(FXTRACK_HOME=str(cwd / "home"), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=300)
 
 
 def composed(*overrides: str, hydra: bool = False):
@@ -124,7 +115,8 @@ def test_validate_refuses_it_as_a_sweep_skips_refusals(monkeypatch):
 
 
 def test_the_cli_stops_with_exit_2_before_any_work(tmp_path):
-    proc = run_cli(tmp_path, "model=llama", "hardware=cpu", env={memory.MEMORY_ENV: "23.5"})
+    proc = run_fxtrack(tmp_path, "model=llama", "hardware=cpu", env={memory.MEMORY_ENV: "23.5"},
+                       timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("fxtrack: will not fit in memory, nothing was run: "
                                   "model=llama training"), proc.stderr
@@ -137,7 +129,7 @@ def test_the_cli_stops_with_exit_2_before_any_work(tmp_path):
 def test_generate_needs_a_decoder_lm_and_one_device(tmp_path):
     with pytest.raises(Refused, match="generation runs on one device; set devices=1"):
         validate(composed("model=llama", "size=tiny", "scenario=generate", "devices=2"))
-    proc = run_cli(tmp_path, "scenario=generate", "model=vit")
+    proc = run_fxtrack(tmp_path, "scenario=generate", "model=vit", timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("fxtrack: not supported, nothing was run: scenario=generate "
                                   "with a vit model"), proc.stderr

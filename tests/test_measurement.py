@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -29,17 +28,13 @@ CODE_SIZE = ["code_sloc", "code_lloc", "code_cc", "code_sloc_model"]
 GPU_ONLY = ["peak_mem_device_mib", "peak_mem_nvml_mib", "energy_j_per_sample", "power_w_mean"]
 
 
-def fxtrack(cwd: Path, *args: str, cache: Path) -> subprocess.CompletedProcess:
-    return run_fxtrack(cwd, *args, env={"FXTRACK_CACHE": str(cache)})
-
-
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     """One sweep: every installed framework x {train, inference} on tiny ViT."""
     cwd = tmp_path_factory.mktemp("measure")
     cache = cwd / "cache"
-    proc = fxtrack(cwd, "-m", f"framework={','.join(FRAMEWORKS)}", "model=vit",
-                   "scenario=train,inference", *TINY, cache=cache)
+    proc = run_fxtrack(cwd, "-m", f"framework={','.join(FRAMEWORKS)}", "model=vit",
+                       "scenario=train,inference", *TINY, env={"FXTRACK_CACHE": str(cache)})
     client = mlflow.MlflowClient(f"sqlite:///{cwd / 'mlflow.db'}")
     exp = client.get_experiment_by_name("fxtrack")
     runs = [r for r in client.search_runs([exp.experiment_id]) if "mlflow.parentRunId" in r.data.tags]
@@ -129,7 +124,8 @@ def test_calibration_cache_is_reused_on_the_second_run(sweep):
         pytest.skip("the machine was busy during calibration, so nothing was cached to reuse")
     path = cache / "peak_flops.json"
     before = (path.stat().st_mtime_ns, json.loads(path.read_text()))
-    again = fxtrack(cwd, f"framework={FRAMEWORKS[0]}", "model=vit", *TINY, cache=cache)
+    again = run_fxtrack(cwd, f"framework={FRAMEWORKS[0]}", "model=vit", *TINY,
+                        env={"FXTRACK_CACHE": str(cache)})
     assert again.returncode == 0, again.stderr[-2000:]
     assert "calibrating" not in again.stderr
     assert (path.stat().st_mtime_ns, json.loads(path.read_text())) == before

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import seed_peak_cache
+from conftest import fxtrack_env, run_fxtrack, seed_peak_cache
 
 from fxtrack.job import Result
 
@@ -95,11 +95,9 @@ TINY = ["framework=torch", "model=vit", "size=tiny", "batch_size=2", "warmup_ste
 
 
 def user_env(tmp_path: Path) -> dict[str, str]:
-    """As conftest.run_fxtrack: no MLflow variables of the test's, the spool under tmp_path."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["FXTRACK_HOME"] = str(tmp_path / "home")
-    env.update(seed_peak_cache(tmp_path / "cache"))
-    return env
+    """conftest.fxtrack_env in tmp_path, with a peak cache of its own there: for the processes a
+    test starts itself."""
+    return fxtrack_env(tmp_path, seed_peak_cache(tmp_path / "cache"))
 
 
 def start_sweep(tmp_path: Path, *overrides: str) -> subprocess.Popen:
@@ -142,8 +140,7 @@ def past_the_gate(pid: int) -> bool:
 
 
 def sync(tmp_path: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fxtrack", "sync"], cwd=tmp_path,
-                          env=user_env(tmp_path), capture_output=True, text=True, timeout=300)
+    return run_fxtrack(tmp_path, "sync", env=seed_peak_cache(tmp_path / "cache"), timeout=300)
 
 
 def store_runs(tmp_path: Path):
@@ -219,11 +216,10 @@ def test_a_run_whose_loss_went_nan_exits_1(tmp_path):
     """Case 8: a run whose loss went NaN (guard failed) exited 0."""
     from test_byom import BUILDERS, user_package
 
-    env = {**user_env(tmp_path), **user_package(tmp_path)}
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", "framework=torch", "model=custom",
-                           BUILDERS[0], "model.lr=1e30", "batch_size=2", "steps=3",
-                           "warmup_steps=1", "hardware=cpu"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = {**seed_peak_cache(tmp_path / "cache"), **user_package(tmp_path)}
+    proc = run_fxtrack(tmp_path, "framework=torch", "model=custom", BUILDERS[0], "model.lr=1e30",
+                       "batch_size=2", "steps=3", "warmup_steps=1", "hardware=cpu", env=env,
+                       timeout=600)
     assert proc.returncode == 1, proc.stderr
     assert "the correctness guard failed: loss is not finite" in proc.stderr
     [run] = store_runs(tmp_path)
@@ -234,8 +230,7 @@ def test_a_run_whose_loss_went_nan_exits_1(tmp_path):
 def one_run(tmp_path_factory):
     """A store with one finished tiny run."""
     cwd = tmp_path_factory.mktemp("one-run")
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", *TINY, "steps=2"], cwd=cwd,
-                          env=user_env(cwd), capture_output=True, text=True, timeout=600)
+    proc = run_fxtrack(cwd, *TINY, "steps=2", env=seed_peak_cache(cwd / "cache"), timeout=600)
     assert proc.returncode == 0, proc.stderr
     return cwd
 
@@ -256,10 +251,9 @@ def test_a_damaged_store_is_named_as_such(tmp_path):
     """Cases 7 and 8: a corrupt store was a 77-line traceback in the report and, for a run,
     'the tracking server is not answering'."""
     (tmp_path / "mlflow.db").write_bytes(b"not a database" * 1000)
-    report = subprocess.run([sys.executable, "-m", "fxtrack", "report"], cwd=tmp_path,
-                            env=user_env(tmp_path), capture_output=True, text=True, timeout=300)
-    run = subprocess.run([sys.executable, "-m", "fxtrack", *TINY, "steps=2"], cwd=tmp_path,
-                         env=user_env(tmp_path), capture_output=True, text=True, timeout=300)
+    cache = seed_peak_cache(tmp_path / "cache")
+    report = run_fxtrack(tmp_path, "report", env=cache, timeout=300)
+    run = run_fxtrack(tmp_path, *TINY, "steps=2", env=cache, timeout=300)
     damaged = f"the store sqlite:///{tmp_path}/mlflow.db is damaged (file is not a database)"
     assert report.returncode == 1 and report.stderr.startswith(f"fxtrack report: {damaged}")
     assert report.stderr.count("\n") == 1, report.stderr
@@ -397,11 +391,9 @@ def test_a_sweep_goes_on_past_a_bad_cell_and_prints_its_closing_table(tmp_path):
     """Case 4: one cell's unexpected error aborted the cells after it, with no closing table."""
     (tmp_path / "inject").mkdir()
     (tmp_path / "inject" / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    env = user_env(tmp_path)
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "inject"), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", "-m", *TINY, "steps=2",
-                           "seed=0,1,2"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=900)
+    env = {**seed_peak_cache(tmp_path / "cache"), "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path / "inject"), os.environ.get("PYTHONPATH", "")])}
+    proc = run_fxtrack(tmp_path, "-m", *TINY, "steps=2", "seed=0,1,2", env=env, timeout=900)
     assert proc.returncode == 1, proc.stderr
     assert "fxtrack: job 2: fxtrack failed: RuntimeError: an injected bug" in proc.stderr
     assert "1 of 3 jobs failed" in proc.stderr  # the closing lines, after every cell ran
@@ -428,10 +420,15 @@ def test_a_stopped_rate_search_keeps_its_finished_probes(tmp_path, reaper, stop)
     FAILED / KILLED with 0 child runs: the probes lived only in the worker's final result.
     Stopped after the first window: a search has at least two (it doubles until one fails), so
     the worker is still serving; after two, a short search had sometimes ended already."""
-    proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *TINY, "steps=2", *SERVE],
+    # an SLO no probe misses and longer windows: the search doubles on (saturation ends it), so
+    # the worker is still serving when the first probe has landed (a short one had ended)
+    long_search = [o for o in SERVE if not o.startswith(("scenario.slo.", "scenario.num_"))] + [
+        "scenario.slo.e2e_ms=600000", "scenario.num_requests=48"]
+    proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *TINY, "steps=2", *long_search],
                             cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     reaper.append(proc)
+
     def a_probe() -> bool:
         assert proc.poll() is None, f"the run ended before a probe: {proc.stderr.read()}"
         return len(streamed(tmp_path)) >= 1

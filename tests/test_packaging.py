@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import run_fxtrack
 from hydra import compose, initialize_config_dir
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -25,15 +26,8 @@ from fxtrack.config.validate import validate
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(*args: str, cwd: Path, env: dict | None = None, python: str = sys.executable,
-        timeout: int = 300) -> subprocess.CompletedProcess:
-    base = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
-    return subprocess.run([python, "-m", "fxtrack", *args], cwd=cwd, env={**base, **(env or {})},
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_version_comes_from_one_place(tmp_path):
-    proc = cli("--version", cwd=tmp_path)
+    proc = run_fxtrack(tmp_path, "--version", timeout=300)
     assert proc.stdout.strip() == f"fxtrack {fxtrack.__version__}", proc.stderr
     assert importlib.metadata.version("fxtrack") == fxtrack.__version__  # pyproject reads it
 
@@ -81,21 +75,22 @@ def user_dir(tmp_path):
 def test_users_add_options_from_their_own_config_dir(tmp_path, user_dir, how):
     env, args = ({"FXTRACK_CONFIG_DIR": str(user_dir)}, []) if how != "--config-dir" else (
         {}, ["--config-dir", str(user_dir)])
-    proc = cli(*args, "hardware=cluster_gpu", "experiment=nightly", "--cfg", "job",
-               cwd=tmp_path, env=env)
+    proc = run_fxtrack(tmp_path, *args, "hardware=cluster_gpu", "experiment=nightly", "--cfg",
+                       "job", env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     cfg = yaml.safe_load(proc.stdout)
     assert (cfg["hardware"]["name"], cfg["hardware"]["cpu_threads"], cfg["steps"]) == ("gpu", 8, 7)
 
 
 def test_help_lists_the_users_options(tmp_path, user_dir):
-    proc = cli("--help", cwd=tmp_path, env={"FXTRACK_CONFIG_DIR": str(user_dir)})
+    proc = run_fxtrack(tmp_path, "--help", env={"FXTRACK_CONFIG_DIR": str(user_dir)}, timeout=300)
     assert "hardware: auto, cluster_gpu, cpu, gpu" in proc.stdout
     assert "experiment: lm_table, nightly, seeds_table" in proc.stdout
 
 
 def test_a_user_model_naming_an_unknown_architecture_fails_clearly(tmp_path, user_dir):
-    proc = cli("model=gpt2", cwd=tmp_path, env={"FXTRACK_CONFIG_DIR": str(user_dir)})
+    proc = run_fxtrack(tmp_path, "model=gpt2", env={"FXTRACK_CONFIG_DIR": str(user_dir)},
+                       timeout=300)
     assert proc.returncode == 2
     assert "unknown model 'gpt2'; choose one of resnet50, bert" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists()  # failed before any work
@@ -112,7 +107,8 @@ def test_user_dirs_join_a_searchpath_given_on_the_command_line(tmp_path):
 
 
 def test_a_missing_user_config_dir_is_named(tmp_path):
-    proc = cli("--cfg", "job", cwd=tmp_path, env={"FXTRACK_CONFIG_DIR": str(tmp_path / "nope")})
+    proc = run_fxtrack(tmp_path, "--cfg", "job",
+                       env={"FXTRACK_CONFIG_DIR": str(tmp_path / "nope")}, timeout=300)
     assert proc.returncode != 0 and f"{tmp_path / 'nope'}, which is not a directory" in proc.stderr
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import run_fxtrack, seed_peak_cache
 
 import test_nothing_lost
 from test_nothing_lost import (
@@ -30,7 +31,7 @@ from test_nothing_lost import (
 reaper = test_nothing_lost.reaper  # the fixture: whatever a test started is gone after it
 pytestmark = pytest.mark.slow  # each case is a real sweep, a resumed one, two syncs, a report
 
-SWEEP = [sys.executable, "-m", "fxtrack", "-m", *TINY, "steps=2", "repeats=2"]
+SWEEP = ["-m", *TINY, "steps=2", "repeats=2"]  # fxtrack's arguments
 
 
 def job_worker(tmp_path: Path, job: int) -> list[int]:
@@ -40,8 +41,8 @@ def job_worker(tmp_path: Path, job: int) -> list[int]:
 
 
 def start(tmp_path: Path, *overrides: str) -> subprocess.Popen:
-    return subprocess.Popen([*SWEEP, *overrides], cwd=tmp_path, env=user_env(tmp_path),
-                            stdout=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, "-m", "fxtrack", *SWEEP, *overrides], cwd=tmp_path,
+                            env=user_env(tmp_path), stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "first.log", "w"))
 
 
@@ -84,8 +85,7 @@ def check(tmp_path: Path, groups: int, resumed: bool) -> dict[str, int]:
 
 def report_shows(tmp_path: Path, kept: dict[str, int]) -> None:
     """``fxtrack report`` ranks every aggregate with the repeats it stands on."""
-    out = subprocess.run([sys.executable, "-m", "fxtrack", "report"], cwd=tmp_path,
-                         env=user_env(tmp_path), capture_output=True, text=True, timeout=300)
+    out = run_fxtrack(tmp_path, "report", env=seed_peak_cache(tmp_path / "cache"), timeout=300)
     assert out.returncode == 0, out.stderr
     with open(tmp_path / "fxtrack-report" / "report.csv") as f:
         rows = {row["run_id"]: row for row in csv.DictReader(f)}
@@ -99,8 +99,8 @@ def sync_twice_then_resume(tmp_path: Path, sweep: list[str], groups: int, skippe
     second = sync(tmp_path)  # nothing left, and nothing it closes again
     assert second.returncode == 0 and "nothing to upload" in second.stdout, second
     report_shows(tmp_path, check(tmp_path, groups, resumed=False))
-    again = subprocess.run([*SWEEP, *sweep, "resume=true"], cwd=tmp_path,
-                           env=user_env(tmp_path), capture_output=True, text=True, timeout=900)
+    again = run_fxtrack(tmp_path, *SWEEP, *sweep, "resume=true",
+                        env=seed_peak_cache(tmp_path / "cache"), timeout=900)
     assert again.returncode == 0, again.stderr
     assert again.stderr.count("skipped (resume=true)") == skipped, again.stderr
     assert sync(tmp_path).stdout.startswith("fxtrack sync: nothing to upload")
@@ -149,8 +149,9 @@ def test_a_single_repeats_run_resumes_its_group(tmp_path, reaper):
     """``repeats=2`` without a sweep: the second repeat's worker is SIGKILLed (the run exits 1,
     its aggregate FINISHED on the first repeat); resume=true runs the second repeat only and
     completes the same aggregate."""
-    single = [sys.executable, "-m", "fxtrack", *TINY, "steps=2", "repeats=2"]
-    proc = subprocess.Popen(single, cwd=tmp_path, env=user_env(tmp_path),
+    single = [*TINY, "steps=2", "repeats=2"]
+    proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *single], cwd=tmp_path,
+                            env=user_env(tmp_path),
                             stdout=subprocess.DEVNULL, stderr=open(tmp_path / "first.log", "w"))
     reaper.append(proc)
     second = lambda: [pid for pid in worker_pids(tmp_path)  # noqa: E731
@@ -158,8 +159,8 @@ def test_a_single_repeats_run_resumes_its_group(tmp_path, reaper):
     os.kill(wait_for(second, 600, "the second repeat's worker")[0], signal.SIGKILL)
     assert proc.wait(timeout=300) == 1, (tmp_path / "first.log").read_text()
     assert check(tmp_path, groups=1, resumed=False)
-    again = subprocess.run([*single, "resume=true"], cwd=tmp_path, env=user_env(tmp_path),
-                           capture_output=True, text=True, timeout=600)
+    again = run_fxtrack(tmp_path, *single, "resume=true", env=seed_peak_cache(tmp_path / "cache"),
+                        timeout=600)
     assert again.returncode == 0, again.stderr
     assert "-r0: finished before; kept (resume=true)" in again.stderr, again.stderr
     assert again.stderr.count("building vit") == 1, again.stderr  # one worker: the second repeat

@@ -15,6 +15,8 @@ mlflow = pytest.importorskip("mlflow")
 from fxtrack.measure.complexity import code_metrics  # noqa: E402
 from fxtrack.report.cli import main  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("isolated_store")  # the report run's spool entry
+
 T0 = int(time.time() * 1000) - 3_600_000  # an hour ago; runs are spaced a second apart after it
 HOST = {"fxtrack.cpu": "Test CPU 9000", "fxtrack.host": "bench-1", "fxtrack.python": "3.11.9",
         "fxtrack.version": "0.1.0"}
@@ -70,12 +72,6 @@ def store(tmp_path_factory):
                                                     scaling_efficiency_x4=0.9),
          scenario="scaling", devices=4)
     return uri
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))  # the report run's spool entry
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
 
 
 def report(capsys, *args):

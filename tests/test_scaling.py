@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,6 @@ from conftest import job_spec, run_fxtrack  # noqa: E402
 TINY = ["size=tiny", "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]
 FRAMEWORKS = [fw for fw, module in (("torch", "torch"), ("tensorflow", "tensorflow"), ("jax", "jax"))
               if importlib.util.find_spec(module)]
-
-
-def fxtrack(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return run_fxtrack(cwd, *args)
 
 
 def runs(cwd: Path) -> list:
@@ -58,8 +53,8 @@ def test_torchrun_launch_commands(tmp_path):
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_scaling_scenario_gives_a_parent_with_x1_and_x2(tmp_path, framework):
-    proc = fxtrack(tmp_path, "scenario=scaling", f"framework={framework}", "hardware=cpu",
-                   "devices=2", *TINY)
+    proc = run_fxtrack(tmp_path, "scenario=scaling", f"framework={framework}", "hardware=cpu",
+                       "devices=2", *TINY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     all_runs = runs(tmp_path)
     (parent,) = [r for r in all_runs if "mlflow.parentRunId" not in r.data.tags]
@@ -82,8 +77,8 @@ def test_scaling_scenario_gives_a_parent_with_x1_and_x2(tmp_path, framework):
 @pytest.mark.skipif(not importlib.util.find_spec("hydra_plugins.hydra_joblib_launcher"),
                     reason="hydra-joblib-launcher not installed")
 def test_two_job_sweep_through_the_joblib_launcher(tmp_path):
-    proc = fxtrack(tmp_path, "-m", "hydra/launcher=local_parallel", "framework=torch",
-                   "model=vit", "seed=0,1", *TINY)
+    proc = run_fxtrack(tmp_path, "-m", "hydra/launcher=local_parallel", "framework=torch",
+                       "model=vit", "seed=0,1", *TINY)
     assert proc.returncode == 0, proc.stderr[-3000:]
     all_runs = runs(tmp_path)
     (parent,) = [r for r in all_runs if "mlflow.parentRunId" not in r.data.tags]

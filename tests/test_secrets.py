@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import run_fxtrack, seed_peak_cache
 from servers import MlflowServer, free_port
 from test_nothing_lost import processes_mentioning, user_env
 
@@ -30,14 +31,6 @@ WAYS = ("preset", "override", "env")  # how a run is given its tracking URI
 
 def with_password(url: str) -> str:
     return url.replace("://", f"://alice:{PW}@", 1)
-
-
-def fxtrack(cwd: Path, *args: str, env: dict | None = None,
-            timeout: int = 600) -> subprocess.CompletedProcess:
-    cwd.mkdir(parents=True, exist_ok=True)
-    full = dict(user_env(cwd), **(env or {}))
-    return subprocess.run([sys.executable, "-m", "fxtrack", *args], cwd=cwd, env=full,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def leaks(root: Path, *streams: str) -> list[str]:
@@ -70,7 +63,10 @@ def runs(root, server) -> dict[str, subprocess.CompletedProcess]:
     given = {"preset": (["--config-dir", str(presets.parent), "-m", "experiment=secret"], {}),
              "override": (["-m", f"tracking.uri={with_password(server.url)}"], {}),
              "env": (["-m"], {"MLFLOW_TRACKING_URI": with_password(server.url)})}
-    return {way: fxtrack(root / way, *args, *TINY, env=env) for way, (args, env) in given.items()}
+    # each way's own peak cache, under the directory searched for the password
+    return {way: run_fxtrack(root / way, *args, *TINY,
+                             env={**seed_peak_cache(root / way / "cache"), **env}, timeout=600)
+            for way, (args, env) in given.items()}
 
 
 @pytest.mark.parametrize("way", WAYS)
@@ -89,7 +85,8 @@ def test_a_run_given_a_uri_password_writes_it_nowhere(root, runs, way):
 def test_the_report_and_its_logged_copy_link_the_server_without_the_password(root, server, runs):
     """``fxtrack report --uri http://user:PW@host --log`` wrote the password into every run link
     of index.html, and the logged copy showed it to whoever reads the reports experiment."""
-    proc = fxtrack(root / "report", "report", "--uri", with_password(server.url), "--log")
+    proc = run_fxtrack(root / "report", "report", "--uri", with_password(server.url), "--log",
+                       env=seed_peak_cache(root / "report" / "cache"), timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "logged the files as MLflow run" in proc.stderr
     page = (root / "report" / "fxtrack-report" / "index.html").read_text()
@@ -105,14 +102,15 @@ def test_ui_gives_up_on_a_dead_server_in_seconds_with_one_line(root, server, run
     then a traceback with the password in it."""
     port = free_port()  # nobody listens there
     started = time.monotonic()
-    proc = fxtrack(tmp_path, "ui", "--uri", with_password(f"http://127.0.0.1:{port}"),
-                   timeout=60)
+    proc = run_fxtrack(tmp_path, "ui", "--uri", with_password(f"http://127.0.0.1:{port}"),
+                       env=seed_peak_cache(tmp_path / "cache"), timeout=60)
     assert time.monotonic() - started < 20
     assert proc.returncode == 1 and proc.stdout == ""
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"http://127.0.0.1:{port}" in proc.stderr and PW not in proc.stderr
     # a server that answers: its own UI's link, without the password
-    live = fxtrack(tmp_path, "ui", "--uri", with_password(server.url), timeout=120)
+    live = run_fxtrack(tmp_path, "ui", "--uri", with_password(server.url),
+                       env=seed_peak_cache(tmp_path / "cache"), timeout=120)
     assert live.returncode == 0, live.stderr
     assert live.stdout.startswith(f"{server.url}/#/experiments/")
     assert leaks(tmp_path, live.stdout, live.stderr) == []
@@ -173,8 +171,9 @@ def test_hydra_shows_a_presets_uri_without_its_password(tmp_path):
     presets.mkdir(parents=True)
     (presets / "secret.yaml").write_text("# @package _global_\ntracking:\n"
                                          f"  uri: {with_password('http://127.0.0.1:9')}\n")
-    proc = fxtrack(tmp_path / "run", "--config-dir", str(presets.parent), "experiment=secret",
-                   "--cfg", "job", timeout=120)
+    proc = run_fxtrack(tmp_path / "run", "--config-dir", str(presets.parent), "experiment=secret",
+                       "--cfg", "job", env=seed_peak_cache(tmp_path / "run" / "cache"),
+                       timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "uri: http://127.0.0.1:9" in proc.stdout
     assert leaks(tmp_path / "run", proc.stdout, proc.stderr) == []

@@ -30,10 +30,6 @@ TINY = ["framework=torch", "model=vit", "size=tiny", "batch_size=2", "steps=2",
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 
 
-def fxtrack(cwd: Path, *args: str, env: dict | None = None, timeout: int = 600):
-    return run_fxtrack(cwd, *args, env=env, timeout=timeout)
-
-
 def admin_client(server: MlflowServer):
     os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = ADMIN
     return mlflow.MlflowClient(server.url)
@@ -66,8 +62,9 @@ def test_team_server_with_basic_auth_and_no_secret_reaches_the_store(tmp_path, a
     env = {"MLFLOW_TRACKING_URI": auth_server.url, "MLFLOW_TRACKING_USERNAME": ADMIN[0],
            "MLFLOW_TRACKING_PASSWORD": ADMIN[1], "MY_SERVICE_API_TOKEN": PLANTED,
            "DB_PASSWORD": PLANTED}
-    proc = fxtrack(tmp_path, *TINY, f"tracking.uri=http://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{auth_server.port}",
-                   env=env)
+    proc = run_fxtrack(tmp_path, *TINY,
+                       f"tracking.uri=http://{ADMIN[0]}:{ADMIN[1]}@127.0.0.1:{auth_server.port}",
+                       env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
     (run,) = [r for r in runs_in(admin_client(auth_server)) if r.data.tags.get("fxtrack.framework")]
     assert run.info.status == "FINISHED"
@@ -84,7 +81,7 @@ def test_bad_credentials_stop_the_run_before_any_work(tmp_path, auth_server):
     """A 401 is permanent: found by the pre-flight check, said once, nothing run or spooled."""
     env = {"MLFLOW_TRACKING_URI": auth_server.url, "MLFLOW_TRACKING_USERNAME": ADMIN[0],
            "MLFLOW_TRACKING_PASSWORD": "wrong-password"}
-    proc = fxtrack(tmp_path, *TINY, env=env)
+    proc = run_fxtrack(tmp_path, *TINY, env=env, timeout=600)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "rejected the credentials (HTTP 401)" in proc.stderr
     assert "MLFLOW_TRACKING_PASSWORD" in proc.stderr  # what to fix
@@ -96,7 +93,7 @@ def test_no_permission_on_the_experiment_says_so(tmp_path, auth_server):
     _create_user(auth_server, "alice", "alice-pass-3301")
     env = {"MLFLOW_TRACKING_URI": auth_server.url, "MLFLOW_TRACKING_USERNAME": "alice",
            "MLFLOW_TRACKING_PASSWORD": "alice-pass-3301"}
-    proc = fxtrack(tmp_path, *TINY, "tracking.experiment=locked", env=env)
+    proc = run_fxtrack(tmp_path, *TINY, "tracking.experiment=locked", env=env, timeout=600)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "refused access (HTTP 403)" in proc.stderr and "'locked'" in proc.stderr
     assert "could not log" not in proc.stderr  # permanent: not reported as "server down"
@@ -105,23 +102,23 @@ def test_no_permission_on_the_experiment_says_so(tmp_path, auth_server):
 def test_server_down_then_sync_twice_lands_each_run_exactly_once(tmp_path):
     port = free_port()
     env = {"MLFLOW_TRACKING_URI": f"http://127.0.0.1:{port}"}
-    proc = fxtrack(tmp_path, "-m", *TINY, "seed=0,1", env=env)
+    proc = run_fxtrack(tmp_path, "-m", *TINY, "seed=0,1", env=env, timeout=600)
     assert proc.returncode == 1, proc.stderr  # the jobs finished, but only into the spool
     assert "3 of 3 runs (the sweep's parent included) are only in the local spool" in proc.stderr
     spooled = list((tmp_path / "home" / "spool").iterdir())
     assert len(spooled) == 3  # the sweep's parent and its two children
 
     started = time.monotonic()
-    down = fxtrack(tmp_path, "sync", env=env, timeout=300)
+    down = run_fxtrack(tmp_path, "sync", env=env, timeout=300)
     assert down.returncode == 1 and "3 still spooled" in down.stdout
     assert time.monotonic() - started < 120  # bounded retries, not MLflow's minutes of back-off
 
     server = MlflowServer(tmp_path / "server", port=port).start()
     try:
-        first = fxtrack(tmp_path, "sync", env=env)
+        first = run_fxtrack(tmp_path, "sync", env=env, timeout=600)
         assert first.returncode == 0, first.stderr
         assert "3 uploaded, 0 still spooled" in first.stdout
-        second = fxtrack(tmp_path, "sync", env=env)
+        second = run_fxtrack(tmp_path, "sync", env=env, timeout=600)
         assert second.returncode == 0 and "nothing to upload" in second.stdout
         runs = runs_in(mlflow.MlflowClient(server.url))
         assert len(runs) == 3
@@ -142,7 +139,8 @@ def test_eight_processes_logging_at_once_all_land(tmp_path):
     """One real result, spooled eight times under new ids, uploaded by eight concurrent
     ``fxtrack sync`` processes, each with its own spool."""
     dead = f"http://127.0.0.1:{free_port()}"
-    fxtrack(tmp_path, *TINY, env={"MLFLOW_TRACKING_URI": dead})  # spooled: no server there
+    # spooled: no server there
+    run_fxtrack(tmp_path, *TINY, env={"MLFLOW_TRACKING_URI": dead}, timeout=600)
     (entry,) = (tmp_path / "home" / "spool").iterdir()
     server = MlflowServer(tmp_path / "server").start()
     try:
@@ -199,8 +197,8 @@ def test_failures_become_failed_runs_and_the_sweep_goes_on(tmp_path):
     killer = _script(tmp_path / "killed-python", "kill -KILL $$")
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
     bare = str(tmp_path / "bare" / "bin" / "python")
-    proc = fxtrack(tmp_path, "-m", *TINY, f"framework.python=null,{killer},{bare}",
-                   "hardware=cpu,gpu")
+    proc = run_fxtrack(tmp_path, "-m", *TINY, f"framework.python=null,{killer},{bare}",
+                       "hardware=cpu,gpu", timeout=600)
     assert proc.returncode == 1
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     children = [r for r in runs_in(client) if "mlflow.parentRunId" in r.data.tags]

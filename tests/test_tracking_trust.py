@@ -54,10 +54,6 @@ def synthetic(uri: str, parent: str | None = None, kind: str = "job", status: st
             "series_times_ms": records.series_times(series, end)}
 
 
-def fxtrack(cwd: Path, *args: str, env: dict | None = None, timeout: int = 300):
-    return run_fxtrack(cwd, *args, env=env, timeout=timeout)
-
-
 def _script(path: Path, body: str) -> str:
     path.write_text("#!/bin/sh\n" + body + "\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
@@ -86,7 +82,8 @@ def test_uri_credentials_move_to_mlflow_variables_before_hydra_sees_them():
 
 
 def test_hydra_never_prints_a_uri_password(tmp_path):
-    proc = fxtrack(tmp_path, f"tracking.uri=http://u:{PLANTED}@127.0.0.1:9", "--cfg", "job")
+    proc = run_fxtrack(tmp_path, f"tracking.uri=http://u:{PLANTED}@127.0.0.1:9", "--cfg", "job",
+                       timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "uri: http://127.0.0.1:9" in proc.stdout
     assert PLANTED not in proc.stdout + proc.stderr
@@ -99,9 +96,9 @@ def test_a_sweep_keeps_uri_passwords_out_of_hydra_files_the_spool_and_the_termin
     dead.bind(("127.0.0.1", 0))  # a port nobody listens on
     port = dead.getsockname()[1]
     dead.close()
-    proc = fxtrack(tmp_path, "-m", f"tracking.uri=http://alice:{PLANTED}@127.0.0.1:{port}",
-                   f"framework.python={failing}", "seed=0,1",
-                   env={"MY_API_TOKEN": PLANTED})
+    proc = run_fxtrack(tmp_path, "-m", f"tracking.uri=http://alice:{PLANTED}@127.0.0.1:{port}",
+                       f"framework.python={failing}", "seed=0,1",
+                       env={"MY_API_TOKEN": PLANTED}, timeout=300)
     assert proc.returncode == 1 and "only in the local spool" in proc.stderr
     assert PLANTED not in proc.stdout + proc.stderr
     written = [p for p in tmp_path.rglob("*") if p.is_file() and p.name != "python"]
@@ -137,8 +134,8 @@ def test_worker_gets_no_secret_and_its_uploaded_log_is_scrubbed(tmp_path):
     env = {"MY_API_TOKEN": PLANTED, "DB_PASSWORD": PLANTED,
            "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
            "EXTRA_URL": f"http://user:{PLANTED}@example.org"}
-    proc = fxtrack(tmp_path, "framework=torch", "size=tiny", f"framework.python={wrapper}",
-                   env=env)
+    proc = run_fxtrack(tmp_path, "framework=torch", "size=tiny", f"framework.python={wrapper}",
+                       env=env, timeout=300)
     assert proc.returncode == 1 and PLANTED not in proc.stdout + proc.stderr
     log = (next(tmp_path.glob("outputs/*/*/worker.log"))).read_text()
     assert "token=\n" in log and PLANTED not in log  # the worker never had it
@@ -291,7 +288,7 @@ def test_an_unwritable_spool_stops_before_the_worker(tmp_path):
     marker = tmp_path / "worker-started"
     python = _script(tmp_path / "python", f"touch {marker}")
     (tmp_path / "home").write_text("a file, not a directory")
-    proc = fxtrack(tmp_path, f"framework.python={python}")
+    proc = run_fxtrack(tmp_path, f"framework.python={python}", timeout=300)
     assert proc.returncode == 2 and "not writable" in proc.stderr and "Traceback" not in proc.stderr
     assert not marker.exists()
 
@@ -341,8 +338,8 @@ def test_a_deleted_experiment_stops_a_run_before_the_worker(tmp_path):
     client.delete_experiment(client.create_experiment("gone"))
     marker = tmp_path / "worker-started"
     python = _script(tmp_path / "python", f"touch {marker}")
-    proc = fxtrack(tmp_path, "tracking.experiment=gone", f"framework.python={python}",
-                   env={"MLFLOW_TRACKING_URI": uri})
+    proc = run_fxtrack(tmp_path, "tracking.experiment=gone", f"framework.python={python}",
+                       env={"MLFLOW_TRACKING_URI": uri}, timeout=300)
     assert proc.returncode == 2 and "is deleted: restore it" in proc.stderr
     assert not marker.exists() and not list((tmp_path / "home" / "spool").iterdir())
 
@@ -387,10 +384,10 @@ def test_a_hanging_server_costs_one_short_probe(home, silent_server, monkeypatch
 # --- 10: bad input -----------------------------------------------------------------------------
 
 def test_an_unknown_key_is_rejected_naming_the_closest_one(tmp_path):
-    proc = fxtrack(tmp_path, "+batchsize=8")
+    proc = run_fxtrack(tmp_path, "+batchsize=8", timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "unknown config key 'batchsize'; did you mean batch_size?" in proc.stderr
-    proc = fxtrack(tmp_path, "+model.layer=2")
+    proc = run_fxtrack(tmp_path, "+model.layer=2", timeout=300)
     assert proc.returncode == 2 and "did you mean model.layers?" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists()
 
