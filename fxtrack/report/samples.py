@@ -222,11 +222,11 @@ def _pooled(head: pd.Series, latest: pd.DataFrame, runs: pd.DataFrame, col: str,
 
 
 def by_rule(rule: Callable[[list], tuple[Optional[list[float]], str]], column: pd.Series,
-             run_ids: list[str], rows: pd.DataFrame) -> Optional[Sample]:
+            run_ids: list[str], rows: pd.DataFrame) -> Sample:
     """The group's figure as ``rule`` keeps its runs (a run with none counted as such): the
     mean of the kept and their interval; where it keeps none, the median of those with a
-    figure and no interval (no verdict), the rule's reason beside it; None where no run has
-    a figure."""
+    figure and no interval (no verdict), the rule's reason beside it; NaN where no run has
+    a figure (its runs are still counted)."""
     every = [None if pd.isna(v) else float(v) for v in column]
     kept, why = rule(every)
     if kept:
