@@ -74,9 +74,10 @@ def groups(frame: pd.DataFrame) -> list[tuple[dict[str, str], list[tuple[str, sa
     chooses: ``identity.experiment``) with each config's figure, from the one figure function
     (``samples.sample`` under MLPerf's rule, ``middle``): (the experiment's columns, [(the
     config's words, its figure)]), a config's latest repeat group standing for it."""
+    scenario = frame.get("tags.fxtrack.scenario")
+    if scenario is None or not scenario.isin(of_section(__name__)).any():
+        return []  # no converge run: nothing to read (a frame of other scenarios' runs)
     configs = samples.configs(frame)
-    if configs.empty:
-        return []
     configs = configs[configs["scenario"].isin(of_section(__name__))]
     if configs.empty or "metrics.reached_target" not in configs:
         return []
