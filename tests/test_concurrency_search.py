@@ -64,9 +64,10 @@ def test_bad_concurrency_is_refused_in_one_line(options, message):
 def test_a_tiny_concurrency_search_logs_each_probe_as_a_child_run(framework, tmp_path):
     """Tiny Llama through ``python -m fxtrack``: the parent keeps the answer, each probe is a
     child run of its clients, counted in its search by the report."""
-    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("mlflow")
     pytest.importorskip(framework)
     from conftest import run_fxtrack, seed_peak_cache
+    from test_serve import search_and_probes
 
     env = seed_peak_cache(tmp_path / "cache")
     proc = run_fxtrack(tmp_path, "scenario=serve", f"framework={framework}", "model=llama",
@@ -74,12 +75,7 @@ def test_a_tiny_concurrency_search_logs_each_probe_as_a_child_run(framework, tmp
                        "scenario.slo.e2e_ms=10", "scenario.num_requests=16",
                        "scenario.prompt_len=8", "scenario.new_tokens=3", "scenario.max_batch=2",
                        "warmup_steps=1", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("fxtrack").experiment_id])
-    (parent,) = [r for r in runs if "fxtrack.serve_probes" in r.data.tags]
-    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(probes) == int(parent.data.tags["fxtrack.serve_probes"]) >= 2
+    _, parent, probes = search_and_probes(tmp_path, proc)
     assert parent.data.tags["fxtrack.serve_mode"] == "closed"
     clients = {}
     for r in probes:

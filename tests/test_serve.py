@@ -236,10 +236,24 @@ def test_the_serving_section_charts_the_windows_and_compares_goodput_at_a_common
 
 
 @pytest.mark.slow
+def search_and_probes(tmp_path: Path, proc) -> tuple:
+    """(client, the search's parent run, its probe runs) of a finished search in ``tmp_path``'s
+    store: the run exited 0, and every probe the parent counts is a child run of it."""
+    import mlflow
+
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("fxtrack").experiment_id])
+    (parent,) = [r for r in runs if "fxtrack.serve_probes" in r.data.tags]
+    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(probes) == int(parent.data.tags["fxtrack.serve_probes"]) >= 2
+    return client, parent, probes
+
+
 def test_a_tiny_rate_search_logs_each_probe_as_a_child_run(tmp_path):
     """torch, tiny Llama, two buckets: the parent keeps the answer and the bracket; each probe
     is a child run with its own figures, verdict and records; the report folds them in."""
-    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("mlflow")
     from conftest import run_fxtrack, seed_peak_cache
 
     env = seed_peak_cache(tmp_path / "cache")
@@ -249,12 +263,7 @@ def test_a_tiny_rate_search_logs_each_probe_as_a_child_run(tmp_path):
                        "scenario.new_tokens=3", "scenario.max_batch=2",
                        "scenario.batch_buckets=[1,2]", "scenario.resolution=0.5",
                        "warmup_steps=1", env=env)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    runs = client.search_runs([client.get_experiment_by_name("fxtrack").experiment_id])
-    (parent,) = [r for r in runs if "fxtrack.serve_probes" in r.data.tags]
-    probes = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    assert len(probes) == int(parent.data.tags["fxtrack.serve_probes"]) >= 2
+    client, parent, probes = search_and_probes(tmp_path, proc)
     shown = [line for line in (proc.stdout + proc.stderr).splitlines()
              if line.startswith("[fxtrack] serve probe ")]  # progress: one line per probe
     assert len(shown) == len(probes) and "req/s x 6: " in shown[0], shown

@@ -234,10 +234,11 @@ def chart(suite: Suite, out: Path):
 
     taus = [1 + i * 0.01 for i in range(int((CAP - 1) / 0.01) + 1)]
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
+    ratios = _ratios(suite.cells, {x.framework: {c.name: sm.point for c, sm in
+                                                 _each(suite.cells, x.framework)}
+                                   for x in suite.standings})
     for s in suite.standings:
-        pairs = _ratios(suite.cells, {fw: {c.name: sm.point for c, sm in _each(suite.cells, fw)}
-                                      for fw in (x.framework for x in suite.standings)})[s.framework]
-        shares = profile(pairs, taus)
+        shares = profile(ratios[s.framework], taus)
         ax.step(taus, [shares[t] for t in taus], where="post", color=colour(s.framework),
                 label=f"{fw_words(s.framework)} (geomean {s.geomean:.2f}x)")
     ax.set_xlabel("tau: within this factor of the cell's best")
