@@ -26,7 +26,7 @@ import math
 import pandas as pd
 import pytest
 
-from fxtrack.report import answer, compare, converge, samples
+from fxtrack.report import answer, compare, converge, samples, tables, verdicts
 
 T0 = 1_796_000_000_000  # ms
 FRAMEWORKS = ("torch", "tensorflow", "jax")
@@ -306,6 +306,41 @@ def test_the_section_and_compare_show_the_answers_figures(seed):
     train = {e.framework: e.sample for e in blocks[("train", "")].entries}
     assert sorted(p.base.point for p in result.pairs) == sorted(s.point for s in train.values())
     assert sorted(p.base.n for p in result.pairs) == sorted(s.n for s in train.values())
+
+
+def _throughput_cells(frame) -> dict[str, tuple[str, int]]:
+    """The report's Throughput table (its one model's row) and the Verdict table's repeats
+    column, as the report builds them: framework -> (figure as shown, repeats)."""
+    runs = samples.standing(frame).runs
+    train = runs[runs["scenario"] == "train"]
+    (table,) = tables.throughput(train)
+    (row,) = table.rows
+    (verdict,) = verdicts.table(train) or [None]
+    n = {r.framework: r.repeats for r in verdicts.ratios(train)}
+    assert verdict is None or verdict.rows[0][-2] == str(min(n.values()))
+    return {fw: (cell.split(" ")[0], n[fw]) for fw, cell in zip(table.header[1:], row[1:])}
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_throughput_and_verdict_tables_show_the_answers_figures(seed):
+    frame = search_frame(generate(seed).runs)
+    blocks, _ = _blocks(frame)
+    block = {e.framework: e.sample for e in blocks[("train", "")].entries}
+    assert _throughput_cells(frame) == {fw: (tables.fmt(s.point), s.n) for fw, s in block.items()}
+
+
+def test_a_stale_aggregate_shows_its_repeats_figure_in_the_tables_as_in_the_answer():
+    """A repeat synced after its aggregate closed: the aggregate's logged median misses it; the
+    tables pool the repeats as the answer does, never the stale logged figure."""
+    g = _quiet()
+    g.group("torch", "train", {}, [10.0, 20.0, 30.0], "throughput_samples_per_s", {})
+    g.group("jax", "train", {}, [40.0, 50.0], "throughput_samples_per_s", {})
+    g.runs[-1].metrics["throughput_samples_per_s"] = 40.0  # logged before the second repeat
+    g.runs[-1].metrics["repeats"] = 1.0
+    frame = search_frame(g.runs)
+    (block,), _ = answer.blocks(frame)
+    assert {e.framework: e.sample.point for e in block.entries} == {"torch": 20.0, "jax": 45.0}
+    assert _throughput_cells(frame) == {"torch": ("20.0", 3), "jax": ("45.0", 2)}
 
 
 # -- one test per contradiction of issue 58, each on a small store of its own

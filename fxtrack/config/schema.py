@@ -12,6 +12,7 @@ Model sizes default to the one architecture table (``fxtrack.architectures``) th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import enum
 import os
 from typing import Any, Optional
@@ -381,11 +382,21 @@ def register() -> None:
 def apart_from_identity() -> dict[str, str]:
     """Every config key declared apart from a run's identity (``options.apart``) -> why: the
     fields of the top-level schema and of each group's, and every scenario's options."""
+    from fxtrack.scenarios.options import apart_from_identity as options_apart
+
+    # a scenario registered later (a test's toy) brings its options: they are read each time
+    return {**_schemas_apart(), **options_apart()}
+
+
+@functools.cache
+def _schemas_apart() -> dict[str, str]:
+    """The schemas' part of ``apart_from_identity``: fixed at import, and a report asks it per
+    column of every block (type hints cost a compile each)."""
     import typing
 
-    from fxtrack.scenarios.options import apart_from_identity as options_apart, apart_keys
+    from fxtrack.scenarios.options import apart_keys
 
-    found = {**apart_keys(FxtrackConfig), **options_apart()}
+    found = dict(apart_keys(FxtrackConfig))
     for name, kind in typing.get_type_hints(FxtrackConfig).items():
         if dataclasses.is_dataclass(kind):
             found.update(apart_keys(kind, f"{name}."))

@@ -71,7 +71,7 @@ def main(argv: list[str]) -> int:
             return 2
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri_text
-    from fxtrack.report import (charts, claims, cost, levers, lm, render, select, serving,
+    from fxtrack.report import (charts, claims, cost, levers, lm, render, samples, serving,
                                 tables, trend, verdicts)
     from fxtrack.tracking import reader, writer
 
@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
     except reader.ReadError as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 1
-    selection = select.latest_runs(frame)
+    selection = samples.standing(frame)  # every figure as the one figure function pools it
     if selection.runs.empty:
         print(f"{PROG}: no finished benchmark runs in experiment {args.experiment!r}: "
               f"{selection.summary()}", file=sys.stderr)

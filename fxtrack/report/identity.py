@@ -170,7 +170,8 @@ def apart(ident: pd.DataFrame, within: list[str]) -> pd.Series:
     ``batch_size=4``, ``scenario.rate=8``, ``compile=true`` ('' where nothing does), so that a
     page showing several identities of one model says which is which."""
     framework = {"framework", *identity_settings(), "model", "size"}
-    keys = [c for c in ident.columns if c in columns_of(ident) and c not in framework
+    identity = set(columns_of(ident))
+    keys = [c for c in ident.columns if c in identity and c not in framework
             and not c.startswith("model.") and not owned(c) and c not in within]
     out = pd.Series("", index=ident.index, dtype=object)
     for _, group in ident.groupby(within, sort=False, dropna=False):
@@ -207,5 +208,5 @@ def across_frameworks(cols: list[str]) -> list[str]:
 
 def columns_of(ident: pd.DataFrame) -> list[str]:
     """The identity columns present in a frame that ``read`` (or ``samples.configs``) built."""
-    names = set(declared())
-    return [c for c in ident.columns if c in names or c in options(ident)]
+    names = set(declared()) | set(options(ident))
+    return [c for c in ident.columns if c in names]

@@ -21,6 +21,7 @@ from fxtrack import stats
 from fxtrack.metrics import CAVEATS, caveat_words, lookup
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import identity as ident
+from fxtrack.report import select
 from fxtrack.report.tables import fmt
 
 
@@ -235,6 +236,51 @@ def by_rule(rule: Callable[[list], tuple[Optional[list[float]], str]], column: p
     values = [v for v in every if v is not None]
     point = stats.median(values) if values else math.nan
     return Sample(point, None, len(every), run_ids, rows, every, why)
+
+
+# What an aggregate logs about its group rather than as one of its repeats' figures: the
+# interval fields are restated from the pooled sample below, the worst host load is kept.
+_OF_THE_GROUP = {"repeats", "host_other_cpu_frac", "throughput_ci_low", "throughput_ci_high",
+                 "throughput_rel_ci", "throughput_log_mean", "throughput_log_sd",
+                 "step_time_ms_p50_ci_low", "step_time_ms_p50_ci_high"}
+
+
+def standing(frame: pd.DataFrame) -> select.Selection:
+    """The report's rows (``select.latest_runs``: one per identity), each aggregate's figures
+    pooled from its repeats by ``sample``'s own code, so that the main tables (throughput,
+    verdicts, memory) show the figure, n and interval the answer, compare and the sections
+    show, even where the aggregate's logged median is stale (a repeat synced after it closed)."""
+    selection = select.latest_runs(frame)
+    kept = selection.runs
+    aggregates = kept.index[kept["kind"] == "aggregate"]
+    if not len(aggregates):
+        return selection
+    every = configs(frame)
+    result_of = dict(zip(frame["run_id"], ident.column(frame, "fxtrack.result_id", None)))
+    cols = [c for c in kept.columns if c.startswith("metrics.")
+            and c[len("metrics."):] not in _OF_THE_GROUP]
+    for i in aggregates:
+        head = kept.loc[i].copy()
+        head["result_id"] = result_of.get(head["run_id"])
+        reps = every[every["repeat_of"] == head["result_id"]]
+        if head["result_id"] is None or reps.empty:
+            continue  # its repeats are not in the store: its own logged figures stand
+        one = head.to_frame().T
+        for col in cols:
+            found = _pooled(head, one, reps, col, col[len("metrics."):], None)
+            if found is None:
+                continue
+            kept.at[i, col] = found.point
+            if col == "metrics.throughput_samples_per_s":
+                kept.at[i, "repeats"] = found.n
+                interval = found.interval()
+                log_mean, log_sd = found.log[:2] if found.log else (math.nan, math.nan)
+                low, high = interval or (math.nan, math.nan)
+                for key, value in (("throughput_log_mean", log_mean), ("throughput_log_sd", log_sd),
+                                   ("throughput_ci_low", low), ("throughput_ci_high", high),
+                                   ("throughput_rel_ci", (high - low) / found.point)):
+                    kept.loc[i, f"metrics.{key}"] = value
+    return selection
 
 
 def ratio(cand: Sample, base: Sample) -> tuple[float, Optional[tuple[float, float]]]:
