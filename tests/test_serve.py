@@ -217,14 +217,17 @@ def test_the_serving_section_charts_the_windows_and_compares_goodput_at_a_common
     frame = pd.concat([runs, probes], ignore_index=True)
     section = serving.section(runs, frame)
     common = section.tables[1]
-    assert common.title == "Serving: vit, goodput at a common rate (8 req/s)"
-    assert {r[0]: r[1] for r in common.rows} == {"torch": "1.00", "jax": "8.00"}
+    # the highest rate both served within the SLOs: 4 (torch failed 8, jax passed it)
+    assert common.title == "Serving: vit, goodput at a common rate (4 req/s)"
+    assert {r[0]: r[1] for r in common.rows} == {"torch": "4.00", "jax": "4.00"}
     drawn = serving.charts(frame, runs, tmp_path)
     assert [c.path.name for c in drawn] == ["serve-vit-e2e.png"]  # no TPOT for a vision model
     assert drawn[0].path.stat().st_size > 0
     lines = {fw: serving.windows(frame, r) for fw, (_, r) in zip(("torch", "jax"), runs.iterrows())}
     assert [w.passed for w in lines["torch"]] == [True, True, False, True]
     assert serving.common_rate({"a": lines["torch"][:1], "b": lines["jax"]}) is None
+    # no rate both served: the highest both measured a window at
+    assert serving.common_rate({"a": lines["torch"][2:3], "b": lines["jax"]}) == 8.0
     # scenario.sized_tail: a 464-request window confirming 6 req/s (it failed its SLO at that
     # size) replaces the small probe at that rate in the curve
     confirm = {**_probe("t", 6.0, 5.0, 950.0, 1.5, "slo"), "run_id": "t-6-full",

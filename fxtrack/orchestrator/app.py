@@ -104,7 +104,10 @@ def task(cfg: DictConfig) -> None:
             "name": name, "status": result.status, "guard": result.guard, "error": result.error,
             "metrics": result.metrics, "run_id": run_id, "tags": record.get("tags", {}),
             "params": record.get("params", {}),
-            "aggregate": cell[0] if cell else record.get("tags", {}).get("fxtrack.repeat_of")})
+            "aggregate": cell[0] if cell else record.get("tags", {}).get("fxtrack.repeat_of"),
+            # a rate search's probes: the sweep's common-rate windows (sweep.common_rate_plan)
+            "probes": [[c["metrics"].get("requested_rate_rps"), c["tags"].get("serve_probe")]
+                       for c in result.children]})
         if cell is not None:  # the config's last repeat closes its aggregate
             from fxtrack.orchestrator import repeats
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -114,6 +116,7 @@ class SweepRun(Callback):
 
         verdict += fit.closing_table(jobs) + serving.closing_table(jobs)
         print(verdict, file=sys.stderr)
+        common_rate_windows(config, jobs_dir)  # before the report, which compares them
         frameworks = sorted({j["tags"]["fxtrack.framework"] for j in jobs
                              if j.get("tags", {}).get("fxtrack.framework")})
         code_params, code_csv = code_size(frameworks)
@@ -297,6 +300,74 @@ def skipped_job(name: str, why: str) -> dict[str, Any]:
 # What closes the parents this process left open (repeats.close_open, registered by that module
 # as it is imported): called with (status, why) when a signal stops the sweep, None at its end.
 CLOSERS: list = []
+
+
+def common_rate_plan(jobs: dict[int, dict[str, Any]]) -> list[tuple[float, list[int], str]]:
+    """The windows a sweep's rate searches lack for one rate every framework and policy served:
+    per group of searches of one model and options (two or more, one window each), the rate,
+    the job numbers that need a window at it, and a line saying why. The searches' probes lie
+    on one power-of-two grid, but each walks it from its own start: where no probed rate passed
+    in all of them, the grid's highest rate at or below every search's answer is one each
+    served by its answer, probed once more where it was not."""
+    groups: dict[tuple, dict[int, dict[str, Any]]] = {}
+    for num, j in jobs.items():
+        p, t = j.get("params", {}), j.get("tags", {})
+        if (t.get("fxtrack.scenario") != "serve" or j.get("status") != "FINISHED"
+                or p.get("scenario.rate") != "search" or t.get("fxtrack.repeat_of")
+                or p.get("scenario.concurrency") not in (None, "None", "")):
+            continue
+        key = tuple(sorted((k, v) for k, v in p.items()
+                           if k.startswith(("model.", "scenario.", "data.", "size."))
+                           and k != "scenario.batching")) + tuple(
+            t.get(f"fxtrack.{k}") for k in ("model", "precision", "devices", "hardware"))
+        groups.setdefault(key, {})[num] = j
+    plan = []
+    for cells in groups.values():
+        if len(cells) < 2:
+            continue
+        passed = [{r for r, verdict in c.get("probes", []) if verdict == "pass"}
+                  for c in cells.values()]
+        if set.intersection(*passed):
+            continue  # the report's common-rate table has one already
+        answers = [c["metrics"].get("max_rate_under_slo_rps") or 0.0 for c in cells.values()]
+        names = ", ".join(c["name"] for c in cells.values())
+        if min(answers) <= 0:
+            plan.append((0.0, [], f"no common rate for {names}: a search served no rate"))
+            continue
+        rate = 2.0 ** math.floor(math.log2(min(answers)))
+        need = [num for num, c in cells.items()
+                if rate not in {r for r, _ in c.get("probes", [])}]
+        plan.append((rate, need, f"{rate:g} req/s, the highest rate on the searches' grid at "
+                     f"or below every one's answer, for {names}"))
+    return plan
+
+
+def common_rate_windows(config: DictConfig, jobs_dir: Path) -> None:
+    """One window at a rate every framework and policy served (``common_rate_plan``), run as
+    a fixed-rate serve job tagged a probe of its search: the report's common-rate table then
+    compares them at one offered load."""
+    files = {int(p.stem): json.loads(p.read_text()) for p in sorted(jobs_dir.glob("*.json"))}
+    plan = common_rate_plan(files)
+    if not plan:
+        return
+    overrides = sweep_jobs(config)
+    for rate, need, why in plan:
+        if not need:
+            print(f"fxtrack: {why}", file=sys.stderr)
+            continue
+        print(f"fxtrack: serving: a window at {why}", file=sys.stderr, flush=True)
+        for num in need:
+            job = files[num]
+            own = [o for o in overrides[num % len(overrides)]
+                   if o.split("=", 1)[0].lstrip("+~") not in ("scenario.rate", "repeats")]
+            cmd = [sys.executable, "-m", "fxtrack", *own, f"scenario.rate={rate:g}",
+                   f"scenario.probe_of={job['tags'].get('fxtrack.result_id', '')}",
+                   f"hydra.run.dir={jobs_dir.parent / 'common-rate' / f'{num:04d}'}"]
+            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, check=False)
+            if done.returncode:
+                print(f"fxtrack: the common-rate window of {job['name']} exited "
+                      f"{done.returncode}: the report compares the rates the searches probed",
+                      file=sys.stderr)
 
 
 def close_interrupted(status: str = "KILLED", why: str = "interrupted") -> list:

@@ -40,9 +40,16 @@ def windows(frame: pd.DataFrame, run: pd.Series) -> list[Window]:
     """The windows behind a kept serve run: its rate-search probes (child runs tagged
     ``fxtrack.serve_probe``), else the run's own window."""
     rows = [run]
-    if {"tags.mlflow.parentRunId", "tags.fxtrack.serve_probe"} <= set(frame.columns):
-        children = frame[(frame["tags.mlflow.parentRunId"] == run["run_id"])
-                         & frame["tags.fxtrack.serve_probe"].notna()]
+    if "tags.fxtrack.serve_probe" in frame:
+        # its probes: its child runs, and a sweep's window at a common rate (sweep.py), a run
+        # of its own that names the search's result id
+        of = pd.Series(False, index=frame.index)
+        if "tags.mlflow.parentRunId" in frame:
+            of |= frame["tags.mlflow.parentRunId"] == run["run_id"]
+        if {"tags.fxtrack.serve_probe_of", "tags.fxtrack.result_id"} <= set(frame.columns):
+            own = frame.loc[frame["run_id"] == run["run_id"], "tags.fxtrack.result_id"]
+            of |= frame["tags.fxtrack.serve_probe_of"].isin(own.dropna())
+        children = frame[of & frame["tags.fxtrack.serve_probe"].notna()]
         if not children.empty:
             rows = [r for _, r in children.iterrows()]
     # scenario.sized_tail: a full window confirms a rate a small probe already served; the
@@ -61,11 +68,16 @@ def windows(frame: pd.DataFrame, run: pd.Series) -> list[Window]:
 
 
 def common_rate(by_framework: dict[str, list[Window]]) -> Optional[float]:
-    """The highest requested rate every framework served a window at (the searches' probes
-    share a power-of-two grid), or None."""
-    rates = [{w.rate for w in ws if w.rate is not None} for ws in by_framework.values()]
-    shared = set.intersection(*rates) if rates else set()
-    return max(shared) if shared else None
+    """The highest requested rate every framework served within its SLOs (the searches' probes
+    share a power-of-two grid; a sweep adds a window where none is shared), else the highest
+    every one measured a window at, or None."""
+    for served in (True, False):
+        rates = [{w.rate for w in ws if w.rate is not None and (w.passed or not served)}
+                 for ws in by_framework.values()]
+        shared = set.intersection(*rates) if rates else set()
+        if shared:
+            return max(shared)
+    return None
 
 
 def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Table]:
@@ -111,8 +123,9 @@ def tables(runs: pd.DataFrame, frame: Optional[pd.DataFrame] = None) -> list[Tab
                 ["framework", "goodput (req/s)", "SLO attained", "p99 E2E ms", "achieved (req/s)"],
                 [[fw, fmt(w.goodput, 2), "-" if w.attained is None else f"{w.attained:.0%}",
                   fmt(w.e2e_p99), fmt(w.throughput, 2)] for fw, w in at.items()],
-                ["the highest requested rate every framework served a window at: the same "
-                 "offered load for each" if rate else
+                ["the highest requested rate every framework served within its SLOs (else "
+                 "the highest each measured a window at): the same offered load for each"
+                 if rate else
                  "no rate was served by every framework (fixed rates differ, or a search "
                  "started off the shared grid): no common-rate figure"]))
     return out

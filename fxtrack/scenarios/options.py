@@ -289,6 +289,10 @@ class ServeOptions(Options):
     timeout_ms: Optional[float] = None  # a request waiting longer than this is dropped (failed)
     token_spread: Optional[int] = None  # folded into length_dist=uniform: refused if given
     slo: SloOptions = dataclasses.field(default_factory=SloOptions)
+    # a sweep's window at a rate every framework and policy served (orchestrator/sweep.py
+    # common_rate_windows): one more probe of the search whose result id it names
+    probe_of: str = apart("a window of another run's rate search, counted through it",
+                          default="")
 
     def __post_init__(self) -> None:
         if isinstance(self.slo, dict):  # read back from a JobSpec's JSON
@@ -335,6 +339,9 @@ class ServeOptions(Options):
                              "scenario.duration_s (or scenario.sized_tail)")
         if self.rate != "search":
             _number_or_search("rate", self.rate, "a number of requests/s")
+        if self.probe_of and (self.rate == "search" or self.concurrency is not None):
+            raise ValueError("scenario.probe_of names the rate search a window belongs to: "
+                             "it takes a fixed scenario.rate")
         buckets = self.buckets
         if min(buckets) < 1:  # a bucket is a batch size: [0, 8] covers max_batch, still wrong
             raise ValueError(f"scenario.batch_buckets are batch sizes, each 1 or more; got "

@@ -807,6 +807,9 @@ def run(backend: Any, result: Any) -> None:
             searched(probes, lowest, "serve_probe_rate_rps", "max_rate")
         else:
             reported = window(float(o["rate"]))
+            if o["probe_of"]:  # a sweep's window at a common rate: one more probe of a search
+                result.tags.update(serve_probe_of=o["probe_of"],
+                                   serve_probe=probe_verdict(reported.figures, o["slo"]))
     record_window(backend, result, measured, kind, sum(served))
     m.update(reported.figures)
     m["param_count"] = float(backend.param_count())
