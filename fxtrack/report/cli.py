@@ -113,9 +113,10 @@ def main(argv: list[str]) -> int:
     source = f"experiment {args.experiment!r} at {redact_uri_text(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
             f"generated {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
-            "each figure is the latest finished run (or repeats=N aggregate) of one identity: "
-            "framework, model and its dims, scenario and its options, precision, devices, "
-            "hardware, batch, levers; separate runs are never pooled as repeats"]
+            "each figure is the latest finished run or repeats=N group of one identity "
+            "(every logged key but those declared apart), a group's figures pooled from its "
+            "repeats by the one figure function (report/samples.py); separate runs are never "
+            "pooled as repeats"]
     verdict = verdicts.table(runs, args.min_repeats)
     sections = tables.sections(runs) + [s for s in [lm.section(frame, runs)] if s]
     sections += scenario_sections(runs, frame)  # each scenario's own (fit's search, serving)
