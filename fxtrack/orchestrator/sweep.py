@@ -312,7 +312,8 @@ def common_rate_plan(jobs: dict[int, dict[str, Any]]) -> list[tuple[float, list[
     groups: dict[tuple, dict[int, dict[str, Any]]] = {}
     for num, j in jobs.items():
         p, t = j.get("params", {}), j.get("tags", {})
-        if (t.get("fxtrack.scenario") != "serve" or j.get("status") != "FINISHED"
+        # a finished rate search: what logs the highest rate under the SLOs
+        if ("max_rate_under_slo_rps" not in j.get("metrics", {}) or j.get("status") != "FINISHED"
                 or p.get("scenario.rate") != "search" or t.get("fxtrack.repeat_of")
                 or p.get("scenario.concurrency") not in (None, "None", "")):
             continue
