@@ -262,8 +262,8 @@ def standing(frame: pd.DataFrame) -> select.Selection:
     for i in aggregates:
         head = kept.loc[i].copy()
         head["result_id"] = result_of.get(head["run_id"])
-        reps = every[every["repeat_of"] == head["result_id"]]
-        if head["result_id"] is None or reps.empty:
+        reps = every[every["repeat_of"] == head["result_id"]] if head["result_id"] else every[:0]
+        if reps.empty:
             continue  # its repeats are not in the store: its own logged figures stand
         one = head.to_frame().T
         for col in cols:
