@@ -9,7 +9,8 @@ ops by self CPU time. For finding why one arm's step is slower than another's (i
     PYTHONPATH=. python bench/profile_step.py --row llama-torch --precision bf16 --full \
         --seq-len 256 --batch 1 --steps 1 --shapes   # bench/mfu.py's 1B Llama cell
 
-torch rows only (the profiler is torch's).
+torch rows and ``framework=keras`` on the torch backend (``--row vit-keras-torch``; the
+reference is keras-hub's on the same backend) only: the profiler is torch's.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def reference_bench():
 
 def main() -> None:
     ref = reference_bench()
-    torch_rows = [r for r, row in ref.ROWS.items() if row[1] == "torch"]
+    # every row whose steps run torch ops: torch's own, and framework=keras on the torch backend
+    torch_rows = [r for r, row in ref.ROWS.items()
+                  if row[1] == "torch" or ref.keras_backend(r) == "torch"]
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--row", choices=torch_rows, default="llama-torch")
     parser.add_argument("--arm", choices=("fxtrack", "reference"), default="fxtrack")
@@ -58,6 +61,8 @@ def main() -> None:
                batch=args.batch or ref.BATCHES.get(model, ref.BATCH), warmup=3,
                precision=args.precision,
                reference=reference, mode=args.mode or ("auto" if args.arm == "fxtrack" else default))
+    if framework == "keras":
+        arm["keras_backend"] = "torch"
 
     from fxtrack.worker.__main__ import prepare_environment
 
@@ -66,7 +71,8 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    build = ref.fxtrack_step if args.arm == "fxtrack" else ref.torch_reference_step
+    reference_step = ref.keras_reference_step if framework == "keras" else ref.torch_reference_step
+    build = ref.fxtrack_step if args.arm == "fxtrack" else reference_step
     step, mode = build(arm, arch, spec)
     for _ in range(arm["warmup"]):
         step()

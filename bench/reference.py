@@ -43,6 +43,8 @@ rotated round to round, while the others wait. Reported: each arm's median sampl
 round (paired), its median and the 95% t interval of the mean log ratio (fxtrack/stats.py).
 
     pip install transformers keras-hub          # the references; torchvision for ResNet-50 (torch)
+    # no CPU torchvision for torch 2.13 on this index: its CUDA wheel's model code, off the venv
+    pip install --no-deps --target /tmp/tvpkg torchvision && export PYTHONPATH=/tmp/tvpkg
     python bench/reference.py [--rounds 5] [--only vit-tensorflow,bert-jax] [--modes all]
     python bench/reference.py --only '*-keras-*,resnet50-jax' --precisions bf16   # patterns
     python bench/reference.py --quick           # every row at tiny widths: a smoke run
@@ -163,6 +165,28 @@ def fxtrack_step(arm: dict, arch, spec) -> tuple[Callable[[], Any], str]:
                                                                    spec.framework_settings)
 
 
+def torchvision_resnet50() -> Callable[..., Any]:
+    """``torchvision.models.resnet50``: the package as installed, or, where its compiled op
+    library does not load (the index's only torchvision for torch 2.13 is a CUDA build: "operator
+    torchvision::nms does not exist" at import), its pure-Python model code without the package's
+    ``__init__``. ResNet-50 calls none of those ops (detection's NMS, RoI pooling)."""
+    import sys
+    import types
+
+    try:
+        import torchvision
+    except (RuntimeError, OSError):
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]  # the half-imported package
+        package = types.ModuleType("torchvision")
+        package.__path__ = list(importlib.util.find_spec("torchvision").submodule_search_locations)
+        sys.modules["torchvision"] = package
+        from torchvision.models.resnet import resnet50
+
+        return resnet50
+    return torchvision.models.resnet50
+
+
 def torch_reference_model(arm: dict, arch) -> tuple[Any, Callable[[Any], Any]]:
     """The torch reference and its loss (model -> loss), fxtrack's batch on it."""
     import torch
@@ -173,9 +197,7 @@ def torch_reference_model(arm: dict, arch) -> tuple[Any, Callable[[Any], Any]]:
     torch.manual_seed(0)
     data = synthetic.make_batch(arch, arm["batch"], 0)
     if arm["reference"] == "torchvision":
-        import torchvision
-
-        model = torchvision.models.resnet50(num_classes=arch.num_classes)
+        model = torchvision_resnet50()(num_classes=arch.num_classes)
         model = model.to(memory_format=torch.channels_last)  # as fxtrack runs ResNet-50
         x = torch.from_numpy(data["images"]).permute(0, 3, 1, 2).contiguous(
             memory_format=torch.channels_last)
