@@ -482,7 +482,7 @@ def undocumented_declarations() -> list[str]:
                 rf"\b{name}\b", _layout_entry(layout, "fxtrack/scenarios/")):
             missing.append(f"scenario={name}")
     models = _group_options("model")
-    for model in [*architectures.MODELS, *(f for f in families.names()
+    for model in [*architectures.models(), *(f for f in families.names()
                                            if families.get(f).builder_capability)]:
         if f"`{model}`" not in models:
             missing.append(f"model={model}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from fxtrack import defaults, families
+from fxtrack import architectures, families
 from fxtrack.architectures import Arch
 from fxtrack.config import memory
 
@@ -72,7 +72,7 @@ def start_value(arch: Arch, axis: str, precision: str, batch: Optional[int], mem
     """Where the search starts: the largest value whose estimate fits the budget where the
     estimate counts activations (decoder LMs), else the batch (or seq_len) the run would use."""
     if axis == "batch_size":
-        fallback = batch or defaults.resolve(arch.name, kind or "gpu", None, None, None)[0]
+        fallback = batch or architectures.run_defaults(arch.name, kind or "gpu", None, None, None)[0]
     else:
         fallback = arch.seq_len
     one = _estimate(arch, precision, batch or 1, memory_lever, axis, 1)

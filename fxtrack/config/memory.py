@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Callable, Optional
 
-from fxtrack import architectures, defaults, families, scenarios
+from fxtrack import architectures, families, scenarios
 from fxtrack.architectures import Arch
 
 GIB = 2**30
@@ -66,12 +66,12 @@ class Available:
 
 def param_count(arch: Arch) -> Optional[int]:
     """Parameters from the table: from the dims where the family has a formula (a Llama's),
-    another family's only at its canonical size (PARAM_COUNTS); None where unknown (a resized
+    another family's only at its canonical size (its Model's params); None where unknown (a resized
     ResNet/BERT/ViT, a user's model): then the check is skipped."""
     formula = families.of(arch).params
     if formula is not None:
         return formula(arch)
-    return architectures.PARAM_COUNTS.get(arch.name) if arch.canonical else None
+    return architectures.param_count(arch.name) if arch.canonical else None
 
 
 def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int = 1,
@@ -189,7 +189,7 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
         params = count()[0] if count is not None else None
         if params is None:  # not counted: the run's worker reports a broken builder
             return None
-    per_device = batch or defaults.resolve(arch.name, kind or "gpu", None, None, None)[0]
+    per_device = batch or architectures.run_defaults(arch.name, kind or "gpu", None, None, None)[0]
     # a device sweep (scenario=scaling) runs its x1 baseline on one device, then the full count
     counts = [1, devices] if scenarios.get(scenario).sweeps_devices else [devices]
     worst: Optional[tuple[float, Estimate, int]] = None

@@ -36,6 +36,26 @@ def _always(arch: "Arch") -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Model:
+    """One named size of a family (torchtitan's flavour), chosen as ``model=<name>``: its
+    canonical dims, what ``size=tiny`` changes, its per-device defaults and how the report names
+    it. Its config node (``conf``'s ``model/<name>``) is registered from here
+    (``fxtrack.config.schema.register``)."""
+
+    name: str
+    dims: dict[str, Any]  # the canonical sizes (the papers': see the family's module)
+    # (per-device batch, timed steps, warm-up steps) for ``batch_size``, ``steps`` and
+    # ``warmup_steps`` left null, on a GPU and on a CPU
+    gpu: tuple[int, int, int]
+    cpu: tuple[int, int, int]
+    tiny: dict[str, Any] = dataclasses.field(default_factory=dict)  # size=tiny's overrides
+    # trainable parameters at the canonical dims (docs/contract.md#groups): the correctness
+    # guard and the parity tests hold every framework to it; None: none fixed
+    params: Optional[int] = None
+    display: Optional[str] = None  # how a sentence names it; None: its name
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     """What shared code may ask about a model family. Optional parts are ``None`` where the
     family has none (a user's model has no synthetic batch: its builder makes its data)."""
@@ -100,6 +120,8 @@ class Family:
     # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
     # reference runs that set them: fxtrack.families.quality); empty: none declared
     quality: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # its named sizes, model=<name> each
+    models: tuple[Model, ...] = ()
 
 
 _REGISTRY: dict[str, Family] = {}
@@ -125,3 +147,10 @@ def of(arch: Any) -> Family:
 
 def names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
+
+
+def models() -> dict[str, tuple[Family, Model]]:
+    """Every registered family's models by name, with their family (read from the registry each
+    time: a family registered later brings its models)."""
+    return {model.name: (family, model) for family in _REGISTRY.values()
+            for model in family.models}

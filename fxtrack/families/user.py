@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fxtrack.families.spec import Family
+from fxtrack.families.spec import Family, Model
 
 Arch = Any  # fxtrack.architectures.Arch, which imports this package
 
@@ -50,6 +50,16 @@ def _is_lm(arch: "Arch") -> bool:
     return arch.dims.get("kind") == "lm"
 
 
+# No sizes: the builder decides. The dims carry what the worker needs to call it: one
+# "package.module:function" per builder key (torch, keras, jax; a framework's declaration names
+# its key), the builder's kwargs, the optimiser, its lr, what kind of model it is (``lm``:
+# measured in tokens along its inputs' ``seq_axis``), and the class names of its sharding units
+# and recomputed blocks (parallel=fsdp, memory=checkpoint).
+MODEL = Model("custom", dict(torch=None, keras=None, jax=None, kwargs={}, optimizer="adamw",
+                             lr=1e-3, kind="plain", seq_axis=1, shard_modules=(),
+                             remat_modules=()),
+              gpu=(32, 50, 10), cpu=(8, 10, 2))
+
 # a plain model's outputs may be any values (a regression): its deployment outputs are held to
 # the error bound alone; an LM's are logits, scored by top-1 agreement too
 CUSTOM = Family("custom", optimizer=_declared_optimizer, is_lm=_is_lm, scores=_is_lm,
@@ -58,4 +68,4 @@ CUSTOM = Family("custom", optimizer=_declared_optimizer, is_lm=_is_lm, scores=_i
                 abstract_count="fxtrack.config.user_model:abstract_param_count",
                 resizable=False, model_code=lambda dims, key: dims[key],
                 run_label=_run_label, dims_shown=_dims_shown, builder_capability="user_model",
-                flat_loss_warns=True)
+                flat_loss_warns=True, models=(MODEL,))

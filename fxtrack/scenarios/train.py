@@ -128,7 +128,7 @@ def guard(backend: Backend, params: int, losses: list[float]) -> str:
 def param_guard(arch: architectures.Arch, params: int) -> str:
     if not arch.canonical:  # resized, or a user's model: no table to compare with
         return "ok"
-    expected = architectures.PARAM_COUNTS[arch.name]
+    expected = architectures.param_count(arch.name)
     if params != expected:
         return f"param_count {params:,} differs from the canonical {expected:,}"
     return "ok"
