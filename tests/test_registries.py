@@ -12,6 +12,7 @@ import pytest
 import toy_family
 from conftest import job_spec
 from fxtrack.config.frameworks import declared, identity_settings
+from fxtrack.frameworks.base import Builder
 from fxtrack.frameworks.declaration import Setting
 from fxtrack.report import compare, samples, select
 from fxtrack.tracking.records import run_name
@@ -112,7 +113,7 @@ def test_a_family_declared_by_one_module_is_listed_and_runs_in_process(mlp_famil
     from fxtrack.frameworks.torch import models as torch_models
     from fxtrack.worker.__main__ import run
 
-    monkeypatch.setitem(torch_models.BUILDERS, "mlp", toy_family.torch_mlp)
+    monkeypatch.setitem(torch_models.BUILDERS, "mlp", Builder(toy_family.torch_mlp))
     assert "mlp2" in architectures.models()
     listed = next(line for line in usage().splitlines() if line.startswith("  model: "))
     assert "mlp2" in listed.split(": ", 1)[1].split(", ")
@@ -150,7 +151,7 @@ def test_a_registered_family_flows_through_config_run_name_report_and_compare(
     from fxtrack.tracking.records import dataset_input, job_record
     from fxtrack.worker.__main__ import run
 
-    monkeypatch.setitem(torch_models.BUILDERS, "mlp", toy_family.torch_mlp)
+    monkeypatch.setitem(torch_models.BUILDERS, "mlp", Builder(toy_family.torch_mlp))
     overrides = ["framework=torch", "model=mlp2", "hardware=cpu", "framework.compile=false",
                  "model.hidden=32"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -120,6 +120,9 @@ class Family:
     # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
     # reference runs that set them: fxtrack.families.quality); empty: none declared
     quality: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # (arch) -> the tokens per sample its attention layers see (a run's attention tag);
+    # None: no attention
+    attention_tokens: Optional[Callable[["Arch"], int]] = None
     # its named sizes, model=<name> each
     models: tuple[Model, ...] = ()
 

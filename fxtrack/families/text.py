@@ -216,6 +216,10 @@ def _check_llama(name: str, d: dict[str, Any]) -> None:
                          "even: RoPE rotates pairs of channels")
 
 
+def _seq_len(arch: "Arch") -> int:
+    return arch.seq_len
+
+
 # a language model's held-out figures (scenario.metric); the first is the default
 CORPUS_METRICS = ("bits_per_byte", "loss")
 _BERT_TINY = dict(layers=2, seq_len=16)
@@ -245,7 +249,7 @@ BERT = Family("bert", size_keys=("layers", "hidden", "heads", "mlp_dim", "seq_le
               check=_check_bert, batch=_mlm_batch, describe=_mlm_shapes, forward_flops=_bert_flops,
               dataset="tokens", seq_len_search=True, data_dims=masked_byte_dims,
               corpus_batch=masked_byte_batch, converge_metrics=CORPUS_METRICS + ("accuracy",),
-              quality=quality.BERT, models=(BERT_BASE, BERT_LARGE))
+              quality=quality.BERT, attention_tokens=_seq_len, models=(BERT_BASE, BERT_LARGE))
 LLAMA = Family("llama", size_keys=(*BERT.size_keys, "kv_heads"),
                check=_check_llama, batch=_next_token_batch, describe=_next_token_shapes,
                forward_flops=_llama_flops, generate_flops=_llama_generate_flops,
@@ -253,4 +257,4 @@ LLAMA = Family("llama", size_keys=(*BERT.size_keys, "kv_heads"),
                memory_note="fused attention assumed", generates=True, seq_len_search=True,
                is_lm=lambda a: True, data_dims=byte_dims, corpus_batch=next_token_windows,
                converge_metrics=CORPUS_METRICS, quality=quality.LLAMA,
-               models=(LLAMA_1B, LLAMA_8B))
+               attention_tokens=_seq_len, models=(LLAMA_1B, LLAMA_8B))

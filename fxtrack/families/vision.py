@@ -69,6 +69,12 @@ def patch_grid(arch: Any) -> tuple[int, int]:
     return h // ph, w // pw
 
 
+def vit_tokens(arch: Any) -> int:
+    """The ViT's tokens: its patches and the class token."""
+    rows, columns = patch_grid(arch)
+    return rows * columns + 1
+
+
 def image_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]:
     """``images`` (B, H, W, 3) float32 + ``labels`` (B,) int32."""
     import numpy as np
@@ -171,4 +177,4 @@ VIT = Family("vit", size_keys=("image_size", "num_classes", "patch", "layers", "
                                "mlp_dim"),
              check=_check_vit, batch=image_batch, describe=image_shapes, forward_flops=_vit_flops,
              dataset="jpeg", data_dims=image_dims, data_keys=("image_height",),
-             quality=quality.VIT, models=(VIT_B16, VIT_L16))
+             quality=quality.VIT, attention_tokens=vit_tokens, models=(VIT_B16, VIT_L16))
