@@ -28,8 +28,7 @@ def _model(name: str) -> tuple[families.Family, families.Model]:
 
 def models() -> tuple[str, ...]:
     """fxtrack's own models, every registered family's (a user's model=custom apart)."""
-    return tuple(name for name, (fam, _) in families.models().items()
-                 if fam.builder_capability is None)
+    return tuple(name for name, (fam, _) in families.models().items() if fam.user is None)
 
 
 def param_count(name: str) -> Optional[int]:
@@ -102,10 +101,10 @@ def models_where(test: Callable[[families.Family], bool]) -> tuple[str, ...]:
 
 
 def runs_carry_model_code(name: str) -> bool:
-    """Whether model ``name``'s code is measured on each run (``Family.model_code``: a user's
-    builder module), not counted once per framework in fxtrack's own source."""
+    """Whether model ``name``'s code is measured on each run (``UserModel.model_code``: a
+    user's builder module), not counted once per framework in fxtrack's own source."""
     found = spec(name)
-    return found is not None and found.model_code is not None
+    return found is not None and found.user is not None
 
 
 def size_default(name: str, size: str, key: str) -> Any:

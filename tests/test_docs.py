@@ -483,7 +483,7 @@ def undocumented_declarations() -> list[str]:
             missing.append(f"scenario={name}")
     models = _group_options("model")
     for model in [*architectures.models(), *(f for f in families.names()
-                                           if families.get(f).builder_capability)]:
+                                           if families.get(f).user)]:
         if f"`{model}`" not in models:
             missing.append(f"model={model}")
     for family in families.names():

@@ -94,7 +94,8 @@ def check(conf: Any, arch: Arch) -> Optional[str]:
     have = budget(s.memory_gib, kind, conf.devices)
     why = refusal(arch, s.axis, conf.precision.name, conf.batch_size, conf.memory.value, have,
                   s.max_batch)
-    counter = families.of(arch).abstract_count
+    user = families.of(arch).user  # a built model: a shape-only build counts its parameters
+    counter = None if user is None else user.abstract_count
     if why is not None or counter is None:
         return why
     from fxtrack.frameworks.declaration import import_path

@@ -185,7 +185,7 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
     if have is None:
         return None
     params = None
-    if families.of(arch).abstract_count is not None:  # no table: a shape-only build counts
+    if families.of(arch).user is not None:  # no table: a shape-only build counts
         params = count()[0] if count is not None else None
         if params is None:  # not counted: the run's worker reports a broken builder
             return None
@@ -230,7 +230,7 @@ def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[
                 "host share its memory)")
     else:
         fsdp = f"parallel=fsdp devices=N ({state} N ways)"
-    if not families.of(arch).resizable:  # e.g. a user's model: fxtrack cannot resize it
+    if families.of(arch).user is not None:  # a built model: fxtrack cannot resize it
         out = ["a smaller model (its builder's model.kwargs)"]
         if training and arch.dims.get("optimizer") == "adamw":
             out.append("model.optimizer=sgd (one moment a parameter, not AdamW's two)")

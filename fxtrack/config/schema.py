@@ -335,8 +335,8 @@ def model_schemas() -> dict[str, type]:
     for name in families.names():
         if name not in _MODEL_SCHEMAS:
             family = families.get(name)
-            _MODEL_SCHEMAS[name] = (sized_schema(family) if family.config_schema is None
-                                    else import_path(family.config_schema))
+            _MODEL_SCHEMAS[name] = (sized_schema(family) if family.user is None
+                                    else import_path(family.user.config_schema))
     return dict(_MODEL_SCHEMAS)
 
 

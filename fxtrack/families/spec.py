@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 Arch = Any  # fxtrack.architectures.Arch, which imports this package
+UserModel = Any  # fxtrack.families.user.UserModel, which imports this module
 
 # Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
 # nothing L2 weight decay for ResNet-50 (Goyal et al. 2017), AdamW for the transformers.
@@ -83,28 +84,9 @@ class Family:
     # its (first) output is a score vector, logits over the last axis: a deployment run measures
     # top-1 agreement there (and requires it for int8); False: any values, the error bound alone
     scores: Callable[["Arch"], bool] = _always
-    # A model a builder makes (model=custom) answers these itself; None: fxtrack's own model.
-    # Parts that live in the config layer are "module:function" strings, imported where used,
-    # so this package imports nothing above it.
-    config_schema: Optional[str] = None  # "module:Class" of model.*; None: its size keys
-    config_check: Optional[str] = None  # (conf, arch) -> why the cell cannot run, or None
-    # (conf, arch) -> (parameters, why not): counted from a shape-only build, as there is no
-    # table or formula to read them from
-    abstract_count: Optional[str] = None
-    resizable: bool = True  # size= and model.<key> make it smaller (False: only its own kwargs)
-    # (dims, builder key) -> the "module:function" whose module is the model's code: measured
-    # per run (fxtrack's own code is counted once per framework)
-    model_code: Optional[Callable[[dict[str, Any], str], str]] = None
-    # (dims, builder key, name) -> the model as a run's name says it (``custom[build_t5]``)
-    run_label: Optional[Callable[[dict[str, Any], str, str], str]] = None
-    # (dims, the table's dims) -> the dims a run's name shows; None: the size keys set apart
-    dims_shown: Optional[Callable[[dict[str, Any], dict[str, Any]], dict[str, str]]] = None
-    # the framework capability that builds, runs, exports and counts the FLOPs of its model
-    # (a user's: ``user_model``, its serving export); None: fxtrack's own builders
-    builder_capability: Optional[str] = None
-    # its data may be random (nothing to learn in a few steps): a loss that does not fall is a
-    # warning tag, not a failed guard
-    flat_loss_warns: bool = False
+    # a model a builder makes (model=custom) answers what fxtrack cannot (its config, its
+    # parameters, its code): fxtrack.families.user.UserModel; None: fxtrack's own models
+    user: Optional[UserModel] = None
     # Real data (data=<name>, fxtrack.data): (its Split) -> the dims the data sets (input
     # shape, classes, vocabulary); raises ValueError, one line, where the family cannot take
     # it; None: the family trains on synthetic data only

@@ -11,7 +11,7 @@ from fxtrack.frameworks.declaration import (CompileRule, Framework, HeldTwice, L
 
 def _own_builder(family: str) -> bool:
     """Whether the family's models are a builder's own (model=custom): its family says so."""
-    return bool(family) and families.get(family).builder_capability is not None
+    return bool(family) and families.get(family).user is not None
 
 
 def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:

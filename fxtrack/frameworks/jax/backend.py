@@ -62,9 +62,9 @@ class JaxBackend(Backend):
 
     def build(self, batch_size: int) -> None:
         self.batch_size = batch_size
-        own = families.of(self.arch).builder_capability
+        own = families.of(self.arch).user
         if own is not None:  # a model its own builder makes (model=custom), the same step
-            return self.capability(own).build(self, batch_size)
+            return self.capability(own.builder_capability).build(self, batch_size)
         # One mesh for every case: 1 device, ``devices`` on this host, or every node's.
         self.mesh = parallel.make_mesh(self.device, self.spec.devices)
         self.replicated = parallel.replicated(self.mesh)

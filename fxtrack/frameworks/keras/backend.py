@@ -66,9 +66,9 @@ class KerasBackend(Backend):
                 "precision=fp16 with attention is not supported by keras on jax on a CPU: "
                 "keras.ops.dot_product_attention asks XLA:CPU for an fp16 x fp16 -> fp32 dot, "
                 "which it lacks (framework=jax computes those scores in fp32 there)")
-        own = families.of(self.arch).builder_capability
+        own = families.of(self.arch).user
         if own is not None:  # a model its own builder makes (model=custom), same compile + step
-            self.capability(own).build(self, batch_size)
+            self.capability(own.builder_capability).build(self, batch_size)
         else:
             self._build(batch_size)
         # what a step updates, for sync: weights and BatchNorm statistics (optimiser slots are

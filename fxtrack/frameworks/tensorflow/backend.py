@@ -67,9 +67,9 @@ class TensorFlowBackend(Backend):
         return parallel.placement(self.strategy, self.device)
 
     def build(self, batch_size: int) -> None:
-        own = families.of(self.arch).builder_capability
+        own = families.of(self.arch).user
         if own is not None:  # a model its own builder makes (model=custom), the same step
-            return self.capability(own).build(self, batch_size)
+            return self.capability(own.builder_capability).build(self, batch_size)
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
         with self.placement():  # mirrored variables on every replica, or the one device
             # bf16 on a CPU: dense layers in the form XLA:CPU's bf16 kernels take, where the

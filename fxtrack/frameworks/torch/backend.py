@@ -55,9 +55,9 @@ class TorchBackend(Backend):
         return devices.visible()
 
     def build(self, batch_size: int) -> None:
-        own = families.of(self.arch).builder_capability
+        own = families.of(self.arch).user
         if own is not None:  # a model its own builder makes (model=custom), the same step
-            return self.capability(own).build(self, batch_size)
+            return self.capability(own.builder_capability).build(self, batch_size)
         torch.manual_seed(self.spec.seed)
         # Channels-last lets cuDNN / oneDNN use their NHWC convolution kernels.
         self.channels_last = channels_last = models.BUILDERS[self.arch.family].convolutional
