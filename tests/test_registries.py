@@ -103,22 +103,32 @@ def mlp_family(monkeypatch):
     return toy_family.MLP
 
 
+# framework -> (the module it imports, its models module, the toy family's builder there)
+TOY_BUILDERS = {"torch": ("torch", "fxtrack.frameworks.torch.models", toy_family.torch_mlp),
+                "jax": ("flax", "fxtrack.frameworks.jax.models", toy_family.jax_mlp),
+                "tensorflow": ("tensorflow", "fxtrack.frameworks.keras_models",
+                               toy_family.keras_mlp)}
+
+
+@pytest.mark.parametrize("framework", sorted(TOY_BUILDERS))
 def test_a_family_declared_by_one_module_is_listed_and_runs_in_process(mlp_family, monkeypatch,
-                                                                       tmp_path):
-    """Issue 59: a family's one module (tests/toy_family.py) and a torch builder registered here
-    make a model ``--help`` lists, with its defaults, that the in-process backend trains."""
-    pytest.importorskip("torch")
+                                                                       tmp_path, framework):
+    """Issue 59: a family's one module (tests/toy_family.py) and a builder registered here make
+    a model ``--help`` lists, with its defaults, that the in-process backend trains."""
+    import importlib
+
+    needs, module, build = TOY_BUILDERS[framework]
+    pytest.importorskip(needs)
     from fxtrack import architectures
     from fxtrack.cli import usage
-    from fxtrack.frameworks.torch import models as torch_models
     from fxtrack.worker.__main__ import run
 
-    monkeypatch.setitem(torch_models.BUILDERS, "mlp", Builder(toy_family.torch_mlp))
+    monkeypatch.setitem(importlib.import_module(module).BUILDERS, "mlp", Builder(build))
     assert "mlp2" in architectures.models()
     listed = next(line for line in usage().splitlines() if line.startswith("  model: "))
     assert "mlp2" in listed.split(": ", 1)[1].split(", ")
     assert architectures.display_name("mlp2") == "MLP (2 layers)"
-    spec = job_spec("torch", "mlp2", tmp_path, batch_size=None, steps=None, warmup_steps=None)
+    spec = job_spec(framework, "mlp2", tmp_path, batch_size=None, steps=None, warmup_steps=None)
     result = run(spec)
     assert (result.status, result.guard) == ("FINISHED", "ok"), result.error
     assert (result.resolved["batch_size"], result.resolved["steps"]) == (4, 3)  # its defaults
@@ -205,4 +215,22 @@ def test_no_user_model_branch_outside_frameworks_and_families():
                  if not {root / "frameworks", root / "families"} & set(path.parents)
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if _USER_MODEL_BRANCH.search(line)]
+    assert not offenders, offenders
+
+
+_FAMILY_COMPARED = re.compile(r"\bfamily\s*(==|!=)|\b(arch|c)\.family\s+(not\s+)?in\b")
+
+
+def test_no_family_name_compared_in_the_frameworks():
+    """Issue 59: a framework asks its models module's Builder record (``BUILDERS[family]``) or
+    the family's spec, never compares a family's name."""
+    assert [bool(_FAMILY_COMPARED.search(line)) for line in (
+        'if self.arch.family == "llama":', 'if arch.family in ("vit", "bert"):',
+        'lambda c: c.family == "custom"', 'BUILDERS[self.arch.family].convolutional')] == [
+        True, True, True, False]
+    root = Path(__file__).resolve().parent.parent / "fxtrack" / "frameworks"
+    offenders = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+                 for path in sorted(root.rglob("*.py"))
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if _FAMILY_COMPARED.search(line)]
     assert not offenders, offenders

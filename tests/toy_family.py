@@ -29,3 +29,29 @@ def torch_mlp(arch):
     pixels = arch.image_size * arch.image_size * 3
     return nn.Sequential(nn.Flatten(), nn.Linear(pixels, arch.hidden), nn.ReLU(),
                          nn.Linear(arch.hidden, arch.num_classes))
+
+
+def jax_mlp(arch, *, dtype, rngs):
+    """The family's Flax NNX model, called as the JAX registry calls a builder."""
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self) -> None:
+            pixels = arch.image_size * arch.image_size * 3
+            self.fc1 = nnx.Linear(pixels, arch.hidden, dtype=dtype, rngs=rngs)
+            self.fc2 = nnx.Linear(arch.hidden, arch.num_classes, dtype=dtype, rngs=rngs)
+
+        def __call__(self, images):  # (B, H, W, 3) -> (B, classes)
+            return self.fc2(nnx.relu(self.fc1(images.reshape(images.shape[0], -1))))
+
+    return MLP()
+
+
+def keras_mlp(arch):
+    """The family's Keras model (framework=keras and framework=tensorflow)."""
+    import keras
+
+    images = keras.Input((arch.image_size, arch.image_size, 3), name="images")
+    x = keras.layers.Flatten()(images)
+    x = keras.layers.Dense(arch.hidden, activation="relu")(x)
+    return keras.Model(images, keras.layers.Dense(arch.num_classes)(x), name=arch.name)

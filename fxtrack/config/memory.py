@@ -1,7 +1,7 @@
 """The memory pre-check: a config whose run cannot fit the device's memory stops before any
 worker builds it (``fxtrack.config.validate`` raises ``WontFit``; a sweep skips the cell).
 
-The estimate comes from the architecture table, not from building the model (a user's model,
+The estimate comes from the model's declared dims, not from building the model (a user's model,
 model=custom: from the parameters of a shape-only build, counted by a short worker,
 ``fxtrack.config.user_model.abstract_param_count``), and is a floor: what the run must hold at
 the least, so that a refusal is never a guess.

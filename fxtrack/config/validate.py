@@ -283,7 +283,7 @@ def runtime_refusal(conf: FxtrackConfig) -> Optional[str]:
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """Why the run cannot fit its device's memory, from the architecture table (model=custom:
+    """Why the run cannot fit its device's memory, from the model's declared dims (model=custom:
     from a shape-only build of the user's model in a short worker), or None."""
     from fxtrack.config import memory
 

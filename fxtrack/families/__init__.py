@@ -3,7 +3,7 @@ up by name, as torchtitan's ``ModelSpec``. Shared code asks the spec what a fami
 (its batch, its FLOPs, its memory, whether it is a language model, which scenarios and levers
 apply), never the family's name: a new family is one ``register`` call.
 
-Imports no framework and nothing of fxtrack outside this package: the architecture table
+Imports no framework and nothing of fxtrack outside this package: the size accessor
 (``fxtrack.architectures``) and every shared layer import it, so it sits below them all.
 
 A family declares its models (``Model``: its named sizes, ``vit`` and ``vit_large``, their

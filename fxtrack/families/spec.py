@@ -63,7 +63,7 @@ class Family:
 
     name: str
     # model.<key> a user may override on the command line (docs/contract.md#keys); the schema
-    # (fxtrack.config.schema) gives each an int field defaulting to the architecture table
+    # (fxtrack.config.schema) gives each an int field defaulting to its model's declared dims
     size_keys: tuple[str, ...] = ()
     check: Callable[[str, dict[str, Any]], None] = _no_check  # (model, dims): raise ValueError
     # (rng, arch, batch) -> NumPy arrays every framework copies (fxtrack.synthetic)
@@ -91,7 +91,7 @@ class Family:
     # shape, classes, vocabulary); raises ValueError, one line, where the family cannot take
     # it; None: the family trains on synthetic data only
     data_dims: Optional[Callable[[Any], dict[str, Any]]] = None
-    # dims only data sets, absent from the architecture table (and so from model.*, run names
+    # dims only data sets, absent from every ``Model``'s dims (and so from model.*, run names
     # and every model without them): the ViT's ``image_height`` for a one-row signal
     data_keys: tuple[str, ...] = ()
     # (windows (B, seq_len + 1) int32 of a byte corpus, one seed per row) -> the family's batch
