@@ -84,7 +84,8 @@ class Builder:
     # convolutions: torch runs them channels-last (NHWC kernels), a run tags its conv_form
     convolutional: bool = False
     # its loss is the mean over the positions its batch weights (BERT's masked LM: the
-    # mlm_weights, Keras' sample weights); False: over every sample or position
+    # mlm_weights); False: over every sample or position. Read where one loss object is chosen
+    # up front (Keras' compile); the other frameworks' losses follow the batch's keys
     weighted_loss: bool = False
 
 
