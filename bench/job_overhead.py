@@ -58,7 +58,7 @@ MODULES = {"torch": "torch", "tensorflow": "tensorflow", "jax": "jax", "keras": 
 def bare(spec_path: str) -> None:
     """The bare arm: the same training as the worker's, without anything of fxtrack around it
     but the backend that holds the model code."""
-    from fxtrack import defaults
+    from fxtrack import architectures
     from fxtrack.frameworks.declaration import declaration, import_path
     from fxtrack.job import JobSpec
     from fxtrack.worker.__main__ import prepare_environment
@@ -71,8 +71,8 @@ def bare(spec_path: str) -> None:
                                                                 spec.compile_request,
                                                                 dims=spec.arch["dims"],
                                                                 precision=spec.precision)
-    batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
-                                            spec.warmup_steps)
+    batch, steps, warmup = architectures.run_defaults(spec.arch["name"], kind, spec.batch_size,
+                                                      spec.steps, spec.warmup_steps)
     mark = getattr(sys.modules.get("sitecustomize"), "mark", None)  # --itemise: bench/marks
     backend.build(batch)
     if mark is not None:

@@ -70,9 +70,11 @@ def usage() -> str:
     for root in [CONF_DIR, *user_config_dirs()]:
         for group in (d for d in root.iterdir() if d.is_dir()) if root.is_dir() else ():
             options.setdefault(group.name, set()).update(p.stem for p in group.glob("*.yaml"))
-    from fxtrack import scenarios  # registered in Hydra's ConfigStore, not YAML files
+    # registered in Hydra's ConfigStore, not YAML files
+    from fxtrack import families, scenarios
 
     options.setdefault("scenario", set()).update(scenarios.names())
+    options.setdefault("model", set()).update(families.models())
     groups = "".join(f"  {name}: {', '.join(sorted(opts))}\n"
                      for name, opts in sorted(options.items()) if opts)
     commands = "".join(f"  fxtrack {name}: {text}\n" for name, (_, text) in SUBCOMMANDS.items())
@@ -255,7 +257,7 @@ def check_output_dir(args: list[str]) -> None:
 def config_groups(extra: list[Path]) -> set[str]:
     """The config groups: ``<group>/`` in fxtrack's conf/, the user's config directories and
     ``extra`` (``--config-dir``, ``hydra.searchpath``)."""
-    return {"scenario"} | {d.name for root in [CONF_DIR, *user_config_dirs(), *extra]
+    return {"scenario", "model"} | {d.name for root in [CONF_DIR, *user_config_dirs(), *extra]
                            if root.is_dir() for d in root.iterdir() if d.is_dir()}
 
 

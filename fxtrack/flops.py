@@ -1,4 +1,4 @@
-"""Model FLOPs per sample from the architecture table (multiply-add = 2 FLOPs).
+"""Model FLOPs per sample from the model's dims (multiply-add = 2 FLOPs).
 
 Only matrix multiplies and convolutions are counted, as in the MFU convention of PaLM
 (Chowdhery et al. 2022, appendix B) and nanoGPT's ``estimate_mfu``: norms, activations and

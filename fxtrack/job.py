@@ -22,7 +22,7 @@ class JobSpec:
     devices: int
     compile: bool  # resolved in the worker from compile_request (fxtrack.policy) before build
     seed: int
-    batch_size: Optional[int]  # None: the device's default (fxtrack.defaults)
+    batch_size: Optional[int]  # None: the model's default on the device (families.Model)
     steps: Optional[int]
     warmup_steps: Optional[int]
     result_path: str

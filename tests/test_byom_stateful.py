@@ -73,7 +73,7 @@ def test_a_counter_that_cannot_count_leaves_a_tag_and_no_figure():
         raise ValueError("an op the counter has no rule for\nsecond line")
 
     module = types.SimpleNamespace(train_flops_per_sample=train_flops_per_sample)
-    # the counter is the capability the family names (model=custom's builder_capability)
+    # the counter is the capability the family names (model=custom: UserModel.builder_capability)
     backend = types.SimpleNamespace(capability={"user_model": module}.__getitem__,
                                     arch={"family": "custom"})
     result = Result(result_id="r")

@@ -20,8 +20,8 @@ from fxtrack.job import Result
 from fxtrack.scenarios import timed
 
 FRAMEWORKS = ("torch", "tensorflow", "jax", "keras")
-# every family the architecture table has, user models included
-FAMILIES = sorted({architectures.family(m) for m in (*architectures.MODELS, architectures.CUSTOM)})
+# every family with a declared model, user models included
+FAMILIES = sorted({architectures.family(m) for m in (*architectures.models(), architectures.CUSTOM)})
 ROOT = Path(__file__).resolve().parent.parent
 
 

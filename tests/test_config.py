@@ -60,7 +60,7 @@ def test_new_keys_reach_the_job_spec(tmp_path):
         "fsdp", "checkpoint", "onnxruntime", "dynamic_int8")
 
 
-@pytest.mark.parametrize("model", architectures.MODELS)
+@pytest.mark.parametrize("model", architectures.models())
 def test_size_tiny_shrinks_every_model_from_the_table(model):
     cfg = composed(f"model={model}", "size=tiny")
     conf, arch = validate(cfg)
@@ -84,7 +84,7 @@ def test_explicit_model_keys_override_the_table_and_size():
 
 def test_canonical_models_are_recognised_as_canonical(monkeypatch):
     monkeypatch.setenv("FXTRACK_MEMORY_GIB", "off")  # canonical llama may not fit this machine
-    for model in architectures.MODELS:
+    for model in architectures.models():
         assert validate(composed(f"model={model}"))[1].canonical
 
 
@@ -167,10 +167,8 @@ def test_importing_fxtrack_and_help_import_no_framework():
 
 
 def test_defaults_fill_only_what_is_left_open():
-    from fxtrack import defaults
-
-    assert defaults.resolve("vit", "cpu", None, None, None) == (4, 10, 2)
-    assert defaults.resolve("vit", "cpu", 2, 3, 0) == (2, 3, 0)  # warmup_steps=0 is a choice
+    assert architectures.run_defaults("vit", "cpu", None, None, None) == (4, 10, 2)
+    assert architectures.run_defaults("vit", "cpu", 2, 3, 0) == (2, 3, 0)  # warmup_steps=0 is a choice
 
 
 def test_help_names_every_top_level_key():

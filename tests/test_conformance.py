@@ -260,7 +260,7 @@ def test_loss_falls_over_20_steps(results, name, model):
 @pytest.mark.parametrize("model", RUN_HERE["train"][0])
 def test_every_framework_builds_the_same_parameter_count(results, model):
     """The suite's one cross-framework parameter count: each framework's tiny model has the
-    same trainable parameters (the canonical sizes, against architectures.PARAM_COUNTS, are
+    same trainable parameters (the canonical sizes, against architectures.param_count, are
     counted without allocating in each framework's own file)."""
     counts = {name: results(name)[f"train-{model}"].metrics.get("param_count")
               for name in NAMES if not scenario_refusal(name, "train", model)}

@@ -482,8 +482,8 @@ def undocumented_declarations() -> list[str]:
                 rf"\b{name}\b", _layout_entry(layout, "fxtrack/scenarios/")):
             missing.append(f"scenario={name}")
     models = _group_options("model")
-    for model in [*architectures.MODELS, *(f for f in families.names()
-                                           if families.get(f).builder_capability)]:
+    for model in [*architectures.models(), *(f for f in families.names()
+                                           if families.get(f).user)]:
         if f"`{model}`" not in models:
             missing.append(f"model={model}")
     for family in families.names():
@@ -604,3 +604,15 @@ def test_every_compile_rule_links_the_docs_holding_its_figure_and_carries_none()
             if figure.search(rule.why) or "\n" in rule.why:
                 problems.append(f"{name}: {rule.why!r} carries a figure (move it to {rule.docs})")
     assert not problems, problems
+
+
+def test_the_contracts_parameter_counts_are_the_declared_ones():
+    """docs/contract.md's canonical counts are each model's declared ``Model.params`` (the
+    correctness guard and the frameworks' tests hold every framework to those), every one."""
+    from fxtrack import architectures
+
+    paragraph = CONTRACT.read_text(encoding="utf-8").split(
+        "Canonical trainable parameter counts")[1].split("\n\n")[0]
+    said = {name: int(count.replace(",", ""))
+            for name, count in re.findall(r"`(\w+)` (\d{1,3}(?:,\d{3})+)", paragraph)}
+    assert said == {name: architectures.param_count(name) for name in architectures.models()}

@@ -38,14 +38,14 @@ def rel_err(a, b) -> float:
     return float(np.abs(a - b).max() / np.abs(a).max())
 
 
-@pytest.mark.parametrize("name", architectures.MODELS)
+@pytest.mark.parametrize("name", architectures.models())
 def test_param_count_matches_canonical(name):
     arch = architectures.resolve(name)
     abstract = nnx.eval_shape(lambda: models.build(arch))  # shapes only, nothing allocated
     leaves = jax.tree.leaves(nnx.state(abstract, nnx.Param))
     # abstract all the way: llama_8b's 8B float32 parameters (32 GB) would not fit here
     assert all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
-    assert sum(x.size for x in leaves) == architectures.PARAM_COUNTS[name]
+    assert sum(x.size for x in leaves) == architectures.param_count(name)
 
 
 def _torch_and_flax(name: str, dtype=np.float32, batch_size: int = 4):

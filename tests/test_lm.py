@@ -18,7 +18,7 @@ from fxtrack.config.validate import Refused, WontFit, validate
 
 LLAMA = architectures.resolve("llama")
 TINY = architectures.resolve("llama", "tiny")
-STATE = 16 * architectures.PARAM_COUNTS["llama"]  # fp32 weights + grads + AdamW m and v
+STATE = 16 * architectures.param_count("llama")  # fp32 weights + grads + AdamW m and v
 
 
 GIB = 2**30
@@ -63,7 +63,7 @@ def test_the_training_state_is_16_bytes_a_parameter_and_fsdp_shards_it():
     assert est.parts["logits"] == 1 * 2048 * 128256 * 4 * 3
     bf16 = memory.estimate(LLAMA, "train", "bf16", batch=1)  # fp32 master weights stay
     assert bf16.parts["weights"] == est.parts["weights"]
-    assert bf16.parts["bf16/fp16 weight copy"] == 2 * architectures.PARAM_COUNTS["llama"]
+    assert bf16.parts["bf16/fp16 weight copy"] == 2 * architectures.param_count("llama")
     assert bf16.parts["activations"] == est.parts["activations"] / 2
     remat = memory.estimate(LLAMA, "train", "fp32", batch=1, memory="checkpoint")
     assert remat.parts["activations"] < est.parts["activations"] / 4

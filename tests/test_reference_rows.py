@@ -36,7 +36,7 @@ def test_every_family_has_a_row_in_every_framework(ref):
     # every family of fxtrack's models has a public peer here in each framework: keras-hub
     # (ViT, BERT, Llama) and keras.applications (ResNet-50) on any Keras backend, Hugging Face
     # and torchvision on torch
-    families = {architectures.family(m) for m in architectures.MODELS}
+    families = {architectures.family(m) for m in architectures.models()}
     wanted = {(f, fw, None) for f in families for fw in packages() if fw != "keras"}
     wanted |= {(f, "keras", b) for f in families for b in KERAS_BACKENDS}
     assert wanted - set(peers(ref)) == set()

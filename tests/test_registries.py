@@ -9,8 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import toy_family
 from conftest import job_spec
 from fxtrack.config.frameworks import declared, identity_settings
+from fxtrack.frameworks.base import Builder
 from fxtrack.frameworks.declaration import Setting
 from fxtrack.report import compare, samples, select
 from fxtrack.tracking.records import run_name
@@ -89,49 +91,51 @@ def test_keras_one_device_rule_is_a_declared_limit():
     assert not any(lim.when(Combination("keras", "train", "fp32")) for lim in keras.limits)
 
 
-# A throwaway model family: a two-layer MLP on the vision models' synthetic images, declared
-# here only (its spec, one model of the table, that model's defaults, a torch builder and its
-# config option), never in a shared file.
-MLP_DIMS = dict(image_size=8, num_classes=4, hidden=16)
-
-
-def _mlp_flops(a) -> int:
-    return 2 * (a.image_size * a.image_size * 3 * a.hidden + a.hidden * a.num_classes)
-
-
 @pytest.fixture
 def mlp_family(monkeypatch):
-    from hydra.core.config_store import ConfigStore
-
-    from fxtrack import architectures, defaults, families
+    """tests/toy_family.py's family registered for this test only (its config node too:
+    ``fxtrack.config.register`` stores every registered family's models)."""
+    from fxtrack.config import register
     from fxtrack.families import spec as registry
-    from fxtrack.families.vision import image_batch, image_shapes
 
-    family = families.Family("mlp", size_keys=("image_size", "num_classes", "hidden"),
-                             batch=image_batch, describe=image_shapes, forward_flops=_mlp_flops,
-                             optimizer=lambda arch, batch: ("adamw", 1e-2))
-    monkeypatch.setitem(registry._REGISTRY, "mlp", family)
-    monkeypatch.setitem(architectures._TABLE, "mlp2", ("mlp", dict(MLP_DIMS), {}))
-    monkeypatch.setitem(defaults._DEFAULTS["cpu"], "mlp2", (4, 3, 1))
-    ConfigStore.instance().store(group="model", name="mlp2", node={
-        "defaults": ["/schema/model/mlp@_here_", "_self_"], "name": "mlp2"})
-    return family
+    monkeypatch.setitem(registry._REGISTRY, "mlp", toy_family.MLP)
+    register()
+    return toy_family.MLP
 
 
-def _torch_mlp(arch):
-    import torch.nn as nn
+# framework -> (the module it imports, its models module, the toy family's builder there)
+TOY_BUILDERS = {"torch": ("torch", "fxtrack.frameworks.torch.models", toy_family.torch_mlp),
+                "jax": ("flax", "fxtrack.frameworks.jax.models", toy_family.jax_mlp),
+                "tensorflow": ("tensorflow", "fxtrack.frameworks.keras_models",
+                               toy_family.keras_mlp)}
 
-    class MLP(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            pixels = arch.image_size * arch.image_size * 3
-            self.net = nn.Sequential(nn.Flatten(), nn.Linear(pixels, arch.hidden), nn.ReLU(),
-                                     nn.Linear(arch.hidden, arch.num_classes))
 
-        def forward(self, images):
-            return self.net(images)
+@pytest.mark.parametrize("framework", sorted(TOY_BUILDERS))
+def test_a_family_declared_by_one_module_is_listed_and_runs_in_process(mlp_family, monkeypatch,
+                                                                       tmp_path, framework):
+    """Issue 59: a family's one module (tests/toy_family.py) and a builder registered here make
+    a model ``--help`` lists, with its defaults, that the in-process backend trains."""
+    import importlib
 
-    return MLP()
+    needs, module, build = TOY_BUILDERS[framework]
+    pytest.importorskip(needs)
+    from fxtrack import architectures
+    from fxtrack.cli import usage
+    from fxtrack.worker.__main__ import run
+
+    monkeypatch.setitem(importlib.import_module(module).BUILDERS, "mlp", Builder(build))
+    assert "mlp2" in architectures.models()
+    listed = next(line for line in usage().splitlines() if line.startswith("  model: "))
+    assert "mlp2" in listed.split(": ", 1)[1].split(", ")
+    assert architectures.display_name("mlp2") == "MLP (2 layers)"
+    spec = job_spec(framework, "mlp2", tmp_path, batch_size=None, steps=None, warmup_steps=None)
+    result = run(spec)
+    assert (result.status, result.guard) == ("FINISHED", "ok"), result.error
+    assert (result.resolved["batch_size"], result.resolved["steps"]) == (4, 3)  # its defaults
+    dims = toy_family.MLP_DIMS
+    pixels = dims["image_size"] ** 2 * 3
+    assert result.metrics["param_count"] == (pixels + 1) * dims["hidden"] + (
+        dims["hidden"] + 1) * dims["num_classes"]
 
 
 def _row(record: dict, run_id: str, i: int) -> dict:
@@ -150,7 +154,6 @@ def test_a_registered_family_flows_through_config_run_name_report_and_compare(
     from hydra import compose, initialize_config_dir
 
     from fxtrack.cli import CONF_DIR
-    from fxtrack.config import register
     from fxtrack.config.validate import validate
     from fxtrack.frameworks.torch import models as torch_models
     from fxtrack.orchestrator.job import job_spec as spec_of
@@ -158,8 +161,7 @@ def test_a_registered_family_flows_through_config_run_name_report_and_compare(
     from fxtrack.tracking.records import dataset_input, job_record
     from fxtrack.worker.__main__ import run
 
-    monkeypatch.setitem(torch_models.BUILDERS, "mlp", _torch_mlp)
-    register()  # the family's schema: model.<size key> for each of its keys
+    monkeypatch.setitem(torch_models.BUILDERS, "mlp", Builder(toy_family.torch_mlp))
     overrides = ["framework=torch", "model=mlp2", "hardware=cpu", "framework.compile=false",
                  "model.hidden=32"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -213,4 +215,22 @@ def test_no_user_model_branch_outside_frameworks_and_families():
                  if not {root / "frameworks", root / "families"} & set(path.parents)
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if _USER_MODEL_BRANCH.search(line)]
+    assert not offenders, offenders
+
+
+_FAMILY_COMPARED = re.compile(r"\bfamily\s*(==|!=)|\b(arch|c)\.family\s+(not\s+)?in\b")
+
+
+def test_no_family_name_compared_in_the_frameworks():
+    """Issue 59: a framework asks its models module's Builder record (``BUILDERS[family]``) or
+    the family's spec, never compares a family's name."""
+    assert [bool(_FAMILY_COMPARED.search(line)) for line in (
+        'if self.arch.family == "llama":', 'if arch.family in ("vit", "bert"):',
+        'lambda c: c.family == "custom"', 'BUILDERS[self.arch.family].convolutional')] == [
+        True, True, True, False]
+    root = Path(__file__).resolve().parent.parent / "fxtrack" / "frameworks"
+    offenders = [f"{path.relative_to(root)}:{n}: {line.strip()}"
+                 for path in sorted(root.rglob("*.py"))
+                 for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                 if _FAMILY_COMPARED.search(line)]
     assert not offenders, offenders

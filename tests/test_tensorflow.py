@@ -42,7 +42,7 @@ def _count(model: keras.Model) -> int:
     return sum(int(np.prod(v.shape)) for v in model.trainable_variables)
 
 
-@pytest.mark.parametrize("name", sorted(architectures.PARAM_COUNTS))
+@pytest.mark.parametrize("name", architectures.models())
 def test_param_count_matches_canonical(name):
     arch = architectures.resolve(name)
     if arch.family == "llama":
@@ -54,7 +54,7 @@ def test_param_count_matches_canonical(name):
         assert all(v._value is None for v in model.weights)  # really nothing allocated
     else:
         model = models.build(arch)
-    assert _count(model) == architectures.PARAM_COUNTS[name]
+    assert _count(model) == architectures.param_count(name)
     del model
     keras.backend.clear_session()
     gc.collect()

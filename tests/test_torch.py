@@ -15,13 +15,13 @@ from fxtrack.frameworks.torch import models  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
 
 
-@pytest.mark.parametrize("model", architectures.MODELS)
+@pytest.mark.parametrize("model", architectures.models())
 def test_canonical_parameter_counts(model):
     with torch.device("meta"):  # shapes only: no memory, no initialisation cost
         net = models.build(architectures.resolve(model))
     assert all(p.is_meta for p in net.parameters())  # llama_8b's 32 GB of fp32 never allocated
     assert sum(p.numel() for p in net.parameters() if p.requires_grad) == \
-        architectures.PARAM_COUNTS[model]
+        architectures.param_count(model)
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

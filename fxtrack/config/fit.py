@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Optional
 
-from fxtrack import defaults, families
+from fxtrack import architectures, families
 from fxtrack.architectures import Arch
 from fxtrack.config import memory
 
@@ -72,7 +72,7 @@ def start_value(arch: Arch, axis: str, precision: str, batch: Optional[int], mem
     """Where the search starts: the largest value whose estimate fits the budget where the
     estimate counts activations (decoder LMs), else the batch (or seq_len) the run would use."""
     if axis == "batch_size":
-        fallback = batch or defaults.resolve(arch.name, kind or "gpu", None, None, None)[0]
+        fallback = batch or architectures.run_defaults(arch.name, kind or "gpu", None, None, None)[0]
     else:
         fallback = arch.seq_len
     one = _estimate(arch, precision, batch or 1, memory_lever, axis, 1)
@@ -94,7 +94,8 @@ def check(conf: Any, arch: Arch) -> Optional[str]:
     have = budget(s.memory_gib, kind, conf.devices)
     why = refusal(arch, s.axis, conf.precision.name, conf.batch_size, conf.memory.value, have,
                   s.max_batch)
-    counter = families.of(arch).abstract_count
+    user = families.of(arch).user  # a built model: a shape-only build counts its parameters
+    counter = None if user is None else user.abstract_count
     if why is not None or counter is None:
         return why
     from fxtrack.frameworks.declaration import import_path

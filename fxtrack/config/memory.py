@@ -1,7 +1,7 @@
 """The memory pre-check: a config whose run cannot fit the device's memory stops before any
 worker builds it (``fxtrack.config.validate`` raises ``WontFit``; a sweep skips the cell).
 
-The estimate comes from the architecture table, not from building the model (a user's model,
+The estimate comes from the model's declared dims, not from building the model (a user's model,
 model=custom: from the parameters of a shape-only build, counted by a short worker,
 ``fxtrack.config.user_model.abstract_param_count``), and is a floor: what the run must hold at
 the least, so that a refusal is never a guess.
@@ -31,7 +31,7 @@ import os
 from pathlib import Path
 from typing import Callable, Optional
 
-from fxtrack import architectures, defaults, families, scenarios
+from fxtrack import architectures, families, scenarios
 from fxtrack.architectures import Arch
 
 GIB = 2**30
@@ -66,12 +66,12 @@ class Available:
 
 def param_count(arch: Arch) -> Optional[int]:
     """Parameters from the table: from the dims where the family has a formula (a Llama's),
-    another family's only at its canonical size (PARAM_COUNTS); None where unknown (a resized
+    another family's only at its canonical size (its Model's params); None where unknown (a resized
     ResNet/BERT/ViT, a user's model): then the check is skipped."""
     formula = families.of(arch).params
     if formula is not None:
         return formula(arch)
-    return architectures.PARAM_COUNTS.get(arch.name) if arch.canonical else None
+    return architectures.param_count(arch.name) if arch.canonical else None
 
 
 def estimate(arch: Arch, scenario: str, precision: str, batch: int, shards: int = 1,
@@ -185,11 +185,11 @@ def refusal(arch: Arch, scenario: str, precision: str, batch: Optional[int], kin
     if have is None:
         return None
     params = None
-    if families.of(arch).abstract_count is not None:  # no table: a shape-only build counts
+    if families.of(arch).user is not None:  # no table: a shape-only build counts
         params = count()[0] if count is not None else None
         if params is None:  # not counted: the run's worker reports a broken builder
             return None
-    per_device = batch or defaults.resolve(arch.name, kind or "gpu", None, None, None)[0]
+    per_device = batch or architectures.run_defaults(arch.name, kind or "gpu", None, None, None)[0]
     # a device sweep (scenario=scaling) runs its x1 baseline on one device, then the full count
     counts = [1, devices] if scenarios.get(scenario).sweeps_devices else [devices]
     worst: Optional[tuple[float, Estimate, int]] = None
@@ -230,7 +230,7 @@ def fixes(arch: Arch, scenario: str, precision: str, batch: int, kind: Optional[
                 "host share its memory)")
     else:
         fsdp = f"parallel=fsdp devices=N ({state} N ways)"
-    if not families.of(arch).resizable:  # e.g. a user's model: fxtrack cannot resize it
+    if families.of(arch).user is not None:  # a built model: fxtrack cannot resize it
         out = ["a smaller model (its builder's model.kwargs)"]
         if training and arch.dims.get("optimizer") == "adamw":
             out.append("model.optimizer=sgd (one moment a parameter, not AdamW's two)")

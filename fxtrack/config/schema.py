@@ -5,8 +5,10 @@ so a typo, a wrong type or an unknown key fails while Hydra composes the config,
 work starts. Value checks (``batch_size=0``) run in ``__post_init__`` when the orchestrator turns
 the composed config into objects with ``OmegaConf.to_object``.
 
-Model sizes default to the one architecture table (``fxtrack.architectures``) through the
-``fx.arch`` resolver, at the chosen ``size``; an explicit override (``model.layers=2``) wins.
+Model sizes default to their family's declaration (``fxtrack.families``, read through
+``fxtrack.architectures``) by the ``fx.arch`` resolver, at the chosen ``size``; an explicit
+override (``model.layers=2``) wins. The ``model`` group's options are those declarations,
+registered in Hydra's ConfigStore as the scenarios are, not YAML files.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ def _with_settings(name: str, settings: Any) -> type:
 
 def sized_schema(family: families.Family) -> type:
     """The schema of a family's ``model=<name>``: the model's name and one positive ``int`` field
-    per size key (``Family.size_keys``), defaulting to the architecture table at the chosen
+    per size key (``Family.size_keys``), defaulting to the model's declared dims at the chosen
     ``size`` (e.g. ``VitConfig``: image_size, num_classes, patch, layers, hidden, heads,
     mlp_dim)."""
     def __post_init__(self: Any) -> None:
@@ -333,8 +335,8 @@ def model_schemas() -> dict[str, type]:
     for name in families.names():
         if name not in _MODEL_SCHEMAS:
             family = families.get(name)
-            _MODEL_SCHEMAS[name] = (sized_schema(family) if family.config_schema is None
-                                    else import_path(family.config_schema))
+            _MODEL_SCHEMAS[name] = (sized_schema(family) if family.user is None
+                                    else import_path(family.user.config_schema))
     return dict(_MODEL_SCHEMAS)
 
 
@@ -373,6 +375,11 @@ def register() -> None:
         cs.store(group=f"schema/{group}", name="base", node=schema)
     for fam, schema in model_schemas().items():
         cs.store(group="schema/model", name=fam, node=_open_kwargs(schema))
+    # model=<name>: each family's declared models (fxtrack.families), on their family's schema;
+    # a user's own model YAML ($FXTRACK_CONFIG_DIR/model/) names one the same way
+    for name, (fam, _) in families.models().items():
+        cs.store(group="model", name=name,
+                 node={"defaults": [f"/schema/model/{fam.name}@_here_", "_self_"], "name": name})
     from fxtrack.config.frameworks import declared
 
     for name in declared():  # framework/<name>.yaml names /schema/framework/<name>@_here_

@@ -37,7 +37,7 @@ class CellNotSupported(ValueError):
 
 
 def refusal(conf: Any, arch: Arch) -> Optional[str]:
-    """The family's config check (``Family.config_check``): why this cell cannot run (levers,
+    """The family's config check (``UserModel.config_check``): why this cell cannot run (levers,
     builder unset, module not importable), one line, or None."""
     try:
         check(conf, arch)

@@ -283,13 +283,13 @@ def runtime_refusal(conf: FxtrackConfig) -> Optional[str]:
 
 
 def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """Why the run cannot fit its device's memory, from the architecture table (model=custom:
+    """Why the run cannot fit its device's memory, from the model's declared dims (model=custom:
     from a shape-only build of the user's model in a short worker), or None."""
     from fxtrack.config import memory
 
     s = conf.scenario
-    counter = families.of(arch).abstract_count
-    count = None if counter is None else (lambda: import_path(counter)(conf, arch))
+    user = families.of(arch).user  # a built model: a shape-only build counts its parameters
+    count = None if user is None else (lambda: import_path(user.abstract_count)(conf, arch))
     return memory.refusal(
         arch, s.name, conf.precision.name, conf.batch_size,
         expected_device_kind(conf.hardware.name), devices=conf.devices,
@@ -300,7 +300,7 @@ def memory_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[st
 
 
 def family_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[str]:
-    """The model family's own check of the cell (``Family.config_check``; model=custom: levers,
+    """A built model's own check of the cell (``UserModel.config_check``; model=custom: levers,
     builder unset, module not importable), one line, or None."""
-    check = families.of(arch).config_check
-    return None if check is None else import_path(check)(conf, arch)
+    user = families.of(arch).user
+    return None if user is None else import_path(user.config_check)(conf, arch)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Callable, Optional
 
 Arch = Any  # fxtrack.architectures.Arch, which imports this package
+UserModel = Any  # fxtrack.families.user.UserModel, which imports this module
 
 # Optimisers, the same in every framework: SGD with Nesterov-free momentum and decoupled-from-
 # nothing L2 weight decay for ResNet-50 (Goyal et al. 2017), AdamW for the transformers.
@@ -36,13 +37,33 @@ def _always(arch: "Arch") -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Model:
+    """One named size of a family (torchtitan's flavour), chosen as ``model=<name>``: its
+    canonical dims, what ``size=tiny`` changes, its per-device defaults and how the report names
+    it. Its config node (``conf``'s ``model/<name>``) is registered from here
+    (``fxtrack.config.schema.register``)."""
+
+    name: str
+    dims: dict[str, Any]  # the canonical sizes (the papers': see the family's module)
+    # (per-device batch, timed steps, warm-up steps) for ``batch_size``, ``steps`` and
+    # ``warmup_steps`` left null, on a GPU and on a CPU
+    gpu: tuple[int, int, int]
+    cpu: tuple[int, int, int]
+    tiny: dict[str, Any] = dataclasses.field(default_factory=dict)  # size=tiny's overrides
+    # trainable parameters at the canonical dims (docs/contract.md#groups): the correctness
+    # guard and the parity tests hold every framework to it; None: none fixed
+    params: Optional[int] = None
+    display: Optional[str] = None  # how a sentence names it; None: its name
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     """What shared code may ask about a model family. Optional parts are ``None`` where the
     family has none (a user's model has no synthetic batch: its builder makes its data)."""
 
     name: str
     # model.<key> a user may override on the command line (docs/contract.md#keys); the schema
-    # (fxtrack.config.schema) gives each an int field defaulting to the architecture table
+    # (fxtrack.config.schema) gives each an int field defaulting to its model's declared dims
     size_keys: tuple[str, ...] = ()
     check: Callable[[str, dict[str, Any]], None] = _no_check  # (model, dims): raise ValueError
     # (rng, arch, batch) -> NumPy arrays every framework copies (fxtrack.synthetic)
@@ -63,33 +84,14 @@ class Family:
     # its (first) output is a score vector, logits over the last axis: a deployment run measures
     # top-1 agreement there (and requires it for int8); False: any values, the error bound alone
     scores: Callable[["Arch"], bool] = _always
-    # A model a builder makes (model=custom) answers these itself; None: fxtrack's own model.
-    # Parts that live in the config layer are "module:function" strings, imported where used,
-    # so this package imports nothing above it.
-    config_schema: Optional[str] = None  # "module:Class" of model.*; None: its size keys
-    config_check: Optional[str] = None  # (conf, arch) -> why the cell cannot run, or None
-    # (conf, arch) -> (parameters, why not): counted from a shape-only build, as there is no
-    # table or formula to read them from
-    abstract_count: Optional[str] = None
-    resizable: bool = True  # size= and model.<key> make it smaller (False: only its own kwargs)
-    # (dims, builder key) -> the "module:function" whose module is the model's code: measured
-    # per run (fxtrack's own code is counted once per framework)
-    model_code: Optional[Callable[[dict[str, Any], str], str]] = None
-    # (dims, builder key, name) -> the model as a run's name says it (``custom[build_t5]``)
-    run_label: Optional[Callable[[dict[str, Any], str, str], str]] = None
-    # (dims, the table's dims) -> the dims a run's name shows; None: the size keys set apart
-    dims_shown: Optional[Callable[[dict[str, Any], dict[str, Any]], dict[str, str]]] = None
-    # the framework capability that builds, runs, exports and counts the FLOPs of its model
-    # (a user's: ``user_model``, its serving export); None: fxtrack's own builders
-    builder_capability: Optional[str] = None
-    # its data may be random (nothing to learn in a few steps): a loss that does not fall is a
-    # warning tag, not a failed guard
-    flat_loss_warns: bool = False
+    # a model a builder makes (model=custom) answers what fxtrack cannot (its config, its
+    # parameters, its code): fxtrack.families.user.UserModel; None: fxtrack's own models
+    user: Optional[UserModel] = None
     # Real data (data=<name>, fxtrack.data): (its Split) -> the dims the data sets (input
     # shape, classes, vocabulary); raises ValueError, one line, where the family cannot take
     # it; None: the family trains on synthetic data only
     data_dims: Optional[Callable[[Any], dict[str, Any]]] = None
-    # dims only data sets, absent from the architecture table (and so from model.*, run names
+    # dims only data sets, absent from every ``Model``'s dims (and so from model.*, run names
     # and every model without them): the ViT's ``image_height`` for a one-row signal
     data_keys: tuple[str, ...] = ()
     # (windows (B, seq_len + 1) int32 of a byte corpus, one seed per row) -> the family's batch
@@ -100,6 +102,11 @@ class Family:
     # scenario=converge's defaults per dataset (metric, target, budget, the dims of the
     # reference runs that set them: fxtrack.families.quality); empty: none declared
     quality: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # (arch) -> the tokens per sample its attention layers see (a run's attention tag);
+    # None: no attention
+    attention_tokens: Optional[Callable[["Arch"], int]] = None
+    # its named sizes, model=<name> each
+    models: tuple[Model, ...] = ()
 
 
 _REGISTRY: dict[str, Family] = {}
@@ -125,3 +132,10 @@ def of(arch: Any) -> Family:
 
 def names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
+
+
+def models() -> dict[str, tuple[Family, Model]]:
+    """Every registered family's models by name, with their family (read from the registry each
+    time: a family registered later brings its models)."""
+    return {model.name: (family, model) for family in _REGISTRY.values()
+            for model in family.models}

@@ -1,5 +1,17 @@
 """The language models: BERT (Devlin et al. 2018, masked LM) and Llama (decoder LM).
 
+Their canonical sizes, with the trainable parameter counts docs/contract.md#groups fixes:
+
+- BERT-base / BERT-large with the masked-LM head whose decoder is tied to the word embeddings
+  and no pooler (as Hugging Face's ``BertForMaskedLM``): 109,514,298 / 335,174,458.
+- Llama 3.2 1B / Llama 3.1 8B dims (Meta's model cards and configs; Grattafiori et al. 2024):
+  pre-norm RMSNorm, RoPE, grouped-query attention, SwiGLU MLP, no biases; the 1B ties its output
+  projection to the token embedding, the 8B does not: 1,235,814,400 / 8,030,261,248.
+
+``size=tiny``: BERT keeps its widths and gets 2 layers and 16-token sequences; Llama shrinks its
+widths too, as the 1B's embedding alone is 263M parameters, more than a 2-core CI machine can
+train in seconds. GPU batches: BERT-base at 64 sequences of 128 tokens, as the public benchmarks.
+
 Their synthetic batch: arithmetic progressions of token ids (predictable from their
 neighbours); BERT's with 15% of positions replaced by [MASK], Llama's labelled with the next
 token at every position. On a byte corpus (data=pycode) the same two forms of its windows:
@@ -11,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from fxtrack.families import quality
-from fxtrack.families.spec import Family
+from fxtrack.families.spec import Family, Model
 from fxtrack.families.vision import check_heads, encoder_layer_flops
 
 Arch = Any  # fxtrack.architectures.Arch, which imports this package
@@ -204,17 +216,45 @@ def _check_llama(name: str, d: dict[str, Any]) -> None:
                          "even: RoPE rotates pairs of channels")
 
 
+def _seq_len(arch: "Arch") -> int:
+    return arch.seq_len
+
+
 # a language model's held-out figures (scenario.metric); the first is the default
 CORPUS_METRICS = ("bits_per_byte", "loss")
+_BERT_TINY = dict(layers=2, seq_len=16)
+BERT_BASE = Model("bert", dict(layers=12, hidden=768, heads=12, mlp_dim=3072, seq_len=128,
+                               vocab_size=30522, max_position=512, type_vocab=2),
+                  gpu=(64, 50, 10), cpu=(4, 10, 2), tiny=_BERT_TINY, params=109_514_298,
+                  display="BERT-base")
+BERT_LARGE = Model("bert_large", dict(layers=24, hidden=1024, heads=16, mlp_dim=4096,
+                                      seq_len=128, vocab_size=30522, max_position=512,
+                                      type_vocab=2),
+                   gpu=(32, 50, 10), cpu=(2, 5, 2), tiny=_BERT_TINY, params=335_174_458,
+                   display="BERT-large")
+_LLAMA_TINY = dict(layers=2, hidden=64, heads=4, kv_heads=2, mlp_dim=128, vocab_size=256,
+                   seq_len=32)
+LLAMA_1B = Model("llama", dict(layers=16, hidden=2048, heads=32, kv_heads=8, mlp_dim=8192,
+                               vocab_size=128256, seq_len=2048, rope_theta=500000.0,
+                               norm_eps=1e-5, tied_embeddings=True),
+                 gpu=(8, 50, 10), cpu=(1, 5, 2), tiny=_LLAMA_TINY, params=1_235_814_400,
+                 display="Llama (1B dims)")
+LLAMA_8B = Model("llama_8b", dict(layers=32, hidden=4096, heads=32, kv_heads=8, mlp_dim=14336,
+                                  vocab_size=128256, seq_len=2048, rope_theta=500000.0,
+                                  norm_eps=1e-5, tied_embeddings=False),
+                 gpu=(2, 50, 10), cpu=(1, 5, 2), tiny=_LLAMA_TINY, params=8_030_261_248,
+                 display="Llama (8B dims)")
+
 BERT = Family("bert", size_keys=("layers", "hidden", "heads", "mlp_dim", "seq_len", "vocab_size"),
               check=_check_bert, batch=_mlm_batch, describe=_mlm_shapes, forward_flops=_bert_flops,
               dataset="tokens", seq_len_search=True, data_dims=masked_byte_dims,
               corpus_batch=masked_byte_batch, converge_metrics=CORPUS_METRICS + ("accuracy",),
-              quality=quality.BERT)
+              quality=quality.BERT, attention_tokens=_seq_len, models=(BERT_BASE, BERT_LARGE))
 LLAMA = Family("llama", size_keys=(*BERT.size_keys, "kv_heads"),
                check=_check_llama, batch=_next_token_batch, describe=_next_token_shapes,
                forward_flops=_llama_flops, generate_flops=_llama_generate_flops,
                params=lambda a: llama_params(a)["total"], activations=_llama_activations,
                memory_note="fused attention assumed", generates=True, seq_len_search=True,
                is_lm=lambda a: True, data_dims=byte_dims, corpus_batch=next_token_windows,
-               converge_metrics=CORPUS_METRICS, quality=quality.LLAMA)
+               converge_metrics=CORPUS_METRICS, quality=quality.LLAMA,
+               attention_tokens=_seq_len, models=(LLAMA_1B, LLAMA_8B))

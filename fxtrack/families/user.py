@@ -5,11 +5,37 @@ formula: its builder makes its data, its framework counts FLOPs and parameters."
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
-from fxtrack.families.spec import Family
+from fxtrack.families.spec import Family, Model
 
 Arch = Any  # fxtrack.architectures.Arch, which imports this package
+
+
+@dataclasses.dataclass(frozen=True)
+class UserModel:
+    """What a model a builder makes answers itself, where fxtrack's own models have a table or
+    a formula (``Family.user``). It has no sizes fxtrack could change (``size=`` and
+    ``model.<key>`` leave it as built) and its data may be random, so a loss that does not fall
+    is a warning tag, not a failed guard. Parts that live in the config layer are
+    "module:function" strings, imported where used, so this package imports nothing above it."""
+
+    # the framework capability that builds, runs, exports and counts the FLOPs of its model
+    # (and, with ``user_`` before another capability's name, its serving export and so on)
+    builder_capability: str
+    config_schema: str  # "module:Class" of model.*
+    config_check: str  # (conf, arch) -> why the cell cannot run, or None
+    # (conf, arch) -> (parameters, why not): counted from a shape-only build, as there is no
+    # table or formula to read them from
+    abstract_count: str
+    # (dims, builder key) -> the "module:function" whose module is the model's code: measured
+    # per run (fxtrack's own code is counted once per framework)
+    model_code: Callable[[dict[str, Any], str], str]
+    # (dims, builder key, name) -> the model as a run's name says it (``custom[build_t5]``)
+    run_label: Callable[[dict[str, Any], str, str], str]
+    # (dims, the declared dims) -> the dims a run's name shows
+    dims_shown: Callable[[dict[str, Any], dict[str, Any]], dict[str, str]]
 
 
 OPTIMIZERS = ("adamw", "sgd")  # model.optimizer: built as for fxtrack's own models
@@ -50,12 +76,23 @@ def _is_lm(arch: "Arch") -> bool:
     return arch.dims.get("kind") == "lm"
 
 
+# No sizes: the builder decides. The dims carry what the worker needs to call it: one
+# "package.module:function" per builder key (torch, keras, jax; a framework's declaration names
+# its key), the builder's kwargs, the optimiser, its lr, what kind of model it is (``lm``:
+# measured in tokens along its inputs' ``seq_axis``), and the class names of its sharding units
+# and recomputed blocks (parallel=fsdp, memory=checkpoint).
+MODEL = Model("custom", dict(torch=None, keras=None, jax=None, kwargs={}, optimizer="adamw",
+                             lr=1e-3, kind="plain", seq_axis=1, shard_modules=(),
+                             remat_modules=()),
+              gpu=(32, 50, 10), cpu=(8, 10, 2))
+
 # a plain model's outputs may be any values (a regression): its deployment outputs are held to
 # the error bound alone; an LM's are logits, scored by top-1 agreement too
 CUSTOM = Family("custom", optimizer=_declared_optimizer, is_lm=_is_lm, scores=_is_lm,
-                config_schema="fxtrack.config.schema:CustomConfig",
-                config_check="fxtrack.config.user_model:refusal",
-                abstract_count="fxtrack.config.user_model:abstract_param_count",
-                resizable=False, model_code=lambda dims, key: dims[key],
-                run_label=_run_label, dims_shown=_dims_shown, builder_capability="user_model",
-                flat_loss_warns=True)
+                user=UserModel(builder_capability="user_model",
+                               config_schema="fxtrack.config.schema:CustomConfig",
+                               config_check="fxtrack.config.user_model:refusal",
+                               abstract_count="fxtrack.config.user_model:abstract_param_count",
+                               model_code=lambda dims, key: dims[key], run_label=_run_label,
+                               dims_shown=_dims_shown),
+                models=(MODEL,))

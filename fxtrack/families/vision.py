@@ -1,5 +1,19 @@
 """The image classifiers: ResNet (He et al. 2015) and ViT (Dosovitskiy et al. 2020).
 
+Their canonical sizes follow the papers and the public reference implementations whose trainable
+parameter counts docs/contract.md#groups fixes:
+
+- ResNet-50 v1.5 (stride 2 on the 3x3 conv of each down-sampling bottleneck as in torchvision):
+  25,557,032 parameters with 1000 classes.
+- ViT-B/16 and ViT-L/16 (class token, learned position embeddings, final LayerNorm, linear head,
+  as timm's ``vit_*_patch16_224``): 86,567,656 / 304,326,632.
+
+``size=tiny`` keeps widths and shrinks depth and input: the ViTs get 2 layers and 32-pixel
+images, ResNet-50 keeps its depth and gets 32-pixel images. Per-device defaults: GPU batches
+fill a data-centre GPU the way the public benchmarks do (ResNet-50 at 256 images, ViT at 128);
+CPU batches keep the README's main command to minutes on a 2-core machine (ViT-B/16 costs ~53
+GFLOP per training image).
+
 Their synthetic batch: a per-class prototype plus noise (the class is learnable from the pixels),
 NHWC (PyTorch permutes). FLOPs count matrix multiplies and convolutions only (fxtrack.flops).
 
@@ -15,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from fxtrack.families import quality
-from fxtrack.families.spec import Family, sgd_lr
+from fxtrack.families.spec import Family, Model, sgd_lr
 
 Arch = Any  # fxtrack.architectures.Arch, which imports this package
 
@@ -53,6 +67,12 @@ def patch_grid(arch: Any) -> tuple[int, int]:
     """Patches down and across the image: the ViT's tokens are their product + the class token."""
     (h, w), (ph, pw) = image_hw(arch), patch_hw(arch)
     return h // ph, w // pw
+
+
+def vit_tokens(arch: Any) -> int:
+    """The ViT's tokens: its patches and the class token."""
+    rows, columns = patch_grid(arch)
+    return rows * columns + 1
 
 
 def image_batch(rng: Any, arch: "Arch", batch_size: int) -> dict[str, Any]:
@@ -136,11 +156,25 @@ def _sgd(arch: "Arch", global_batch: int) -> tuple[str, float]:
     return "sgd", sgd_lr(global_batch)
 
 
+RESNET50 = Model("resnet50", dict(image_size=224, num_classes=1000, stage_sizes=(3, 4, 6, 3),
+                                  width=64),
+                  gpu=(256, 50, 10), cpu=(8, 10, 2), tiny=dict(image_size=32),
+                  params=25_557_032, display="ResNet-50")
+_VIT_TINY = dict(layers=2, image_size=32)
+VIT_B16 = Model("vit", dict(image_size=224, patch=16, layers=12, hidden=768, heads=12,
+                            mlp_dim=3072, num_classes=1000),
+                gpu=(128, 50, 10), cpu=(4, 10, 2), tiny=_VIT_TINY, params=86_567_656,
+                display="ViT-B/16")
+VIT_L16 = Model("vit_large", dict(image_size=224, patch=16, layers=24, hidden=1024, heads=16,
+                                  mlp_dim=4096, num_classes=1000),
+                gpu=(64, 50, 10), cpu=(2, 5, 2), tiny=_VIT_TINY, params=304_326_632,
+                display="ViT-L/16")
+
 RESNET = Family("resnet", size_keys=("image_size", "num_classes", "width"), check=_check_resnet,
                 batch=image_batch, describe=image_shapes, forward_flops=_resnet_flops,
-                dataset="jpeg", optimizer=_sgd)
+                dataset="jpeg", optimizer=_sgd, models=(RESNET50,))
 VIT = Family("vit", size_keys=("image_size", "num_classes", "patch", "layers", "hidden", "heads",
                                "mlp_dim"),
              check=_check_vit, batch=image_batch, describe=image_shapes, forward_flops=_vit_flops,
              dataset="jpeg", data_dims=image_dims, data_keys=("image_height",),
-             quality=quality.VIT)
+             quality=quality.VIT, attention_tokens=vit_tokens, models=(VIT_B16, VIT_L16))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional
 
 from fxtrack import families
 from fxtrack.architectures import Arch
@@ -15,7 +15,7 @@ from fxtrack.families.vision import image_hw, patch_grid, patch_hw  # noqa: F401
 from fxtrack.frameworks.declaration import Framework, declaration
 from fxtrack.job import JobSpec
 
-LAYER_NORM_EPS = {"vit": 1e-6, "bert": 1e-12}
+VIT_LAYER_NORM_EPS, BERT_LAYER_NORM_EPS = 1e-6, 1e-12  # timm's ViT, Hugging Face's BERT
 BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-5, 0.1  # torch convention: new = 0.9 old + 0.1 batch
 # The ``fxtrack.matmul_form`` tag of a bf16 run whose dots take the form XLA:CPU runs on its bf16
 # kernels (frameworks/xla_bf16.py, frameworks/tensorflow/matmul.py).
@@ -63,11 +63,30 @@ def optimizer_choice(arch: Arch, global_batch: int) -> tuple[str, float]:
 
 
 def attention_tokens(arch: Arch) -> int:
-    """Sequence length T the attention layers see: BERT's tokens, or ViT's patches + class."""
-    if arch.family in ("bert", "llama"):
-        return arch.seq_len
-    rows, columns = patch_grid(arch)
-    return rows * columns + 1
+    """Sequence length T the attention layers see (``Family.attention_tokens``): BERT's
+    tokens, or ViT's patches + class."""
+    tokens = families.of(arch).attention_tokens
+    if tokens is None:
+        raise ValueError(f"model family {arch.family!r} has no attention")
+    return tokens(arch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Builder:
+    """One framework's builder of one model family, the value of its models module's
+    ``BUILDERS[family]``, with the choices the family takes in that framework: a backend asks
+    this record, never the family's name (torchtitan's TrainSpec, one per framework)."""
+
+    build: Callable[..., Any]  # (arch, ...) -> the framework's model
+    # the attention its layers run, for the run's ``attention`` tag: "full" (bidirectional,
+    # a KV head per query head) or "causal_gqa" (a decoder's causal, grouped-query); None: none
+    attention: Optional[str] = None
+    # convolutions: torch runs them channels-last (NHWC kernels), a run tags its conv_form
+    convolutional: bool = False
+    # its loss is the mean over the positions its batch weights (BERT's masked LM: the
+    # mlm_weights); False: over every sample or position. Read where one loss object is chosen
+    # up front (Keras' compile); the other frameworks' losses follow the batch's keys
+    weighted_loss: bool = False
 
 
 class Backend(abc.ABC):

@@ -21,8 +21,8 @@ import numpy as np
 from keras import layers, ops
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
-                                     image_hw, patch_grid, patch_hw)
+from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, BERT_LAYER_NORM_EPS,
+                                     VIT_LAYER_NORM_EPS, Builder, image_hw, patch_grid, patch_hw)
 
 
 def conv_init() -> keras.initializers.Initializer:
@@ -254,9 +254,8 @@ def self_attention(x, heads: int, name: str):
     return _dense(c, f"{name}_proj")(ops.reshape(y, (-1, t, c)))
 
 
-def encoder_block(x, arch: Arch, pre_norm: bool, name: str):
+def encoder_block(x, arch: Arch, pre_norm: bool, eps: float, name: str):
     """A transformer encoder block: pre-LN (ViT) or post-LN (BERT); dropout 0."""
-    eps = LAYER_NORM_EPS[arch.family]
     norm1 = layers.LayerNormalization(epsilon=eps, name=f"{name}_norm1")
     norm2 = layers.LayerNormalization(epsilon=eps, name=f"{name}_norm2")
 
@@ -285,8 +284,8 @@ def vit(arch: Arch) -> keras.Model:
     x = ClassToken(name="cls_token")(x)  # (B, patches + 1, C)
     x = PositionEmbedding(rows * columns + 1, name="pos_embed")(x)
     for i in range(arch.layers):
-        x = encoder_block(x, arch, pre_norm=True, name=f"block{i}")
-    x = layers.LayerNormalization(epsilon=LAYER_NORM_EPS["vit"], name="final_norm")(x[:, 0])
+        x = encoder_block(x, arch, pre_norm=True, eps=VIT_LAYER_NORM_EPS, name=f"block{i}")
+    x = layers.LayerNormalization(epsilon=VIT_LAYER_NORM_EPS, name="final_norm")(x[:, 0])
     logits = _dense(arch.num_classes, "head")(x)
     return keras.Model(images, logits, name=arch.name)
 
@@ -294,7 +293,7 @@ def vit(arch: Arch) -> keras.Model:
 def bert(arch: Arch) -> keras.Model:
     """(B, T) token ids -> (B, T, vocab) logits; post-LN encoder, tied masked-LM decoder."""
     ids = keras.Input((arch.seq_len,), dtype="int32", name="input_ids")
-    eps, h = LAYER_NORM_EPS["bert"], arch.hidden
+    eps, h = BERT_LAYER_NORM_EPS, arch.hidden
     word = ReversibleEmbedding(arch.vocab_size, h, embeddings_initializer=dense_init(),
                                name="word_embeddings")
     # A single segment: every token has type 0, so row 0 is broadcast (as torch and JAX do),
@@ -303,7 +302,7 @@ def bert(arch: Arch) -> keras.Model:
     x = PositionEmbedding(arch.max_position, name="position_embeddings")(x)
     x = layers.LayerNormalization(epsilon=eps, name="embed_norm")(x)  # (B, T, C)
     for i in range(arch.layers):
-        x = encoder_block(x, arch, pre_norm=False, name=f"block{i}")
+        x = encoder_block(x, arch, pre_norm=False, eps=eps, name=f"block{i}")
     x = _dense(h, "mlm_dense", activation=gelu)(x)
     x = layers.LayerNormalization(epsilon=eps, name="mlm_norm")(x)
     logits = Bias(name="mlm_bias")(word(x, reverse=True))  # tied decoder: x @ E^T + b
@@ -455,9 +454,20 @@ def llama(arch: Arch) -> keras.Model:
     return model
 
 
+# model family -> its Keras builder (framework=keras and framework=tensorflow both build here)
+# and the choices that go with it (fxtrack.frameworks.base.Builder); a new family runs in
+# either once it has one here.
+BUILDERS: dict[str, Builder] = {
+    "resnet": Builder(resnet, convolutional=True),
+    "vit": Builder(vit, attention="full"),
+    "bert": Builder(bert, attention="full", weighted_loss=True),
+    "llama": Builder(llama, attention="causal_gqa"),
+}
+
+
 def build(arch: Arch) -> keras.Model:
     """The Keras model for ``arch`` under the current global dtype policy."""
-    return {"resnet": resnet, "vit": vit, "bert": bert, "llama": llama}[arch.family](arch)
+    return BUILDERS[arch.family].build(arch)
 
 
 # scenario=converge's shared start (fxtrack.frameworks.initial): a weight's path here -> the

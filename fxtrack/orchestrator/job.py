@@ -381,7 +381,8 @@ def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:
     from fxtrack.orchestrator import calibration
 
     m = result.metrics
-    model_code = families.of(spec.arch).model_code
+    user = families.of(spec.arch).user
+    model_code = None if user is None else user.model_code
     if model_code is not None:  # e.g. a user's model: its builder's module is its model code,
         from fxtrack.measure import complexity  # which differs run to run (fxtrack's own does not)
 

@@ -27,7 +27,8 @@ def _mib(directory: Path) -> float:
 def run(backend: Backend, result: Result) -> None:
     spec = backend.spec
     # Asked for before the build, so that a framework without one costs nothing.
-    builder = families.of(backend.arch).builder_capability
+    own = families.of(backend.arch).user
+    builder = None if own is None else own.builder_capability
     user_model = builder is not None  # e.g. a user's model: its own forward and export
     state, inference, serving = (backend.capability(name) for name in (
         "checkpoint", builder or "inference",

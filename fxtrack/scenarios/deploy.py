@@ -107,7 +107,7 @@ def run(backend: Backend, result: Result,
     result.tags.update(runtime=spec.runtime, quantize=spec.quantize)
     result.resolved["device_kind"] = backend.device_kind()
     family = families.of(backend.arch)
-    user = family.builder_capability is not None  # a model a builder makes: its FLOPs counted
+    user = family.user is not None  # a model a builder makes: its FLOPs counted
     ex = backend.capability(rules.export_capability(spec))  # the worker checked the rules
     work = Path(tempfile.mkdtemp(prefix="fxtrack-deploy-", dir=Path(spec.result_path).parent))
     checked: dict[str, Any] = {}

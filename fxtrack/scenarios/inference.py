@@ -40,9 +40,9 @@ def run(backend: Backend, result: Result) -> None:
         deploy.run(backend, result, accuracy.evaluate if trained else None, **window)
     else:
         result.tags.update(runtime="native", quantize="none")
-        builder = families.of(backend.arch).builder_capability
-        if builder is not None:  # e.g. a user's model: its framework's own forward
-            user = backend.capability(builder)
+        own = families.of(backend.arch).user
+        if own is not None:  # e.g. a user's model: its framework's own forward
+            user = backend.capability(own.builder_capability)
             run_timed(backend, result, lambda: user.prepare_inference(backend),
                       user_flops(backend, result, "forward"), **window)
         else:

@@ -55,7 +55,7 @@ def run(backend: Backend, result: Result) -> None:
     pipeline = backend.capability("pipeline")  # before the build: NotSupported costs nothing
     options = options_of(spec)
     # Resident window 1: build, warm-up (the real compile), memory, load: run_timed's figures.
-    user = families.of(backend.arch).builder_capability is not None  # its builder's data
+    user = families.of(backend.arch).user is not None  # its builder's data
     handles = run_timed(backend, result, lambda: backend.train_step,
                         user_flops(backend, result, "train") if user
                         else flops.train_flops_per_sample(backend.arch))

@@ -141,7 +141,7 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
             return str(framework.unsupported(capability, f"{field}={value}", version))
     spec = _spec(c)
     decodes = spec is not None and spec.generates  # served token by token
-    user = spec is not None and spec.builder_capability is not None
+    user = spec is not None and spec.user is not None
     if c.scenario == "inference" and _is_deploy(c):
         needed = export_capability(c)
         if not framework.has(needed):

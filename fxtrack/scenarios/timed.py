@@ -7,7 +7,7 @@ import dataclasses
 import os
 from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
-from fxtrack import defaults
+from fxtrack import architectures
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.job import Result
@@ -33,8 +33,8 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
     (device kind, batch, steps, warm-up steps)."""
     spec = backend.spec
     kind = backend.device_kind()
-    batch, steps, warmup = defaults.resolve(spec.arch["name"], kind, spec.batch_size, spec.steps,
-                                            spec.warmup_steps)
+    batch, steps, warmup = architectures.run_defaults(spec.arch["name"], kind, spec.batch_size,
+                                                      spec.steps, spec.warmup_steps)
     result.resolved.update(batch_size=batch, steps=steps, warmup_steps=warmup, device_kind=kind)
     if kind == "gpu":  # other processes on its GPUs, before any work (hardware.gpu_isolation)
         result.tags.update(nvml_check_before(

@@ -67,7 +67,7 @@ def set_guard(backend: Backend, result: Result, losses: list[float]) -> None:
     """``result.guard`` from the losses (``guard``); for a user's model a loss that does not
     fall is a warning tag, not a failed guard."""
     result.guard = guard(backend, int(result.metrics["param_count"]), losses)
-    if families.of(backend.arch).flat_loss_warns and result.guard.startswith("loss did not fall"):
+    if families.of(backend.arch).user is not None and result.guard.startswith("loss did not fall"):
         # A user's data may be random (nothing to learn in a few steps): a warning tag, while
         # a loss that is not finite still fails the guard.
         result.tags["loss_not_falling"] = result.guard
@@ -83,7 +83,7 @@ def lm_metrics(backend: Backend, result: Result) -> dict[str, float]:
     if not spec.is_lm(arch):
         return {}
     # a user's LM: the length its inputs had, which only the built model knows
-    built = spec.builder_capability is not None
+    built = spec.user is not None
     seq_len = backend.seq_len if built else arch.seq_len
     if seq_len is None or "throughput_samples_per_s" not in metrics:
         return {}
@@ -97,7 +97,7 @@ def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], Opti
     backward; ``forward``), asked once the model is built and the timed window is over (the
     ``flops_source`` tag says which counter)."""
     def count() -> Optional[float]:
-        builder = families.of(backend.arch).builder_capability
+        builder = families.of(backend.arch).user.builder_capability
         counter = getattr(backend.capability(builder), f"{step}_flops_per_sample")
         try:
             value, result.tags["flops_source"] = counter(backend)
@@ -128,7 +128,7 @@ def guard(backend: Backend, params: int, losses: list[float]) -> str:
 def param_guard(arch: architectures.Arch, params: int) -> str:
     if not arch.canonical:  # resized, or a user's model: no table to compare with
         return "ok"
-    expected = architectures.PARAM_COUNTS[arch.name]
+    expected = architectures.param_count(arch.name)
     if params != expected:
         return f"param_count {params:,} differs from the canonical {expected:,}"
     return "ok"

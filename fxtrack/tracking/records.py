@@ -160,10 +160,10 @@ def _model_name(spec: JobSpec) -> str:
     """The model as the name says it: ``custom[build_t5]`` for a user's model (the function
     this framework's builder names, once), the architecture's name otherwise."""
     name = spec.arch["name"]
-    label = families.of(spec.arch).run_label
-    if label is None:
+    user = families.of(spec.arch).user
+    if user is None:
         return name
-    return label(spec.arch.get("dims", {}), declaration(spec.package).builder_key, name)
+    return user.run_label(spec.arch.get("dims", {}), declaration(spec.package).builder_key, name)
 
 
 def _settings_set(spec: JobSpec) -> list[str]:
@@ -193,9 +193,10 @@ def _dims_set(spec: JobSpec, size: str) -> dict[str, Any]:
     """Model sizes set apart from ``size``'s (``model.layers=2``): they make another model."""
     from fxtrack import architectures
 
-    shown = families.of(spec.arch).dims_shown
-    if shown is not None:  # e.g. a user's model: its builder is in the name, its kwargs here
-        return shown(spec.arch.get("dims", {}), architectures.resolve(spec.arch["name"]).dims)
+    user = families.of(spec.arch).user
+    if user is not None:  # a user's model: its builder is in the name, its kwargs here
+        return user.dims_shown(spec.arch.get("dims", {}),
+                               architectures.resolve(spec.arch["name"]).dims)
     try:
         default = architectures.resolve(spec.arch["name"], size).dims
     except (KeyError, ValueError):  # e.g. model=custom: no table entry to differ from

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any, MutableMapping
 
-from fxtrack import policy
+from fxtrack import families, policy
 from fxtrack.frameworks.declaration import (CompileRule, Framework, HeldTwice, Limit, Setting,
                                             append_xla_flag)
+
+
+def _own_builder(family: str) -> bool:
+    """Whether the family's models are a builder's own (model=custom): its family says so."""
+    return bool(family) and families.get(family).user is not None
 
 
 def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
@@ -77,7 +82,7 @@ FRAMEWORK = Framework(
         # functions; a user's nnx.Module would need its own wiring, not written yet (the runtimes
         # without onnx_export, tflite and native, are refused by their capability first)
         Limit(lambda c: f"runtime={c.runtime} with model=custom",
-              lambda c: c.family == "custom" and c.runtime != "native",
+              lambda c: _own_builder(c.family) and c.runtime != "native",
               "exporting a user's nnx.Module to ONNX is not wired yet; use framework=torch or "
               "tensorflow for your model's runtimes"),
     ),

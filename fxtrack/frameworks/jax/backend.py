@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from fxtrack import families
 from fxtrack.frameworks.base import Backend, PeakMemory, attention_tokens
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks import xla_bf16 as matmul
@@ -38,16 +39,17 @@ class JaxBackend(Backend):
             tags["compile_mode"] = self.framework.compile_mode_tag(self.jit)
             tags["jax_donation"] = self.donation
             dtype = train.COMPUTE_DTYPES[self.spec.precision]
-            if self.arch.family != "custom":  # fxtrack's own models' layers
+            builder = models.BUILDERS.get(self.arch.family)  # None: a user's model
+            if builder is not None:  # fxtrack's own models' layers
                 tags["matmul_form"] = matmul.fast_path(dtype, self.device.platform)[1]
-            if self.arch.family == "resnet":
+            if builder is not None and builder.convolutional:
                 tags["conv_form"] = matmul.conv_form(self.device.platform)[1]
-            if self.arch.family in ("vit", "bert", "llama"):
+            if builder is not None and builder.attention is not None:
                 if dtype == jnp.float16 and self.device.platform == "cpu":
                     dtype = jnp.float32  # the attention layers' XLA:CPU fp16 workaround
                 shape = (self.batch_size, attention_tokens(self.arch), self.arch.heads,
                          self.arch.hidden // self.arch.heads)  # (B, T, heads, head_dim) per device
-                llama = self.arch.family == "llama"  # causal, grouped-query
+                llama = builder.attention == "causal_gqa"
                 tags["attention"] = devices.attention_tag(
                     shape, dtype, self.arch.kv_heads if llama else None, causal=llama)
         return tags
@@ -60,8 +62,9 @@ class JaxBackend(Backend):
 
     def build(self, batch_size: int) -> None:
         self.batch_size = batch_size
-        if self.arch.family == "custom":  # the user's model, through the same step
-            return self.capability("user_model").build(self, batch_size)
+        own = families.of(self.arch).user
+        if own is not None:  # a model its own builder makes (model=custom), the same step
+            return self.capability(own.builder_capability).build(self, batch_size)
         # One mesh for every case: 1 device, ``devices`` on this host, or every node's.
         self.mesh = parallel.make_mesh(self.device, self.spec.devices)
         self.replicated = parallel.replicated(self.mesh)

@@ -17,8 +17,8 @@ from flax import nnx
 from jax import lax
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
-                                     patch_grid, patch_hw)
+from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, BERT_LAYER_NORM_EPS,
+                                     VIT_LAYER_NORM_EPS, Builder, patch_grid, patch_hw)
 from fxtrack.frameworks import xla_bf16 as matmul
 from fxtrack.frameworks.jax import devices
 
@@ -218,8 +218,9 @@ class Mlp(nnx.Module):
 class Block(nnx.Module):
     """A transformer encoder block: pre-LN (ViT) or post-LN (BERT)."""
 
-    def __init__(self, arch: Arch, pre_norm: bool, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
-        h, eps = arch.hidden, LAYER_NORM_EPS[arch.family]
+    def __init__(self, arch: Arch, pre_norm: bool, eps: float, *, dtype: Dtype,
+                 rngs: nnx.Rngs) -> None:
+        h = arch.hidden
         self.pre_norm = pre_norm
         self.norm1 = nnx.LayerNorm(h, epsilon=eps, dtype=dtype, rngs=rngs)
         self.attn = SelfAttention(h, arch.heads, dtype=dtype, rngs=rngs)
@@ -247,9 +248,9 @@ class ViT(nnx.Module):
                                     bias_init=_torch_bias_init(fan_in), dtype=dtype, rngs=rngs)
         self.cls_token = nnx.Param(jnp.zeros((1, 1, h)))
         self.pos_embed = nnx.Param(_normal_init(rngs.params(), (1, tokens, h)))
-        self.blocks = nnx.List(Block(arch, True, dtype=dtype, rngs=rngs)
+        self.blocks = nnx.List(Block(arch, True, VIT_LAYER_NORM_EPS, dtype=dtype, rngs=rngs)
                                for _ in range(arch.layers))
-        self.norm = nnx.LayerNorm(h, epsilon=LAYER_NORM_EPS["vit"], dtype=dtype, rngs=rngs)
+        self.norm = nnx.LayerNorm(h, epsilon=VIT_LAYER_NORM_EPS, dtype=dtype, rngs=rngs)
         self.head = _dense(h, arch.num_classes, dtype, rngs)
 
     def __call__(self, x: jax.Array) -> jax.Array:  # (B, H, W, 3) -> (B, classes)
@@ -267,7 +268,7 @@ class Bert(nnx.Module):
     """BERT encoder with the masked-LM head; the decoder reuses the word-embedding matrix."""
 
     def __init__(self, arch: Arch, *, dtype: Dtype, rngs: nnx.Rngs) -> None:
-        h, eps = arch.hidden, LAYER_NORM_EPS["bert"]
+        h, eps = arch.hidden, BERT_LAYER_NORM_EPS
         def embed(rows: int) -> nnx.Embed:
             return nnx.Embed(rows, h, embedding_init=_normal_init, dtype=dtype, rngs=rngs)
 
@@ -275,7 +276,7 @@ class Bert(nnx.Module):
         self.position_embeddings = embed(arch.max_position)
         self.token_type_embeddings = embed(arch.type_vocab)
         self.embed_norm = nnx.LayerNorm(h, epsilon=eps, dtype=dtype, rngs=rngs)
-        self.blocks = nnx.List(Block(arch, False, dtype=dtype, rngs=rngs)
+        self.blocks = nnx.List(Block(arch, False, eps, dtype=dtype, rngs=rngs)
                                for _ in range(arch.layers))
         self.mlm_dense = _dense(h, h, dtype, rngs)
         self.mlm_norm = nnx.LayerNorm(h, epsilon=eps, dtype=dtype, rngs=rngs)
@@ -477,7 +478,16 @@ def checkpoint_blocks(blocks: Iterable[nnx.Module]) -> None:
         block.__class__ = _REMAT[cls]
 
 
+# model family -> its Flax builder, called as (arch, dtype=, rngs=), and the choices that go
+# with it (fxtrack.frameworks.base.Builder); a new family runs in JAX once it has one here.
+BUILDERS: dict[str, Builder] = {
+    "resnet": Builder(ResNet, convolutional=True),
+    "vit": Builder(ViT, attention="full"),
+    "bert": Builder(Bert, attention="full"),
+    "llama": Builder(Llama, attention="causal_gqa"),
+}
+
+
 def build(arch: Arch, dtype: Dtype = jnp.float32, rngs: nnx.Rngs | None = None) -> nnx.Module:
     """The Flax model for ``arch`` with ``dtype`` compute and float32 parameters."""
-    cls = {"resnet": ResNet, "vit": ViT, "bert": Bert, "llama": Llama}[arch.family]
-    return cls(arch, dtype=dtype, rngs=rngs or nnx.Rngs(0))
+    return BUILDERS[arch.family].build(arch, dtype=dtype, rngs=rngs or nnx.Rngs(0))

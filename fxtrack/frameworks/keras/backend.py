@@ -8,7 +8,7 @@ from typing import Any, Optional
 import keras
 import numpy as np
 
-from fxtrack import policy
+from fxtrack import families, policy
 from fxtrack.frameworks import keras_models, keras_train
 from fxtrack.frameworks.base import Backend, PeakMemory
 from fxtrack.frameworks.declaration import NotSupported
@@ -40,14 +40,14 @@ class KerasBackend(Backend):
         if hasattr(self, "compiled"):  # what the built model ran
             tags["compile_mode"] = FRAMEWORK.compile_mode_tag(
                 self.compiled, settings={"keras_backend": devices.backend_name()})
-            if self.arch.family != "custom":
+            builder = keras_models.BUILDERS.get(self.arch.family)  # None: a user's model
+            if builder is not None:
                 tags["matmul_form"] = devices.matmul_form(self.spec.precision)[1]
-            if self.arch.family == "resnet":
+            if builder is not None and builder.convolutional:
                 tags["conv_form"] = devices.conv_form()[1]
-            if self.arch.family in ("vit", "bert"):
-                tags["attention"] = devices.attention(self.device)
-            elif self.arch.family == "llama":
-                tags["attention"] = devices.attention(self.device, causal_gqa=True)
+            if builder is not None and builder.attention is not None:
+                tags["attention"] = devices.attention(
+                    self.device, causal_gqa=builder.attention == "causal_gqa")
         return tags
 
     def visible_devices(self) -> list[str]:
@@ -58,14 +58,17 @@ class KerasBackend(Backend):
             FRAMEWORK.capability("remat")
         if self.spec.parallel == "fsdp":
             FRAMEWORK.capability("sharded_state")
-        if (self.spec.precision == "fp16" and self.arch.family in ("vit", "bert", "llama")
+        builder = keras_models.BUILDERS.get(self.arch.family)  # None: a user's model
+        if (self.spec.precision == "fp16" and builder is not None
+                and builder.attention is not None
                 and devices.backend_name() == "jax" and "gpu" not in self.device):
             raise NotSupported(
                 "precision=fp16 with attention is not supported by keras on jax on a CPU: "
                 "keras.ops.dot_product_attention asks XLA:CPU for an fp16 x fp16 -> fp32 dot, "
                 "which it lacks (framework=jax computes those scores in fp32 there)")
-        if self.arch.family == "custom":  # the user's model, through the same compile + step
-            self.capability("user_model").build(self, batch_size)
+        own = families.of(self.arch).user
+        if own is not None:  # a model its own builder makes (model=custom), same compile + step
+            self.capability(own.builder_capability).build(self, batch_size)
         else:
             self._build(batch_size)
         # what a step updates, for sync: weights and BatchNorm statistics (optimiser slots are
@@ -84,7 +87,8 @@ class KerasBackend(Backend):
                                          devices.conv_form()[0]):
             self.model = keras_models.build(self.arch)
         self.opt = keras_train.optimizer(self.arch, self.spec.precision, batch_size)
-        self.compiled = train.compile_model(self.model, self.opt, train.loss(self.arch.family),
+        weighted = keras_models.BUILDERS[self.arch.family].weighted_loss
+        self.compiled = train.compile_model(self.model, self.opt, train.loss(weighted),
                                             self.spec.compile_request)
         self.x, self.y, self.sample_weight = data.device_batch(self.arch, batch_size,
                                                                self.spec.seed)

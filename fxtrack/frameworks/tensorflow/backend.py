@@ -10,7 +10,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from fxtrack import policy
+from fxtrack import families, policy
 from fxtrack.frameworks import keras_models as models
 from fxtrack.frameworks.base import Backend, PeakMemory
 from fxtrack.frameworks.tensorflow import data, devices, matmul, parallel, train
@@ -46,13 +46,13 @@ class TensorFlowBackend(Backend):
                 **getattr(self, "policy_tags", {})}
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(self.spec.compile)
-            if self.arch.family != "custom":
+            builder = models.BUILDERS.get(self.arch.family)  # None: a user's model
+            if builder is not None:
                 tags["matmul_form"] = matmul.fast_path(self.spec.precision, self.device_kind(),
                                                        xla=bool(self.spec.compile))[1]
-            if self.arch.family in ("vit", "bert"):
-                tags["attention"] = train.ATTENTION
-            elif self.arch.family == "llama":
-                tags["attention"] = train.LLAMA_ATTENTION
+            if builder is not None and builder.attention is not None:
+                tags["attention"] = (train.LLAMA_ATTENTION if builder.attention == "causal_gqa"
+                                     else train.ATTENTION)
         return tags
 
     def reduce_max(self, value: float) -> float:
@@ -67,8 +67,9 @@ class TensorFlowBackend(Backend):
         return parallel.placement(self.strategy, self.device)
 
     def build(self, batch_size: int) -> None:
-        if self.arch.family == "custom":  # the user's model, through the same step
-            return self.capability("user_model").build(self, batch_size)
+        own = families.of(self.arch).user
+        if own is not None:  # a model its own builder makes (model=custom), the same step
+            return self.capability(own.builder_capability).build(self, batch_size)
         keras.utils.set_random_seed(self.spec.seed)  # Python, NumPy and TF/Keras initialisers
         with self.placement():  # mirrored variables on every replica, or the one device
             # bf16 on a CPU: dense layers in the form XLA:CPU's bf16 kernels take, where the

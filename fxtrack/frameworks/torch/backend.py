@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from fxtrack import policy
+from fxtrack import families, policy
 from fxtrack.frameworks.base import Backend, PeakMemory, attention_tokens
 from fxtrack.frameworks.torch import FRAMEWORK, data, devices, models, parallel, train
 
@@ -31,9 +31,10 @@ class TorchBackend(Backend):
         if hasattr(self, "model"):  # what the built model ran
             tags["compile_mode"] = self.framework.compile_mode_tag(
                 self.spec.compile, self.spec.framework_settings)
-            if self.arch.family in ("vit", "bert", "llama"):
+            builder = models.BUILDERS.get(self.arch.family)  # None: a user's model
+            if builder is not None and builder.attention is not None:
                 dtype = train.AMP_DTYPES[self.spec.precision] or torch.float32
-                llama = self.arch.family == "llama"  # causal, grouped-query
+                llama = builder.attention == "causal_gqa"
                 tokens = attention_tokens(self.arch)
                 # a decoding scenario prefills its prompt, not seq_len (the worker types the
                 # options; a spec made by hand may hold the JSON dict)
@@ -54,11 +55,12 @@ class TorchBackend(Backend):
         return devices.visible()
 
     def build(self, batch_size: int) -> None:
-        if self.arch.family == "custom":  # the user's model, through the same step
-            return self.capability("user_model").build(self, batch_size)
+        own = families.of(self.arch).user
+        if own is not None:  # a model its own builder makes (model=custom), the same step
+            return self.capability(own.builder_capability).build(self, batch_size)
         torch.manual_seed(self.spec.seed)
         # Channels-last lets cuDNN / oneDNN use their NHWC convolution kernels.
-        self.channels_last = channels_last = self.arch.family == "resnet"
+        self.channels_last = channels_last = models.BUILDERS[self.arch.family].convolutional
         model = models.build(self.arch).to(self.device)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)

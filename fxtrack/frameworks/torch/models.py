@@ -4,15 +4,15 @@
 from __future__ import annotations
 
 import functools
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fxtrack.architectures import Arch
-from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, LAYER_NORM_EPS,
-                                     patch_grid, patch_hw)
+from fxtrack.frameworks.base import (BATCH_NORM_EPS, BATCH_NORM_MOMENTUM, BERT_LAYER_NORM_EPS,
+                                     VIT_LAYER_NORM_EPS, Builder, patch_grid, patch_hw)
 
 
 # ----------------------------------------------------------------------------- ResNet-50 v1.5
@@ -112,8 +112,7 @@ class Block(nn.Module):
         return self.norm2(x + self.mlp(x))
 
 
-def _blocks(arch: Arch, pre_norm: bool) -> nn.ModuleList:
-    eps = LAYER_NORM_EPS[arch.family]
+def _blocks(arch: Arch, pre_norm: bool, eps: float) -> nn.ModuleList:
     return nn.ModuleList(Block(arch.hidden, arch.heads, arch.mlp_dim, eps, pre_norm)
                          for _ in range(arch.layers))
 
@@ -135,8 +134,8 @@ class ViT(nn.Module):
         self.patch_embed = nn.Conv2d(3, h, patch_hw(arch), stride=patch_hw(arch))
         self.cls_token = nn.Parameter(torch.zeros(1, 1, h))
         self.pos_embed = nn.Parameter(torch.randn(1, tokens, h) * 0.02)
-        self.blocks = _blocks(arch, pre_norm=True)
-        self.norm = nn.LayerNorm(h, eps=LAYER_NORM_EPS["vit"])
+        self.blocks = _blocks(arch, pre_norm=True, eps=VIT_LAYER_NORM_EPS)
+        self.norm = nn.LayerNorm(h, eps=VIT_LAYER_NORM_EPS)
         self.head = nn.Linear(h, arch.num_classes)
         _init_transformer(self)
 
@@ -153,12 +152,12 @@ class Bert(nn.Module):
 
     def __init__(self, arch: Arch) -> None:
         super().__init__()
-        h, eps = arch.hidden, LAYER_NORM_EPS["bert"]
+        h, eps = arch.hidden, BERT_LAYER_NORM_EPS
         self.word_embeddings = nn.Embedding(arch.vocab_size, h)
         self.position_embeddings = nn.Embedding(arch.max_position, h)
         self.token_type_embeddings = nn.Embedding(arch.type_vocab, h)
         self.embed_norm = nn.LayerNorm(h, eps=eps)
-        self.blocks = _blocks(arch, pre_norm=False)
+        self.blocks = _blocks(arch, pre_norm=False, eps=eps)
         self.mlm_dense = nn.Linear(h, h)
         self.mlm_norm = nn.LayerNorm(h, eps=eps)
         self.mlm_bias = nn.Parameter(torch.zeros(arch.vocab_size))
@@ -323,11 +322,15 @@ def checkpoint_blocks(blocks: Iterable[nn.Module]) -> None:
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
 
 
-# model family -> its torch module: the framework's side of a family (fxtrack.families names no
-# framework); a new family runs in torch once it has a builder here.
-BUILDERS: dict[str, Callable[[Arch], nn.Module]] = {"resnet": ResNet, "vit": ViT, "bert": Bert,
-                                                    "llama": Llama}
+# model family -> its torch builder and the choices that go with it: the framework's side of a
+# family (fxtrack.families names no framework); a new family runs in torch once it has one here.
+BUILDERS: dict[str, Builder] = {
+    "resnet": Builder(ResNet, convolutional=True),
+    "vit": Builder(ViT, attention="full"),
+    "bert": Builder(Bert, attention="full"),
+    "llama": Builder(Llama, attention="causal_gqa"),
+}
 
 
 def build(arch: Arch) -> nn.Module:
-    return BUILDERS[arch.family](arch)
+    return BUILDERS[arch.family].build(arch)

@@ -129,7 +129,7 @@ def user_dataset(backend, samples: int) -> tuple[Path, str]:
 def train_step_on(backend, batch) -> torch.Tensor:
     """The training step on a loader batch, moved to the device first (a user's batch as it
     is: its own dtypes and structure)."""
-    if families.of(backend.arch).builder_capability is not None:  # a builder's batch
+    if families.of(backend.arch).user is not None:  # a builder's batch
         move = lambda x: x.to(backend.device, non_blocking=True)  # noqa: E731
         return backend.train_on(tuple(ub.tree_map(move, t) for t in batch))
     return backend.train_on(data.to_device(batch, backend.device, backend.channels_last))
