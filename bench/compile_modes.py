@@ -56,7 +56,7 @@ def arms(framework: str, family: str, args: argparse.Namespace, workdir: Path
     from fxtrack.config import register
     from fxtrack.config.validate import validate
     from fxtrack.frameworks.declaration import declaration, import_path
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.orchestrator.job import job_spec
     from fxtrack.scenarios import timed
     from fxtrack.worker.__main__ import prepare_environment

@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks.declaration import declaration  # noqa: E402
-from fxtrack.job import JobSpec, Result  # noqa: E402
+from fxtrack.worker.protocol import JobSpec, Result  # noqa: E402
 from fxtrack.measure import matmul_probe  # noqa: E402
 from fxtrack.measure.peak import datasheet  # noqa: E402
 from fxtrack.orchestrator.runner import worker_command  # noqa: E402 - no Hydra nor MLflow

@@ -60,7 +60,7 @@ def bare(spec_path: str) -> None:
     but the backend that holds the model code."""
     from fxtrack import architectures
     from fxtrack.frameworks.declaration import declaration, import_path
-    from fxtrack.job import JobSpec
+    from fxtrack.worker.protocol import JobSpec
     from fxtrack.worker.__main__ import prepare_environment
 
     spec = JobSpec.read(Path(spec_path))

@@ -58,7 +58,8 @@ BARE_MODE = {"vit": {"torch": "eager", "tensorflow": "xla", "jax": "jit"},
 
 def _batch(model: str) -> tuple[Any, int, dict[str, Any]]:
     """(arch, batch size, one synthetic batch as NumPy) of ``model`` at the bench's setting."""
-    from fxtrack import architectures, synthetic
+    from fxtrack import architectures
+    from fxtrack.data import synthetic
 
     dims, batch = MODELS[model]
     arch = architectures.resolve(model, **dims)
@@ -169,7 +170,7 @@ def fxtrack_arm(framework: str, model: str, workdir: Path, jax_donate: str = "fa
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.frameworks.declaration import declaration, import_path
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.config.validate import validate
     from fxtrack.orchestrator.job import job_spec
     from fxtrack.scenarios import timed

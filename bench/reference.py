@@ -133,7 +133,7 @@ def job(arm: dict):
 
     from fxtrack import architectures
     from fxtrack.config.frameworks import packages
-    from fxtrack.job import JobSpec
+    from fxtrack.worker.protocol import JobSpec
 
     arch = architectures.resolve(arm["model"], **arm["dims"])
     mode = arm["mode"] if arm["kind"] == "fxtrack" else "auto"
@@ -192,7 +192,7 @@ def torch_reference_model(arm: dict, arch) -> tuple[Any, Callable[[Any], Any]]:
     import torch
     import torch.nn.functional as F
 
-    from fxtrack import synthetic
+    from fxtrack.data import synthetic
 
     torch.manual_seed(0)
     data = synthetic.make_batch(arch, arm["batch"], 0)
@@ -275,7 +275,7 @@ def keras_reference_model(arm: dict, arch) -> tuple[Any, Any, Any, Any]:
     built (keras_train.POLICIES); set globally, as a user would, in this arm's own process."""
     import keras
 
-    from fxtrack import synthetic
+    from fxtrack.data import synthetic
 
     keras.utils.set_random_seed(0)
     keras.mixed_precision.set_global_policy("mixed_bfloat16" if arm["precision"] == "bf16"

@@ -13,7 +13,7 @@ import pytest
 
 from fxtrack import architectures
 from fxtrack.config.frameworks import packages
-from fxtrack.job import JobSpec
+from fxtrack.worker.protocol import JobSpec
 
 # The frameworks under test: name -> package, as conf/framework/<name>.yaml names them.
 PACKAGES = packages()

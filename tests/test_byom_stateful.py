@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import run_fxtrack, seed_peak_cache
 
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.scenarios.train import user_flops
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -103,7 +103,7 @@ def _trials(monkeypatch, rates: dict, frac: float):
 
 
 def test_a_contended_peak_gives_no_mfu_and_the_run_says_why(tmp_path, monkeypatch):
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.orchestrator.job import summary_line
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))

@@ -16,7 +16,7 @@ from conftest import job_spec
 from fxtrack import architectures, policy
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import CompileRule, Framework, Setting, declaration
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.scenarios import timed
 
 FRAMEWORKS = ("torch", "tensorflow", "jax", "keras")
@@ -94,7 +94,7 @@ def test_a_run_resolves_auto_at_its_own_precision(tmp_path, monkeypatch):
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))  # no earlier tune's pick
     from conftest import job_spec
 
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.scenarios import timed
 
     class Built(Exception):

@@ -9,7 +9,7 @@ import pytest
 from conftest import job_spec
 from test_compile_modes import SleepBackend, sleepy  # noqa: F401 -- the fake framework fixture
 
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure import tuned
 from fxtrack.scenarios import timed
 

@@ -34,7 +34,7 @@ from conftest import SMALL, job_spec
 from fxtrack import architectures
 from fxtrack.config.frameworks import declared
 from fxtrack.frameworks.declaration import LEVERS, Framework
-from fxtrack.job import JobSpec, Result
+from fxtrack.worker.protocol import JobSpec, Result
 from fxtrack.orchestrator.runner import worker_command
 from fxtrack import scenarios as registry
 from fxtrack.paths import CONF_DIR
@@ -94,7 +94,7 @@ BATCH = textwrap.dedent("""
     import json, sys
     from pathlib import Path
     from fxtrack.frameworks.declaration import declaration
-    from fxtrack.job import JobSpec
+    from fxtrack.worker.protocol import JobSpec
     from fxtrack.worker import __main__ as worker
 
     jobs = json.loads(sys.argv[1])  # [[spec path, hollow restore?], ...]

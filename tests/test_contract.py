@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -168,58 +167,16 @@ def test_torch_tflite_through_the_worker_is_a_not_supported_run(tmp_path):
 
 
 # ----------------------------------------------------------------------------- a fake framework
-FAKE_PACKAGE = '''
-from fxtrack.frameworks.declaration import CompileRule, Framework, Setting
-
-FRAMEWORK = Framework(
-    name="fake", backend="fakefw.backend:FakeBackend", extra="fake", report_order=5,
-    compile_rules=(CompileRule(False, "nothing to compile"),), compiled_tag="compiled",
-    uncompiled_tag="eager",
-    settings={"flavour": Setting("plain", ("plain", "spicy"), "how the fake tastes")},
-    absent={"inference": "the fake has no forward pass"},
-)
-'''
-FAKE_BACKEND = '''
-from fxtrack.frameworks.base import Backend
-
-
-class FakeBackend(Backend):
-    name = "fake"
-
-    def version(self): return "0.1"
-    def device_kind(self): return "cpu"
-    def build(self, batch_size): self.loss = 10.0
-    def param_count(self): return 1
-    def loss_value(self, handle): return handle
-    def device_tags(self): return {"flavour": self.spec.framework_settings["flavour"]}
-
-    def train_step(self):
-        self.loss *= 0.9
-        return self.loss
-'''
-FAKE_YAML = '''
-defaults:
-  - /schema/framework/fake@_here_
-  - _self_
-
-name: fake
-package: fakefw
-'''
+# Added as a user adds a framework: one folder, its package and its config (tests/toy_framework)
+TOY_FRAMEWORK = Path(__file__).parent / "toy_framework"
 
 
 @pytest.fixture
-def fake(tmp_path, monkeypatch):
+def fake(monkeypatch):
     """fakefw on sys.path, declared through $FXTRACK_CONFIG_DIR/framework/fake.yaml."""
-    package = tmp_path / "pkg" / "fakefw"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(FAKE_PACKAGE)
-    (package / "backend.py").write_text(FAKE_BACKEND)
-    conf = tmp_path / "conf"
-    (conf / "framework").mkdir(parents=True)
-    (conf / "framework" / "fake.yaml").write_text(textwrap.dedent(FAKE_YAML))
-    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
-    monkeypatch.setenv("FXTRACK_CONFIG_DIR", str(conf))
-    return conf
+    monkeypatch.syspath_prepend(str(TOY_FRAMEWORK))
+    monkeypatch.setenv("FXTRACK_CONFIG_DIR", str(TOY_FRAMEWORK / "conf"))
+    return TOY_FRAMEWORK / "conf"
 
 
 def _compose(user_conf: Path, *overrides: str):
@@ -285,7 +242,7 @@ def test_help_lists_a_declared_setting(fake):
 
 
 def test_a_framework_without_calibration_answers_the_matmul_probe_unsupported(fake):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(fake.parent / "pkg")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(TOY_FRAMEWORK)]))
     out = subprocess.run([sys.executable, "-m", "fxtrack.worker", "--matmul", "fake", "fakefw",
                           "fp32", "cpu"], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -293,3 +250,25 @@ def test_a_framework_without_calibration_answers_the_matmul_probe_unsupported(fa
     assert answer == {"installed": True, "version": "0.1", "device": "cpu", "supported": False,
                       "reason": "calibration is not supported by fake: not implemented for "
                                 "this framework"}
+
+
+def test_the_fake_framework_runs_end_to_end_from_its_folder(fake, tmp_path):
+    """The one folder is the whole framework: `python -m fxtrack framework=fake` trains it in a
+    worker and logs the run, and `--help` lists it with its setting."""
+    import mlflow
+
+    from conftest import run_fxtrack
+
+    env = {"FXTRACK_CONFIG_DIR": str(fake),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(TOY_FRAMEWORK)])}
+    proc = run_fxtrack(tmp_path, "framework=fake", "model=vit", "size=tiny", "steps=3",
+                       "warmup_steps=1", "framework.flavour=spicy", env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "fake-vit-train" in proc.stdout + proc.stderr
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("fxtrack")
+    [run] = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["fxtrack.framework"] == "fake" and run.data.tags["fxtrack.flavour"] == "spicy"
+    helped = run_fxtrack(tmp_path, "--help", env=env, timeout=300)
+    assert "framework=fake: framework.flavour (plain|spicy, default plain)" in helped.stdout

@@ -458,7 +458,7 @@ def test_the_report_has_a_time_to_quality_section_and_chart(converge_sweep):
 def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):
     """bf16 against the same framework's fp32 run earlier in the sweep: kept within
     scenario.quality_tol, lost beyond it; no baseline said so."""
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
 
     held: dict = {}
     options = {"metric": "accuracy", "target": 0.8, "quality_tol": 0.02}

@@ -8,7 +8,7 @@ import pytest
 from fxtrack import architectures
 from fxtrack.config import fit as fit_config
 from fxtrack.config.memory import GIB
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.orchestrator.fit import (FITS, KILLED, OUT_OF_MEMORY, OVER_BUDGET, Probe,
                                       fit_metrics, largest, linear_fit, search, stop_reason,
                                       tolerance, verdict)

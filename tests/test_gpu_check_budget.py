@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu_check.py"

@@ -199,7 +199,7 @@ def test_a_cpu_run_is_unchanged(fake):
 
 
 def test_the_summary_line_says_a_gpu_run_was_shared_or_throttled():
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.orchestrator.job import summary_line
 
     r = Result("r", status="FINISHED", metrics={"throughput_samples_per_s": 10.0},
@@ -251,7 +251,7 @@ def gpu_run(fake, monkeypatch, tmp_path):
     held quiet so that only the GPU's conditions can mark the run contended."""
     from conftest import job_spec
     from fxtrack.frameworks.base import PeakMemory
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.measure import host_load
     from tests.test_load import SpinBackend
 

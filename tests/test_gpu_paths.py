@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fxtrack.job import JobSpec, Result
+from fxtrack.worker.protocol import JobSpec, Result
 from fxtrack.measure import nvml, peak
 from fxtrack.scenarios import timed
 

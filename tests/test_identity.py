@@ -383,7 +383,7 @@ def test_another_frameworks_probe_raises_the_yardstick_only_upward_and_names_it(
     read a higher MFU than torch's). Another framework's probe raises it, never lowers it, and
     names its source; the run's own rate stays beside it (own_matmul_share: issue 42's figure,
     which no other installation moves)."""
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.orchestrator import calibration
     from fxtrack.orchestrator.job import summary_line
 

@@ -217,24 +217,24 @@ def test_probes_print_devices_and_matmul_rate():
     assert 1e-4 < rate < 100  # TFLOP/s of a CPU
 
 def test_pipeline_does_the_per_sample_work(tmp_path, monkeypatch):
-    """Grain's batches: shapes, dtypes and scale of fxtrack.datasets; 15% dynamic masking."""
+    """Grain's batches: shapes, dtypes and scale of fxtrack.data.on_disk; 15% dynamic masking."""
     pytest.importorskip("grain")
-    from fxtrack import datasets
+    from fxtrack.data import on_disk
     from fxtrack.frameworks.jax import pipeline
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path / "cache"))
     arch = tiny_arch("bert")
-    batch = next(pipeline.host_loader(datasets.ensure(arch, 32, 0), 32, 0, seed=0))
+    batch = next(pipeline.host_loader(on_disk.ensure(arch, 32, 0), 32, 0, seed=0))
     assert batch["input_ids"].shape == (32, arch.seq_len) and batch["input_ids"].dtype == np.int32
     assert 0.05 < batch["mlm_weights"].mean() < 0.3
     masked = batch["mlm_weights"] == 1
     assert (batch["input_ids"][masked] == architectures.BERT_MASK_TOKEN).all()
     assert (batch["input_ids"][~masked] == batch["mlm_labels"][~masked]).all()
     arch = tiny_arch("resnet50")
-    batch = next(pipeline.host_loader(datasets.ensure(arch, 8, 0), 4, 0, seed=0))
+    batch = next(pipeline.host_loader(on_disk.ensure(arch, 8, 0), 4, 0, seed=0))
     assert batch["images"].shape == (4, arch.image_size, arch.image_size, 3)
     assert batch["images"].dtype == np.float32 and batch["labels"].dtype == np.int32
-    assert np.abs(batch["images"]).max() <= 128 / datasets.PIXEL_SCALE + 1e-6
+    assert np.abs(batch["images"]).max() <= 128 / on_disk.PIXEL_SCALE + 1e-6
 
 
 @pytest.mark.parametrize("w_transposed", [False, True])

@@ -84,7 +84,7 @@ JOBS = textwrap.dedent("""
             from fxtrack import flops
             from fxtrack.frameworks.keras import devices
             from fxtrack.frameworks.keras.backend import KerasBackend
-            from fxtrack.job import Result
+            from fxtrack.worker.protocol import Result
             from fxtrack.scenarios.timed import run_timed
             b, r = KerasBackend(s), Result(result_id="inference")
             module = FRAMEWORK.capability("inference")

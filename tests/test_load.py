@@ -155,7 +155,7 @@ def one_cpu():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_run_beside_a_busy_loop_is_tagged_contended(tmp_path, one_cpu):
     from conftest import job_spec
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.scenarios.timed import run_timed
 
     spec = job_spec("torch", "vit", tmp_path, steps=12, warmup_steps=1)
@@ -183,11 +183,11 @@ def test_a_run_beside_a_busy_loop_is_tagged_contended(tmp_path, one_cpu):
 
 def test_pipeline_standard_keys_describe_the_fed_window(tmp_path, monkeypatch):
     from conftest import job_spec
-    from fxtrack import datasets
-    from fxtrack.job import Result
+    from fxtrack.data import on_disk
+    from fxtrack.worker.protocol import Result
     from fxtrack.scenarios import pipeline
 
-    monkeypatch.setattr(datasets, "ensure", lambda arch, samples, seed: tmp_path)
+    monkeypatch.setattr(on_disk, "ensure", lambda arch, samples, seed: tmp_path)
     spec = job_spec("torch", "vit", tmp_path, scenario="pipeline", steps=4, warmup_steps=1,
                     options={"dataset_samples": 8, "loader_workers": 0})
     # the fed step takes twice the resident one: input-bound ~ 0.5
@@ -209,11 +209,11 @@ def test_pipeline_standard_keys_describe_the_fed_window(tmp_path, monkeypatch):
 
 def test_pipeline_input_bound_fraction_is_signed(tmp_path, monkeypatch):
     from conftest import job_spec
-    from fxtrack import datasets
-    from fxtrack.job import Result
+    from fxtrack.data import on_disk
+    from fxtrack.worker.protocol import Result
     from fxtrack.scenarios import pipeline
 
-    monkeypatch.setattr(datasets, "ensure", lambda arch, samples, seed: tmp_path)
+    monkeypatch.setattr(on_disk, "ensure", lambda arch, samples, seed: tmp_path)
     spec = job_spec("torch", "vit", tmp_path, scenario="pipeline", steps=3, warmup_steps=1,
                     options={"dataset_samples": 8, "loader_workers": 0})
     result = Result(spec.result_id)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import fxtrack_env, run_fxtrack, seed_peak_cache
 
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 
 
 @pytest.mark.parametrize("override, key", [
@@ -475,7 +475,7 @@ def test_a_rate_search_under_a_sigkilled_orchestrator_keeps_its_probes_through_s
 
 
 def streamed(tmp_path: Path) -> list:
-    from fxtrack.job import streamed_children
+    from fxtrack.worker.protocol import streamed_children
 
     found = next(tmp_path.glob("outputs/*/*/children.jsonl"), None)
     return streamed_children(found.with_name("result.json")) if found else []

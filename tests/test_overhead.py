@@ -49,14 +49,19 @@ def test_bf16_dots_bench_times_every_form_in_each_framework():
     assert rows["jax", "bf16 result"][1] == rows["tensorflow", "bf16 result"][1] == 1.0
 
 
-# A stand-in for the worker: it waits at the real gate (fxtrack.worker.__main__.wait_for_go),
+# A stand-in for the worker: it waits at the real gate (fxtrack.worker.protocol.pass_gate),
 # then says whether it was told to go and whether the orchestrator's work had finished by then.
 FAKE_WORKER = """#!{python}
 import os, sys
 sys.path.insert(0, {root!r})
-from fxtrack.worker.__main__ import GATE_ENV, wait_for_go
-had_gate = GATE_ENV in os.environ
-go = wait_for_go()
+from fxtrack.worker import protocol
+had_gate = protocol.GATE_ENV in os.environ
+protocol.take_gate()
+try:
+    protocol.pass_gate()
+    go = True
+except protocol.GateClosed:
+    go = False
 print("gate" if had_gate else "no gate", "go" if go else "stop",
       "after" if os.path.exists({marker!r}) else "before", flush=True)
 """
@@ -119,48 +124,53 @@ def test_a_worker_that_cannot_start_is_a_failed_result_with_the_gate_set(tmp_pat
 def test_a_stopped_gate_leaves_the_worker_unrun(tmp_path, monkeypatch):
     """The worker's side: a gate closed without a word means no run, and an error saying so."""
     from fxtrack.worker import __main__ as worker
+    from fxtrack.worker import protocol
 
     read, write = os.pipe()
     os.close(write)
-    monkeypatch.setenv(worker.GATE_ENV, str(read))
+    monkeypatch.setenv(protocol.GATE_ENV, str(read))
     monkeypatch.setattr(worker, "prepare_environment", lambda spec: None)
     result = worker.run(job_spec("torch", "vit", tmp_path))
     assert result.status != "FINISHED" and "stopped before the run" in result.error
-    assert worker.GATE_ENV not in os.environ  # not handed on to the worker's own children
+    assert protocol.GATE_ENV not in os.environ  # not handed on to the worker's own children
 
 
-def test_the_gate_opens_after_the_build_before_anything_is_timed(monkeypatch):
+def test_the_gate_opens_after_the_build_before_anything_is_timed(tmp_path, monkeypatch):
     """The worker builds the model, then waits: the build overlaps the orchestrator's MLflow
-    load, the warm-up and the timed window do not."""
-    from fxtrack.worker import __main__ as worker
+    load, the warm-up and the timed window do not. The scenario's own build passes the gate
+    (scenarios.timed.build), once."""
+    from fxtrack.scenarios import timed
+    from fxtrack.worker import protocol
+    from fxtrack.worker.protocol import Result
 
     for said, outcome in ((b"1", "went on"), (b"", "stopped")):
         read, write = os.pipe()
         os.write(write, said)
         os.close(write)
-        monkeypatch.setenv(worker.GATE_ENV, str(read))
+        monkeypatch.setenv(protocol.GATE_ENV, str(read))
+        protocol.take_gate()
         events = []
-        backend = SimpleNamespace(build=lambda batch: events.append(
-            ("built", batch, worker.GATE_ENV in os.environ)))
-        worker.gate_after_build(backend)
+        backend = SimpleNamespace(
+            spec=job_spec("torch", "vit", tmp_path, batch_size=4), device_kind=lambda: "cpu",
+            device_tags=lambda: {"device": "test-cpu"}, build=lambda batch: events.append(("built", batch, protocol.GATE_ENV in os.environ)))
         try:
-            backend.build(4)
+            timed.build(backend, Result(result_id="r"))
             events.append("went on")
-        except worker.GateClosed:
+        except protocol.GateClosed:
             events.append("stopped")
         # built while the gate was still shut, its number no longer in the environment
         assert events == [("built", 4, False), outcome]
-        backend.build(2)  # a second build does not wait again
-        assert events[-1] == ("built", 2, False)
+        timed.build(backend, Result(result_id="r"))  # a second build does not wait again
+        assert events[-1] == ("built", 4, False)
 
 
 def test_a_sqlite_store_is_checked_without_importing_mlflow(tmp_path):
     """preflight on an existing embedded store: a deleted experiment still stops the run (exit 2,
     its restore command), a live one passes, and neither imports MLflow."""
-    from fxtrack.tracking import writer
+    from fxtrack.tracking import runs
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = writer.client_for(uri)
+    client = runs.client_for(uri)
     gone = client.create_experiment("gone")
     client.delete_experiment(gone)
     client.create_experiment("live")
@@ -204,7 +214,7 @@ def test_a_store_sqlite_cannot_answer_is_left_to_mlflow(tmp_path, monkeypatch):
 
 def test_the_job_loads_tracking_once_and_never_fails_the_run_for_it(monkeypatch):
     from fxtrack.orchestrator import job
-    from fxtrack.tracking import writer
+    from fxtrack.tracking import runs
 
     calls = []
 
@@ -212,7 +222,7 @@ def test_the_job_loads_tracking_once_and_never_fails_the_run_for_it(monkeypatch)
         calls.append(uri)
         raise RuntimeError("store unreadable")  # the log after the run reports it
 
-    monkeypatch.setattr(writer, "client_for", client_for)
+    monkeypatch.setattr(runs, "client_for", client_for)
     monkeypatch.setattr(job, "_LOADED", set())
     fake = SimpleNamespace(uri="sqlite:////nowhere/mlflow.db")
     job.Job.load_tracking(fake)

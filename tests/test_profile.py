@@ -17,7 +17,7 @@ import pytest
 from conftest import job_spec
 from fxtrack.config.frameworks import declared
 from fxtrack.frameworks.profiling import CATEGORIES
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 

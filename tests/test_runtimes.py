@@ -153,7 +153,7 @@ def test_int8_runs_get_no_mfu_against_the_float_peak(spec_factory, monkeypatch):
     185% for dynamic_int8 BERT on CPU). Float runs still get theirs."""
     from types import SimpleNamespace
 
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
     from fxtrack.orchestrator import calibration
     from fxtrack.orchestrator.job import enrich
 

@@ -197,19 +197,19 @@ def test_multi_device_on_logical_cpus_matches_one_device(spec_factory):
     assert one.startswith("1 ") and two.startswith("2 ") and one[2:] == two[2:], out.stdout
 
 def test_pipeline_batches_follow_the_dataset_rules(tmp_path, monkeypatch):
-    """The loader's batches: NHWC float32 scaled as datasets.py fixes, flipped about half the
+    """The loader's batches: NHWC float32 scaled as on_disk.py fixes, flipped about half the
     time; tokens masked on about 15% of positions, labels left unmasked."""
-    from fxtrack import datasets
+    from fxtrack.data import on_disk
     from fxtrack.frameworks.tensorflow import pipeline
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     one = SimpleNamespace(strategy=tf.distribute.get_strategy())  # what loader reads of a backend
     arch = tiny_arch("vit")
-    batch = next(pipeline.loader(one, datasets.ensure(arch, 8, 0), 4, 0))
+    batch = next(pipeline.loader(one, on_disk.ensure(arch, 8, 0), 4, 0))
     assert batch["images"].shape == (4, 32, 32, 3) and batch["images"].dtype == tf.float32
     assert batch["labels"].dtype == tf.int32 and abs(float(tf.reduce_mean(batch["images"]))) < 1
     arch = tiny_arch("bert")
-    loader = pipeline.loader(one, datasets.ensure(arch, 64, 0), 64, 2)
+    loader = pipeline.loader(one, on_disk.ensure(arch, 64, 0), 64, 2)
     batch = next(loader)
     w = batch["mlm_weights"].numpy()
     assert batch["input_ids"].shape == (64, 16) and 0.1 < w.mean() < 0.2

@@ -25,7 +25,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.entities import ViewType  # noqa: E402
 
 from fxtrack import environment  # noqa: E402
-from fxtrack.tracking import health, records, runs, spool, sync, writer  # noqa: E402
+from fxtrack.tracking import errors, health, records, runs, spool, sync, target, writer  # noqa: E402
 from servers import MlflowServer  # noqa: E402
 from test_tracking_trust import synthetic  # noqa: E402
 
@@ -243,7 +243,7 @@ def test_a_failure_after_the_run_was_created_leaves_no_running_run(home, server,
             raise MlflowException("the store hiccuped", error_code="INTERNAL_ERROR")
         return real(self, run_id, *a, **kw)
     monkeypatch.setattr(mlflow.MlflowClient, "set_terminated", flaky)
-    with pytest.raises(writer.TrackingUnavailable, match="HTTP 500"):
+    with pytest.raises(target.TrackingUnavailable, match="HTTP 500"):
         writer.deliver(entry)
     assert [r.info.status for r in experiment_runs(server.url, exp)] == []
     assert server.url not in health._DOWN  # a 500 is not a server that is gone
@@ -333,8 +333,8 @@ def test_a_refused_connection_is_unreachable_not_http_500(home):
     creds = MlflowHostCreds("http://127.0.0.1:9")  # nobody listens on the discard port
     with pytest.raises(mlflow.exceptions.MlflowException) as caught:
         http_request(creds, "/api/2.0/mlflow/experiments/search", "GET", max_retries=0)
-    error = writer.classify(caught.value, {"uri": "http://127.0.0.1:9"})
-    assert isinstance(error, writer.ServerUnreachable) and "HTTP 500" not in str(error)
+    error = errors.classify(caught.value, {"uri": "http://127.0.0.1:9"})
+    assert isinstance(error, errors.ServerUnreachable) and "HTTP 500" not in str(error)
     assert "ConnectionRefusedError" in str(error)
 
 
@@ -463,7 +463,7 @@ def test_a_replaced_run_takes_its_artifacts_with_it(home, server):
     client = mlflow.MlflowClient(server.url)
     exp_id = client.create_experiment(exp)
     leftover = client.create_run(exp_id, tags={"fxtrack.result_id": entry.name,
-                                               writer.WRITER_TAG: f"{os.uname().nodename}:"
+                                               runs.WRITER_TAG: f"{os.uname().nodename}:"
                                                                   "99999999:1"})
     client.log_text(leftover.info.run_id, "half", "worker.log")
     folder = server.root / "artifacts" / exp_id / leftover.info.run_id / "artifacts"

@@ -25,8 +25,8 @@ from mlflow.entities import ViewType  # noqa: E402
 
 from fxtrack import environment  # noqa: E402
 from fxtrack.orchestrator import runner  # noqa: E402
-from fxtrack.tracking import health, records, spool, writer  # noqa: E402
-from fxtrack.tracking.runs import experiment_id  # noqa: E402
+from fxtrack.tracking import errors, health, records, spool, target, writer  # noqa: E402
+from fxtrack.tracking.runs import WRITER_TAG, client_for, experiment_id  # noqa: E402
 from conftest import run_fxtrack  # noqa: E402
 
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
@@ -188,18 +188,18 @@ def test_concurrent_syncs_land_each_result_exactly_once(home, tmp_path):
 def test_a_running_run_of_a_live_writer_is_never_deleted(home, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rec = synthetic(uri)
-    client = writer.client_for(uri)
+    client = client_for(uri)
     exp = experiment_id(client, "fxtrack", uri)
     live = client.create_run(exp, tags={"fxtrack.result_id": rec["result_id"],
-                                        writer.WRITER_TAG: f"{socket.gethostname()}:1:"
+                                        WRITER_TAG: f"{socket.gethostname()}:1:"
                                                            f"{int(time.time() * 1000)}"})
     entry = spool.write(rec, {})
-    with pytest.raises(writer.TrackingUnavailable, match="being written by another process"):
+    with pytest.raises(target.TrackingUnavailable, match="being written by another process"):
         writer.deliver(entry)
     assert client.get_run(live.info.run_id).info.lifecycle_stage == "active"
     assert [p.name for p in spool.pending()] == [rec["result_id"]]  # released, not lost
     # the same leftover from a writer that died: replaced by one complete run
-    client.set_tag(live.info.run_id, writer.WRITER_TAG, f"{socket.gethostname()}:99999999:1")
+    client.set_tag(live.info.run_id, WRITER_TAG, f"{socket.gethostname()}:99999999:1")
     run_id = writer.deliver(entry)
     assert client.get_run(live.info.run_id).info.lifecycle_stage == "deleted"
     assert [r.info.run_id for r in runs(uri)] == [run_id]
@@ -210,10 +210,10 @@ def test_an_entry_logged_completely_before_is_not_logged_again(home, tmp_path):
     result): a replay finds the finished run, and the run it had just created is deleted."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rec = synthetic(uri)
-    client = writer.client_for(uri)
+    client = client_for(uri)
     exp = experiment_id(client, "fxtrack", uri)
     done = client.create_run(exp, tags={"fxtrack.result_id": rec["result_id"],
-                                        writer.WRITER_TAG: f"{socket.gethostname()}:1:1"})
+                                        WRITER_TAG: f"{socket.gethostname()}:1:1"})
     client.set_terminated(done.info.run_id, "FINISHED")
     assert writer.deliver(spool.write(rec, {"result.json": "{}"})) == done.info.run_id
     assert [r.info.run_id for r in runs(uri)] == [done.info.run_id]
@@ -228,7 +228,7 @@ def test_a_claimed_entry_is_not_delivered_twice_and_dead_claims_come_back(home, 
     entry = spool.write(synthetic(uri), {})
     claimed = spool.claim(entry)
     assert claimed is not None and spool.claim(entry) is None
-    with pytest.raises(writer.EntryBusy):
+    with pytest.raises(errors.EntryBusy):
         writer.deliver(entry)
     dead = claimed.rename(claimed.with_name(claimed.name.rsplit("-", 1)[0] + "-99999999"))
     assert [p.name for p in spool.pending()] == [entry.name] and not dead.exists()
@@ -268,17 +268,17 @@ def test_a_locked_sqlite_store_keeps_the_entry_without_a_traceback(home, tmp_pat
     import sqlite3
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    writer.client_for(uri).search_experiments()  # the store exists
+    client_for(uri).search_experiments()  # the store exists
     entry = spool.write(synthetic(uri), {})
     lock = sqlite3.connect(tmp_path / "mlflow.db", isolation_level=None)
     lock.execute("BEGIN EXCLUSIVE")  # another program holds the database
     try:
-        with pytest.raises(writer.TrackingUnavailable) as caught:
+        with pytest.raises(target.TrackingUnavailable) as caught:
             writer.deliver(entry)
     finally:
         lock.execute("ROLLBACK")
         lock.close()
-    assert not isinstance(caught.value, writer.TrackingRejected)
+    assert not isinstance(caught.value, target.TrackingRejected)
     assert [p.name for p in spool.pending()] == [entry.name]
     writer.deliver(entry)  # and once it is free, the run lands
     assert len(runs(uri)) == 1
@@ -311,15 +311,15 @@ def test_errors_are_classified_by_http_status_not_by_text():
     from mlflow.exceptions import MlflowException, RestException
 
     run_403 = MlflowException("Run 'a403b' not reachable", error_code="INTERNAL_ERROR")
-    error = writer.classify(run_403, {"experiment": "fxtrack"})
-    assert type(error) is writer.TrackingUnavailable and "HTTP 403" not in str(error)
-    denied = writer.classify(RestException({"error_code": "PERMISSION_DENIED", "message": "no"}),
+    error = errors.classify(run_403, {"experiment": "fxtrack"})
+    assert type(error) is target.TrackingUnavailable and "HTTP 403" not in str(error)
+    denied = errors.classify(RestException({"error_code": "PERMISSION_DENIED", "message": "no"}),
                              {"experiment": "x"})
-    assert isinstance(denied, writer.TrackingRejected) and "HTTP 403" in str(denied)
-    gone = writer.classify(RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "?"}),
+    assert isinstance(denied, target.TrackingRejected) and "HTTP 403" in str(denied)
+    gone = errors.classify(RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": "?"}),
                            {"experiment": "x"})
-    assert isinstance(gone, writer.TrackingRejected)
-    assert not isinstance(writer.classify(KeyError("x"), {}), writer.TrackingRejected)
+    assert isinstance(gone, target.TrackingRejected)
+    assert not isinstance(errors.classify(KeyError("x"), {}), target.TrackingRejected)
 
 
 @pytest.mark.parametrize("uri, experiment, message", [
@@ -328,13 +328,13 @@ def test_errors_are_classified_by_http_status_not_by_text():
     ("sqlite:///{tmp}/m.db", " ", "tracking.experiment is empty"),
 ])
 def test_permanent_target_problems_are_found_before_work(tmp_path, uri, experiment, message):
-    with pytest.raises(writer.TrackingRejected, match=message):
+    with pytest.raises(target.TrackingRejected, match=message):
         writer.check_target(uri.format(tmp=tmp_path), experiment)
 
 
 def test_a_deleted_experiment_stops_a_run_before_the_worker(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = writer.client_for(uri)
+    client = client_for(uri)
     client.delete_experiment(client.create_experiment("gone"))
     marker = tmp_path / "worker-started"
     python = _script(tmp_path / "python", f"touch {marker}")
@@ -375,7 +375,7 @@ def test_a_hanging_server_costs_one_short_probe(home, silent_server, monkeypatch
     entries = [spool.write(synthetic(silent_server), {}) for _ in range(3)]
     started = time.monotonic()
     for entry in entries:
-        with pytest.raises(writer.TrackingUnavailable, match="no answer from"):
+        with pytest.raises(target.TrackingUnavailable, match="no answer from"):
             writer.deliver(entry)
     assert time.monotonic() - started < 10  # not 3 x (3 x 15 s); bound is generous, not a benchmark
     assert len(list(spool.pending())) == 3
@@ -482,7 +482,7 @@ def test_report_finds_the_runs_mlflow_run_made_in_its_default_experiment(tmp_pat
     from fxtrack.tracking import reader
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = writer.client_for(uri)
+    client = client_for(uri)
     project = {"mlflow.source.type": "PROJECT"}
     client.create_run("0", tags=dict(project, **{"fxtrack.framework": "torch"}))  # mlflow run
     client.create_run("0", tags=project)  # somebody else's project: not fxtrack's

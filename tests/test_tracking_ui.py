@@ -50,10 +50,10 @@ def test_experiment_is_a_model_training_one(sweep):
 
 
 def test_existing_experiment_without_the_kind_gets_it(tmp_path):
-    from fxtrack.tracking import runs, writer
+    from fxtrack.tracking import runs
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    client = writer.client_for(uri)
+    client = runs.client_for(uri)
     exp_id = client.create_experiment("made-by-hand")
     runs.experiment_id(client, "made-by-hand", uri)
     assert client.get_experiment(exp_id).tags["mlflow.experimentKind"] == "custom_model_development"

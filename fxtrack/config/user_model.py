@@ -23,7 +23,7 @@ from fxtrack.architectures import Arch
 from fxtrack.environment import worker_environment
 from fxtrack.frameworks import user_builder
 from fxtrack.frameworks.declaration import NotSupported, declaration
-from fxtrack.job import JobSpec
+from fxtrack.worker.protocol import JobSpec
 
 _FIND = ("import importlib.util, sys\n"
          "try:\n    found = importlib.util.find_spec(sys.argv[1]) is not None\n"

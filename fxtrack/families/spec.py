@@ -66,12 +66,12 @@ class Family:
     # (fxtrack.config.schema) gives each an int field defaulting to its model's declared dims
     size_keys: tuple[str, ...] = ()
     check: Callable[[str, dict[str, Any]], None] = _no_check  # (model, dims): raise ValueError
-    # (rng, arch, batch) -> NumPy arrays every framework copies (fxtrack.synthetic)
+    # (rng, arch, batch) -> NumPy arrays every framework copies (fxtrack.data.synthetic)
     batch: Optional[Callable[[Any, "Arch", int], dict[str, Any]]] = None
     describe: Optional[Callable[["Arch", int], dict[str, dict[str, Any]]]] = None  # shapes, dtypes
     forward_flops: Optional[Callable[["Arch"], int]] = None  # per sample; None: the framework counts
     generate_flops: Optional[Callable[["Arch", int, int], int]] = None  # (arch, prompt, new tokens)
-    dataset: Optional[str] = None  # scenario=pipeline's files: a format of fxtrack.datasets
+    dataset: Optional[str] = None  # scenario=pipeline's files: a format of fxtrack.data.on_disk
     params: Optional[Callable[["Arch"], int]] = None  # from the dims; None: the canonical table's
     # Memory beyond the state (fxtrack.config.memory): (arch, phase, batch, bytes per value,
     # memory lever, prompt_len, new_tokens) -> {part: bytes}; phase: train | forward | decode

@@ -13,7 +13,7 @@ from fxtrack.architectures import Arch
 from fxtrack.families.spec import ADAMW, SGD, sgd_lr  # noqa: F401  (the families' optimisers)
 from fxtrack.families.vision import image_hw, patch_grid, patch_hw  # noqa: F401  (the ViT's input)
 from fxtrack.frameworks.declaration import Framework, declaration
-from fxtrack.job import JobSpec
+from fxtrack.worker.protocol import JobSpec
 
 VIT_LAYER_NORM_EPS, BERT_LAYER_NORM_EPS = 1e-6, 1e-12  # timm's ViT, Hugging Face's BERT
 BATCH_NORM_EPS, BATCH_NORM_MOMENTUM = 1e-5, 0.1  # torch convention: new = 0.9 old + 0.1 batch
@@ -117,7 +117,7 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def build(self, batch_size: int) -> None:
         """Build model and optimiser from ``spec.seed`` and put one synthetic batch
-        (``fxtrack.synthetic.make_batch``) on the device."""
+        (``fxtrack.data.synthetic.make_batch``) on the device."""
 
     @abc.abstractmethod
     def param_count(self) -> int:

@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from fxtrack import scenarios
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.config.validate import ConfigError, Refused, validate
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.orchestrator import from_run
 from fxtrack.orchestrator.job import Job, job_spec
 from fxtrack.orchestrator.sweep import (

@@ -104,7 +104,7 @@ def main(argv: list[str]) -> int:
             if gpus and not any("cpu" not in d.lower() for d in devices):
                 flag = f"  WARNING: {gpus} GPU(s) present but {fw} sees none (a CPU-only build?)"
             print(f"{fw:<11} {answer['version']:<14} devices: {', '.join(devices)}{flag}")
-    from fxtrack.tracking.writer import tracking_uri
+    from fxtrack.tracking.target import tracking_uri
 
     print(f"tracking: {tracking_state(tracking_uri(None, os.getcwd()))}")
     if args.calibrate:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from fxtrack import families
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.search import bracket_search
 
 FITS, OUT_OF_MEMORY, OVER_BUDGET, KILLED = "fits", "out_of_memory", "over_budget", "killed"

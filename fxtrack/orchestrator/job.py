@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from fxtrack import architectures, families, scenarios
 from fxtrack.config.schema import FxtrackConfig
 from fxtrack.frameworks.declaration import declaration
-from fxtrack.job import JobSpec, Result, children_path, streamed_children
+from fxtrack.worker.protocol import JobSpec, Result, children_path, streamed_children
 from fxtrack.measure.host_load import is_contended
 from fxtrack.orchestrator import from_run
 from fxtrack.orchestrator.runner import log_tail, run_worker
@@ -245,9 +245,9 @@ class Job:
             return
         _LOADED.add(self.uri)
         try:
-            from fxtrack.tracking import writer
+            from fxtrack.tracking import runs
 
-            writer.client_for(self.uri)
+            runs.client_for(self.uri)
         except Exception:  # noqa: BLE001 - the log after the run reports it
             pass
 

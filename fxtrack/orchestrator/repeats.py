@@ -230,7 +230,7 @@ def run_all(job, job_dir):
     """A single (non-sweep) run with ``repeats=N``: N workers in a row, then the aggregate;
     with resume=true only the repeats its latest group has not finished. Returns the first
     failed repeat's (name, Result, run id), else the last one's."""
-    from fxtrack.job import Result
+    from fxtrack.worker.protocol import Result
 
     group = group_of(job, job.conf) if job.conf.resume else None
     if complete(group, job.conf.repeats):

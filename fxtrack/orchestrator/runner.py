@@ -21,8 +21,8 @@ from typing import Callable
 
 import fxtrack
 from fxtrack.environment import parent_death_signal, redact_text, worker_environment
-from fxtrack.job import JobSpec, Result, children_path, streamed_children
-from fxtrack.worker.__main__ import GATE_ENV, PARENT_ENV
+from fxtrack.worker.protocol import JobSpec, Result, children_path, streamed_children
+from fxtrack.worker.protocol import GATE_ENV, PARENT_ENV
 
 _PACKAGE_ROOT = str(Path(fxtrack.__file__).resolve().parent.parent)
 LOG_TAIL_BYTES = 64 * 1024
@@ -42,7 +42,7 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
 
     ``meanwhile``: work of this process (loading MLflow) done while the worker starts, i.e.
     imports its framework and builds the model; the worker waits at its gate
-    (worker.__main__.gate_after_build) until it is done, so that work never shares the cores
+    (worker.protocol.pass_gate, called by the scenario once it has built) until it is done, so that work never shares the cores
     with a warm-up or timed window. Under torchrun (no way to hand the gate to its ranks) it
     is done before the worker starts.
 

@@ -7,7 +7,7 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 
 
 def device_counts(devices: int) -> list[int]:

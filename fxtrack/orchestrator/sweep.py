@@ -152,23 +152,23 @@ class SweepRun(Callback):
     def _check_target(self, config: DictConfig) -> None:
         """A permanent problem with the tracking target (bad scheme, empty or deleted
         experiment) stops the sweep before any work; a server that is down does not."""
-        from fxtrack.tracking import writer
+        from fxtrack.tracking import target, writer
 
         uri = self._uri(config)
         try:
             writer.check_target(uri, config.tracking.experiment)
-        except writer.TrackingRejected as e:
+        except target.TrackingRejected as e:
             print(f"fxtrack: {e}", file=sys.stderr)
             sys.exit(2)
-        except writer.TrackingUnavailable as e:
+        except target.TrackingUnavailable as e:
             print(f"fxtrack: the tracking server is not answering ({e}); results will be "
                   f"kept in the local spool: {sync_advice(uri)}", file=sys.stderr)
 
     @staticmethod
     def _uri(config: DictConfig) -> str:
-        from fxtrack.tracking import writer
+        from fxtrack.tracking import target
 
-        return writer.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
+        return target.tracking_uri(config.tracking.uri, config.hydra.runtime.cwd)
 
     def _report(self, config: DictConfig, out: Path) -> dict[str, Any]:
         """The report of this sweep's runs (fxtrack.report, in this process, on the runs whose

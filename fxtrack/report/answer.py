@@ -21,7 +21,6 @@ from fxtrack.config.frameworks import declared, identity_settings
 from fxtrack.frameworks.declaration import import_path
 from fxtrack.report import identity, samples
 from fxtrack.report.lm import lm_models
-from fxtrack.report.select import LEVERS
 from fxtrack.report.verdicts import Ratio
 from fxtrack.scenarios import Objective
 
@@ -204,7 +203,7 @@ def _framework(config: pd.Series) -> str:
 
 def _mode(config: pd.Series) -> str:
     parts = [f"compile={config['compile']}"] if config.get("compile", "-") not in ("-", "") else []
-    parts += [f"{k}={config[k]}" for k, default in LEVERS.items() if config.get(k, default) != default]
+    parts += [f"{k}={config[k]}" for k, default in identity.LEVERS.items() if config.get(k, default) != default]
     return ", ".join(parts) or "defaults"
 
 
@@ -331,7 +330,7 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
     better = (lambda a, b: a < b) if objective.lower else (lambda a, b: a > b)
     # a framework's configs that differ in what it may choose beside its mode and levers (the
     # objective's modes: serve's batching policy) say so in the mode column
-    apart = identity.apart(runs.drop(columns=["compile", *LEVERS], errors="ignore"), ["model"])
+    apart = identity.apart(runs.drop(columns=["compile", *identity.LEVERS], errors="ignore"), ["model"])
     rule = import_path(objective.repeats_rule) if objective.repeats_rule else None
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         one = samples.sample(group, every, key, rule)

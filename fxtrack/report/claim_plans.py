@@ -10,7 +10,7 @@ from typing import Any
 
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.measure import peak
-from fxtrack.report.select import LEVERS
+from fxtrack.report.identity import LEVERS
 
 # Arm keys -> the config key a command sets (the identity columns of
 # samples.configs have the arm keys' names).

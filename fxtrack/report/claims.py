@@ -32,7 +32,6 @@ from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import identity
 from fxtrack.report.claim_plans import REPEATS, config_keys, machine_kind, plan
 from fxtrack.report.samples import Sample, configs, identity_columns, ratio, sample
-from fxtrack.report.select import LEVERS
 from fxtrack.report.tables import Section, Table
 
 PROG = "fxtrack claims"
@@ -220,7 +219,7 @@ def groups(claim: Claim, frame: pd.DataFrame, metric: Optional[str] = None) -> l
         runs = runs[runs["model"] == cond["model"]]
     if cond.get("scenario"):
         runs = runs[runs["scenario"] == cond["scenario"]]
-    for lever, default in LEVERS.items():  # a lever no arm sets stays at its default
+    for lever, default in identity.LEVERS.items():  # a lever no arm sets stays at its default
         if lever not in claim.arm_keys:
             runs = runs[runs[lever] == default]
     keys = [c for c in identity_columns(frame) if c not in claim.arm_keys]
@@ -422,7 +421,7 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from fxtrack.environment import redact_uri_text
     from fxtrack.report import render
-    from fxtrack.tracking import reader, writer
+    from fxtrack.tracking import reader, target
 
     try:
         claims = load(args.claims)
@@ -435,7 +434,7 @@ def main(argv: list[str]) -> int:
             print(f"{PROG}: no claim {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
         claims = [c for c in claims if c.id in args.only]
-    uri = writer.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
+    uri = target.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
     try:
         frame = reader.load_runs(uri, args.experiment)
     except (reader.ExperimentNotFound, reader.NoRunsFound) as e:

@@ -73,9 +73,9 @@ def main(argv: list[str]) -> int:
     from fxtrack.environment import redact_uri_text
     from fxtrack.report import (charts, claims, cost, levers, lm, render, samples, serving,
                                 tables, trend, verdicts)
-    from fxtrack.tracking import reader, writer
+    from fxtrack.tracking import reader, target
 
-    uri = writer.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
+    uri = target.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
     try:
         frame = reader.load_runs(uri, args.experiment, args.filter)
     except reader.ExperimentNotFound as e:

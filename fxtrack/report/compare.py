@@ -218,9 +218,9 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv)
     from fxtrack.environment import redact_uri_text
     from fxtrack.report import render
-    from fxtrack.tracking import reader, writer
+    from fxtrack.tracking import reader, target
 
-    uri = writer.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
+    uri = target.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
     frames = []
     for side, flt in (("baseline", args.baseline), ("candidate", args.candidate)):
         try:

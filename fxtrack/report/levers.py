@@ -17,7 +17,8 @@ import pandas as pd
 
 from fxtrack import scenarios
 
-from fxtrack.report.select import LEVERS, _rank, framework_order
+from fxtrack.report.identity import LEVERS
+from fxtrack.report.select import _rank, framework_order
 from fxtrack.report.tables import CONTENDED, FLAG, Section, Table, fmt, fmt_ms
 
 BASE = ["framework", "model", "scenario", "precision", "devices", "hardware"]

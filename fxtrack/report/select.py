@@ -23,7 +23,6 @@ from fxtrack.config.frameworks import declared, identity_settings
 from fxtrack.report import identity
 
 KEY = ["framework", "model", "scenario", "precision", "devices", "hardware"]  # a table's cell
-LEVERS = identity.LEVERS
 # The report's own column names for the run tags (docs/contract.md#tags).
 TAGS = {
     "framework": "fxtrack.framework", "model": "fxtrack.model", "scenario": "fxtrack.scenario",
@@ -103,7 +102,7 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     # A lever variant (runtime=onnxruntime, parallel=fsdp, ...) is a cell of the levers' tables
     # (report/levers.py), not a competitor of the default run in the main tables.
     variant = pd.Series(False, index=frame.index)
-    for lever, default in LEVERS.items():
+    for lever, default in identity.LEVERS.items():
         if f"params.{lever}" in frame:
             variant |= frame[f"params.{lever}"].fillna(default) != default
     variant = variant.to_numpy()

@@ -15,7 +15,7 @@ import numpy as np
 
 from fxtrack import data, families
 from fxtrack.frameworks.base import Backend
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure.timer import eprint
 from fxtrack.metrics import SERVING_QUALITY
 from fxtrack.scenarios import converge

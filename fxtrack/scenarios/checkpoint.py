@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fxtrack import families
 from fxtrack.frameworks.base import Backend
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack.measure.timer import eprint, percentile, time_steps
 from fxtrack.scenarios.timed import build

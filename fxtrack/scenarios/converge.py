@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from fxtrack import data, families
 from fxtrack.frameworks.base import Backend
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import eprint
 from fxtrack.scenarios import timed

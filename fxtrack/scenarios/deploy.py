@@ -34,7 +34,7 @@ import numpy as np
 
 from fxtrack import families, flops
 from fxtrack.frameworks.base import Backend
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure.timer import eprint
 from fxtrack.scenarios import rules
 from fxtrack.scenarios.timed import run_timed

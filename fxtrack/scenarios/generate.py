@@ -11,10 +11,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from fxtrack import families, flops, synthetic
+from fxtrack import families, flops
+
+from fxtrack.families.text import progressions
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import NotSupported
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure.timer import percentile
 from fxtrack.scenarios.registry import options_of
 from fxtrack.scenarios.timed import run_timed
@@ -24,7 +26,7 @@ from fxtrack.scenarios.train import param_guard
 def prompts(backend: Backend, batch: int, prompt_len: int) -> np.ndarray:
     """The same prompts in every framework: learnable progressions from the run's seed."""
     rng = np.random.default_rng(backend.spec.seed)
-    return synthetic.progressions(rng, batch, prompt_len, backend.arch.vocab_size).astype(np.int32)
+    return progressions(rng, batch, prompt_len, backend.arch.vocab_size).astype(np.int32)
 
 
 def run(backend: Backend, result: Result) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from fxtrack import families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import NotSupported
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.scenarios import accuracy, deploy
 from fxtrack.scenarios.batching import min_queries_for, undersized
 from fxtrack.scenarios.options import InferenceOptions, from_json

@@ -1,5 +1,5 @@
 """The input-pipeline scenario: each framework's idiomatic loader reading the on-disk synthetic
-dataset (fxtrack.datasets), measured alone and feeding training, against training on
+dataset (fxtrack.data.on_disk), measured alone and feeding training, against training on
 device-resident data.
 
 The standard keys describe ONE window, the loader-fed one: ``throughput_samples_per_s``, the
@@ -13,7 +13,7 @@ window ran faster, i.e. the difference is within the noise, and is logged as mea
 clamped to 0.
 
 model=custom: the loader reads the user's own batch, written in the framework's record format
-(each pipeline module's ``user_dataset``; fxtrack.datasets.ensure_user), with the same step
+(each pipeline module's ``user_dataset``; fxtrack.data.on_disk.ensure_user), with the same step
 as scenario=train; FLOPs from the framework's counter, tokens/s for ``model.kind=lm``, and the
 tags ``pipeline_records`` (the format) and ``pipeline_work`` (what is done per sample).
 """
@@ -23,9 +23,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from fxtrack import datasets, families, flops
+from fxtrack import families, flops
+
+from fxtrack.data import on_disk
 from fxtrack.frameworks.base import Backend
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import StepTimes, step_metrics, time_steps
 from fxtrack.scenarios.registry import options_of
@@ -74,7 +76,7 @@ def run(backend: Backend, result: Result) -> None:
             backend, max(options.dataset_samples, 2 * global_batch))
         result.tags["pipeline_work"] = USER_WORK
     else:
-        directory = datasets.ensure(backend.arch, options.dataset_samples, spec.seed)
+        directory = on_disk.ensure(backend.arch, options.dataset_samples, spec.seed)
     loader = pipeline.loader(backend, directory, batch, options.loader_workers)
     for _ in range(warmup):  # worker start-up, file-system cache, autotuning
         next(loader)

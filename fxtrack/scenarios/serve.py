@@ -36,7 +36,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 import numpy as np
 
 from fxtrack import families
-from fxtrack.job import append_child
+from fxtrack.worker.protocol import append_child
 from fxtrack.measure.timer import eprint, percentile
 from fxtrack.scenarios.batching import (bucket_for, continuous_window, length_data_refusal,
                                         min_queries_for, prompt_buckets, request_lengths,

@@ -10,7 +10,8 @@ from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 from fxtrack import architectures
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import declaration
-from fxtrack.job import Result
+from fxtrack.worker import protocol
+from fxtrack.worker.protocol import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure import peak
 from fxtrack.measure import tuned as tuned_cache
@@ -65,6 +66,7 @@ def build(backend: Backend, result: Result) -> tuple[str, int, int, int]:
            f"{spec.scenario} (batch {batch}, {spec.precision}, compile={spec.compile})")
     with tune.requested(spec, spec.compile) if tuned else contextlib.nullcontext():
         backend.build(batch)
+    protocol.pass_gate()  # built, nothing timed yet: the orchestrator's own work goes first
     return kind, batch, steps, warmup
 
 

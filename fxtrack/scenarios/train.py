@@ -9,7 +9,7 @@ from typing import Callable, Optional
 from fxtrack import architectures, families, flops
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.profiling import CATEGORIES
-from fxtrack.job import Result
+from fxtrack.worker.protocol import Result
 from fxtrack.measure import host_load
 from fxtrack.measure.timer import time_steps
 from fxtrack.scenarios.timed import run_timed

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.measure.timer import eprint, percentile, time_steps
+from fxtrack.worker import protocol
 
 STEPS = 5  # timed steps per candidate (fewer if the run itself asks for fewer)
 
@@ -32,6 +33,7 @@ def fastest(backend: Backend, kind: str, batch: int, steps: int, warmup: int
             eprint(f"[fxtrack] framework.compile=tune: timing {mode}")
             with requested(spec, compiled):
                 backend.build(batch)
+                protocol.pass_gate()  # the first build waits there, before anything is timed
                 times = time_steps(backend.train_step, max(1, warmup), min(steps, STEPS),
                                    show=False)
             # every process of the run takes the slowest one's figure: they all choose alike

@@ -13,7 +13,7 @@ from typing import Any, Optional
 from fxtrack import families, scenarios
 from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri_text
 from fxtrack.frameworks.declaration import declaration
-from fxtrack.job import JobSpec, Result
+from fxtrack.worker.protocol import JobSpec, Result
 
 NOISY_CV = 0.10  # step-time coefficient of variation above which a run is tagged noisy
 
@@ -224,7 +224,7 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
     batch = resolved.get("batch_size")
     if batch is None or families.of(spec.arch).describe is None:  # a user's model: its
         return None  # builder's data, whose shapes only the worker saw
-    from fxtrack import synthetic
+    from fxtrack.data import synthetic
     from fxtrack.architectures import Arch
 
     shapes = synthetic.describe(Arch.from_json(spec.arch), int(batch))
@@ -235,7 +235,7 @@ def dataset_input(spec: JobSpec, resolved: dict[str, Any]) -> Optional[dict[str,
                                              for s in shapes.values())
     return {"name": name, "digest": digest[:36],
             "source_type": "local" if on_disk else "code",
-            "source": json.dumps({"generator": "fxtrack.synthetic", "seed": spec.seed,
+            "source": json.dumps({"generator": "fxtrack.data.synthetic", "seed": spec.seed,
                                   "samples": getattr(scenarios.options_of(spec),
                                                      "dataset_samples", None)}),
             "schema": json.dumps({"mlflow_tensorspec": {

@@ -85,7 +85,8 @@ def main(argv: list[str]) -> int:
 def _sync_one(entry: Path, uri: str | None, given_up: dict[str, str]) -> str:
     """Deliver one entry; its outcome: uploaded, busy, again, kept, refused, set aside, stuck,
     gone."""
-    from fxtrack.tracking import spool, writer
+    from fxtrack.tracking import errors, health, spool, writer
+    from fxtrack.tracking.target import TrackingRejected, TrackingUnavailable
 
     try:
         record = spool.load(entry)
@@ -104,27 +105,27 @@ def _sync_one(entry: Path, uri: str | None, given_up: dict[str, str]) -> str:
             current, held = held or entry, None
             try:
                 run_id = writer.deliver(current, target, hold=attempt == 1)
-            except writer.EntryBusy:
+            except errors.EntryBusy:
                 return "busy"  # another sync claimed it: that one reports it
-            except writer.TryAgain:
+            except errors.TryAgain:
                 return "again"
-            except writer.EntryInvalid as e:
+            except errors.EntryInvalid as e:
                 where = f"set aside in {e.set_aside}" if e.set_aside else "kept"
                 print(f"{where}: {name} ({entry.name}) cannot be logged: {e}", file=sys.stderr)
                 return "set aside" if e.set_aside else "stuck"
-            except writer.EntryStuck as e:
+            except errors.EntryStuck as e:
                 print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
                 return "stuck"
-            except writer.TrackingRejected as e:
+            except TrackingRejected as e:
                 print(f"kept {name} ({entry.name}): refused, fix this first: {e}",
                       file=sys.stderr)
                 return "refused"
-            except writer.ServerUnreachable as e:
+            except errors.ServerUnreachable as e:
                 held = getattr(e, "claimed", None)
-                if attempt == 1 and target and writer.was_up(target):
+                if attempt == 1 and target and health.was_up(target):
                     print(f"fxtrack sync: {e}; waiting up to {WAIT_S:g} s for it",
                           file=sys.stderr)
-                    if writer.wait_for(target, WAIT_S):
+                    if health.wait_for(target, WAIT_S):
                         print("fxtrack sync: the tracking server answers again",
                               file=sys.stderr)
                         continue
@@ -135,7 +136,7 @@ def _sync_one(entry: Path, uri: str | None, given_up: dict[str, str]) -> str:
                 # next entries still try
                 print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
                 return "kept"
-            except writer.TrackingUnavailable as e:
+            except TrackingUnavailable as e:
                 print(f"kept {name} ({entry.name}): {e}", file=sys.stderr)
                 return "kept"
             except Exception as e:  # noqa: BLE001 - one entry's surprise must not end the sync

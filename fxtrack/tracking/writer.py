@@ -22,13 +22,13 @@ from mlflow.tracking import MlflowClient
 from fxtrack.environment import redact_uri_text
 from fxtrack.tracking import health, records, runs, spool
 from fxtrack.tracking.artifacts import discard, log_model, model_files, upload
-from fxtrack.tracking.errors import (  # noqa: F401 - the errors callers catch, as writer.X
-    EntryBusy, EntryInvalid, EntryStuck, ServerUnreachable, TryAgain, classify, unreachable)
-from fxtrack.tracking.health import probe, wait_for, was_up  # noqa: F401 - writer.wait_for
+from fxtrack.tracking.errors import (EntryBusy, EntryInvalid, EntryStuck, ServerUnreachable,
+                                     TryAgain, classify, unreachable)
+from fxtrack.tracking.health import probe
 from fxtrack.tracking.payload import Payload, load_entry, prepare
-from fxtrack.tracking.runs import WRITER_TAG, client_for, find_run  # noqa: F401 - WRITER_TAG
-from fxtrack.tracking.target import (  # noqa: F401 - writer.tracking_uri, writer.SCHEMES
-    SCHEMES, TrackingRejected, TrackingUnavailable, check_static, deleted_message, tracking_uri)
+from fxtrack.tracking.runs import client_for, find_run
+from fxtrack.tracking.target import (TrackingRejected, TrackingUnavailable, check_static,
+                                     deleted_message)
 
 _PARENTS: dict[tuple[str, str, str], str] = {}  # (uri, experiment id, result id) -> run id
 
@@ -177,14 +177,16 @@ def _parent_run(client: MlflowClient, exp_id: str, parent_id: str, uri: str) -> 
     return run_id
 
 
-def deliver(entry: Path, uri: Optional[str] = None, hold: bool = False) -> str:
+def deliver(entry: Path, uri: Optional[str] = None, hold: bool = False,
+            written: Optional[tuple[dict[str, Any], list[tuple[str, Path | str]]]] = None) -> str:
     """Claim a spool entry, log it, then clear it; on TrackingUnavailable it goes back to the
     spool, on EntryInvalid it is set aside in ``bad/``. An entry another process holds raises
     EntryBusy; one the spool does not let us claim, EntryStuck.
 
     ``hold``: on ServerUnreachable keep the claim (``error.claimed``), so that this process,
     which may have left a RUNNING run of it, retries it after waiting (``deliver(claimed)``,
-    then ``spool.release(claimed)`` if it gives up)."""
+    then ``spool.release(claimed)`` if it gives up). ``written``: the (record, files) this
+    process just spooled as ``entry``, logged as they are, not read back from it."""
     try:
         claimed = spool.claim(entry)
     except spool.SpoolError as e:
@@ -192,7 +194,8 @@ def deliver(entry: Path, uri: Optional[str] = None, hold: bool = False) -> str:
     if claimed is None:
         raise EntryBusy(f"{entry.name} is being uploaded by another process")
     try:
-        run_id = log_entry(claimed, uri)
+        run_id = (log_entry(claimed, uri) if written is None
+                  else _deliver_record(*written, uri or written[0]["uri"]))
     except EntryInvalid as e:
         raise _set_aside(claimed, e) from None
     except ServerUnreachable as e:
@@ -243,7 +246,9 @@ def log_record(record: dict[str, Any], artifacts: dict[str, Path | str],
             f"fxtrack: could not spool the result of {name} ({spool_error}); it was logged "
             f"directly to {shown} as run {run_id}")
     try:
-        run_id = deliver(entry, uri)
+        # the entry is the guarantee (nothing lost if this process dies now); what is logged is
+        # the record in hand, not the entry read back
+        run_id = deliver(entry, uri, written=(record, list(artifacts.items())))
     except EntryInvalid as e:
         return None, "set aside", (
             f"fxtrack: the result of {name} cannot be logged: {e}\n"

@@ -17,57 +17,11 @@ from fxtrack.frameworks.declaration import (
     declaration,
     import_path,
 )
-from fxtrack.job import JobSpec, Result
+from fxtrack.worker import protocol
+from fxtrack.worker.protocol import JobSpec, Result
 from fxtrack.measure.memory import peak_rss_mib
 from fxtrack import scenarios
 from fxtrack.scenarios import rules
-
-
-# The read end of a pipe from the orchestrator (runner.run_worker): the worker imports its
-# framework and builds the model (nothing of it is timed), then waits here while the
-# orchestrator finishes loading MLflow, so that the two overlap without sharing the cores
-# during the warm-up or the timed window.
-GATE_ENV = "FXTRACK_GATE_FD"
-
-
-class GateClosed(RuntimeError):
-    """The orchestrator closed the gate without a word: it stopped, or died."""
-
-
-def take_gate() -> str | None:
-    """The gate's file descriptor, taken out of the environment (so that no process this
-    worker starts sees it); None without a gate."""
-    return os.environ.pop(GATE_ENV, None)
-
-
-def wait_for_go(fd: str | None = None) -> bool:
-    """Wait at the orchestrator's gate (``fd``, else the environment's), if it set one: True to
-    go on (no gate: at once), False when it closed the gate without a word (it stopped, or
-    died: nothing to run for)."""
-    fd = take_gate() if fd is None else fd
-    if fd is None:
-        return True
-    try:
-        with os.fdopen(int(fd), "rb", buffering=0) as gate:
-            return gate.read(1) == b"1"
-    except (OSError, ValueError):  # not a pipe from us after all: nothing to wait for
-        return True
-
-
-def gate_after_build(backend: Any) -> None:
-    """Wait at the gate once ``backend`` has built its model: every scenario builds before it
-    times anything (scenarios.timed.build), and a build times nothing itself."""
-    build, gate = backend.build, take_gate()
-
-    def build_then_wait(*args: Any, **kwargs: Any) -> Any:
-        nonlocal gate
-        out = build(*args, **kwargs)
-        fd, gate = gate, None  # one wait: a later build goes on at once
-        if fd is not None and not wait_for_go(fd):
-            raise GateClosed("the orchestrator stopped before the run started")
-        return out
-
-    backend.build = build_then_wait
 
 
 def prepare_environment(spec: JobSpec) -> None:
@@ -112,6 +66,7 @@ def _not_installed(framework: Framework, e: ImportError) -> str:
 
 
 def run(spec: JobSpec) -> Result:
+    protocol.take_gate()  # before anything can start a process that would inherit it
     result = Result(result_id=spec.result_id)
     result.tags["python"] = platform.python_version()
     framework = declaration(spec.package)
@@ -138,11 +93,10 @@ def run(spec: JobSpec) -> Result:
         native = native_precision(spec.precision, kind)
         if native is not None:
             result.tags["native_precision"] = str(native).lower()
-        gate_after_build(backend)
-        import_path(spec.runner)(backend, result)
+        import_path(spec.runner)(backend, result)  # it passes the gate once it has built
         result.tags.update(backend.device_tags())
         result.status = "FINISHED"
-    except GateClosed as e:  # nothing ran: no traceback, the orchestrator has its own error
+    except protocol.GateClosed as e:  # nothing ran: no traceback, the orchestrator has its own error
         result.error = str(e)
     except KeyboardInterrupt:  # SIGINT sent to the worker itself: a stopped run, not a crash;
         traceback.print_exc()  # the traceback stays in worker.log (the orchestrator's tee)
@@ -214,9 +168,6 @@ def count_params(spec_path: Path) -> int:
     return 0
 
 
-PARENT_ENV = "FXTRACK_ORCHESTRATOR_PID"
-
-
 def die_with_parent(poll_s: float = 0.5) -> None:
     """End this worker's process group when its parent (the orchestrator, or torchrun for a
     rank) is gone: an orchestrator killed outright (SIGKILL, the OOM killer) cannot stop the
@@ -226,7 +177,7 @@ def die_with_parent(poll_s: float = 0.5) -> None:
     import time
 
     parent = os.getppid()
-    expected = os.environ.get(PARENT_ENV)
+    expected = os.environ.get(protocol.PARENT_ENV)
     if "RANK" not in os.environ and expected and int(expected) != parent:
         parent = -1  # the orchestrator was gone before this line: the check below fires at once
 
@@ -253,7 +204,7 @@ def main(argv: list[str]) -> int:
     spec = JobSpec.read(Path(argv[0]))
     from fxtrack.measure import host_load
 
-    orchestrator = os.environ.get(PARENT_ENV)
+    orchestrator = os.environ.get(protocol.PARENT_ENV)
     host_load.start_sampling(spec.cpu_threads, int(orchestrator) if orchestrator else None)
     die_with_parent()
     prepare_environment(spec)

@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from fxtrack.job import JobSpec
+from fxtrack.worker.protocol import JobSpec
 
 AXIS = "data"  # the mesh axis the batch dimension is split over
 

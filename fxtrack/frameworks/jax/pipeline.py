@@ -1,4 +1,4 @@
-"""The JAX input pipeline: Grain, reading the on-disk synthetic dataset (fxtrack.datasets).
+"""The JAX input pipeline: Grain, reading the on-disk synthetic dataset (fxtrack.data.on_disk).
 
 Why Grain: it is the loader the JAX ecosystem itself recommends (the Flax and MaxText examples
 use it, and JAX's own "data loaders" guide names it first); it is framework-free Python and
@@ -9,7 +9,7 @@ between one and tf.data's C++ thread pool (TensorFlow's backend measures that on
 
 The pipeline: source -> shuffle -> repeat forever -> per-sample work (``random_map``, with a
 generator Grain derives from the seed and the sample's index) -> batch -> worker processes.
-The per-sample work is the one fxtrack.datasets fixes: decode the JPEG, flip with probability
+The per-sample work is the one fxtrack.data.on_disk fixes: decode the JPEG, flip with probability
 1/2, scale to (x - 128) / 64 float32 NHWC; or replace 15% of the tokens by [MASK].
 
 A user's own batch (model=custom) is written as ArrayRecord (Grain's native random-access
@@ -29,7 +29,7 @@ import jax
 from absl import flags
 import numpy as np
 
-from fxtrack import datasets
+from fxtrack.data import on_disk
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
 from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.jax import parallel
@@ -71,7 +71,7 @@ def decode_image(sample: tuple[str, int], rng: np.random.Generator) -> dict[str,
         pixels = np.asarray(im.convert("RGB"), dtype=np.float32)  # (H, W, 3)
     if rng.random() < 0.5:
         pixels = pixels[:, ::-1]
-    x = (pixels - datasets.PIXEL_OFFSET) / datasets.PIXEL_SCALE
+    x = (pixels - on_disk.PIXEL_OFFSET) / on_disk.PIXEL_SCALE
     return {"images": np.ascontiguousarray(x), "labels": np.int32(label)}
 
 
@@ -118,14 +118,14 @@ def user_dataset(backend, samples: int) -> tuple[Path, str]:
     """model=custom: the user's batch (this process's host copy of the one on the mesh)
     written as ``samples`` ArrayRecord records; (its directory, the record format)."""
     inputs, targets = (ub.tree_map(np.asarray, t) for t in jax.device_get(backend.batch))
-    return (datasets.ensure_user(RECORDS, inputs, targets, samples, write_array_record),
+    return (on_disk.ensure_user(RECORDS, inputs, targets, samples, write_array_record),
             RECORDS)
 
 
 def dataset(directory: Path, seed: int, shard: int = 0, shards: int = 1) -> grain.MapDataset:
     """Endless shuffled samples after the per-sample work; ``shard`` of ``shards`` (one per
     process of a multi-node run, each reading different samples)."""
-    manifest = datasets.user_manifest(directory)
+    manifest = on_disk.user_manifest(directory)
     if manifest is not None:
         source = grain.sources.ArrayRecordDataSource([str(directory / RECORD_FILE)])
         ds = grain.MapDataset.source(source)[shard::shards]
@@ -152,9 +152,9 @@ def host_loader(directory: Path, batch_size: int, workers: int, seed: int, shard
     if workers > 0:
         it = it.mp_prefetch(grain.MultiprocessingOptions(
             num_workers=workers, per_worker_buffer_size=PREFETCH_PER_WORKER))
-    manifest = datasets.user_manifest(directory)
+    manifest = on_disk.user_manifest(directory)
     if manifest is not None:  # a batch of tuples is a tuple of stacked arrays: rebuild
-        return (datasets.unflatten(manifest, list(b)) for b in it)
+        return (on_disk.unflatten(manifest, list(b)) for b in it)
     return iter(it)
 
 

@@ -211,7 +211,7 @@ def training_flops_per_sample(arch: Arch, batch_size: int = 8, precision: str = 
     """XLA's own count (``cost_analysis()['flops']``) of one compiled training step (forward,
     backward and optimiser update), per sample. Nothing is materialised: the step is lowered
     for abstract shapes. The optimiser's O(params) work is amortised over ``batch_size``."""
-    from fxtrack.synthetic import make_batch
+    from fxtrack.data.synthetic import make_batch
 
     tx, dtype = optimizer(arch), COMPUTE_DTYPES[precision]
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: models.build(arch, dtype)))

@@ -8,11 +8,11 @@ from typing import Any, Optional
 import keras
 
 from fxtrack.architectures import Arch
-from fxtrack.synthetic import make_batch
+from fxtrack.data.synthetic import make_batch
 
 
 def device_batch(arch: Arch, batch_size: int, seed: int) -> tuple[Any, Any, Optional[Any]]:
-    """``fxtrack.synthetic.make_batch`` copied once onto the backend's default device (the one
+    """``fxtrack.data.synthetic.make_batch`` copied once onto the backend's default device (the one
     ``devices.select`` named): images and labels, BERT's token ids, masked-LM labels and the
     weights of the predicted tokens, or a Llama's token ids and next tokens (every position
     counts: no weights)."""
@@ -21,7 +21,7 @@ def device_batch(arch: Arch, batch_size: int, seed: int) -> tuple[Any, Any, Opti
 
 
 def fit_form(batch: dict[str, Any]) -> tuple[Any, Any, Optional[Any]]:
-    """A batch (fxtrack.synthetic's keys, any arrays) as (x, y, sample_weight)."""
+    """A batch (fxtrack.data.synthetic's keys, any arrays) as (x, y, sample_weight)."""
     if "images" in batch:
         return batch["images"], batch["labels"], None
     if "mlm_labels" not in batch:

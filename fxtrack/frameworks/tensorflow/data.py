@@ -5,11 +5,11 @@ from __future__ import annotations
 import tensorflow as tf
 
 from fxtrack.architectures import Arch
-from fxtrack.synthetic import make_batch
+from fxtrack.data.synthetic import make_batch
 
 
 def device_batch(arch: Arch, batch_size: int, seed: int, device: str) -> dict[str, tf.Tensor]:
-    """``fxtrack.synthetic.make_batch`` copied once onto ``device`` (e.g. ``"/GPU:0"``)."""
+    """``fxtrack.data.synthetic.make_batch`` copied once onto ``device`` (e.g. ``"/GPU:0"``)."""
     with tf.device(device):
         # tf.identity under the device scope copies the host constant onto the device.
         batch = make_batch(arch, batch_size, seed)

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.tensorflow import ONE_REPLICA_PER_CPU_WORKER
-from fxtrack.job import JobSpec
+from fxtrack.worker.protocol import JobSpec
 
 
 def create(spec: JobSpec, device: str) -> tf.distribute.Strategy:

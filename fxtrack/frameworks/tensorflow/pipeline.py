@@ -1,5 +1,5 @@
 """The TensorFlow input pipeline: ``tf.data`` over the on-disk synthetic dataset
-(fxtrack.datasets): parallel read, cache of the raw file bytes, shuffle, parallel decode and
+(fxtrack.data.on_disk): parallel read, cache of the raw file bytes, shuffle, parallel decode and
 augmentation, batching and prefetching, distributed over the replicas of a strategy. A user's
 own batch (model=custom) is written as TFRecord (one ``tf.train.Example`` per sample, each
 array a serialized tensor) and parsed back per sample, the rest of the pipeline the same."""
@@ -12,7 +12,7 @@ from typing import Iterator
 import numpy as np
 import tensorflow as tf
 
-from fxtrack import datasets
+from fxtrack.data import on_disk
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
 from fxtrack.frameworks import user_builder as ub
 
@@ -38,7 +38,7 @@ def _decode(jpeg: tf.Tensor, label: tf.Tensor) -> dict[str, tf.Tensor]:
     pixels = tf.cast(tf.io.decode_jpeg(jpeg, channels=3), tf.float32)  # (H, W, 3) in [0, 255]
     pixels = tf.cond(tf.random.uniform(()) < 0.5, lambda: tf.reverse(pixels, axis=[1]),
                      lambda: pixels)
-    images = (pixels - datasets.PIXEL_OFFSET) / datasets.PIXEL_SCALE
+    images = (pixels - on_disk.PIXEL_OFFSET) / on_disk.PIXEL_SCALE
     return {"images": images, "labels": label}
 
 
@@ -53,7 +53,7 @@ def _tokens(directory: Path, calls: int) -> tf.data.Dataset:
 
 def _mask(tokens: tf.Tensor) -> dict[str, tf.Tensor]:
     """Replace 15% of the positions, chosen at random, by [MASK]: (T,) ids -> the three (T,)
-    tensors of fxtrack.synthetic (input_ids, mlm_labels int32; mlm_weights float32)."""
+    tensors of fxtrack.data.synthetic (input_ids, mlm_labels int32; mlm_weights float32)."""
     masked = tf.random.uniform(tf.shape(tokens)) < BERT_MASK_FRACTION  # (T,) bool
     return {"input_ids": tf.where(masked, tf.constant(BERT_MASK_TOKEN, tokens.dtype), tokens),
             "mlm_labels": tokens,
@@ -84,7 +84,7 @@ def _user_records(directory: Path, manifest: dict, calls: int) -> tf.data.Datase
         arrays = [tf.ensure_shape(tf.io.parse_tensor(features[f"leaf-{i}"],
                                                      tf.as_dtype(leaf["dtype"])), leaf["shape"])
                   for i, leaf in enumerate(leaves)]
-        return datasets.unflatten(manifest, arrays)
+        return on_disk.unflatten(manifest, arrays)
 
     ds = tf.data.TFRecordDataset(str(directory / RECORD_FILE)).cache()
     ds = ds.shuffle(min(manifest["samples"], SHUFFLE_BUFFER)).repeat()
@@ -95,7 +95,7 @@ def user_dataset(backend, samples: int) -> tuple[Path, str]:
     """model=custom: the user's batch (the first replica's, as NumPy) written as ``samples``
     TFRecord examples; (its directory, the record format)."""
     inputs, targets = (ub.tree_map(lambda x: x.numpy(), t) for t in backend.one_batch)
-    return datasets.ensure_user(RECORDS, inputs, targets, samples, write_tfrecord), RECORDS
+    return on_disk.ensure_user(RECORDS, inputs, targets, samples, write_tfrecord), RECORDS
 
 
 def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator:
@@ -103,7 +103,7 @@ def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator:
     autotuned when 0), prefetched; per-replica values under a multi-device strategy."""
     strategy = backend.strategy
     calls = workers if workers > 0 else AUTOTUNE
-    manifest = datasets.user_manifest(directory)
+    manifest = on_disk.user_manifest(directory)
     if manifest is not None:
         ds = _user_records(directory, manifest, calls)
     elif any(directory.glob("tokens-*.npy")):

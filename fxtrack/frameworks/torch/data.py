@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fxtrack.architectures import Arch
-from fxtrack.synthetic import make_batch
+from fxtrack.data.synthetic import make_batch
 
 
 def device_batch(arch: Arch, batch_size: int, seed: int, device: torch.device,

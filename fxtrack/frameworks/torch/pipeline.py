@@ -12,14 +12,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from fxtrack import datasets
+from fxtrack.data import on_disk
 from fxtrack import families
 from fxtrack.architectures import BERT_MASK_FRACTION, BERT_MASK_TOKEN
 from fxtrack.frameworks import user_builder as ub
 from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.frameworks.torch import data
 
-RECORDS = "npy"  # model=custom's record format (fxtrack.datasets.write_npy)
+RECORDS = "npy"  # model=custom's record format (fxtrack.data.on_disk.write_npy)
 
 
 class JpegImages(Dataset):
@@ -39,7 +39,7 @@ class JpegImages(Dataset):
             pixels = np.asarray(im.convert("RGB"), dtype=np.float32)  # (H, W, 3)
         if _rng().random() < 0.5:
             pixels = pixels[:, ::-1]
-        x = (pixels - datasets.PIXEL_OFFSET) / datasets.PIXEL_SCALE
+        x = (pixels - on_disk.PIXEL_OFFSET) / on_disk.PIXEL_SCALE
         return {"images": torch.from_numpy(np.ascontiguousarray(x.transpose(2, 0, 1))),
                 "labels": torch.tensor(int(self.labels[i]))}
 
@@ -95,7 +95,7 @@ def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator[
     """Endless batches: shuffled, ``workers`` decoding processes, 4 batches prefetched each
     (pinned host memory when training on CUDA)."""
     pin = backend.device.type == "cuda"
-    manifest = datasets.user_manifest(directory)
+    manifest = on_disk.user_manifest(directory)
     if manifest is not None:
         dataset: Dataset = UserRecords(directory, manifest)
     elif any(directory.glob("tokens-*.npy")):
@@ -109,7 +109,7 @@ def loader(backend, directory: Path, batch_size: int, workers: int) -> Iterator[
         if manifest is None:
             yield from dl
         else:  # default_collate stacks each array of the tuple: rebuild (inputs, targets)
-            yield from (datasets.unflatten(manifest, list(b)) for b in dl)
+            yield from (on_disk.unflatten(manifest, list(b)) for b in dl)
 
 
 def user_dataset(backend, samples: int) -> tuple[Path, str]:
@@ -123,7 +123,7 @@ def user_dataset(backend, samples: int) -> tuple[Path, str]:
                                f"model as NumPy records: {e}") from None
 
     inputs, targets = (ub.tree_map(host, t) for t in backend.batch)
-    return datasets.ensure_user(RECORDS, inputs, targets, samples, datasets.write_npy), RECORDS
+    return on_disk.ensure_user(RECORDS, inputs, targets, samples, on_disk.write_npy), RECORDS
 
 
 def train_step_on(backend, batch) -> torch.Tensor:

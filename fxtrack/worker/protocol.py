@@ -1,10 +1,12 @@
-"""What crosses the process boundary: the JobSpec the orchestrator writes and the Result the
-worker writes back, both plain JSON so that the worker needs neither Hydra nor MLflow."""
+"""What crosses the process boundary between the orchestrator and its worker: the JobSpec the
+orchestrator writes and the Result the worker writes back, both plain JSON so that the worker
+needs neither Hydra nor MLflow, and the gate the worker waits at once its model is built."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any, Optional
 
@@ -113,3 +115,42 @@ def streamed_children(result_path: str | Path) -> list[dict[str, Any]]:
         except ValueError:
             break  # the last line, half written when the worker was killed
     return children
+
+
+# The read end of a pipe from the orchestrator (runner.run_worker): the worker imports its
+# framework and builds the model (nothing of it is timed), then waits at the gate while the
+# orchestrator finishes loading MLflow, so that the two overlap without sharing the cores
+# during the warm-up or the timed window.
+GATE_ENV = "FXTRACK_GATE_FD"
+# The orchestrator's pid: the worker stops when its parent is no longer it (worker.__main__).
+PARENT_ENV = "FXTRACK_ORCHESTRATOR_PID"
+
+_gate: Optional[str] = None  # the gate's descriptor, once take_gate() has it
+
+
+class GateClosed(RuntimeError):
+    """The orchestrator closed the gate without a word: it stopped, or died."""
+
+
+def take_gate() -> None:
+    """At the worker's start: the gate's file descriptor, out of the environment (so that no
+    process this worker starts sees it), kept for ``pass_gate``."""
+    global _gate
+    _gate = os.environ.pop(GATE_ENV, None)
+
+
+def pass_gate() -> None:
+    """Where a scenario has built its model and times nothing yet: wait once at the
+    orchestrator's gate, if it set one (later calls, and a worker without a gate, go on at
+    once). Raises GateClosed when it closed the gate without a word: nothing to run for."""
+    global _gate
+    fd, _gate = _gate, None
+    if fd is None:
+        return
+    try:
+        with os.fdopen(int(fd), "rb", buffering=0) as gate:
+            went = gate.read(1) == b"1"
+    except (OSError, ValueError):  # not a pipe from us after all: nothing to wait for
+        return
+    if not went:
+        raise GateClosed("the orchestrator stopped before the run started")

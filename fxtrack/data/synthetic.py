@@ -12,7 +12,6 @@ from typing import Any
 
 from fxtrack import families
 from fxtrack.architectures import Arch
-from fxtrack.families.text import progressions  # noqa: F401  (scenario=generate's prompts)
 
 
 def make_batch(arch: Arch, batch_size: int, seed: int) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from fxtrack import families
 from fxtrack.architectures import Arch
-from fxtrack.synthetic import make_batch
+from fxtrack.data.synthetic import make_batch
 
 JPEG_QUALITY = 90
 SHARD = 256  # sequences per token shard
@@ -31,7 +31,7 @@ SHARD = 256  # sequences per token shard
 #   images: decode the JPEG, flip horizontally with probability 1/2, scale to float32
 #           (x - 128) / 64 in NHWC (PyTorch permutes to NCHW on the device);
 #   text:   replace 15% of the positions, chosen at random, by [MASK] (dynamic masking),
-#           emitting input_ids, mlm_labels and mlm_weights as fxtrack.synthetic does.
+#           emitting input_ids, mlm_labels and mlm_weights as fxtrack.data.synthetic does.
 PIXEL_OFFSET, PIXEL_SCALE = 128.0, 64.0
 
 
