@@ -166,7 +166,7 @@ def jobs(name: str, work: Path) -> dict[str, tuple[JobSpec, bool]]:
                     runner=registry.get(scenario).runner, **overrides)
     if name == GUARDED:
         add("hollow-restore", "vit", hollow=True, scenario="checkpoint",
-            runner="fxtrack.scenarios.checkpoint:run")
+            runner="fxtrack.scenarios.checkpoint.runner:run")
     for field, value in undeclared_levers(name):
         add(f"refused-{field}={value}", "vit", **lever_overrides(field, value))
     if two_node_refusal(name):

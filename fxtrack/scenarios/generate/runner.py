@@ -18,7 +18,7 @@ from fxtrack.job import Result
 from fxtrack.measure.timer import percentile
 from fxtrack.scenarios.registry import options_of
 from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import param_guard
+from fxtrack.scenarios.train.runner import param_guard
 
 
 def prompts(backend: Backend, batch: int, prompt_len: int) -> np.ndarray:
