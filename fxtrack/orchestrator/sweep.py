@@ -282,7 +282,7 @@ def code_size(frameworks: list[str]) -> tuple[dict[str, Any], str]:
 def numbers_wrong(guard: str) -> bool:
     """A guard that says the run's numbers are wrong (a loss gone NaN / inf) fails the exit
     status, single run or sweep; a loss that did not fall in a few steps stays a warning."""
-    from fxtrack.scenarios.train.runner import NOT_FINITE
+    from fxtrack.scenarios.timed import NOT_FINITE
 
     return guard == NOT_FINITE
 
