@@ -147,6 +147,20 @@ def test_a_scenario_folder_is_what_docs_extending_lists():
     assert "`driver.py`" in part and "docs/contract.md" in part
 
 
+def test_a_scenarios_parts_are_imported_when_asked_for():
+    """Registering fxtrack's scenarios imports their specs, none of their parts (a driver, a
+    section, a runner): ``Scenario.part`` imports one when it is asked for."""
+    import subprocess
+    import sys
+
+    code = ("import sys, fxtrack.scenarios as s; parts = lambda: sorted(m for m in sys.modules "
+            "if m.startswith('fxtrack.scenarios.') and m.rsplit('.', 1)[1] in s.registry.PARTS); "
+            "print(parts()); s.get('fit').part('section'); print(parts())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.splitlines()
+    assert out == ["[]", "['fxtrack.scenarios.fit.section']"], out
+
+
 def test_help_lists_a_registered_scenario_and_its_options_with_their_defaults(toy):
     from fxtrack.cli import usage
 
