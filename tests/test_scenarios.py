@@ -161,6 +161,18 @@ def test_a_scenarios_parts_are_imported_when_asked_for():
     assert out == ["[]", "['fxtrack.scenarios.fit.section']"], out
 
 
+def test_a_declared_part_without_its_function_is_an_error(toy, monkeypatch):
+    """A part the spec names but whose module lacks its function fails where it is asked for,
+    not silently (a section that never shows); an optional function may be absent."""
+    import toy_scenario.section
+
+    assert toy.SPEC.part("section", "charts") is None  # optional: the toy draws none
+    assert toy.SPEC.part("driver") is None  # not declared: one job
+    monkeypatch.delattr(toy_scenario.section, "section")
+    with pytest.raises(AttributeError, match=r"toy_scenario.section has no section\(\)"):
+        toy.SPEC.part("section")
+
+
 def test_help_lists_a_registered_scenario_and_its_options_with_their_defaults(toy):
     from fxtrack.cli import usage
 

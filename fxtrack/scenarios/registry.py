@@ -128,13 +128,20 @@ class Scenario:
 
     def part(self, name: str, function: Optional[str] = None) -> Optional[Callable[..., Any]]:
         """Part ``name``'s function (``PARTS[name]``, or ``function`` of that module), its
-        module imported now; None where the scenario has no such part or function."""
+        module imported now; None where the scenario has no such part, or the part no such
+        ``function`` (an optional one: its charts). A declared part without its own function
+        is an error, not a part that silently does nothing."""
         if name not in PARTS:
             raise KeyError(f"{name!r} is not a scenario part (parts: {', '.join(PARTS)})")
         if name not in self.parts:
             return None
         module = importlib.import_module(f"{self.package}.{name}")
-        return getattr(module, function or PARTS[name], None)
+        if function is not None:
+            return getattr(module, function, None)
+        if not callable(getattr(module, PARTS[name], None)):
+            raise AttributeError(f"scenario {self.name!r}: {module.__name__} has no "
+                                 f"{PARTS[name]}(), its {name} part's function")
+        return getattr(module, PARTS[name])
 
     @property
     def runner_path(self) -> str:
