@@ -66,7 +66,7 @@ from fxtrack.worker.protocol import JobSpec, Result  # noqa: E402
 from fxtrack.measure import matmul_probe  # noqa: E402
 from fxtrack.measure.peak import datasheet  # noqa: E402
 from fxtrack.orchestrator.runner import worker_command  # noqa: E402 - no Hydra nor MLflow
-from fxtrack.orchestrator.scaling import scaling_metrics  # noqa: E402
+from fxtrack.scenarios.scaling.driver import scaling_metrics  # noqa: E402
 
 # (model, scenario, precision, batch, scenario options)
 JOBS = [("resnet50", "train", "bf16", 256, {}), ("resnet50", "train", "fp32", 256, {}),
@@ -161,10 +161,6 @@ def pythonpath() -> str:
     return os.pathsep.join([str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
 
 
-# A scenario of the orchestrator's whose every worker is another scenario's run
-RUNNERS = {"scaling": "train", "fit": "train"}
-
-
 def run_job(framework: str, model: str, scenario: str, precision: str, batch: int,
             options: dict, steps: int, warmup: int, out: Path, timeout_s: float,
             devices: int = 1) -> Result:
@@ -174,7 +170,7 @@ def run_job(framework: str, model: str, scenario: str, precision: str, batch: in
     where = job_folder(out, name)
     spec = JobSpec(result_id=uuid.uuid4().hex, framework=framework,
                    package=f"fxtrack.frameworks.{framework}", scenario=scenario,
-                   runner=f"fxtrack.scenarios.{RUNNERS.get(scenario, scenario)}:run",
+                   runner=f"fxtrack.scenarios.{scenario}.runner:run",
                    arch=architectures.resolve(model).to_json(), precision=precision,
                    hardware="gpu", devices=devices, compile=True, compile_request="auto", seed=0,
                    batch_size=batch, steps=steps, options=dict(options),
@@ -783,13 +779,13 @@ SUITES["fit"] = FIT_JOBS  # --suite fit: fit_check below, not the plain job loop
 
 def fit_search(fw: str, model: str, _scenario: str, precision: str, max_probes: int,
                args: argparse.Namespace, out: Optional[Path]) -> tuple:
-    """The fit search (fxtrack.orchestrator.fit.search) with each probe a worker from run_job,
+    """The fit search (fxtrack.scenarios.fit.driver.search) with each probe a worker from run_job,
     held to the GPU's own out-of-memory error, at most ``max_probes`` probes; ``out`` None (a
     dry run): only the budget and the start. Returns (line, fw, model, precision, metrics,
     problems)."""
     try:  # the pre-check's estimate: the orchestrator's dependencies (omegaconf)
-        from fxtrack.config import fit as fit_config
-        from fxtrack.orchestrator import fit
+        from fxtrack.scenarios.fit import check as fit_config
+        from fxtrack.scenarios.fit import driver as fit
     except ImportError as e:
         why = f"fit {fw} {model} {precision}: skipped: {e.name} not installed (the fit search " \
               "starts from the memory pre-check's estimate)"
@@ -880,7 +876,7 @@ def scaling_plan(fw: str, gpus: Optional[int]) -> str:
 def scaling_check(fw: str, rows: list, args: argparse.Namespace, out: Path,
                   calibrated: dict[str, tuple[float, str]]) -> tuple[str, Optional[tuple]]:
     """The x2 run beside the x1 one (FULL_CHECK's ResNet-50 train row, or run here), and its
-    speedup and efficiency (fxtrack.orchestrator.scaling): (line, the x2 row for the table), or
+    speedup and efficiency (fxtrack.scenarios.scaling.driver): (line, the x2 row for the table), or
     (why it was skipped, None) on one GPU."""
     gpus = gpu_count()
     plan = scaling_plan(fw, gpus)
@@ -925,7 +921,7 @@ def converge_check(fw: str, out: Path, timeout_s: float,
     name = f"{fw}-{model}-converge-{precision}"
     where = job_folder(out, name)
     spec = JobSpec(result_id=uuid.uuid4().hex, framework=fw, package=f"fxtrack.frameworks.{fw}",
-                   scenario="converge", runner="fxtrack.scenarios.converge:run",
+                   scenario="converge", runner="fxtrack.scenarios.converge.runner:run",
                    arch=architectures.resolve(model, "tiny", **dims).to_json(),
                    precision=precision, hardware=hardware, devices=1, compile=True,
                    compile_request="auto", seed=0, batch_size=None, steps=None,

@@ -143,7 +143,7 @@ def job(arm: dict):
     return arch, JobSpec(
         result_id=uuid.uuid4().hex, framework=arm["framework"],
         package=packages()[arm["framework"]], scenario="train",
-        runner="fxtrack.scenarios.train:run", arch=arch.to_json(), precision=arm["precision"],
+        runner="fxtrack.scenarios.train.runner:run", arch=arch.to_json(), precision=arm["precision"],
         hardware="auto", devices=1, compile=mode != "false", compile_request=mode, seed=0,
         batch_size=arm["batch"], steps=1, warmup_steps=0, result_path="", progress=False,
         framework_settings=settings)

@@ -1,8 +1,8 @@
 """One bracket search: double until a probe fails, then bisect to a resolution.
 
 Written once for every search over a value whose probes pass below an edge and fail above it:
-fit's largest batch (integer, in ``fxtrack.orchestrator.fit``) and serve's highest rate under
-its SLO (float, in ``fxtrack.scenarios.serve``). A base module, so the worker side and the
+fit's largest batch (integer, in ``fxtrack.scenarios.fit.driver``) and serve's highest rate under
+its SLO (float, in ``fxtrack.scenarios.serve``'s runner). A base module, so the worker side and the
 orchestrator both import it. The callers' extras are hooks, not second loops: ``grow`` (fit's
 hop guided by its line of memory growth), ``split`` (fit's point where the line meets the
 budget), ``narrow`` (fit's tolerance, serve's relative resolution).

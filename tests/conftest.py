@@ -149,7 +149,7 @@ def job_spec(framework: str, model: str, tmp_path: Path | None = None, size: str
     arch_overrides = overrides.pop("arch", {})
     fields = dict(
         result_id=uuid.uuid4().hex, framework=framework, package=PACKAGES[framework],
-        scenario="train", runner="fxtrack.scenarios.train:run",
+        scenario="train", runner="fxtrack.scenarios.train.runner:run",
         arch=architectures.resolve(model, size, **arch_overrides).to_json(), precision="fp32",
         hardware="cpu", devices=1, compile=False, seed=0, batch_size=2, steps=3, warmup_steps=1,
         result_path=str((tmp_path or Path(".")) / "result.json"), progress=False,

@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fxtrack.scenarios import batching, serve
+from fxtrack.scenarios import batching
+from fxtrack.scenarios.serve import runner as serve
 from test_serve import VirtualClock, fake_server
 
 PREFILL_S, STEP_S = 0.010, 0.005
@@ -325,7 +326,7 @@ def test_a_sized_window_of_dataset_lengths_in_the_worker(tmp_path):
                "max_batch": 4, "sized_tail": True, "length_dist": "dataset",
                "length_data": "pycode", "slo": {}}
     spec = job_spec("torch", "llama", tmp_path, scenario="serve",
-                    runner="fxtrack.scenarios.serve:run", options=options, batch_size=None)
+                    runner="fxtrack.scenarios.serve.runner:run", options=options, batch_size=None)
     result = run(spec)
     assert result.status == "FINISHED", result.error
     assert result.metrics["serve_requests"] == serve.sized_requests()
@@ -389,7 +390,7 @@ def test_a_tiny_continuous_window_logs_its_policy_lengths_and_cold_start(framewo
 def test_the_report_names_each_batching_policy():
     import pandas as pd
 
-    from fxtrack.report import serving
+    from fxtrack.scenarios.serve import section as serving
 
     runs = pd.DataFrame([
         {"scenario": "serve", "model": "llama", "framework": "torch", "run_id": f"t{policy}",
@@ -403,6 +404,6 @@ def test_the_report_names_each_batching_policy():
          "tags": {"fxtrack.scenario": "serve", "fxtrack.serve_batching": "continuous",
                   "fxtrack.serve_p99_undersized": "true"},
          "metrics": {"max_rate_under_slo_rps": 8.0, "serve_e2e_ms_p99": 120.0, "load_s": 1.5,
-                     "compile_s": 2.25, "first_request_ms": 340.0}}])
+                     "compile_s": 2.25, "first_request_ms": 340.0}}], [])
     assert "continuous" in table and "120.0 (few)" in table
     assert "1.50" in table and "2.25" in table and "0.34" in table  # the first request in s

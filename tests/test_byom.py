@@ -247,7 +247,7 @@ def test_inference_of_a_users_model_counts_forward_flops_by_hand(tmp_path, monke
     builders = {"torch": "byom.models:build_torch", "keras": "byom.models:build_keras",
                 "jax": "byom.models:build_jax"}
     spec = job_spec(framework, "custom", tmp_path, arch=builders, scenario="inference",
-                    runner="fxtrack.scenarios.inference:run")
+                    runner="fxtrack.scenarios.inference.runner:run")
     prepare_environment(spec)
     result = run(spec)
     assert result.status == "FINISHED", result.error

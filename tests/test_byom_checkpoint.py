@@ -33,7 +33,7 @@ def test_a_users_model_restores_exactly_and_its_export_matches_the_live_model(
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     key = "keras" if framework == "tensorflow" else framework
     spec = job_spec(framework, "custom", tmp_path, arch={key: builder}, batch_size=4,
-                    scenario="checkpoint", runner="fxtrack.scenarios.checkpoint:run")
+                    scenario="checkpoint", runner="fxtrack.scenarios.checkpoint.runner:run")
     prepare_environment(spec)
     result = run(spec)
     assert result.status == "FINISHED", result.error
@@ -54,7 +54,7 @@ def test_the_export_guard_fails_a_run_whose_export_differs(tmp_path, monkeypatch
     monkeypatch.syspath_prepend(str(ROOT / "examples"))
     monkeypatch.setattr(user_model, "export_error", lambda backend: 0.5)
     spec = job_spec("jax", "custom", tmp_path, arch={"jax": "byom.lm:build_jax"},
-                    scenario="checkpoint", runner="fxtrack.scenarios.checkpoint:run")
+                    scenario="checkpoint", runner="fxtrack.scenarios.checkpoint.runner:run")
     prepare_environment(spec)
     result = run(spec)
     assert result.status == "FINISHED", result.error

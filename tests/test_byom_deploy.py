@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 from byom import models  # noqa: E402
 
-INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference:run", steps=2,
+INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference.runner:run", steps=2,
                  warmup_steps=1, batch_size=4)
 
 

@@ -37,7 +37,7 @@ def test_a_t5_checkpoint_stands_and_its_export_is_refused_with_the_reason(tmp_pa
 
     spec = job_spec("torch", "custom", tmp_path, arch={"torch": f"{__name__}:build_t5"},
                     batch_size=2, steps=2, scenario="checkpoint",
-                    runner="fxtrack.scenarios.checkpoint:run")
+                    runner="fxtrack.scenarios.checkpoint.runner:run")
     prepare_environment(spec)
     result = run(spec)
     assert result.status == "FINISHED", result.error

@@ -15,7 +15,7 @@ import pytest
 from conftest import run_fxtrack, seed_peak_cache
 
 from fxtrack.worker.protocol import Result
-from fxtrack.scenarios.train import user_flops
+from fxtrack.scenarios.timed import user_flops
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))

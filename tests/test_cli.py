@@ -211,7 +211,7 @@ def test_run_name_tells_config_variants_apart():
                      **defaults)
     assert run_name(keras) == "tensorflow-custom[build_keras]-train-fp32-x1-width64"
     # a scenario's named options off their default: two batching policies, two names
-    serve = dict(defaults, scenario="serve", runner="fxtrack.scenarios.serve:run")
+    serve = dict(defaults, scenario="serve", runner="fxtrack.scenarios.serve.runner:run")
     static = job_spec("jax", "llama", **serve, options={"batching": "static", "rate": "search"})
     assert run_name(static) == "jax-llama-serve-fp32-x1"
     continuous = job_spec("jax", "llama", **serve,

@@ -51,7 +51,7 @@ def test_the_plan_probes_the_grids_rate_below_every_answer_where_it_is_missing()
 
 
 def test_a_probe_of_needs_a_fixed_rate():
-    from fxtrack.scenarios.options import ServeOptions
+    from fxtrack.scenarios.serve import ServeOptions
 
     with pytest.raises(ValueError, match="scenario.probe_of .* fixed scenario.rate"):
         ServeOptions(probe_of="abc")
@@ -68,7 +68,7 @@ def test_the_common_rate_window_runs_and_the_report_reads_it_as_a_probe_of_its_s
     from omegaconf import OmegaConf
 
     from conftest import fxtrack_env
-    from fxtrack.report import serving
+    from fxtrack.scenarios.serve import section as serving
     from fxtrack.report.select import latest_runs
     from fxtrack.tracking import reader
 

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from fxtrack.scenarios import serve
-from fxtrack.scenarios.options import ServeOptions
+from fxtrack.scenarios.serve import ServeOptions
+from fxtrack.scenarios.serve import runner as serve
 
 
 def test_the_search_brackets_a_known_number_of_clients():

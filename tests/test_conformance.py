@@ -152,7 +152,7 @@ def jobs(name: str, work: Path) -> dict[str, tuple[JobSpec, bool]]:
         out[key] = (job_spec(name, model, work / key, arch=SMALL.get(model, {}), **kw), hollow)
 
     for scenario, models in MODELS.items():
-        kw = dict(scenario=scenario, runner=registry.get(scenario).runner,
+        kw = dict(scenario=scenario, runner=registry.get(scenario).runner_path,
                   options=PIPELINE if scenario == "pipeline" else {})
         if missing(framework, scenario):
             add(f"refused-{scenario}", "vit", **kw)
@@ -163,10 +163,10 @@ def jobs(name: str, work: Path) -> dict[str, tuple[JobSpec, bool]]:
         for model in models:
             if not scenario_refusal(name, scenario, model):
                 add(f"{scenario}-{model}", model, scenario=scenario,
-                    runner=registry.get(scenario).runner, **overrides)
+                    runner=registry.get(scenario).runner_path, **overrides)
     if name == GUARDED:
         add("hollow-restore", "vit", hollow=True, scenario="checkpoint",
-            runner="fxtrack.scenarios.checkpoint:run")
+            runner="fxtrack.scenarios.checkpoint.runner:run")
     for field, value in undeclared_levers(name):
         add(f"refused-{field}={value}", "vit", **lever_overrides(field, value))
     if two_node_refusal(name):

@@ -159,7 +159,7 @@ def test_torch_tflite_through_the_worker_is_a_not_supported_run(tmp_path):
     from fxtrack.worker.__main__ import run
 
     result = run(job_spec("torch", "bert", tmp_path, scenario="inference",
-                          runner="fxtrack.scenarios.inference:run", runtime="tflite"))
+                          runner="fxtrack.scenarios.inference.runner:run", runtime="tflite"))
     assert result.status == "FAILED" and result.tags["unsupported"] == "true"
     assert result.error.startswith("NotSupported: runtime=tflite is not supported by torch ")
     assert declaration(PACKAGES["torch"]).absent["tflite_export"] in result.error
@@ -219,7 +219,7 @@ def test_the_fake_trains_in_the_worker_and_reports_after_the_declared_order(fake
     assert result.status == "FINISHED", result.error
     assert result.tags["flavour"] == "spicy" and result.tags["compile_rule"] == (
         "framework.compile=false")
-    spec.scenario, spec.runner = "inference", "fxtrack.scenarios.inference:run"
+    spec.scenario, spec.runner = "inference", "fxtrack.scenarios.inference.runner:run"
     result = run(spec)
     assert result.tags["unsupported"] == "true"
     assert result.error == ("NotSupported: inference is not supported by fake: the fake has "

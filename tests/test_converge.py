@@ -15,7 +15,8 @@ import pytest
 
 from fxtrack import data, families
 from fxtrack.config.validate import ConfigError, validate
-from fxtrack.scenarios import converge
+from fxtrack.scenarios.converge import check as converge_check
+from fxtrack.scenarios.converge import runner as converge
 from tests.conftest import run_fxtrack, seed_peak_cache
 from tests.test_config import composed
 
@@ -270,7 +271,7 @@ def converge_spec(spec_factory, path: Path, **options):
     """A torch converge JobSpec on the tiny data=file set at ``path``."""
     dims = dict(image_size=8, num_classes=3, patch=4, layers=1, hidden=16, heads=2, mlp_dim=32)
     return spec_factory("torch", "vit", scenario="converge",
-                        runner="fxtrack.scenarios.converge:run", batch_size=16, arch=dims,
+                        runner="fxtrack.scenarios.converge.runner:run", batch_size=16, arch=dims,
                         data={"name": "file", "path": str(path), "label": "label",
                               "holdout": 0.2},
                         options={"metric": "accuracy", "target": 1.0, "max_epochs": 2,
@@ -470,7 +471,7 @@ def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):
         result = Result("r", resolved={"metric": "accuracy", "batch_size": 8},
                         series={"loss": [2.3, 2.2]},
                         metrics={"final_eval_accuracy": final, "time_to_target_s": seconds})
-        converge.cross_check(result, spec, held)
+        converge_check.cross_check(result, spec, held)
         return result
 
     assert "lever_quality" not in checked("fp32", 0.90, 10.0).tags  # the baseline itself
@@ -483,7 +484,7 @@ def test_a_lever_is_compared_with_its_frameworks_fp32_run(spec_factory):
 
 
 def test_the_report_keeps_mlperfs_rules():
-    from fxtrack.report.converge import middle
+    from fxtrack.scenarios.converge.section import middle
 
     assert middle([3.0, 1.0, 2.0, None]) == (None, "4 run(s): needs repeats=5")
     assert middle([5.0, 1.0, 2.0, 3.0, None]) == ([2.0, 3.0, 5.0], "")  # a miss is the slowest
@@ -491,7 +492,7 @@ def test_the_report_keeps_mlperfs_rules():
 
 
 def test_the_time_to_quality_section_counts_runs_and_gives_a_ratio_with_its_interval():
-    from fxtrack.report.converge import section
+    from fxtrack.scenarios.converge.section import section
     from tests.test_figures import Generator, search_frame
 
     g = Generator(0)
@@ -510,7 +511,7 @@ def test_a_framework_needing_more_steps_is_flagged_and_the_matching_one_same():
     """Sample efficiency apart from step speed: from the same start the step counts agree; a
     framework handed another learning rate needs more of them, and the page says which share
     of its time difference that is."""
-    from fxtrack.report.converge import section
+    from fxtrack.scenarios.converge.section import section
     from tests.test_figures import Generator, search_frame
 
     g = Generator(0)
@@ -541,10 +542,10 @@ def test_the_answer_reads_time_to_quality_by_mlperfs_rule_as_the_section_does():
 
     from fxtrack import scenarios
     from fxtrack.report import samples
-    from fxtrack.report.converge import middle
+    from fxtrack.scenarios.converge.section import middle
 
     (objective,) = scenarios.get("converge").objectives
-    assert objective.repeats_rule == "fxtrack.report.converge:middle"
+    assert scenarios.get("converge").part("section", objective.repeats_rule) is middle
     times = [1.0, 1.1, 0.9, 5.0, None]  # a slow outlier and a missed target: both dropped
     agg = {"run_id": "a", "result_id": "agg", "repeat_of": None, "kind": "aggregate",
            "metrics.time_to_target_s": 1.1}

@@ -75,7 +75,7 @@ def _families() -> dict[str, list[str]]:
     from fxtrack.frameworks import profiling
     from fxtrack.measure import complexity
     from fxtrack.measure.host_load import LoadSampler
-    from fxtrack.scenarios import pipeline
+    from fxtrack.scenarios.pipeline import runner as pipeline
 
     prefix = inspect.signature(LoadSampler.metrics).parameters["prefix"].default
     code = sorted(complexity.code_metrics("torch"))
@@ -282,7 +282,7 @@ def worker_results(tmp_path_factory):
     for scenario in ("train", "inference"):
         spec = job_spec("torch", "vit", tmp_path_factory.mktemp(scenario), steps=2,
                         warmup_steps=1, scenario=scenario,
-                        runner=f"fxtrack.scenarios.{scenario}:run")
+                        runner=f"fxtrack.scenarios.{scenario}.runner:run")
         result = run(spec)
         assert result.status == "FINISHED", result.error
         out[scenario] = (spec, result)

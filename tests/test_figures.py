@@ -26,7 +26,8 @@ import math
 import pandas as pd
 import pytest
 
-from fxtrack.report import answer, compare, converge, samples, tables, verdicts
+from fxtrack.report import answer, compare, samples, tables, verdicts
+from fxtrack.scenarios.converge import section as converge
 
 T0 = 1_796_000_000_000  # ms
 FRAMEWORKS = ("torch", "tensorflow", "jax")

@@ -227,7 +227,7 @@ def test_the_converge_sweeps_closing_table_shows_the_time_to_target(converge_fir
 
 
 def test_the_converge_table_takes_the_reports_rule():
-    from fxtrack.orchestrator.sweep import converge_table
+    from fxtrack.scenarios.converge.section import closing_table as converge_table
 
     def job(name, reached, seconds=None, aggregate=None, contended=False):
         metrics = {"reached_target": float(reached), "final_eval_accuracy": 0.8}

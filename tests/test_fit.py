@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from fxtrack import architectures
-from fxtrack.config import fit as fit_config
+from fxtrack.scenarios.fit import check as fit_config
 from fxtrack.config.memory import GIB
 from fxtrack.worker.protocol import Result
-from fxtrack.orchestrator.fit import (FITS, KILLED, OUT_OF_MEMORY, OVER_BUDGET, Probe,
+from fxtrack.scenarios.fit.driver import (FITS, KILLED, OUT_OF_MEMORY, OVER_BUDGET, Probe,
                                       fit_metrics, largest, linear_fit, search, stop_reason,
                                       tolerance, verdict)
 
@@ -249,21 +249,21 @@ def subprocess_report(cwd):
 
 
 def test_the_sweeps_closing_table_gives_each_fit_jobs_answer():
-    from fxtrack.report.fit import closing_table
+    from fxtrack.scenarios.fit.section import closing_table
 
     job = {"name": "torch-vit-fit-fp32-x1-tiny", "tags": {"fxtrack.fit_axis": "batch_size",
                                                           "fxtrack.fit_stop": "resolution"},
            "metrics": {"fit_probes": 5.0, "max_batch_size": 2169.0, "memory_budget_gib": 2.0,
                        "throughput_at_max_samples_per_s": 101.5, "memory_per_sample_mib": 0.67}}
-    table = closing_table([job, {"name": "other", "tags": {}, "metrics": {}}])
+    table = closing_table([job, {"name": "other", "tags": {}, "metrics": {}}], [])
     assert "2,169" in table and "101.5" in table and "resolution" in table
-    assert "other" not in table and closing_table([]) == ""
+    assert "other" not in table and closing_table([], []) == ""
 
 
 def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
     import pandas as pd
 
-    from fxtrack.report import fit as fit_report
+    from fxtrack.scenarios.fit import section as fit_report
 
     now = pd.Timestamp("2026-12-01", tz="UTC")
     rows = []
@@ -289,9 +289,9 @@ def test_the_report_section_and_chart_from_a_fake_frame(tmp_path):
     assert by_fw["torch"][5] == "2,169" and by_fw["jax"][-2] == f"{1500 / 2169:.2f}x"
     assert [f for _, _, f in fit_report.probes_of(frame, "jax", "batch_size")] == [
         "fits", "fits", "over_budget"]
-    (chart,) = fit_report.charts(frame, tmp_path)
+    (chart,) = fit_report.charts(frame, frame, tmp_path, None)
     assert chart.path.exists() and chart.path.stat().st_size > 1000
-    assert fit_report.charts(frame.iloc[0:0], tmp_path) == [] and fit_report.section(
+    assert fit_report.charts(frame.iloc[0:0], frame.iloc[0:0], tmp_path, None) == [] and fit_report.section(
         frame, frame[frame["tags.fxtrack.scenario"] != "fit"]) is None
 
 
@@ -303,7 +303,7 @@ def test_an_interrupted_fit_closes_its_parent_killed_with_what_it_probed(tmp_pat
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.config.validate import validate
-    from fxtrack.orchestrator import fit
+    from fxtrack.scenarios.fit import driver as fit
     from fxtrack.orchestrator.job import Job
 
     register()
@@ -332,7 +332,7 @@ def test_an_interrupted_fit_closes_its_parent_killed_with_what_it_probed(tmp_pat
 
     monkeypatch.setattr(fit, "_probe_job", lambda job, axis, value: Probing(value))
     with pytest.raises(SystemExit):
-        fit.run_fit(job, tmp_path, None)
+        fit.run(job, tmp_path, None)
     assert len(calls) == 2
     last = logged[-1]
     assert last["status"] == "KILLED" and last["tags"]["fxtrack.error"] == "interrupted"

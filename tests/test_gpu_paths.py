@@ -497,7 +497,7 @@ def test_gpu_check_launches_two_gpus_as_the_orchestrator_does(gpu_check, monkeyp
     spec = JobSpec.read(tmp_path / name / f"{name}.spec.json")
     assert spec.result_path == str(tmp_path / name / "result.json")
     assert (spec.devices, spec.launcher, spec.runner) == (2, "torchrun",
-                                                          "fxtrack.scenarios.train:run")
+                                                          "fxtrack.scenarios.train.runner:run")
     gpu_check.run_job("jax", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path, 60, devices=2)
     assert ran[1][1:3] == ["-m", "fxtrack.worker"]  # JAX: one process drives both GPUs
 

@@ -13,7 +13,8 @@ mlflow = pytest.importorskip("mlflow")
 
 from fxtrack.orchestrator import repeats  # noqa: E402
 from fxtrack.report import (answer, charts, compare, identity, pareto, samples, select,  # noqa: E402
-                            serving, tables, verdicts)
+                            tables, verdicts)
+from fxtrack.scenarios.serve import section as serving  # noqa: E402
 from fxtrack.report.cli import main  # noqa: E402
 from fxtrack.tracking import reader  # noqa: E402
 

@@ -13,9 +13,9 @@ from conftest import job_spec
 
 from fxtrack.measure.timer import time_steps
 from fxtrack.scenarios.batching import min_queries_for
-from fxtrack.scenarios.options import InferenceOptions
+from fxtrack.scenarios.inference import InferenceOptions
 
-INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference:run", warmup_steps=1,
+INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference.runner:run", warmup_steps=1,
                  batch_size=2, cpu_threads=1)
 
 

@@ -343,7 +343,7 @@ def test_llama_trains_and_generates_on_jax():
     pytest.importorskip("jax")
     from fxtrack.architectures import llama_params
 
-    gen = {"scenario": "generate", "runner": "fxtrack.scenarios.generate:run",
+    gen = {"scenario": "generate", "runner": "fxtrack.scenarios.generate.runner:run",
            "options": {"prompt_len": 8, "new_tokens": 8}}
     r, fp16, g = run_jobs("jax", [{"model": "llama"}, {"model": "llama", "precision": "fp16"},
                                   {"model": "llama", "spec": gen}])

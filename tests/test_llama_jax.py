@@ -15,7 +15,7 @@ nnx = pytest.importorskip("flax.nnx")
 from fxtrack import architectures, flops  # noqa: E402
 from fxtrack.frameworks.jax import generate, models, parallel, train  # noqa: E402
 from fxtrack.frameworks.jax.backend import JaxBackend  # noqa: E402
-from fxtrack.scenarios.generate import prompts  # noqa: E402
+from fxtrack.scenarios.generate.runner import prompts  # noqa: E402
 from fxtrack.worker.__main__ import run  # noqa: E402
 
 from conftest import SLOT_PROMPTS, drive_slots, job_spec, tiny_arch  # noqa: E402
@@ -162,7 +162,7 @@ def test_loss_falls():
 
 def test_worker_generates(tmp_path):
     result = run(job_spec("jax", "llama", tmp_path, compile=True, scenario="generate",
-                          runner="fxtrack.scenarios.generate:run",
+                          runner="fxtrack.scenarios.generate.runner:run",
                           options={"prompt_len": PROMPT, "new_tokens": NEW}))
     assert result.status == "FINISHED", result.error
     assert result.guard == "ok"
@@ -204,7 +204,7 @@ def test_worker_generates_op_by_op(tmp_path):
     """compile=false decodes op by op, as the training step ran (the fewest steps and tokens
     that still decode through the cache)."""
     result = run(job_spec("jax", "llama", tmp_path, compile=False, scenario="generate",
-                          runner="fxtrack.scenarios.generate:run", steps=1,
+                          runner="fxtrack.scenarios.generate.runner:run", steps=1,
                           options={"prompt_len": PROMPT, "new_tokens": 3}))
     assert result.status == "FINISHED", result.error
     assert result.guard == "ok" and result.tags["compile_mode"] == "op-by-op"

@@ -122,7 +122,7 @@ def test_train_worker_run_loss_falls(spec_factory):
 
 def test_generate_worker_run(spec_factory):
     result = worker_run(spec_factory("tensorflow", "llama", scenario="generate",
-                                     runner="fxtrack.scenarios.generate:run", steps=2,
+                                     runner="fxtrack.scenarios.generate.runner:run", steps=2,
                                      options={"prompt_len": PROMPT, "new_tokens": NEW}))
     assert result.status == "FINISHED", result.error
     assert result.guard == "ok", result.guard

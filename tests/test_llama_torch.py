@@ -18,7 +18,7 @@ from fxtrack.worker.__main__ import run  # noqa: E402
 from conftest import SLOT_PROMPTS, backend_class, drive_slots, job_spec  # noqa: E402
 from convert_llama import hf_reference, hf_state_numpy, to_torch  # noqa: E402
 
-GENERATE = dict(scenario="generate", runner="fxtrack.scenarios.generate:run",
+GENERATE = dict(scenario="generate", runner="fxtrack.scenarios.generate.runner:run",
                 options={"prompt_len": 8, "new_tokens": 8})
 
 
@@ -122,7 +122,7 @@ def test_cached_decode_equals_hugging_face_greedy_generate(tied):
 
 def test_a_lost_cache_fails_the_guard():
     """The guard has teeth: decode steps over a wiped cache attend to zeros and diverge."""
-    from fxtrack.scenarios.generate import cache_guard
+    from fxtrack.scenarios.generate.runner import cache_guard
 
     arch = architectures.resolve("llama", "tiny")
     _, decoder = _decoder(arch)

@@ -210,14 +210,14 @@ def test_a_decoder_lm_logs_tokens_per_s_as_sequences_times_seq_len(fake_lm, tmp_
     from fxtrack.worker.__main__ import run
 
     spec = job_spec("torch", "llama", tmp_path, package=fake_lm, scenario=scenario,
-                    runner=f"fxtrack.scenarios.{scenario}:run")
+                    runner=f"fxtrack.scenarios.{scenario}.runner:run")
     spec.framework = "fakelm"
     result = run(spec)
     assert result.status == "FINISHED", result.error
     m = result.metrics
     assert m["tokens_per_s"] == pytest.approx(m["throughput_samples_per_s"] * TINY.seq_len)
     spec = job_spec("torch", "vit", tmp_path, package=fake_lm, scenario=scenario,
-                    runner=f"fxtrack.scenarios.{scenario}:run")
+                    runner=f"fxtrack.scenarios.{scenario}.runner:run")
     spec.framework = "fakelm"
     assert "tokens_per_s" not in run(spec).metrics  # a ViT has no tokens
 

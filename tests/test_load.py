@@ -185,7 +185,7 @@ def test_pipeline_standard_keys_describe_the_fed_window(tmp_path, monkeypatch):
     from conftest import job_spec
     from fxtrack.data import on_disk
     from fxtrack.worker.protocol import Result
-    from fxtrack.scenarios import pipeline
+    from fxtrack.scenarios.pipeline import runner as pipeline
 
     monkeypatch.setattr(on_disk, "ensure", lambda arch, samples, seed: tmp_path)
     spec = job_spec("torch", "vit", tmp_path, scenario="pipeline", steps=4, warmup_steps=1,
@@ -211,7 +211,7 @@ def test_pipeline_input_bound_fraction_is_signed(tmp_path, monkeypatch):
     from conftest import job_spec
     from fxtrack.data import on_disk
     from fxtrack.worker.protocol import Result
-    from fxtrack.scenarios import pipeline
+    from fxtrack.scenarios.pipeline import runner as pipeline
 
     monkeypatch.setattr(on_disk, "ensure", lambda arch, samples, seed: tmp_path)
     spec = job_spec("torch", "vit", tmp_path, scenario="pipeline", steps=3, warmup_steps=1,

@@ -270,7 +270,7 @@ def fit_with(tmp_path, monkeypatch, probe_run, *overrides: str, names: list | No
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.config.validate import validate
-    from fxtrack.orchestrator import fit
+    from fxtrack.scenarios.fit import driver as fit
     from fxtrack.orchestrator.job import Job, job_spec
     from fxtrack.tracking import records
 
@@ -310,7 +310,7 @@ def fit_with(tmp_path, monkeypatch, probe_run, *overrides: str, names: list | No
 
     probe_job.real = real_probe_job
     monkeypatch.setattr(fit, "_probe_job", probe_job)
-    _, outcome, _ = fit.run_fit(job, tmp_path, None)
+    _, outcome, _ = fit.run(job, tmp_path, None)
     return outcome, logged, calls
 
 
@@ -610,7 +610,8 @@ def parent_with(tmp_path, monkeypatch, second, *overrides: str):
     from fxtrack.cli import CONF_DIR
     from fxtrack.config import register
     from fxtrack.config.validate import validate
-    from fxtrack.orchestrator import repeats, scaling
+    from fxtrack.orchestrator import repeats
+    from fxtrack.scenarios.scaling import driver as scaling
     from fxtrack.orchestrator.job import Job
 
     register()
@@ -635,7 +636,7 @@ def parent_with(tmp_path, monkeypatch, second, *overrides: str):
     escaped = None
     try:
         if conf.scenario.name == "scaling":
-            scaling.run_scaling(job, tmp_path, None)
+            scaling.run(job, tmp_path, None)
         else:
             repeats.run_all(job, tmp_path)
     except BaseException as e:  # noqa: BLE001 - what the caller would see

@@ -16,7 +16,7 @@ from conftest import job_spec
 from fxtrack.scenarios import deploy
 
 ROOT = Path(__file__).resolve().parent.parent
-INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference:run", steps=2,
+INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference.runner:run", steps=2,
                  warmup_steps=1, batch_size=4, cpu_threads=1)
 
 

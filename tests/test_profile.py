@@ -97,7 +97,7 @@ def test_a_framework_without_the_capability_is_refused_before_any_work(monkeypat
 
 def test_the_option_is_typed_off_by_default_and_asks_for_the_capability_only_when_set():
     from fxtrack.scenarios import options_set
-    from fxtrack.scenarios.options import TrainOptions
+    from fxtrack.scenarios.train import TrainOptions
 
     assert TrainOptions().profile_steps == 0
     with pytest.raises(ValueError, match="scenario.profile_steps must be >= 0"):

@@ -12,7 +12,7 @@ import pytest
 from fxtrack.scenarios import deploy
 from fxtrack.worker.__main__ import prepare_environment, run
 
-INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference:run", steps=2,
+INFERENCE = dict(scenario="inference", runner="fxtrack.scenarios.inference.runner:run", steps=2,
                  warmup_steps=1)
 
 

@@ -10,7 +10,7 @@ import pytest
 mlflow = pytest.importorskip("mlflow")
 
 from fxtrack.orchestrator.runner import worker_command  # noqa: E402
-from fxtrack.orchestrator.scaling import device_counts, scaling_metrics  # noqa: E402
+from fxtrack.scenarios.scaling.driver import device_counts, scaling_metrics  # noqa: E402
 from conftest import job_spec, run_fxtrack  # noqa: E402
 
 TINY = ["size=tiny", "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fxtrack.scenarios import batching, serve
+from fxtrack.scenarios import batching
+from fxtrack.scenarios.serve import runner as serve
 
 
 class VirtualClock:
@@ -173,7 +174,7 @@ def test_good_serve_input_passes():
 def test_the_serving_section_ranks_max_rate_against_the_best():
     import pandas as pd
 
-    from fxtrack.report import serving
+    from fxtrack.scenarios.serve import section as serving
 
     runs = pd.DataFrame([
         # select.latest_runs' column of each declared caveat (fxtrack.metrics.CAVEATS)
@@ -202,7 +203,7 @@ def _probe(parent, rate, throughput, e2e, goodput, verdict):
 def test_the_serving_section_charts_the_windows_and_compares_goodput_at_a_common_rate(tmp_path):
     import pandas as pd
 
-    from fxtrack.report import serving
+    from fxtrack.scenarios.serve import section as serving
 
     runs = pd.DataFrame([
         {"scenario": "serve", "model": "vit", "framework": "torch", "run_id": "t",
@@ -220,7 +221,7 @@ def test_the_serving_section_charts_the_windows_and_compares_goodput_at_a_common
     # the highest rate both served within the SLOs: 4 (torch failed 8, jax passed it)
     assert common.title == "Serving: vit, goodput at a common rate (4 req/s)"
     assert {r[0]: r[1] for r in common.rows} == {"torch": "4.00", "jax": "4.00"}
-    drawn = serving.charts(frame, runs, tmp_path)
+    drawn = serving.charts(frame, runs, tmp_path, None)
     assert [c.path.name for c in drawn] == ["serve-vit-e2e.png"]  # no TPOT for a vision model
     assert drawn[0].path.stat().st_size > 0
     lines = {fw: serving.windows(frame, r) for fw, (_, r) in zip(("torch", "jax"), runs.iterrows())}
@@ -361,7 +362,7 @@ def test_no_compilation_inside_the_window_of_the_compiled_paths(framework, tmp_p
     options = {"prompt_len": 8, "new_tokens": 3, "rate": "40", "num_requests": 8,
                "max_batch": 2, "batch_buckets": [1, 2], "slo": {}}
     spec = job_spec(framework, "llama", tmp_path, scenario="serve",
-                    runner="fxtrack.scenarios.serve:run", options=options, compile=True,
+                    runner="fxtrack.scenarios.serve.runner:run", options=options, compile=True,
                     batch_size=None, warmup_steps=1)
     result = run(spec)
     assert result.status == "FINISHED" and result.guard == "ok", result.error
@@ -426,7 +427,7 @@ def test_serve_without_a_path_is_refused_before_any_work():
 
 
 def test_the_sweeps_closing_table_gives_each_serve_jobs_max_rate():
-    from fxtrack.report.serving import closing_table
+    from fxtrack.scenarios.serve.section import closing_table
 
     def job(name, rate, stop):
         return {"name": name, "status": "FINISHED",
@@ -436,6 +437,7 @@ def test_the_sweeps_closing_table_gives_each_serve_jobs_max_rate():
 
     table = closing_table([job("torch-llama-serve", 32.0, "saturated"),
                            job("jax-llama-serve", 128.0, "slo"),
-                           {"name": "train", "status": "FINISHED", "tags": {}, "metrics": {}}])
+                           {"name": "train", "status": "FINISHED", "tags": {}, "metrics": {}}],
+                          [])
     assert "0.25x" in table and "1.00x" in table and "saturated" in table and "40.00" in table
-    assert "train" not in table and closing_table([]) == ""
+    assert "train" not in table and closing_table([], []) == ""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fxtrack.scenarios import serve
+from fxtrack.scenarios.serve import runner as serve
 
 SHARPEN = 8.0  # attention projections scaled by this: the tiny model's tokens follow its context
 
@@ -76,7 +76,7 @@ def _serve_torch(tmp_path, policy):
     options = {"prompt_len": 8, "new_tokens": 6, "rate": "20", "num_requests": 12,
                "max_batch": 3, "batching": policy, "length_dist": "lognormal", "slo": {}}
     spec = job_spec("torch", "llama", tmp_path, scenario="serve",
-                    runner="fxtrack.scenarios.serve:run", options=options, batch_size=None,
+                    runner="fxtrack.scenarios.serve.runner:run", options=options, batch_size=None,
                     warmup_steps=1)
     result = run(spec)
     assert result.status == "FINISHED", result.error

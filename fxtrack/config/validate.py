@@ -197,8 +197,9 @@ def validate(cfg: DictConfig, sweep: bool = False) -> tuple[FxtrackConfig, archi
     why = refusal(conf, arch) or family_refusal(conf, arch) or runtime_refusal(conf)
     if why is not None:
         raise Refused(why, conf, arch)
-    if scenario.config_check is not None:  # e.g. fit's budget: the search finds what fits
-        why = import_path(scenario.config_check)(conf, arch)
+    check = scenario.part("check")
+    if check is not None:  # e.g. fit's budget: the search finds what fits
+        why = check(conf, arch)
         if why is not None:
             raise ConfigError(why)
     if not scenario.memory_floor:

@@ -128,11 +128,9 @@ def dispatch(job: Job, conf: FxtrackConfig, job_dir: Path, parent: str | None,
              jobs: Path | None, repeating: bool, cell: tuple | None):
     """Run the cell as its scenario asks; (name, Result, run id). ``cell``: a sweep's repeat
     (aggregate id, repeat index, resumed group or None)."""
-    driver = scenarios.get(conf.scenario.name).driver
+    driver = scenarios.get(conf.scenario.name).part("driver")
     if driver is not None:  # fit's probe search, scaling's device sweep
-        from fxtrack.frameworks.declaration import import_path
-
-        return import_path(driver)(job, job_dir, parent)
+        return driver(job, job_dir, parent)
     if repeating:
         from fxtrack.orchestrator import repeats
 

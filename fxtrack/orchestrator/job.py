@@ -28,7 +28,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
     fw = conf.framework
     return JobSpec(
         result_id=uuid.uuid4().hex, framework=fw.name, package=fw.package,
-        scenario=conf.scenario.name, runner=scenarios.get(conf.scenario.name).runner,
+        scenario=conf.scenario.name, runner=scenarios.get(conf.scenario.name).runner_path,
         arch=arch.to_json(),
         precision=conf.precision.name, hardware=conf.hardware.name, devices=conf.devices,
         compile=fw.compile != "false", compile_request=fw.compile,
@@ -75,10 +75,10 @@ def stop_if_interrupted() -> None:
 
 
 # The parent's tags a child window copies: what ran (device, versions, compile mode), so the
-# child reads as the same configuration in the UI.
+# child reads as the same configuration in the UI; its scenario's own besides (child_tags).
 _CHILD_TAGS = ("device", "framework_version", "python", "cuda", "cudnn", "compile_rule",
                "compile_mode", "compile_decision", "attention", "matmul_precision",
-               "cpu_threads", "serve_mode", "serve_batching", "serve_buckets", "contended")
+               "cpu_threads", "contended")
 
 _LOADED: set[str] = set()  # tracking URIs whose MLflow client this process has opened
 # result id -> the held fallback of a parent this process opened (hold_parent). Process-wide: a
@@ -172,8 +172,9 @@ class Job:
             if record["logged_model"]:  # the kept model's folder (deploy._keep, converge)
                 artifacts["model"] = Path(result.artifacts.get("model")
                                           or result.artifacts["weights"]).parent
-            if "serve_requests" in result.artifacts:  # scenario=serve: one row per request
-                artifacts["serve_requests.json"] = Path(result.artifacts["serve_requests"])
+            for role in scenarios.get(spec.scenario).artifacts:  # serve's per-request rows
+                if role in result.artifacts:
+                    artifacts[f"{role}.json"] = Path(result.artifacts[role])
             run_id, where = self.log(record, artifacts)
             print(f"{summary}  [{where}]", file=sys.stderr, flush=True)
             self.log_children(spec, result, config, name, children)
@@ -224,11 +225,12 @@ class Job:
     def log_children(self, spec: JobSpec, result: Result, config: dict, name: str,
                      kept: "_Children | None" = None) -> None:
         """The run's windows (Result.children: scenario=serve's rate-search probes) as child
-        runs of it, each with its own figures, verdict and per-request records; tagged
-        ``fxtrack.serve_probe_of`` so the report counts them through their parent. Each was
+        runs of it, each with its own figures, verdict and per-request records; tagged with its
+        scenario's ``probe_tag`` so the report counts them through their parent. Each was
         held in the spool as it ended (``kept``): logged now under the same result id, so a
         sync after a kill cannot log one twice."""
-        tags = {k: v for k, v in result.tags.items() if k in _CHILD_TAGS}
+        copied = _CHILD_TAGS + scenarios.get(spec.scenario).child_tags
+        tags = {k: v for k, v in result.tags.items() if k in copied}
         for i, child in enumerate(result.children):
             result_id = kept.result_id(i) if kept is not None else uuid.uuid4().hex
             record, files = child_record(self, spec, child, tags, result.resolved, config,
@@ -289,7 +291,7 @@ def child_record(job: "Job", spec: JobSpec, child: dict, parent_tags: dict[str, 
 
     child_spec = dataclasses.replace(spec, result_id=result_id)
     tags = dict(parent_tags)
-    tags.update(child["tags"], serve_probe_of=spec.result_id)
+    tags.update(child["tags"], **{scenarios.get(spec.scenario).probe_tag: spec.result_id})
     # a window that ended is a finished run, whatever stopped its parent afterwards
     child_result = Result(result_id, status="FINISHED", metrics=dict(child["metrics"]),
                           series=dict(child["series"]), tags=tags, resolved=resolved)
@@ -366,11 +368,9 @@ _CROSS_CHECKED: dict = {}
 
 def cross_check(result: Result, spec: JobSpec) -> None:
     """The scenario's check of this run against earlier ones of the sweep, if it has one."""
-    check = scenarios.get(spec.scenario).cross_check
+    check = scenarios.get(spec.scenario).part("check", "cross_check")
     if check is not None:
-        from fxtrack.frameworks.declaration import import_path
-
-        import_path(check)(result, spec, _CROSS_CHECKED)
+        check(result, spec, _CROSS_CHECKED)
 
 
 def enrich(result: Result, spec: JobSpec, conf: FxtrackConfig) -> None:

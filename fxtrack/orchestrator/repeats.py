@@ -286,13 +286,18 @@ def sample_efficiency_tags(done: list[dict[str, Any]], tags: dict[str, str],
                            params: dict[str, Any], jobs_dir) -> dict[str, str]:
     """A converge aggregate's steps to target against the sweep's first group of the same
     experiment (closed before it: repeats run round-robin), by the report's rule
-    (report.converge.sample_efficiency): ``fxtrack.sample_efficiency`` = same / more_steps /
+    (the converge section's sample_efficiency): ``fxtrack.sample_efficiency`` = same / more_steps /
     fewer_steps / undecided, and the reference's framework; {} where there is none."""
+    from fxtrack import scenarios
     from fxtrack.config.schema import apart_from_identity
-    from fxtrack.report.converge import sample_efficiency
 
     mine = [e["metrics"]["steps_to_target"] for e in done if "steps_to_target" in e["metrics"]]
     if not done or "reached_target" not in done[0]["metrics"]:
+        return {}
+    # the report's rule, declared by the scenario's section (converge's)
+    scenario = scenarios.SCENARIOS.get(tags.get("fxtrack.scenario", ""))
+    sample_efficiency = scenario and scenario.part("section", "sample_efficiency")
+    if not sample_efficiency:
         return {}
     apart = apart_from_identity()  # the keys that never make another experiment
 

@@ -41,9 +41,9 @@ def run_worker(spec: JobSpec, job_dir: Path, python: str | None, timeout_s: floa
     to ``job_dir/worker.log`` (and the terminal when ``echo``), and return its Result.
 
     ``meanwhile``: work of this process (loading MLflow) done while the worker starts, i.e.
-    imports its framework and builds the model; the worker waits at its gate
-    (worker.protocol.pass_gate, called by the scenario once it has built) until it is done, so that work never shares the cores
-    with a warm-up or timed window. Under torchrun (no way to hand the gate to its ranks) it
+    imports its framework and builds the model; the worker waits at its gate (the scenario
+    calls worker.protocol.pass_gate once it has built) until it is done, so that work never
+    shares the cores with a warm-up or timed window. Under torchrun (no way to hand the gate to its ranks) it
     is done before the worker starts.
 
     ``while_running``: called about every half second while the worker runs, and once after

@@ -111,10 +111,7 @@ class SweepRun(Callback):
         timed_work = [a for a in aggregates if not _converges(a)]  # converge's: its own table
         if timed_work:
             verdict += aggregate_table(timed_work)
-        verdict += converge_table(jobs, aggregates)
-        from fxtrack.report import fit, serving  # scenario=fit / serve jobs: their answers
-
-        verdict += fit.closing_table(jobs) + serving.closing_table(jobs)
+        verdict += scenario_tables(jobs, aggregates)
         print(verdict, file=sys.stderr)
         common_rate_windows(config, jobs_dir)  # before the report, which compares them
         frameworks = sorted({j["tags"]["fxtrack.framework"] for j in jobs
@@ -285,7 +282,7 @@ def code_size(frameworks: list[str]) -> tuple[dict[str, Any], str]:
 def numbers_wrong(guard: str) -> bool:
     """A guard that says the run's numbers are wrong (a loss gone NaN / inf) fails the exit
     status, single run or sweep; a loss that did not fall in a few steps stays a warning."""
-    from fxtrack.scenarios.train import NOT_FINITE
+    from fxtrack.scenarios.timed import NOT_FINITE
 
     return guard == NOT_FINITE
 
@@ -403,6 +400,15 @@ def closing_table(jobs: list[dict[str, Any]]) -> str:
                  whole=("status",))
 
 
+def scenario_tables(jobs: list[dict[str, Any]], aggregates: list[dict[str, Any]]) -> str:
+    """Each scenario's own closing table (its section's ``closing_table``: fit's answers,
+    serve's rates, converge's times to target), in the registry's order; "" where none has one."""
+    from fxtrack import scenarios
+
+    return "".join(table(jobs, aggregates)
+                   for _, table in scenarios.with_part("section", "closing_table"))
+
+
 # the closing table's own columns, and a cost that is no headline
 NOT_HEADLINE = ("step_time_ms_p50", "compile_time_s", "peak_mem_device_mib", "peak_rss_mib")
 
@@ -429,47 +435,6 @@ def aggregate_table(aggregates: list[dict[str, Any]]) -> str:
 def _converges(entry: dict[str, Any]) -> bool:
     """A converge run's (or aggregate's) entry: its figure is the time to a target."""
     return "reached_target" in entry.get("metrics", {})
-
-
-def converge_table(jobs: list[dict[str, Any]], aggregates: list[dict[str, Any]]) -> str:
-    """The sweep's converge runs: each single run's time to target, and each aggregate's by the
-    report's rule (fxtrack/report/converge.py: MLPerf's mean of the middle runs, a missed
-    target the slowest), so the terminal and the page give one figure; "" when none."""
-    import pandas as pd
-
-    from fxtrack.report.converge import middle
-    from fxtrack.report.samples import by_rule
-
-    def held_out(m: dict[str, float]) -> str:
-        return next((f"{k[len('final_eval_'):]} {v:.3f}" for k, v in m.items()
-                     if k.startswith("final_eval_")), "-")
-
-    rows = []
-    for j in jobs:
-        if _converges(j) and not j.get("aggregate"):  # a repeat counts in its aggregate's row
-            m = j["metrics"]
-            rows.append([j["name"], f"{m['reached_target']:.0f}/1",
-                         _fmt(m.get("time_to_target_s")), _fmt(m.get("steps_to_target"), 0),
-                         held_out(m), "single run" + ("; contended" if j.get("tags", {}).get(
-                             "fxtrack.contended") == "true" else "")])
-    for a in filter(_converges, aggregates):
-        repeats = [j["metrics"] for j in jobs if j.get("aggregate") == a["id"] and _converges(j)]
-        times = [m.get("time_to_target_s") if m["reached_target"] == 1.0 else None
-                 for m in repeats]
-        reached = sum(t is not None for t in times)
-        # the one figure function's rule, as the page pools these repeats (report/samples.py)
-        pooled = by_rule(middle, pd.Series(times, dtype=object), [a["id"]], pd.DataFrame())
-        figure = None if reached == 0 else pooled.point
-        note = pooled.why or f"mean of middle {len(times) - 2} of {len(times)}"
-        if a["tags"].get("fxtrack.contended_repeats"):
-            note += f"; contended in {a['tags']['fxtrack.contended_repeats']}"
-        rows.append([a["name"], f"{reached}/{len(times)}", _fmt(figure),
-                     _fmt(a["metrics"].get("steps_to_target"), 0), held_out(a["metrics"]), note])
-    if not rows:
-        return ""
-    return _text("Time to target (scenario=converge; training seconds, evaluation and compilation "
-                 "excluded):", ["run", "reached", "to target s", "steps", "held-out", "note"],
-                 rows)
 
 
 def _text(title: str, header: list[str], rows: list[list[str]],

@@ -1,7 +1,7 @@
 """The answer first: per model and machine, which framework wins each objective and by how much.
 
 One block per objective (``objectives()``: each scenario declares its own, with the metric it
-reads, in ``fxtrack.scenarios.declared``). Every config (framework with its
+reads, in its folder, ``fxtrack/scenarios/<name>/``). Every config (framework with its
 mode and levers) of a model on one machine is a candidate; each framework stands on its best
 config; the best framework is the reference and every other framework's ratio to it carries the
 Welch 95% interval of fxtrack/stats.py (through samples.ratio and verdicts.Ratio, the report's
@@ -18,7 +18,6 @@ import pandas as pd
 
 from fxtrack import architectures, scenarios
 from fxtrack.config.frameworks import declared, identity_settings
-from fxtrack.frameworks.declaration import import_path
 from fxtrack.report import identity, samples
 from fxtrack.report.lm import lm_models
 from fxtrack.report.verdicts import Ratio
@@ -331,7 +330,8 @@ def _block(objective: Objective, model: str, machine: tuple, runs: pd.DataFrame,
     # a framework's configs that differ in what it may choose beside its mode and levers (the
     # objective's modes: serve's batching policy) say so in the mode column
     apart = identity.apart(runs.drop(columns=["compile", *identity.LEVERS], errors="ignore"), ["model"])
-    rule = import_path(objective.repeats_rule) if objective.repeats_rule else None
+    rule = (scenarios.get(objective.scenario).part("section", objective.repeats_rule)
+            if objective.repeats_rule else None)
     for _, group in runs.groupby(ident, sort=False, dropna=False):
         one = samples.sample(group, every, key, rule)
         if one is None or not one.point or one.point != one.point:  # none, 0 or NaN

@@ -71,8 +71,8 @@ def main(argv: list[str]) -> int:
             return 2
     # Imported here so that `fxtrack report --help` answers without loading MLflow or matplotlib.
     from fxtrack.environment import redact_uri_text
-    from fxtrack.report import (charts, claims, cost, levers, lm, render, samples, serving,
-                                tables, trend, verdicts)
+    from fxtrack.report import (charts, claims, cost, levers, lm, render, samples, tables, trend,
+                                verdicts)
     from fxtrack.tracking import reader, target
 
     uri = target.tracking_uri(args.uri, os.getcwd())  # credentials moved out (issue 60)
@@ -104,11 +104,9 @@ def main(argv: list[str]) -> int:
               f"({type(e).__name__}: {e.strerror or e}): choose another --out", file=sys.stderr)
         return 1
     # Charts are only seen through the Markdown and HTML pages; a CSV-only report skips them.
-    from fxtrack.report import converge, fit
-
-    drawn = (charts.draw(runs, out) + trend.charts(frame, out) + fit.charts(frame, out)
-             + serving.charts(frame, runs, out)
-             + converge.charts(frame, out, lambda ids, keys: reader.metric_histories(uri, ids, keys))
+    drawn = (charts.draw(runs, out) + trend.charts(frame, out)
+             + scenario_charts(frame, runs, out,
+                               lambda ids, keys: reader.metric_histories(uri, ids, keys))
              if {"md", "html"} & set(args.formats) else [])
     source = f"experiment {args.experiment!r} at {redact_uri_text(uri)}"
     meta = [source + (f", filter {args.filter!r}" if args.filter else ""), selection.summary(),
@@ -204,11 +202,19 @@ def _log(uri: str, args: argparse.Namespace, selection, files: list[Path]) -> No
 
 
 def scenario_sections(runs: Any, frame: Any) -> list[Any]:
-    """The report sections the scenarios declare (``Scenario.section``), in the registry's
-    order, each given the kept runs and the whole frame; a scenario without runs adds none."""
+    """The report sections the scenarios declare (each one's ``section`` part), in the
+    registry's order, each given the kept runs and the whole frame; a scenario without runs adds
+    none."""
     from fxtrack import scenarios
-    from fxtrack.frameworks.declaration import import_path
 
-    made = (import_path(s.section)(runs, frame) for s in scenarios.SCENARIOS.values()
-            if s.section is not None)
+    made = (section(runs, frame) for _, section in scenarios.with_part("section"))
     return [section for section in made if section]
+
+
+def scenario_charts(frame: Any, runs: Any, out: Path, histories: Any) -> list[Any]:
+    """The charts the scenarios' sections draw (``section.charts``), in the registry's order:
+    ``histories`` (run ids, keys) -> each run's metric series, read only when one asks."""
+    from fxtrack import scenarios
+
+    return [chart for _, draw in scenarios.with_part("section", "charts")
+            for chart in draw(frame, runs, out, histories)]

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import pandas as pd
 
-from fxtrack import stats
+from fxtrack import scenarios, stats
 from fxtrack.metrics import CAVEATS, caveat_words, lookup
 from fxtrack.config.frameworks import identity_settings
 from fxtrack.report import identity as ident
@@ -88,7 +88,7 @@ def configs(frame: pd.DataFrame) -> pd.DataFrame:
     metrics = [c for c in frame.columns if c.startswith("metrics.")]
     runs = pd.concat([runs, frame[metrics]], axis=1)
     benchmark = runs["framework"] != "-"
-    for probe_of in ("tags.fxtrack.serve_probe_of", "tags.fxtrack.fit_of"):
+    for probe_of in (f"tags.fxtrack.{tag}" for tag in scenarios.probe_tags()):
         if probe_of in frame:  # a search's probes: their search's run stands, never a repeat
             benchmark &= frame[probe_of].isna()
     ok = (runs["status"] == "FINISHED") & ~runs["check"].isin(["failed", "guard_failed"])

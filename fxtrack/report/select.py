@@ -94,7 +94,7 @@ def latest_runs(frame: pd.DataFrame) -> Selection:
     # A repeat whose config has an aggregate run counts through that aggregate, not on its own.
     repeat = runs["repeat_of"].fillna("").astype(str).str.len() > 0
     probe = pd.Series(False, index=runs.index)
-    for probe_of in ("tags.fxtrack.fit_of", "tags.fxtrack.serve_probe_of"):
+    for probe_of in (f"tags.fxtrack.{tag}" for tag in scenarios.probe_tags()):
         if probe_of in frame:  # a search's probes (fit, serve) count through their parent
             probe |= (frame[probe_of].fillna("").astype(str).str.len() > 0).to_numpy()
     folded = repeat | probe

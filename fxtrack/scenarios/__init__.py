@@ -1,5 +1,7 @@
-"""Scenarios: what is run and measured (train, inference, ...), framework-neutral. The registry
-(``SCENARIOS``, name -> ``Scenario``) declares each once (``fxtrack.scenarios.declared``)."""
+"""Scenarios: what is run and measured (train, inference, ...), framework-neutral. Each is one
+folder here (``fxtrack/scenarios/<name>/``) whose ``__init__`` registers its spec in the registry
+(``SCENARIOS``, name -> ``Scenario``); importing this package registers fxtrack's own, in the
+report's order. Modules beside the folders are the worker-side helpers several share."""
 
 from fxtrack.scenarios.registry import (
     SCENARIOS,
@@ -11,11 +13,24 @@ from fxtrack.scenarios.registry import (
     of_section,
     options_of,
     options_set,
+    probe_tags,
     register,
     unregister,
     where,
+    with_part,
 )
-from fxtrack.scenarios import declared as _declared  # noqa: F401 - registers fxtrack's own
+# each registers itself as it is imported, in this order (the report's)
+from fxtrack.scenarios import (  # noqa: E402,F401
+    train,
+    inference,
+    generate,
+    scaling,
+    pipeline,
+    checkpoint,
+    fit,
+    serve,
+    converge,
+)
 
-__all__ = ["SCENARIOS", "Objective", "Scenario", "get", "names", "objectives", "of_section", "options_of", "options_set", "register", "unregister",
-           "where"]
+__all__ = ["SCENARIOS", "Objective", "Scenario", "get", "names", "objectives", "of_section",
+           "options_of", "options_set", "probe_tags", "register", "unregister", "where", "with_part"]

@@ -18,7 +18,7 @@ from fxtrack.frameworks.base import Backend
 from fxtrack.worker.protocol import Result
 from fxtrack.measure.timer import eprint
 from fxtrack.metrics import SERVING_QUALITY
-from fxtrack.scenarios import converge
+from fxtrack.scenarios.converge import runner as converge
 
 
 def load(backend: Backend) -> None:

@@ -21,10 +21,11 @@ from typing import Callable, Optional, Protocol, Sequence
 
 import numpy as np
 
-from fxtrack.scenarios.options import LENGTH_DISTS
+
 # A drawn length is clipped to this many times its mean: the compiled shapes (the KV cache's
 # positions) are sized for the longest, so an unbounded lognormal tail would size them all.
 LENGTH_CAP_FACTOR = 4
+DRAWN = ("fixed", "uniform", "lognormal")  # scenario.length_dist's drawn here, one at a time
 
 
 def draw_lengths(n: int, mean: int, dist: str, sigma: float, seed: int) -> list[int]:
@@ -32,7 +33,7 @@ def draw_lengths(n: int, mean: int, dist: str, sigma: float, seed: int) -> list[
     ``fixed``: all ``mean``; ``uniform``: integers in mean +- round(sigma * mean);
     ``lognormal``: exp(N(mu, sigma)), mu set so that the clipped draw's mean is ``mean`` (the
     clip alone would lower it: by 7% at sigma 1)."""
-    if dist not in LENGTH_DISTS or dist == "dataset":  # dataset: drawn in pairs, below
+    if dist not in DRAWN:  # dataset: drawn in pairs, below
         raise ValueError(f"draw_lengths draws fixed|uniform|lognormal lengths, got {dist!r}")
     if dist == "fixed" or sigma == 0:
         return [int(mean)] * n

@@ -38,7 +38,7 @@ from fxtrack.worker.protocol import Result
 from fxtrack.measure.timer import eprint
 from fxtrack.scenarios import rules
 from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import user_flops
+from fxtrack.scenarios.timed import user_flops
 
 FP32_REL_ERR = 1e-3
 INT8_REL_ERR = 0.1

@@ -1,21 +1,29 @@
 """The scenario registry: one typed spec per scenario (``Scenario``), registered once and looked
-up by name, as the model families are (``fxtrack.families``) and as optimum-benchmark declares a
-config class per scenario. Shared code asks the spec what a scenario is and does (its options,
-its worker runner, whether it trains, how it is orchestrated, its report section), never the
-scenario's name: a new scenario is one module plus one ``register`` call, and no module outside
-this package compares a scenario's name (``tests/test_scenarios.py`` greps for it).
+up by name, as the model families are (``fxtrack.families``) and as optimum-benchmark keeps a
+folder per scenario. Shared code asks the spec what a scenario is and does (its options, its
+worker runner, whether it trains, how it is orchestrated, its report section), never the
+scenario's name: a new scenario is one folder (``fxtrack/scenarios/<name>/``, docs/extending.md).
 
-Parts that live in layers above this one (the orchestrator's driver, the config layer's own
-check, the report's section) are named as ``"module:function"`` strings, imported where they
-are used, so this module imports nothing above it.
+A scenario's folder is a package: its ``__init__`` holds its options and its ``register`` call;
+its parts are modules of fixed names beside it (``PARTS``), each in the layer of its caller (the
+worker's runner, the orchestrator's driver, the config layer's check, the report's section).
+``Scenario.part`` imports one when it is asked for, so this module and every scenario's
+``__init__`` import nothing above the worker, and no part is imported by anything else
+(pyproject.toml's import contracts).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from typing import Any, Callable, Optional
 
 from fxtrack.scenarios import options as opts
+
+
+# what measures an objective (``Objective.command``): {frameworks} and {model} are filled in by
+# the answer page, %s is the scenario
+MEASURE = "python -m fxtrack -m framework={frameworks} model={model} scenario=%s repeats=3"
 
 
 def _no_refusal(options: Any, family: Any, batch_size: Optional[int]) -> Optional[str]:
@@ -41,9 +49,9 @@ class Objective:
     # the best's figure as a fraction of the other's, "in 0.88x [..] the peak memory of": a
     # lower-is-better amount reads wrongly as "1.14x less"
     fraction: bool = False
-    # "module:function" (the repeats' figures, None where a run has none) -> (the kept, why
-    # not): a rule for which repeats a figure stands on (converge: MLPerf's, the fastest and the
-    # slowest of at least 5 dropped); None: every repeat
+    # the declaring scenario's section's function (the repeats' figures, None where a run has
+    # none) -> (the kept, why not): a rule for which repeats a figure stands on (converge:
+    # MLPerf's, the fastest and the slowest of at least 5 dropped); None: every repeat
     repeats_rule: Optional[str] = None
     # identity columns a framework chooses, compared within one block as its compile mode is
     # (serve: ``scenario.batching``); every other option makes another block
@@ -58,19 +66,34 @@ class Objective:
         return metrics.lookup(self.metrics[0]).lower_is_better
 
 
+# A scenario's parts: module -> the function every such module defines, and who calls it.
+PARTS = {
+    "runner": "run",  # worker: (backend, result) -> None; fills the Result
+    # orchestrator: (job, job_dir, parent) -> (name, result, run id): a probe search or a device
+    # sweep run in place of one job (repeats=N then repeats in its own way)
+    "driver": "run",
+    "check": "check",  # config layer: (conf, arch) -> why it cannot run, one line, or None
+    "section": "section",  # report: (runs, frame) -> Optional[fxtrack.report.tables.Section]
+}
+# Functions a part may define besides its own, each asked for by name where it is used:
+#   section.charts(frame, runs, out, histories) -> [Chart]: the report's charts of it
+#   section.closing_table(jobs, aggregates) -> str: its table at the end of a sweep ("" none)
+#   section.<Objective.repeats_rule>, section.sample_efficiency: rules its repeats stand on
+#   check.cross_check(result, spec, held): the orchestrator's check of each finished run against
+#   earlier ones of the sweep (converge's trajectory against the first framework's)
+
+
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     """What shared code may ask about a scenario."""
 
     name: str
     summary: str  # one line: what it measures (the CLI usage, the contract's Groups table)
-    options: type  # its typed options (fxtrack.scenarios.options), ConfigStore scenario/<name>
-    runner: Optional[str]  # "module:function" the worker runs; None: not implemented yet
+    options: type  # its typed options (an Options dataclass), ConfigStore scenario/<name>
+    package: str  # its folder's package (its __init__'s __name__): where its parts are
+    parts: tuple[str, ...] = ("runner",)  # the PARTS its folder has; no runner: not implemented
     # (options, family, batch_size) -> why it cannot run, one line, before any work; or None
     refusal: Callable[[Any, Any, Optional[int]], Optional[str]] = _no_refusal
-    # "module:function" (conf, arch) -> Optional[str]: a check that needs the config layer
-    # (fit's memory budget); None: none
-    config_check: Optional[str] = None
     # the capabilities a framework must declare to run it with any model (else the framework's
     # declared reason refuses it before any work)
     needs: tuple[str, ...] = ()
@@ -89,29 +112,51 @@ class Scenario:
     # model.from_run: it serves a converge run's trained weights and scores them on that run's
     # held-out split (fxtrack.scenarios.accuracy)
     from_run: bool = False
-    # "module:function" (result, spec, held) the orchestrator calls on each finished run before
-    # logging it, with one dict (``held``) for the whole process: a check of a run against an
-    # earlier one of the sweep (converge's trajectory against the first framework's); None: none
-    cross_check: Optional[str] = None
-    # "module:function" of the orchestrator's driver (job, job_dir, parent) -> (name, result,
-    # run id): a probe search or a device sweep; None: one job (repeats=N aggregate N of them)
-    driver: Optional[str] = None
     sweeps_devices: bool = False  # runs at 1, 2, ..., devices (the memory check takes each)
-    # "module:function" (runs, frame) -> Optional[Section] of fxtrack.report; None: the tables
-    section: Optional[str] = None
+    # the tag (fxtrack.<probe_tag> = its parent's result id) on each of its child runs (a
+    # search's probes: fit's fit_of, serve's serve_probe_of): counted through their parent
+    probe_tag: Optional[str] = None
+    # the run's tags its streamed child windows (Result.children) copy, besides those every
+    # child copies (orchestrator/job.py): serve's batching policy and buckets
+    child_tags: tuple[str, ...] = ()
+    # Result.artifacts roles logged as <role>.json beside the run (serve's per-request rows)
+    artifacts: tuple[str, ...] = ()
     # options that make another configuration and so go into the run's name where they differ
     # from their default (serve's batching policy): runs of two policies never share a name
     named_options: tuple[str, ...] = ()
     objectives: tuple[Objective, ...] = ()  # its blocks of the answer page
 
+    def part(self, name: str, function: Optional[str] = None) -> Optional[Callable[..., Any]]:
+        """Part ``name``'s function (``PARTS[name]``, or ``function`` of that module), its
+        module imported now; None where the scenario has no such part, or the part no such
+        ``function`` (an optional one: its charts). A declared part without its own function
+        is an error, not a part that silently does nothing."""
+        if name not in PARTS:
+            raise KeyError(f"{name!r} is not a scenario part (parts: {', '.join(PARTS)})")
+        if name not in self.parts:
+            return None
+        module = importlib.import_module(f"{self.package}.{name}")
+        if function is not None:
+            return getattr(module, function, None)
+        if not callable(getattr(module, PARTS[name], None)):
+            raise AttributeError(f"scenario {self.name!r}: {module.__name__} has no "
+                                 f"{PARTS[name]}(), its {name} part's function")
+        return getattr(module, PARTS[name])
+
+    @property
+    def runner_path(self) -> str:
+        """The runner as the JobSpec carries it across the process boundary ("module:function"):
+        the worker imports it without the registry, so a scenario of a user's package runs."""
+        return f"{self.package}.runner:{PARTS['runner']}"
+
     @property
     def repeatable(self) -> bool:
         """repeats=N aggregates N runs of one job; a driver repeats in its own way."""
-        return self.driver is None
+        return "driver" not in self.parts
 
     @property
     def implemented(self) -> bool:
-        return self.runner is not None
+        return "runner" in self.parts
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -129,6 +174,10 @@ def register(scenario: Scenario) -> Scenario:
     held = SCENARIOS.get(scenario.name)
     if held is not None and held != scenario:
         raise ValueError(f"scenario {scenario.name!r} is registered already")
+    unknown = set(scenario.parts) - set(PARTS)
+    if unknown:
+        raise ValueError(f"scenario {scenario.name!r}: {', '.join(sorted(unknown))} is not a part "
+                         f"(parts: {', '.join(PARTS)})")
     if not (dataclasses.is_dataclass(scenario.options)
             and issubclass(scenario.options, opts.Options)):
         raise TypeError(f"scenario {scenario.name!r}: options must be a dataclass subclassing "
@@ -170,10 +219,22 @@ def objectives() -> tuple[Objective, ...]:
 
 
 def of_section(module: str) -> tuple[str, ...]:
-    """The scenarios whose report section lives in ``module`` (``fxtrack.report.fit``): the
-    runs that section reads."""
+    """The scenarios whose report section is ``module`` (``fxtrack.scenarios.fit.section``):
+    the runs that section reads."""
     return tuple(s.name for s in SCENARIOS.values()
-                 if s.section is not None and s.section.partition(":")[0] == module)
+                 if "section" in s.parts and f"{s.package}.section" == module)
+
+
+def with_part(name: str, function: Optional[str] = None) -> list[tuple[Scenario, Callable]]:
+    """Each registered scenario with part ``name`` (and its ``function``), in registration
+    order, with that function: the report's sections and charts, the sweep's closing tables."""
+    found = ((s, s.part(name, function)) for s in SCENARIOS.values() if name in s.parts)
+    return [(s, f) for s, f in found if f is not None]
+
+
+def probe_tags() -> tuple[str, ...]:
+    """The tags marking a run as another's probe (``Scenario.probe_tag``), every scenario's."""
+    return tuple(s.probe_tag for s in SCENARIOS.values() if s.probe_tag)
 
 
 def options_set(name: str, options: Any) -> tuple[str, ...]:

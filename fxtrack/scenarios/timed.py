@@ -1,13 +1,15 @@
-"""What every timed scenario shares: defaults, build, the timed window, and its metrics."""
+"""What every timed scenario shares: defaults, build, the timed window, its metrics (an LM's
+tokens/s, a user's model's FLOPs) and the correctness guard on its losses."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import os
 from typing import Any, Callable, ContextManager, Iterator, Optional, Union
 
-from fxtrack import architectures
+from fxtrack import architectures, families
 from fxtrack.frameworks.base import Backend
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.worker import protocol
@@ -248,3 +250,74 @@ def nvml_metrics(backend: Backend, nvml: NvmlWindow, samples: int) -> dict[str, 
     nvml.energy_j = node_sum(backend, nvml.energy_j)
     nvml.peak_bytes = int(backend.reduce_max(float(nvml.peak_bytes or 0))) or None  # 0: nowhere
     return nvml.metrics(samples)
+
+
+def set_guard(backend: Backend, result: Result, losses: list[float]) -> None:
+    """``result.guard`` from the losses (``guard``); for a user's model a loss that does not
+    fall is a warning tag, not a failed guard."""
+    result.guard = guard(backend, int(result.metrics["param_count"]), losses)
+    if families.of(backend.arch).user is not None and result.guard.startswith("loss did not fall"):
+        # A user's data may be random (nothing to learn in a few steps): a warning tag, while
+        # a loss that is not finite still fails the guard.
+        result.tags["loss_not_falling"] = result.guard
+        result.guard = "ok"
+
+
+def lm_metrics(backend: Backend, result: Result) -> dict[str, float]:
+    """A decoder LM's rate in what LM people read: ``tokens_per_s`` = sequences/s x seq_len
+    (every position is a predicted token): model=llama's ``model.seq_len``, a user's LM
+    (``model.kind=lm``) its inputs' length along ``model.seq_axis``, tagged ``model_kind`` and
+    ``seq_len`` for the report's LM tables; nothing for other models."""
+    arch, metrics, spec = backend.arch, result.metrics, families.of(backend.arch)
+    if not spec.is_lm(arch):
+        return {}
+    # a user's LM: the length its inputs had, which only the built model knows
+    built = spec.user is not None
+    seq_len = backend.seq_len if built else arch.seq_len
+    if seq_len is None or "throughput_samples_per_s" not in metrics:
+        return {}
+    if built:
+        result.tags.update(model_kind="lm", seq_len=str(seq_len))
+    return {"tokens_per_s": metrics["throughput_samples_per_s"] * seq_len}
+
+
+def user_flops(backend: Backend, result: Result, step: str) -> Callable[[], Optional[float]]:
+    """model=custom: the framework's own FLOP counter over one ``step`` (``train``: forward +
+    backward; ``forward``), asked once the model is built and the timed window is over (the
+    ``flops_source`` tag says which counter)."""
+    def count() -> Optional[float]:
+        builder = families.of(backend.arch).user.builder_capability
+        counter = getattr(backend.capability(builder), f"{step}_flops_per_sample")
+        try:
+            value, result.tags["flops_source"] = counter(backend)
+        except Exception as e:  # noqa: BLE001  (a construct the counter cannot see through)
+            # The run's timed figures stand; only the FLOP count (and MFU) is missing, and why.
+            result.tags["flops_unavailable"] = f"{type(e).__name__}: {str(e).splitlines()[0]}"[:500]
+            return None
+        return value
+
+    return count
+
+
+# the guard's verdict on a run whose numbers are wrong, not only unusual: it fails the run's exit
+# status (issue 43), where a loss that did not fall in a few steps is a warning
+NOT_FINITE = "loss is not finite"
+
+
+def guard(backend: Backend, params: int, losses: list[float]) -> str:
+    """The correctness guard: finite loss that falls, and the canonical parameter count."""
+    arch = backend.arch
+    if not all(math.isfinite(x) for x in losses):
+        return NOT_FINITE
+    if len(losses) > 1 and not losses[-1] < losses[0]:
+        return f"loss did not fall ({losses[0]:.4g} -> {losses[-1]:.4g})"
+    return param_guard(arch, params)
+
+
+def param_guard(arch: architectures.Arch, params: int) -> str:
+    if not arch.canonical:  # resized, or a user's model: no table to compare with
+        return "ok"
+    expected = architectures.param_count(arch.name)
+    if params != expected:
+        return f"param_count {params:,} differs from the canonical {expected:,}"
+    return "ok"

@@ -31,8 +31,7 @@ from fxtrack.worker.protocol import Result
 from fxtrack.measure import host_load as load
 from fxtrack.measure.timer import StepTimes, step_metrics, time_steps
 from fxtrack.scenarios.registry import options_of
-from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import lm_metrics, set_guard, user_flops
+from fxtrack.scenarios.timed import lm_metrics, run_timed, set_guard, user_flops
 
 ROUNDS = 2  # alternations of the resident and the fed window
 # model=custom: the user's arrays have nothing to decode or augment

@@ -18,9 +18,9 @@ from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.worker.protocol import Result
 from fxtrack.scenarios import accuracy, deploy
 from fxtrack.scenarios.batching import min_queries_for, undersized
-from fxtrack.scenarios.options import InferenceOptions, from_json
-from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import lm_metrics, param_guard, user_flops
+from fxtrack.scenarios.inference import InferenceOptions
+from fxtrack.scenarios.options import from_json
+from fxtrack.scenarios.timed import lm_metrics, param_guard, run_timed, user_flops
 
 
 def run(backend: Backend, result: Result) -> None:

@@ -85,7 +85,7 @@ def start_value(arch: Arch, axis: str, precision: str, batch: Optional[int], mem
 
 
 def check(conf: Any, arch: Arch) -> Optional[str]:
-    """scenario=fit's own check before any work (its ``Scenario.config_check``): why the search
+    """scenario=fit's own check before any work (its ``check`` part): why the search
     cannot start, or, for model=custom, a builder whose inputs ignore the batch_size the search
     varies (a shape-only build); None when it may start."""
     from fxtrack.config.validate import expected_device_kind

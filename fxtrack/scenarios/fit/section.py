@@ -5,7 +5,7 @@ the levers side by side; and a chart of peak memory against the probed value per
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -145,7 +145,7 @@ def plot(series: dict[str, tuple[list[tuple], Optional[float], Optional[float]]]
     return path
 
 
-def charts(frame: pd.DataFrame, out: Path) -> list:
+def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path, histories: Callable) -> list:
     """One chart per model, axis and budget: every framework's probes, lines and the budget."""
     from fxtrack.report.charts import Chart
 
@@ -171,7 +171,7 @@ def charts(frame: pd.DataFrame, out: Path) -> list:
     return drawn
 
 
-def closing_table(jobs: list[dict]) -> str:
+def closing_table(jobs: list[dict], aggregates: list[dict]) -> str:
     """The sweep's fit jobs as a text table (empty when there are none): the answer, the
     throughput there, memory per sample, fixed memory, probes and why the search stopped."""
     rows = []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import pandas as pd
 
@@ -149,7 +149,7 @@ def _label(row: pd.Series) -> str:
     return f"{row['framework']}{policy}" + (f" ({', '.join(marks)})" if marks else "")
 
 
-def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list:
+def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path, histories: Callable) -> list:
     """Per model: p99 E2E (and for an LM p99 TPOT) against achieved throughput, one line per
     framework through its windows."""
     from fxtrack.report import charts as chart_module
@@ -174,7 +174,7 @@ def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path) -> list:
     return drawn
 
 
-def closing_table(jobs: list[dict]) -> str:
+def closing_table(jobs: list[dict], aggregates: list[dict]) -> str:
     """The sweep's serve jobs as a text table (empty when there are none): the highest rate
     under the SLOs with its ratio to the best, the bracket, why the search stopped, goodput and
     p99 latencies of the reported window."""

@@ -43,7 +43,8 @@ from fxtrack.scenarios.batching import (bucket_for, continuous_window, length_da
                                         undersized)
 from fxtrack.search import bracket_search
 from fxtrack.scenarios import accuracy
-from fxtrack.scenarios.options import ServeOptions, from_json
+from fxtrack.scenarios.options import from_json
+from fxtrack.scenarios.serve import ServeOptions
 
 RATE_SHORT_FRACTION = 0.05  # achieved arrival rate this far below the requested: tagged
 # A probe of the rate search fails, whatever its SLOs, when requests are admitted this much
@@ -492,7 +493,7 @@ def _servers(backend: Any, buckets: Sequence[int], lm: bool, prompt_len: int,
     # static batching pads every prompt to ``prompt_len``, the longest drawn
     """One compiled step (or decoder) per bucket, each prepared on a resident batch of the
     bucket's size (the ``serve_buckets`` capability); a single bucket is build()'s batch."""
-    from fxtrack.scenarios import generate
+    from fxtrack.scenarios.generate import runner as generate
 
     def prepare() -> Any:
         if lm:
@@ -689,7 +690,7 @@ def run(backend: Any, result: Any) -> None:
         if continuous:  # a slot's prompt: the first prompt_len tokens of the seeded one
             check = _reference(backend, lambda r: slots.ids[0, :r.prompt_len], longest)
         else:  # static: its row of its bucket's batch, every prompt padded to prompt_len
-            from fxtrack.scenarios import generate
+            from fxtrack.scenarios.generate import runner as generate
 
             rows = {b: generate.prompts(backend, b, prompt_len) for b in buckets}
             check = _reference(backend, lambda r: rows[r.bucket][r.batch_row], longest)

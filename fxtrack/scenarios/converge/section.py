@@ -191,7 +191,7 @@ def section(runs: pd.DataFrame, frame: pd.DataFrame) -> Optional[Section]:
 METRICS = ("accuracy", "loss", "bits_per_byte")
 
 
-def charts(frame: pd.DataFrame, out: Path,
+def charts(frame: pd.DataFrame, runs: pd.DataFrame, out: Path,
            histories: Callable[[list[str], list[str]], dict]) -> list:
     """One chart per model, data, target, precision and hardware: each framework's held-out
     metric against its training seconds (``eval_train_s``: evaluation and compilation left
@@ -251,3 +251,46 @@ def charts(frame: pd.DataFrame, out: Path,
         drawn.append(Chart(heading, path, "each line one run of the group its figure stands on "
                                           "(repeats: one per seed); dashed: the target"))
     return drawn
+
+
+def _converges(entry: dict) -> bool:
+    """A converge run's (or aggregate's) entry of a sweep: its figure is the time to a target."""
+    return "reached_target" in entry.get("metrics", {})
+
+
+def closing_table(jobs: list[dict], aggregates: list[dict]) -> str:
+    """The sweep's converge runs: each single run's time to target, and each aggregate's by the
+    report's rule (``middle``: MLPerf's mean of the middle runs, a missed target the slowest),
+    so the terminal and the page give one figure; "" when none."""
+    from fxtrack.report.render import text_table
+
+    def held_out(m: dict[str, float]) -> str:
+        return next((f"{k[len('final_eval_'):]} {v:.3f}" for k, v in m.items()
+                     if k.startswith("final_eval_")), "-")
+
+    rows = []
+    for j in jobs:
+        if _converges(j) and not j.get("aggregate"):  # a repeat counts in its aggregate's row
+            m = j["metrics"]
+            rows.append([j["name"], f"{m['reached_target']:.0f}/1",
+                         fmt(m.get("time_to_target_s")), fmt(m.get("steps_to_target"), 0),
+                         held_out(m), "single run" + ("; contended" if j.get("tags", {}).get(
+                             "fxtrack.contended") == "true" else "")])
+    for a in filter(_converges, aggregates):
+        repeats = [j["metrics"] for j in jobs if j.get("aggregate") == a["id"] and _converges(j)]
+        times = [m.get("time_to_target_s") if m["reached_target"] == 1.0 else None
+                 for m in repeats]
+        reached = sum(t is not None for t in times)
+        # the one figure function's rule, as the page pools these repeats (report/samples.py)
+        pooled = samples.by_rule(middle, pd.Series(times, dtype=object), [a["id"]], pd.DataFrame())
+        figure = None if reached == 0 else pooled.point
+        note = pooled.why or f"mean of middle {len(times) - 2} of {len(times)}"
+        if a["tags"].get("fxtrack.contended_repeats"):
+            note += f"; contended in {a['tags']['fxtrack.contended_repeats']}"
+        rows.append([a["name"], f"{reached}/{len(times)}", fmt(figure),
+                     fmt(a["metrics"].get("steps_to_target"), 0), held_out(a["metrics"]), note])
+    if not rows:
+        return ""
+    return "\n".join(["", text_table(Table(
+        "Time to target (scenario=converge; training seconds, evaluation and compilation "
+        "excluded):", ["run", "reached", "to target s", "steps", "held-out", "note"], rows)), ""])

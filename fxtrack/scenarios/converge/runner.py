@@ -112,30 +112,6 @@ def run_seed(spec: Any) -> int:
     return spec.seed + spec.repeat
 
 
-def config_check(conf: Any, arch: Any) -> Optional[str]:
-    """Before any work (the config layer's check): more than one node (each process would need
-    its own slice of the host batch: JAX's processes read theirs, not the global one), a batch
-    the devices do not divide, or an option neither set nor declared by the family for this
-    dataset, one line; None when the run may go. (A framework whose converge step cannot split
-    a batch over devices is refused by its declaration: ``converge_devices``.)"""
-    if conf.hardware.nodes > 1:
-        return ("scenario=converge runs on one node: set hardware.nodes=1 (devices on one "
-                "machine split each batch)")
-    spec = dataclasses.replace(_Spec(), arch=arch.to_json(), data=dataclasses.asdict(conf.data),
-                               batch_size=conf.batch_size)
-    try:
-        batch = settings(spec, conf.scenario)["batch_size"]
-    except ValueError as e:
-        return str(e)
-    why = too_few(data.load(conf.data), int(arch.dims.get("seq_len", 1)), batch)
-    if why is not None:
-        return why
-    if batch % conf.devices:  # batch_size is the global batch: each device takes 1/devices
-        return (f"scenario=converge splits each batch of {batch} over devices={conf.devices}, "
-                f"which does not divide it; set batch_size to a multiple of {conf.devices}")
-    return None
-
-
 def too_few(split: data.Split, seq_len: int, batch: int) -> Optional[str]:
     """Why ``split`` cannot fill one training batch of ``batch``, or None."""
     have = data.samples(split, seq_len)
@@ -146,7 +122,7 @@ def too_few(split: data.Split, seq_len: int, batch: int) -> Optional[str]:
 
 
 @dataclasses.dataclass
-class _Spec:  # what settings() reads of a JobSpec
+class SettingsOf:  # what settings() reads of a JobSpec (the config check makes one)
     arch: dict = dataclasses.field(default_factory=dict)
     data: dict = dataclasses.field(default_factory=dict)
     batch_size: Optional[int] = None
@@ -346,72 +322,6 @@ def keep_model(backend: Backend, trainer: Any, result: Result) -> None:
     except Exception as e:  # noqa: BLE001 - the run's figures stand; its weights load anywhere
         eprint(f"[fxtrack] converge: the trained model is kept as weights only (no ONNX: "
                f"{str(e).splitlines()[0] if str(e) else type(e).__name__})")
-
-
-def cross_check(result: Result, spec: Any, held: dict) -> None:
-    """Checks of this run against earlier runs of this process (a sweep's earlier cells, on the
-    same model, data, seed, batch and options): the trajectory (``trajectory_check``) and a
-    lever's quality (``lever_check``)."""
-    if "loss" not in result.series:
-        return
-    options = options_of(spec)
-    same = repr((spec.arch, spec.data, run_seed(spec), result.resolved.get("batch_size"),
-                 sorted(vars(options).items())))
-    lever_check(result, spec, held, same, options)
-    if spec.precision == "fp32":
-        trajectory_check(result, spec, held, repr((same, spec.parallel, spec.memory)), options)
-
-
-def trajectory_check(result: Result, spec: Any, held: dict, key: str, options: Any) -> None:
-    """At fp32, the first ``scenario.trajectory_steps`` training losses against those of the
-    first framework that ran the same configuration: ``loss_divergence_max`` and the
-    ``trajectory`` tag (``matched`` / ``diverged@<step>``; the first framework's run:
-    ``reference``)."""
-    losses = result.series["loss"][:options.trajectory_steps]
-    first = held.setdefault(("trajectory", key), (spec.framework, losses))
-    if first[0] == spec.framework:
-        result.tags["trajectory"] = "reference"
-        return
-    worst, tag = trajectory(losses, first[1], options.trajectory_tol)
-    result.metrics["loss_divergence_max"] = worst
-    result.tags["trajectory"] = tag
-    result.tags["trajectory_reference"] = first[0]
-
-
-def is_baseline(spec: Any) -> bool:
-    """fp32 with no lever: no sharding, no recomputation, the compile rule's own choice and the
-    framework's default settings (the run a lever is compared with)."""
-    from fxtrack.frameworks.declaration import declaration
-
-    settings = declaration(spec.package).settings
-    return (spec.precision == "fp32" and spec.parallel == "ddp" and spec.memory == "none"
-            and spec.compile_request == "auto"
-            and all(spec.framework_settings.get(k, v.default) == v.default
-                    for k, v in settings.items()))
-
-
-def lever_check(result: Result, spec: Any, held: dict, key: str, options: Any) -> None:
-    """A lever's run (bf16, a compile mode, fsdp, checkpointing) against the same framework's
-    fp32 baseline earlier in the sweep: ``final_eval_vs_fp32`` (signed, in the metric's units,
-    positive is better), ``time_to_target_x_fp32`` and the ``lever_quality`` tag: ``kept``,
-    ``lost`` (worse by more than ``scenario.quality_tol``) or ``no fp32 baseline``."""
-    metric = result.resolved["metric"]
-    final = result.metrics.get(f"final_eval_{metric}")
-    if final is None:  # never evaluated (its loss went NaN first): nothing to compare
-        return
-    mine = (final, result.metrics.get("time_to_target_s"))
-    if is_baseline(spec):
-        held.setdefault(("baseline", spec.framework, key), mine)
-        return
-    base = held.get(("baseline", spec.framework, key))
-    if base is None:
-        result.tags["lever_quality"] = "no fp32 baseline"
-        return
-    better = (final - base[0]) if HIGHER_IS_BETTER[metric] else (base[0] - final)
-    result.metrics["final_eval_vs_fp32"] = better
-    if mine[1] is not None and base[1]:
-        result.metrics["time_to_target_x_fp32"] = mine[1] / base[1]
-    result.tags["lever_quality"] = "lost" if better < -options.quality_tol else "kept"
 
 
 def dataset_record(split: data.Split, cfg: dict[str, Any]) -> dict[str, Any]:

@@ -19,8 +19,7 @@ from fxtrack.frameworks.declaration import NotSupported
 from fxtrack.worker.protocol import Result
 from fxtrack.measure.timer import percentile
 from fxtrack.scenarios.registry import options_of
-from fxtrack.scenarios.timed import run_timed
-from fxtrack.scenarios.train import param_guard
+from fxtrack.scenarios.timed import param_guard, run_timed
 
 
 def prompts(backend: Backend, batch: int, prompt_len: int) -> np.ndarray:

@@ -231,10 +231,10 @@ def _probe_job(job, axis: str, value: int):
     return probe
 
 
-def run_fit(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optional[str]]:
+def run(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optional[str]]:
     """Search, one child run per probe, then ``repeats - 1`` more at the found value; returns
     the parent's outcome."""
-    from fxtrack.config import fit as fit_config
+    from fxtrack.scenarios.fit import check as fit_config
     from fxtrack.config.validate import expected_device_kind
     from fxtrack.orchestrator.job import job_spec
     from fxtrack.tracking import records
@@ -364,9 +364,9 @@ def _gib(mib: Optional[float]) -> str:
 
 def _plot(probes: list[Probe], metrics: dict[str, float], budget_mib: Optional[float],
           name: str, job_dir: Path) -> dict:
-    """The parent run's chart of peak memory against the axis (fxtrack.report.fit draws it)."""
+    """The parent run's chart of peak memory against the axis (its section, fxtrack.scenarios.fit.section, draws it)."""
     try:
-        from fxtrack.report import fit as fit_report
+        from fxtrack.scenarios.fit import section as fit_report
     except ImportError:  # matplotlib missing: the figures are logged either way
         return {}
     path = job_dir / "fit_memory.png"

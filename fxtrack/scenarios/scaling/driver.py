@@ -39,7 +39,7 @@ def measured_metrics(throughput: dict[int, float]) -> dict[str, float]:
     return metrics
 
 
-def run_scaling(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optional[str]]:
+def run(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optional[str]]:
     """Run every device count as a child of one scaling parent; returns the parent's outcome."""
     from fxtrack.orchestrator.job import job_spec
     from fxtrack.tracking import records

@@ -1,0 +1,32 @@
+"""scenario=generate: greedy decoding with a KV cache (its runner)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fxtrack.scenarios.options import Options, positive
+from fxtrack.scenarios.registry import MEASURE, Objective, Scenario, register
+
+
+@dataclasses.dataclass
+class GenerateOptions(Options):
+    """Greedy decoding with a KV cache (model=llama): prefill ``prompt_len`` tokens, then decode
+    ``new_tokens`` one at a time; batch_size sequences at once."""
+
+    name: str = "generate"
+    prompt_len: int = 128  # prompt tokens per sequence (prefill)
+    new_tokens: int = 128  # tokens decoded greedily after the prompt
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        positive("scenario.", prompt_len=self.prompt_len, new_tokens=self.new_tokens)
+
+
+SPEC = register(Scenario(
+    "generate", "greedy decoding with a KV cache: time to first token, decode tokens/s",
+    GenerateOptions, __name__, needs=("generate",), trains=False, decodes=True, objectives=(
+        Objective("ttft", "Generation: time to first token", ("ttft_ms_p50",), "common",
+                  ("starts generating", "faster than"), MEASURE % "generate", rank=50,
+                  lm_only=True),
+        Objective("decode", "Generation: decode tokens/s", ("decode_tokens_per_s",), "common",
+                  ("decodes", "as fast as"), MEASURE % "generate", rank=60, lm_only=True))))
