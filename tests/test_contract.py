@@ -272,3 +272,14 @@ def test_the_fake_framework_runs_end_to_end_from_its_folder(fake, tmp_path):
     assert run.data.tags["fxtrack.framework"] == "fake" and run.data.tags["fxtrack.flavour"] == "spicy"
     helped = run_fxtrack(tmp_path, "--help", env=env, timeout=300)
     assert "framework=fake: framework.flavour (plain|spicy, default plain)" in helped.stdout
+
+
+def test_docs_extending_lists_the_files_of_the_stand_in_framework():
+    """docs/extending.md's "Adding a framework" names each file of tests/toy_framework."""
+    text = (ROOT / "docs" / "extending.md").read_text(encoding="utf-8")
+    part = text.split("## Adding a framework", 1)[1]
+    files = {p.relative_to(TOY_FRAMEWORK).as_posix() for p in TOY_FRAMEWORK.rglob("*")
+             if p.is_file() and "__pycache__" not in p.parts}
+    assert files == {"fakefw/__init__.py", "fakefw/backend.py", "conf/framework/fake.yaml"}
+    for name in files:
+        assert f"`{name}`" in part, name

@@ -234,3 +234,15 @@ def test_no_family_name_compared_in_the_frameworks():
                  for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                  if _FAMILY_COMPARED.search(line)]
     assert not offenders, offenders
+
+
+def test_docs_extending_names_the_toy_family_and_every_builders_registry():
+    """docs/extending.md's "Adding a model family": the family's module and each framework's
+    registry the toy family is registered in."""
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "docs" / "extending.md").read_text(encoding="utf-8")
+    part = text.split("## Adding a model family", 1)[1].split("\n## ", 1)[0]
+    assert "`fxtrack/families/<name>.py`" in part and "`tests/toy_family.py`" in part
+    for _, module, _ in TOY_BUILDERS.values():
+        assert f"`{module.replace('.', '/')}.py`" in part, module
