@@ -191,12 +191,14 @@ def fxtrack_env(cwd: Path, env: dict | None = None) -> dict[str, str]:
 @pytest.fixture
 def isolated_store(tmp_path, monkeypatch) -> Path:
     """fxtrack called in this process, kept off the developer's own store: its spool under
-    ``tmp_path/home`` (a logged report's or run's entry), no $MLFLOW_TRACKING_URI (the store is
-    the one a test names). A module opts in with ``pytestmark =
+    ``tmp_path/home`` (a logged report's or run's entry; the home ``fxtrack_env(tmp_path)``
+    gives the processes a test starts), no $MLFLOW_TRACKING_* (the store, and its credentials,
+    are the ones a test names). A module opts in with ``pytestmark =
     pytest.mark.usefixtures("isolated_store")``. Returns the FXTRACK_HOME it set."""
     home = tmp_path / "home"
     monkeypatch.setenv("FXTRACK_HOME", str(home))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    for key in [k for k in os.environ if k.startswith("MLFLOW_TRACKING_")]:
+        monkeypatch.delenv(key)
     return home
 
 
