@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import run_fxtrack, seed_peak_cache
+from conftest import report_here, run_fxtrack, seed_peak_cache
 
 import test_nothing_lost
 from test_nothing_lost import (
@@ -86,13 +86,9 @@ def check(tmp_path: Path, groups: int, resumed: bool) -> dict[str, int]:
 
 
 def report_shows(tmp_path: Path, kept: dict[str, int]) -> None:
-    """``fxtrack report`` ranks every aggregate with the repeats it stands on. In this process:
-    the report reads the store the sweep left, and a process of its own per step (ten in this
-    module) only paid its imports again."""
-    from fxtrack.report import cli
-
-    assert cli.main(["--uri", f"sqlite:///{tmp_path}/mlflow.db",
-                     "--out", str(tmp_path / "fxtrack-report")]) == 0
+    """``fxtrack report`` ranks every aggregate with the repeats it stands on."""
+    out = report_here(tmp_path)
+    assert out.returncode == 0, out.stderr
     with open(tmp_path / "fxtrack-report" / "report.csv") as f:
         rows = {row["run_id"]: row for row in csv.DictReader(f)}
     assert set(rows) == set(kept), (set(rows), kept)
