@@ -178,7 +178,8 @@ def report_here(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     """``fxtrack report ARGS`` as ``run_fxtrack(cwd, "report", *ARGS)`` gives it (the store
     ``cwd/mlflow.db``, the files in ``cwd/fxtrack-report``, unless ARGS name others), run in
     this process: a report only reads the store, and its own process paid pandas', MLflow's and
-    matplotlib's imports again (10 s of CPU against 1.5 s, 2026-12-07). Its output captured."""
+    matplotlib's imports again (10 s of CPU against 1.5 s, 2026-12-07). Its output captured.
+    A ``--log`` report writes a spool entry under $FXTRACK_HOME: take ``isolated_store``."""
     import contextlib
     import io
 
