@@ -218,7 +218,9 @@ def test_fxtrack_ui_link_opens_the_runs_table(store, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    from conftest import fxtrack_env
+
+    env = fxtrack_env(tmp_path, {"PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     ui = subprocess.Popen([sys.executable, "-m", "fxtrack", "ui", "--uri", store, "--port", str(port)],
                           stdout=subprocess.PIPE, stderr=open(tmp_path / "ui.err", "w"), text=True, env=env,
                           start_new_session=True, cwd=tmp_path)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -242,9 +241,7 @@ def test_threads_seeds_and_buckets_out_of_range_are_refused_in_validation():
 def test_out_of_range_values_stop_the_cli_before_any_work(tmp_path, override, said):
     """Were 'ValueError: Overflow when unpacking long long' and 'worker killed by SIGSEGV':
     a worker started, a FAILED run logged."""
-    done = subprocess.run([sys.executable, "-m", "fxtrack", *TINY, override], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "FXTRACK_HOME": str(tmp_path / "home")})
+    done = run_fxtrack(tmp_path, *TINY, override, timeout=300)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"fxtrack: invalid config: {said}")
     assert done.stderr.count("\n") == 1, done.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import job_spec, run_fxtrack, seed_peak_cache
+from conftest import job_spec, report_here, run_fxtrack, seed_peak_cache
 
 from fxtrack import architectures
 from fxtrack.report import tables
@@ -114,8 +114,8 @@ def test_keras_runs_the_users_model_on_each_backend_with_the_same_parameters_and
 
 
 def test_the_report_shows_the_users_model(sweep):
-    cwd, _, env, _ = sweep
-    proc = run_fxtrack(cwd, "report", "--no-log", "--format", "md", env=env)
+    cwd = sweep[0]
+    proc = report_here(cwd, "--no-log", "--format", "md")
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (cwd / "fxtrack-report" / "report.md").read_text()
     # the throughput table's row (the answer blocks above it have "| custom" rows of their own)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import job_spec, run_fxtrack, seed_peak_cache
+from conftest import job_spec, report_here, run_fxtrack, seed_peak_cache
 
 from fxtrack.report import lm
 
@@ -39,7 +39,7 @@ def test_a_users_lm_logs_tokens_per_s_and_stands_in_the_lm_tables(tmp_path):
     assert m["param_count"] == tiny_lm.param_count()
     assert m["tokens_per_s"] == pytest.approx(m["throughput_samples_per_s"] * SEQ_LEN)
     assert result["tags"]["model_kind"] == "lm" and result["tags"]["seq_len"] == str(SEQ_LEN)
-    proc = run_fxtrack(tmp_path, "report", "--no-log", "--format", "md", env=env)
+    proc = report_here(tmp_path, "--no-log", "--format", "md")
     assert proc.returncode == 0, proc.stderr[-2000:]
     text = (tmp_path / "fxtrack-report" / "report.md").read_text()
     section = text[text.index("Language models"):]

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from fxtrack import architectures  # noqa: E402
 from fxtrack.frameworks.torch import models  # noqa: E402
-from conftest import run_fxtrack  # noqa: E402
+from conftest import fxtrack_env, run_fxtrack  # noqa: E402
 
 TINY_VIT = ["framework=torch", "model=vit", "model.layers=2", "model.image_size=32",
             "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false"]
@@ -110,9 +110,8 @@ def test_timeout_and_missing_interpreter_fail_while_the_sweep_goes_on(tmp_path):
 def test_mlflow_run_entry_point_logs_into_the_run_mlflow_created(tmp_path, framework):
     pytest.importorskip(framework)
     repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(FXTRACK_HOME=str(tmp_path / "home"), MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'm.db'}",
-               PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
+    env = fxtrack_env(tmp_path, {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}",
+                                 "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"})
     mlflow_bin = str(Path(sys.executable).with_name("mlflow"))
     proc = subprocess.run([mlflow_bin, "run", str(repo), "-P", f"framework={framework}",
                            "-P", "model=vit", "-P",
@@ -219,14 +218,13 @@ def test_run_name_tells_config_variants_apart():
     assert run_name(continuous) == "jax-llama-serve-fp32-x1-continuous-lognormal"
 
 
-def test_a_server_that_refuses_connections_names_the_sync_command(tmp_path, capsys, monkeypatch):
+def test_a_server_that_refuses_connections_names_the_sync_command(tmp_path, capsys, isolated_store):
     """Preflight: the result will be spooled, and `fxtrack sync --uri URI` (credentials removed)
     delivers it, since a plain `fxtrack sync` retries the URI each result was spooled with."""
     from types import SimpleNamespace
 
     from fxtrack.orchestrator.app import preflight
 
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
     uri = "http://alice:s3cret@127.0.0.1:9"  # port 9 (discard): nothing listens, refused at once
     conf = SimpleNamespace(tracking=SimpleNamespace(uri=uri, experiment="fxtrack"))
     preflight(conf, str(tmp_path))

@@ -66,7 +66,7 @@ def test_a_tiny_concurrency_search_logs_each_probe_as_a_child_run(framework, tmp
     child run of its clients, counted in its search by the report."""
     pytest.importorskip("mlflow")
     pytest.importorskip(framework)
-    from conftest import run_fxtrack, seed_peak_cache
+    from conftest import report_here, run_fxtrack, seed_peak_cache
     from test_serve import search_and_probes
 
     env = seed_peak_cache(tmp_path / "cache")
@@ -94,6 +94,6 @@ def test_a_tiny_concurrency_search_logs_each_probe_as_a_child_run(framework, tmp
     else:
         assert parent.data.tags["fxtrack.serve_search_stop"] == "max_clients"
         assert max(clients) == 16  # up to one client per request of a probe
-    report = run_fxtrack(tmp_path, "report", "--out", str(tmp_path / "rep"))
+    report = report_here(tmp_path, "--out", str(tmp_path / "rep"))
     assert report.returncode == 0, report.stderr[-2000:]
     assert f"{len(probes)} probes counted in their search" in (tmp_path / "rep" / "report.md").read_text()

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
+from conftest import run_fxtrack
 from omegaconf import OmegaConf
 
 from fxtrack import architectures
@@ -140,8 +141,7 @@ def test_compile_mode_is_torchs_own_setting():
 ])
 def test_bad_input_fails_before_any_work(tmp_path, override, message):
     """Every kind of config mistake: one line on stderr, exit status 2, nothing run."""
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", override], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_fxtrack(tmp_path, override, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith("fxtrack: invalid config: ") and message in proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr  # one line, not Hydra's several
@@ -149,8 +149,7 @@ def test_bad_input_fails_before_any_work(tmp_path, override, message):
 
 
 def test_a_typo_in_a_sweep_is_caught_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", "-m", "batchsize=8,16"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_fxtrack(tmp_path, "-m", "batchsize=8,16", timeout=120)
     assert proc.returncode == 2 and "did you mean batch_size?" in proc.stderr, proc.stderr
     assert not (tmp_path / "mlflow.db").exists()
 

@@ -37,7 +37,7 @@ def test_price_per_hour_defaults_to_none_and_must_be_positive():
             validate(compose(config_name="config", overrides=["hardware.price_per_hour=-1"]))
 
 
-def test_a_priced_run_logs_its_cost_and_the_report_shows_it(tmp_path, capsys, monkeypatch):
+def test_a_priced_run_logs_its_cost_and_the_report_shows_it(tmp_path, capsys, isolated_store):
     mlflow = pytest.importorskip("mlflow")
     from conftest import run_fxtrack, seed_peak_cache
 
@@ -55,7 +55,6 @@ def test_a_priced_run_logs_its_cost_and_the_report_shows_it(tmp_path, capsys, mo
     assert "cost_per_1m_tokens" not in m  # a ViT logs no tokens_per_s
     assert run.data.params["hardware.price_per_hour"] == "3.6"
 
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
     assert cli.main(["--uri", uri, "--out", str(tmp_path / "r"), "--format", "md", "--no-log"]) == 0
     md = (tmp_path / "r" / "report.md").read_text()
     assert "## Cost" in md and "cost / 1M samples" in md

@@ -6,7 +6,6 @@ target."""
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import shutil
@@ -19,7 +18,7 @@ import pandas as pd
 import pytest
 
 from fxtrack.config.validate import ConfigError, validate
-from conftest import run_fxtrack
+from conftest import fxtrack_env, run_fxtrack
 from tests.test_config import composed
 from tests.test_converge import CONVERGE, tiny_images
 
@@ -30,9 +29,8 @@ NEXT = re.compile(r"^\[fxtrack\] next: (.+) report {4}\(", re.M)
 
 def shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
     """``command`` as a user's bash runs it, the venv not on PATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(PATH=BARE_PATH, FXTRACK_HOME=str(cwd / "home"))
-    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run(["bash", "-c", command], cwd=cwd,
+                          env=fxtrack_env(cwd, {"PATH": BARE_PATH}), capture_output=True,
                           text=True, timeout=300)
 
 

@@ -207,7 +207,7 @@ def test_a_tiny_fit_logs_probes_and_parent_and_the_report_shows_them(tmp_path):
     """Two real probes (torch, tiny ViT, budget 2 GiB of RSS); 0.4 GiB refuses nothing here
     but makes every probe over budget: nothing fits and the parent fails, saying so."""
     mlflow = pytest.importorskip("mlflow")
-    from conftest import run_fxtrack, seed_peak_cache
+    from conftest import report_here, run_fxtrack, seed_peak_cache
 
     env = seed_peak_cache(tmp_path / "cache")
     args = ["scenario=fit", "framework=torch", "model=vit", "size=tiny", "hardware=cpu",
@@ -227,7 +227,7 @@ def test_a_tiny_fit_logs_probes_and_parent_and_the_report_shows_them(tmp_path):
         assert key in m
     assert parent.data.tags["fxtrack.fit_stop"] == "max_probes"
     assert [a.path for a in client.list_artifacts(parent.info.run_id)] == ["fit_memory.png"]
-    report = subprocess_report(tmp_path)
+    report = report_here(tmp_path, "--out", str(tmp_path / "rep"))
     assert report.returncode == 0, report.stderr[-2000:]
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "## What fits" in text and "What fits: vit, largest batch_size within 2.00 GiB" in text
@@ -240,12 +240,6 @@ def test_a_tiny_fit_logs_probes_and_parent_and_the_report_shows_them(tmp_path):
               and r.info.status == "FAILED"]
     assert failed and failed[0].data.metrics["max_batch_size"] == 0
     assert failed[0].data.tags["fxtrack.fit_stop"] == "nothing_fits"
-
-
-def subprocess_report(cwd):
-    from conftest import run_fxtrack
-
-    return run_fxtrack(cwd, "report", "--out", str(cwd / "rep"))
 
 
 def test_the_sweeps_closing_table_gives_each_fit_jobs_answer():

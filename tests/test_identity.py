@@ -109,10 +109,7 @@ def frame(store):
     return reader.load_runs(store[0], "fxtrack", None)
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_store")
 
 
 def _block(blocks, key, label):

@@ -132,10 +132,8 @@ def test_calibration_cache_is_reused_on_the_second_run(sweep):
 
 
 def test_doctor_lists_every_framework_with_its_version(tmp_path):
-    env = dict(os.environ, FXTRACK_CACHE=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", "doctor", "--require",
-                           ",".join(FRAMEWORKS)], capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path, env=env)
+    proc = run_fxtrack(tmp_path, "doctor", "--require", ",".join(FRAMEWORKS),
+                       env={"FXTRACK_CACHE": str(tmp_path)}, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for fw in ("torch", "tensorflow", "jax"):
         line = next(ln for ln in proc.stdout.splitlines() if ln.startswith(fw))
@@ -148,9 +146,8 @@ def test_doctor_lists_every_framework_with_its_version(tmp_path):
 
 def test_doctor_require_fails_for_a_missing_framework(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", "doctor", "--require", "jax",
-                           "--python", f"jax={tmp_path / 'bare' / 'bin' / 'python'}"],
-                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    proc = run_fxtrack(tmp_path, "doctor", "--require", "jax",
+                       "--python", f"jax={tmp_path / 'bare' / 'bin' / 'python'}", timeout=600)
     assert proc.returncode == 1
     assert "pip install 'fxtrack[jax]'" in proc.stdout
     assert "required but missing: jax" in proc.stdout

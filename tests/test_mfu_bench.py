@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import fxtrack_env
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("mfu_bench", ROOT / "bench" / "mfu.py")
@@ -37,10 +38,10 @@ def bench(tmp_path_factory):
     (tmp / "cache").mkdir()
     (tmp / "cache" / "peak_flops.json").write_text(json.dumps({key: {"torch": {
         "tflops": PEAK_TFLOPS, "date": "2026-12-04T00:00:00Z", "contended": False}}}))
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FXTRACK_CACHE=str(tmp / "cache"),
-               FXTRACK_HOME=str(tmp / "home"),
-               FXTRACK_MEMORY_GIB="0.001")  # the pre-check refuses the Llama (a tiny ViT has no
-    env.pop("MLFLOW_TRACKING_URI", None)  # estimate off its canonical size: it runs)
+    env = fxtrack_env(tmp, dict(
+        PYTHONPATH=str(ROOT), FXTRACK_CACHE=str(tmp / "cache"),
+        FXTRACK_MEMORY_GIB="0.001"))  # the pre-check refuses the Llama (a tiny ViT has no
+    # estimate off its canonical size: it runs)
     store = f"sqlite:///{tmp / 'mlflow.db'}"
     out = subprocess.run([sys.executable, "bench/mfu.py", "--size", "tiny", "--frameworks",
                           "torch", "--families", "vit,llama", "--precisions", "fp32",

@@ -30,8 +30,7 @@ from fxtrack.worker.protocol import Result
 ])
 def test_nan_and_inf_are_refused_before_any_work(tmp_path, override, key):
     """Case 3: NaN and inf passed ``value <= 0`` (a NaN timeout_s turned the watchdog off)."""
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", "size=tiny", *override.split()],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    proc = run_fxtrack(tmp_path, "size=tiny", *override.split(), timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == (f"fxtrack: invalid config: {key} must be a finite number, got "
                            f"{override.rpartition('=')[2]}\n"), proc.stderr
@@ -69,9 +68,9 @@ def test_ui_under_sigterm_stops_its_mlflow_server(tmp_path):
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     mlflow.MlflowClient(uri).create_experiment("fxtrack")
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
     proc = subprocess.Popen([sys.executable, "-m", "fxtrack", "ui", "--uri", uri, "--port",
-                             str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             str(port)], cwd=tmp_path, env=fxtrack_env(tmp_path),
+                            stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         link = proc.stdout.readline()  # printed once the UI answers
@@ -239,9 +238,8 @@ def one_run(tmp_path_factory):
 def test_a_report_out_it_cannot_write_is_one_line(one_run, tmp_path, out):
     """Case 7: an --out that is a file (FileExistsError) or below one was a traceback."""
     (tmp_path / "a-file").write_text("")
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", "report", "--uri",
-                           f"sqlite:///{one_run}/mlflow.db", "--out", str(tmp_path / out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = run_fxtrack(tmp_path, "report", "--uri", f"sqlite:///{one_run}/mlflow.db",
+                       "--out", str(tmp_path / out), timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.startswith(f"fxtrack report: --out {tmp_path / out}: cannot write")
     assert proc.stderr.count("\n") == 1, proc.stderr
@@ -495,8 +493,9 @@ def test_chaos_sweep_then_resume_leaves_one_finished_run_per_good_cell(tmp_path,
     (tmp_path / "inject" / "sitecustomize.py").write_text(SITECUSTOMIZE)
     env = user_env(tmp_path)
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "inject"), env.get("PYTHONPATH", "")])
-    sweep = [sys.executable, "-m", "fxtrack", "-m", *TINY, "steps=2", "seed=0,1,2,3,4,5"]
-    first = subprocess.Popen(sweep, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+    sweep = ["-m", *TINY, "steps=2", "seed=0,1,2,3,4,5"]
+    first = subprocess.Popen([sys.executable, "-m", "fxtrack", *sweep], cwd=tmp_path, env=env,
+                             stdout=subprocess.DEVNULL,
                              stderr=open(tmp_path / "first.log", "w"))
     reaper.append(first)
     os.kill(wait_for(lambda: cell_worker(tmp_path, 2), 600, "cell 2's worker")[0],
@@ -506,8 +505,7 @@ def test_chaos_sweep_then_resume_leaves_one_finished_run_per_good_cell(tmp_path,
     first.wait(timeout=30)
     wait_for(lambda: not worker_pids(tmp_path), 10, "cell 4's worker to stop with it")
     assert sync(tmp_path).returncode == 0
-    second = subprocess.run([*sweep, "resume=true"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=900)
+    second = run_fxtrack(tmp_path, *sweep, "resume=true", env=env, timeout=900)
     assert second.returncode == 1, second.stderr  # cell 1 fails again
     assert second.stderr.count("skipped (resume=true)") == 2, second.stderr  # cells 0 and 3
     runs = store_runs(tmp_path)
@@ -667,7 +665,7 @@ def test_scaling_and_repeats_close_their_parent_on_any_exception(tmp_path, monke
     assert closed["metrics"][figure] == 10.0  # the finished child's figure is kept
 
 
-def test_a_jobs_fallback_is_held_before_its_worker_starts(tmp_path, monkeypatch):
+def test_a_jobs_fallback_is_held_before_its_worker_starts(tmp_path, monkeypatch, isolated_store):
     """The fallback in the spool exists the moment the worker starts (a kill then must find
     it: it once waited for MLflow's import, 0.8 s with the worker already running); MLflow's
     run-context tags join the same entry while the worker builds; the log drops it."""
@@ -679,7 +677,6 @@ def test_a_jobs_fallback_is_held_before_its_worker_starts(tmp_path, monkeypatch)
     from fxtrack.orchestrator import job as job_module
     from fxtrack.tracking import records, spool
 
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import job_spec
+from tests.conftest import fxtrack_env, job_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))
@@ -186,14 +186,14 @@ preflight(conf("gone"), ".")
 """
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120,
-                         env=dict(ENV, FXTRACK_HOME=str(tmp_path / "home")))
+                         env=fxtrack_env(tmp_path, {"PYTHONPATH": str(ROOT)}))
     assert out.returncode == 2, out.stderr
     assert out.stdout.split() == ["False"]
     assert f"experiment 'gone' at {uri} is deleted" in out.stderr
     assert f"--experiment-id {gone}" in out.stderr
 
 
-def test_a_store_sqlite_cannot_answer_is_left_to_mlflow(tmp_path, monkeypatch):
+def test_a_store_sqlite_cannot_answer_is_left_to_mlflow(tmp_path, monkeypatch, isolated_store):
     """A database without MLflow's tables: the direct read gives no answer (None) and preflight
     falls back to MLflow's own check, as before the cut."""
     import sqlite3
@@ -207,7 +207,6 @@ def test_a_store_sqlite_cannot_answer_is_left_to_mlflow(tmp_path, monkeypatch):
     assert target.deleted_experiment(uri, "fxtrack") is None
     asked = []
     monkeypatch.setattr(writer, "check_target", lambda u, e: asked.append((u, e)))
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
     app.preflight(SimpleNamespace(tracking=SimpleNamespace(uri=uri, experiment="fxtrack")), ".")
     assert asked == [(uri, "fxtrack")]
 

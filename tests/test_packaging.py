@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_fxtrack
+from conftest import fxtrack_env, run_fxtrack
 from hydra import compose, initialize_config_dir
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -195,10 +195,9 @@ def test_the_wheel_works_from_any_directory(tmp_path):
     bindir = python.parent
     outside = tmp_path / "elsewhere"
     outside.mkdir()
-    env = {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": "",
-           "FXTRACK_HOME": str(tmp_path / "home"),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{outside / 'mlflow.db'}"}
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, **env}
+    env = fxtrack_env(tmp_path, {"PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}",
+                                 "PYTHONPATH": "",
+                                 "MLFLOW_TRACKING_URI": f"sqlite:///{outside / 'mlflow.db'}"})
 
     def run(*cmd: str, timeout: int = 600) -> subprocess.CompletedProcess:
         proc = subprocess.run(cmd, cwd=outside, env=env, capture_output=True, text=True,

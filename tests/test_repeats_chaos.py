@@ -15,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import run_fxtrack, seed_peak_cache
+from conftest import report_here, run_fxtrack, seed_peak_cache
 
 import test_nothing_lost
 from test_nothing_lost import (
@@ -29,7 +29,9 @@ from test_nothing_lost import (
 )
 
 reaper = test_nothing_lost.reaper  # the fixture: whatever a test started is gone after it
-pytestmark = pytest.mark.slow  # each case is a real sweep, a resumed one, two syncs, a report
+# each case is a real sweep, a resumed one, three syncs, two reports (in this process: its
+# store and spool are the test's own)
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_store")]
 
 SWEEP = ["-m", *TINY, "steps=2", "repeats=2"]  # fxtrack's arguments
 
@@ -85,7 +87,7 @@ def check(tmp_path: Path, groups: int, resumed: bool) -> dict[str, int]:
 
 def report_shows(tmp_path: Path, kept: dict[str, int]) -> None:
     """``fxtrack report`` ranks every aggregate with the repeats it stands on."""
-    out = run_fxtrack(tmp_path, "report", env=seed_peak_cache(tmp_path / "cache"), timeout=300)
+    out = report_here(tmp_path)
     assert out.returncode == 0, out.stderr
     with open(tmp_path / "fxtrack-report" / "report.csv") as f:
         rows = {row["run_id"]: row for row in csv.DictReader(f)}

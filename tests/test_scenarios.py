@@ -279,10 +279,8 @@ def test_no_module_outside_the_scenarios_folders_compares_a_scenarios_name():
 def test_another_scenarios_option_is_refused_in_one_line(tmp_path, args, message):
     """Typed options per scenario: a key of another scenario is named as such before any
     work (a sweep across scenarios may set one for the jobs that have it: test_cli)."""
-    import subprocess
-    import sys
+    from conftest import run_fxtrack
 
-    proc = subprocess.run([sys.executable, "-m", "fxtrack", *args, "size=tiny"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    proc = run_fxtrack(tmp_path, *args, "size=tiny", timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1 and not (tmp_path / "mlflow.db").exists()

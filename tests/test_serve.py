@@ -258,7 +258,7 @@ def test_a_tiny_rate_search_logs_each_probe_as_a_child_run(tmp_path):
     """torch, tiny Llama, two buckets: the parent keeps the answer and the bracket; each probe
     is a child run with its own figures, verdict and records; the report folds them in."""
     pytest.importorskip("mlflow")
-    from conftest import run_fxtrack, seed_peak_cache
+    from conftest import report_here, run_fxtrack, seed_peak_cache
 
     env = seed_peak_cache(tmp_path / "cache")
     proc = run_fxtrack(tmp_path, "scenario=serve", "framework=torch", "model=llama", "size=tiny",
@@ -288,7 +288,7 @@ def test_a_tiny_rate_search_logs_each_probe_as_a_child_run(tmp_path):
         assert r.data.metrics["serve_recompiles"] == 0
         assert [a.path for a in client.list_artifacts(r.info.run_id)] == ["serve_requests.json"]
     assert m["serve_recompiles"] == 0
-    report = run_fxtrack(tmp_path, "report", "--out", str(tmp_path / "rep"))
+    report = report_here(tmp_path, "--out", str(tmp_path / "rep"))
     assert report.returncode == 0, report.stderr[-2000:]
     text = (tmp_path / "rep" / "report.md").read_text()
     assert "Serving: llama" in text and "1 kept" in report.stdout

@@ -7,7 +7,6 @@ are judged by ``squeue`` while they run and by their MLflow runs afterwards."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from fxtrack.config import slurm
 from fxtrack.config.validate import validate
 from fxtrack.orchestrator.job import job_spec
 from fxtrack.orchestrator.runner import worker_command
-from conftest import seed_peak_cache
+from conftest import fxtrack_env, seed_peak_cache
 
 SLURM_JOB = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "4", "SLURM_NODEID": "2",
              "SLURM_JOB_NODELIST": "gpu[07-08,10],login1"}
@@ -108,10 +107,9 @@ needs_cluster = pytest.mark.skipif(_NO_CLUSTER is not None,
 def _start_sweep(tmp_path: Path, name: str) -> subprocess.Popen:
     """``python -m fxtrack -m hydra/launcher=slurm framework=torch,jax size=tiny ...``: two 1-CPU
     jobs side by side on the 2-CPU node (cpus_per_task=1; no GPU or memory request)."""
-    env = {k: v for k, v in os.environ.items()
-           if k != "MLFLOW_TRACKING_URI" and not k.startswith("SLURM_")}
-    env["FXTRACK_HOME"] = str(tmp_path / "home")
-    env.update(seed_peak_cache(tmp_path / "cache"))  # the two 1-CPU jobs would calibrate, contended
+    # the two 1-CPU jobs would calibrate, contended: a cache of their own
+    env = {k: v for k, v in fxtrack_env(tmp_path, seed_peak_cache(tmp_path / "cache")).items()
+           if not k.startswith("SLURM_")}
     cmd = [sys.executable, "-m", "fxtrack", "-m", "hydra/launcher=slurm", "framework=torch,jax",
            "size=tiny", "batch_size=2", "steps=2", "warmup_steps=1", "hardware=cpu",
            "hydra.launcher.cpus_per_task=1", "hydra.launcher.mem_gb=null",

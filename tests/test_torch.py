@@ -79,15 +79,14 @@ def test_two_nodes_on_loopback_train_as_one_job(tmp_path):
     reports the global throughput to MLflow, node 1 logs nothing. The orchestrator's side of
     two nodes, through the CLI and MLflow, once (tests/test_conformance.py runs each
     framework's two-node workers)."""
-    import os
     import subprocess
     import sys
 
+    from conftest import fxtrack_env
     from servers import free_port
 
     coordinator = f"127.0.0.1:{free_port()}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env["FXTRACK_HOME"] = str(tmp_path / "home")
+    env = fxtrack_env(tmp_path)
     procs = [subprocess.Popen(
         [sys.executable, "-m", "fxtrack", "framework=torch", "model=vit", "size=tiny",
          "batch_size=2", "steps=3", "warmup_steps=1", "framework.compile=false", "hardware=cpu",

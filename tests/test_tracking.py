@@ -156,10 +156,7 @@ def test_eight_processes_logging_at_once_all_land(tmp_path):
             homes.append(home)
 
         def sync(home: Path):
-            env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-            env["FXTRACK_HOME"] = str(home)
-            return subprocess.run([sys.executable, "-m", "fxtrack", "sync"], env=env,
-                                  capture_output=True, text=True, timeout=600)
+            return run_fxtrack(tmp_path, "sync", env={"FXTRACK_HOME": str(home)}, timeout=600)
 
         with ThreadPoolExecutor(8) as pool:
             results = list(pool.map(sync, homes))

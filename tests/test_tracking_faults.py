@@ -41,13 +41,10 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
-    for key in [k for k in os.environ if k.startswith("MLFLOW_TRACKING_")]:
-        monkeypatch.delenv(key)
+def home(isolated_store):
     health._DOWN.clear()
     health._UP.clear()
-    yield tmp_path / "home"
+    yield isolated_store
     health._DOWN.clear()
     health._UP.clear()
 

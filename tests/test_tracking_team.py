@@ -22,7 +22,7 @@ pytest.importorskip("torch")
 pytest.importorskip("psycopg2", reason="the PostgreSQL backend needs psycopg2-binary (test extra)")
 
 from servers import ADMIN, PG_PASSWORD, MlflowServer, Postgres  # noqa: E402
-from conftest import seed_peak_cache  # noqa: E402
+from conftest import fxtrack_env, seed_peak_cache  # noqa: E402
 
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 JOBS = 8
@@ -39,13 +39,11 @@ def postgres():
 
 
 def _env(server: MlflowServer, home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(FXTRACK_HOME=str(home), FXTRACK_CACHE=str(home / "cache"),
-               MLFLOW_TRACKING_URI=server.url,
-               MLFLOW_TRACKING_USERNAME=ADMIN[0], MLFLOW_TRACKING_PASSWORD=ADMIN[1],
-               MY_SERVICE_API_TOKEN=PLANTED, DB_PASSWORD=PLANTED, FXTRACK_PROBE_TIMEOUT_S="3",
-               MLFLOW_HTTP_REQUEST_TIMEOUT="10")
-    return env
+    return fxtrack_env(home.parent, dict(
+        FXTRACK_HOME=str(home), FXTRACK_CACHE=str(home / "cache"), MLFLOW_TRACKING_URI=server.url,
+        MLFLOW_TRACKING_USERNAME=ADMIN[0], MLFLOW_TRACKING_PASSWORD=ADMIN[1],
+        MY_SERVICE_API_TOKEN=PLANTED, DB_PASSWORD=PLANTED, FXTRACK_PROBE_TIMEOUT_S="3",
+        MLFLOW_HTTP_REQUEST_TIMEOUT="10"))
 
 
 @pytest.mark.slow

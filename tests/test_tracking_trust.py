@@ -27,16 +27,15 @@ from fxtrack import environment  # noqa: E402
 from fxtrack.orchestrator import runner  # noqa: E402
 from fxtrack.tracking import errors, health, records, spool, target, writer  # noqa: E402
 from fxtrack.tracking.runs import WRITER_TAG, client_for, experiment_id  # noqa: E402
-from conftest import run_fxtrack  # noqa: E402
+from conftest import fxtrack_env, run_fxtrack  # noqa: E402
 
 PLANTED = "planted-secret-" + uuid.uuid4().hex[:12]
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("FXTRACK_HOME", str(tmp_path / "home"))
+def home(isolated_store):
     health._DOWN.clear()
-    yield tmp_path / "home"
+    yield isolated_store
     health._DOWN.clear()
 
 
@@ -156,8 +155,7 @@ def test_log_tail_masks_secret_values_of_the_environment(tmp_path, monkeypatch):
 # --- 4, 6, 8: the spool ---------------------------------------------------------------------------
 
 def _sync_procs(home: Path, n: int, extra_env: dict | None = None):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(FXTRACK_HOME=str(home), **(extra_env or {}))
+    env = fxtrack_env(home.parent, {"FXTRACK_HOME": str(home), **(extra_env or {})})
     return [subprocess.Popen([sys.executable, "-m", "fxtrack", "sync"], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(n)]
@@ -255,7 +253,7 @@ def test_four_first_runs_on_a_new_sqlite_store_all_land(home, tmp_path):
     code = ("import sys; from fxtrack.tracking import spool, writer\n"
             "entry = spool.write(__import__('json').loads(sys.argv[1]), {})\n"
             "print(writer.deliver(entry))\n")
-    env = dict(os.environ, FXTRACK_HOME=str(home))
+    env = fxtrack_env(tmp_path, {"FXTRACK_HOME": str(home)})
     procs = [subprocess.Popen([sys.executable, "-c", code, json.dumps(synthetic(uri))], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(4)]
@@ -423,8 +421,7 @@ def test_a_signal_stops_the_worker_and_closes_the_sweep_killed(tmp_path, sweep, 
     pidfile = tmp_path / "worker.pid"
     python = _script(tmp_path / "python", f"echo $$ > {pidfile}; echo worker-up; exec sleep 120")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(FXTRACK_HOME=str(tmp_path / "home"), MLFLOW_TRACKING_URI=uri)
+    env = fxtrack_env(tmp_path, {"MLFLOW_TRACKING_URI": uri})
     args = ["-m", "seed=0,1"] if sweep else []
     proc = subprocess.Popen([sys.executable, "-m", "fxtrack", *args, f"framework.python={python}"],
                             cwd=tmp_path, env=env, stderr=subprocess.PIPE,
