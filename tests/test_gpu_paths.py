@@ -496,8 +496,9 @@ def test_gpu_check_launches_two_gpus_as_the_orchestrator_does(gpu_check, monkeyp
     name = "torch-resnet50-scaling-bf16-x2"  # each job in its own folder (its streamed probes)
     spec = JobSpec.read(tmp_path / name / f"{name}.spec.json")
     assert spec.result_path == str(tmp_path / name / "result.json")
+    # scaling's runner is its spec's (a training run's, through scaling's own folder)
     assert (spec.devices, spec.launcher, spec.runner) == (2, "torchrun",
-                                                          "fxtrack.scenarios.train.runner:run")
+                                                          "fxtrack.scenarios.scaling.runner:run")
     gpu_check.run_job("jax", "resnet50", "scaling", "bf16", 256, {}, 5, 2, tmp_path, 60, devices=2)
     assert ran[1][1:3] == ["-m", "fxtrack.worker"]  # JAX: one process drives both GPUs
 

@@ -92,7 +92,10 @@ def test_a_user_model_naming_an_unknown_architecture_fails_clearly(tmp_path, use
     proc = run_fxtrack(tmp_path, "model=gpt2", env={"FXTRACK_CONFIG_DIR": str(user_dir)},
                        timeout=300)
     assert proc.returncode == 2
-    assert "unknown model 'gpt2'; choose one of resnet50, bert" in proc.stderr
+    listed = proc.stderr.split("unknown model 'gpt2'; choose one of ", 1)[1].split("\n")[0]
+    from fxtrack import architectures
+
+    assert set(listed.split(", ")) == {*architectures.models(), "custom"}
     assert not (tmp_path / "mlflow.db").exists()  # failed before any work
 
 
