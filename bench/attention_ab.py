@@ -1,11 +1,12 @@
 """Quiet-machine A/B in one process, the arms alternating: fxtrack's torch ViT (or BERT,
-MODEL=bert) as bench/reference.py builds it (compile=auto), two other forms of its attention,
-and Hugging Face's model under torch.compile, at one precision (docs/measurements.md, "torch's
-ViT against Hugging Face's"). Arms: fx, fx:split, fx:sep, ref; the last named is the base.
+MODEL=bert) as bench/reference.py builds it (compile=auto; its attention split along the
+features since 2026-12-07), the three-projection form of that attention (fx:sep, as Hugging
+Face's), and Hugging Face's model under torch.compile, at one precision (docs/measurements.md, "torch's
+ViT against Hugging Face's"). Arms: fx, fx:sep, ref; the last named is the base.
 Printed per arm: its median step and the base's step time / the arm's, paired per round, as
 the geometric mean with the 95% t interval of the mean log ratio (fxtrack/stats.py).
 
-    python bench/attention_ab.py bf16 fx,fx:split,fx:sep,ref 8
+    python bench/attention_ab.py bf16 fx,fx:sep,ref 8
     MODEL=bert python bench/attention_ab.py fp32 fx,ref 6
 """
 
@@ -29,23 +30,6 @@ from torch import nn  # noqa: E402
 from fxtrack import stats  # noqa: E402
 
 
-class SplitAttention(nn.Module):
-    """Fused qkv, split along the features, each viewed (B, T, h, d) and transposed (fxtrack's
-    form since 2026-12-07: ``fx`` is then the same)."""
-
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2)
-                   for z in self.qkv(x).split(c, dim=-1))
-        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c))
-
-
 class SepAttention(nn.Module):
     """Three projections, as Hugging Face's ViTSelfAttention."""
 
@@ -62,7 +46,7 @@ class SepAttention(nn.Module):
         return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c))
 
 
-VARIANTS = {"split": SplitAttention, "sep": SepAttention}
+VARIANTS = {"sep": SepAttention}
 
 
 def main() -> None:
