@@ -260,7 +260,7 @@ def test_dims_the_data_set_are_the_ones_logged(tmp_path):
     cfg = composed(*CONVERGE, "data=file", f"data.path={path}", "model.patch=4")
     conf, arch = validate(cfg)
     assert (arch.image_size, arch.num_classes) == (8, 3)
-    params = records.params_from(Job(cfg, conf, arch, str(tmp_path)).config, {})
+    params = records.config_params(Job(cfg, conf, arch, str(tmp_path)).config)
     assert (params["model.image_size"], params["model.num_classes"]) == (8, 3)
     assert params["model.patch"] == 4 and params["model.hidden"] == 16  # as asked
     # a real run: the store's params are the dims that trained

@@ -130,17 +130,21 @@ class Job:
         config = dict(self.config, devices=devices)
         # only node 0 talks to MLflow
         children = _Children(self, spec, config, name) if spec.node_rank == 0 else None
-        # The fallback is held before the worker exists (a kill must never leave a worker's run
-        # unrecorded), first without MLflow's run-context tags, whose import (0.8 s) had delayed
-        # every job; meanwhile, while the worker imports and builds behind its gate, the same
-        # entry is rewritten whole, then MLflow is loaded for the log.
+        # The run's record is opened once. Its FAILED fallback is held before the worker exists
+        # (a kill must never leave a worker's run unrecorded), first without MLflow's
+        # run-context tags, whose import (0.8 s) had delayed every job; meanwhile, while the
+        # worker imports and builds behind its gate, they are added and the entry rewritten.
+        opened = records.open_record(spec, config, self.uri, self.conf.tracking.experiment,
+                                     parent, start_ms, name, context=False)
         holding: list[Path | None] = [None]
         if spec.node_rank == 0:
-            holding[0] = self.hold(spec, job_dir, config, parent, start_ms, name, context=False)
+            holding[0] = self.hold(spec, job_dir, config, opened)
 
         def meanwhile() -> None:
+            nonlocal opened
+            opened = records.with_context(opened)
             if spec.node_rank == 0 and holding[0] is not None:
-                holding[0] = self.hold(spec, job_dir, config, parent, start_ms, name) or holding[0]
+                holding[0] = self.hold(spec, job_dir, config, opened) or holding[0]
             self.load_tracking()
 
         try:
@@ -162,9 +166,8 @@ class Job:
             result.tags["config_id"] = config_id(config)
             result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
             summary = summary_line(name, result)
-            self.last_record = record = records.job_record(
-                spec, result, config, self.uri, self.conf.tracking.experiment, parent, start_ms,
-                name, summary)
+            opened = records.with_context(opened)  # a worker that never started: meanwhile did not run
+            self.last_record = record = records.close_record(opened, spec, result, summary)
             artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
                          "result.json": Path(spec.result_path),
                          "environment.json": records.environment_json(),
@@ -201,19 +204,17 @@ class Job:
             int(time.time() * 1000), name, summary_line(name, result))
         return self.log(record, {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config))})[0]
 
-    def hold(self, spec: JobSpec, job_dir: Path, config: dict, parent: str | None,
-             start_ms: int, name: str, context: bool = True) -> Path | None:
+    def hold(self, spec: JobSpec, job_dir: Path, config: dict, opened: dict) -> Path | None:
         """The run's fallback in the spool while its worker runs (``spool.hold``): if this
         process is killed outright, ``fxtrack sync`` logs the worker's finished result, or the
         run FAILED with why, once (the worker stops with this process). Held again, the same
-        entry is replaced (one per result id and process); ``context``: records.job_record's."""
+        entry is replaced (one per result id and process); ``opened``: the run's open record."""
         from fxtrack.tracking import records, spool
 
         failed = Result(spec.result_id, status="FAILED", error=records.GONE,
                         tags={"config_id": config_id(config)})
-        record = records.job_record(spec, failed, config, self.uri,
-                                    self.conf.tracking.experiment, parent, start_ms, name,
-                                    f"{name}: FAILED: {records.GONE}", context=context)
+        record = records.close_record(opened, spec, failed,
+                                      f"{opened['run_name']}: FAILED: {records.GONE}")
         try:
             return spool.hold(records.held_job(record, str(job_dir), config),
                               {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),

@@ -93,16 +93,22 @@ HEADLINE = [("throughput_samples_per_s", "{:.1f} samples/s"), ("step_time_ms_p50
 INTERNAL_KEYS = ("framework.package",)
 
 
-def params_from(config: dict[str, Any], resolved: dict[str, Any],
-                tags: Optional[dict[str, str]] = None) -> dict[str, Any]:
-    """Flattened config params with what the worker resolved in place of what was asked
-    (``hardware.name=auto`` -> the device kind, ``framework.compile=auto`` -> true|false, the
-    threads it read back, the default batch/steps, scenario options left to the model family's
-    defaults), unset (None) keys and fxtrack's module
-    paths left out, and secrets removed."""
-    tags = tags or {}
+def config_params(config: dict[str, Any]) -> dict[str, Any]:
+    """The config flattened to params: unset (None) keys and fxtrack's module paths left out,
+    secrets removed."""
     params = {k: v for k, v in flatten(config).items()
               if k not in INTERNAL_KEYS and not _unset(v)}
+    return _redacted(params)
+
+
+def resolved_params(params: dict[str, Any], resolved: dict[str, Any],
+                    tags: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """``params`` with what the worker resolved in place of what was asked
+    (``hardware.name=auto`` -> the device kind, ``framework.compile=auto`` -> true|false, the
+    threads it read back, the default batch/steps, scenario options left to the model family's
+    defaults); a new dict."""
+    tags = tags or {}
+    params = dict(params)
     for key in ("batch_size", "steps", "warmup_steps"):
         if key in resolved:
             params[key] = resolved[key]
@@ -115,6 +121,10 @@ def params_from(config: dict[str, Any], resolved: dict[str, Any],
         params["framework.compile"] = str(bool(resolved["compile"])).lower()
     if tags.get("cpu_threads"):
         params["hardware.cpu_threads"] = tags["cpu_threads"]
+    return _redacted(params)
+
+
+def _redacted(params: dict[str, Any]) -> dict[str, Any]:
     for key, value in list(params.items()):
         if isinstance(value, str) and "://" in value:
             params[key] = redact_uri_text(value)
@@ -264,14 +274,31 @@ def real_dataset_input(real: dict[str, Any], trains: bool) -> dict[str, Any]:
             "context": "training" if trains else "inference"}
 
 
-def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
-               parent_result_id: Optional[str], start_time_ms: int, name: Optional[str] = None,
-               summary: Optional[str] = None, context: bool = True) -> dict[str, Any]:
-    """One benchmark run: ``name`` (default: run_name at the default size) and ``summary`` (its
-    console line: the run's note). ``context=False``: without MLflow's run-context tags, whose
-    import (about 0.8 s) a fallback written before the worker starts must not wait for."""
-    name = name or run_name(spec)
-    tags = run_tags() if context else {}
+def open_record(spec: JobSpec, config: dict[str, Any], uri: str, experiment: str,
+                parent_result_id: Optional[str], start_time_ms: int, name: Optional[str] = None,
+                context: bool = True) -> dict[str, Any]:
+    """One benchmark run before its outcome: where it goes, its name (default: run_name at the
+    default size), the config's params and, unless ``context=False``, MLflow's run-context tags
+    (their import, about 0.8 s, must not delay a fallback held before the worker starts: add
+    them later with run_tags). Built once per run; close_record gives it its outcome."""
+    return {"kind": "job", "result_id": spec.result_id, **_target(uri, experiment, parent_result_id),
+            "run_name": name or run_name(spec), "parent_result_id": parent_result_id,
+            "start_time_ms": start_time_ms, "params": config_params(config),
+            "tags": run_tags() if context else {}, "context": context}
+
+
+def with_context(opened: dict[str, Any]) -> dict[str, Any]:
+    """An open record with MLflow's run-context tags (run_tags), added once."""
+    if opened["context"]:
+        return opened
+    return dict(opened, tags=run_tags(opened["tags"]), context=True)
+
+
+def close_record(opened: dict[str, Any], spec: JobSpec, result: Result,
+                 summary: Optional[str] = None) -> dict[str, Any]:
+    """``opened`` (open_record) with ``result``'s outcome: its status, figures and tags, the
+    params the worker resolved, and ``summary`` (its console line) as the run's note."""
+    tags = dict(opened["tags"])
     tags.update({_DEVICE_TAGS.get(k, f"fxtrack.{k}"): v for k, v in result.tags.items()})
     tags.update({
         "fxtrack.framework": spec.framework,
@@ -292,17 +319,22 @@ def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, 
         tags.update(note(summary))
     end_ms = int(time.time() * 1000)
     dataset = dataset_input(spec, result.resolved)
-    return {
-        "kind": "job", "result_id": spec.result_id, **_target(uri, experiment, parent_result_id),
-        "run_name": name, "parent_result_id": parent_result_id,
-        "start_time_ms": start_time_ms, "end_time_ms": end_ms, "status": result.status,
-        "params": params_from(config, result.resolved, result.tags), "tags": tags,
-        "metrics": result.metrics, "series": result.series,
-        "series_times_ms": series_times(result.series, end_ms, result.series_times_ms),
-        "series_steps": result.series_steps,
-        "inputs": [dataset] if dataset else [],
-        "logged_model": logged_model(result),
-    }
+    return dict(
+        opened, end_time_ms=end_ms, status=result.status, tags=tags,
+        params=resolved_params(opened["params"], result.resolved, result.tags),
+        metrics=result.metrics, series=result.series,
+        series_times_ms=series_times(result.series, end_ms, result.series_times_ms),
+        series_steps=result.series_steps, inputs=[dataset] if dataset else [],
+        logged_model=logged_model(result))
+
+
+def job_record(spec: JobSpec, result: Result, config: dict[str, Any], uri: str, experiment: str,
+               parent_result_id: Optional[str], start_time_ms: int, name: Optional[str] = None,
+               summary: Optional[str] = None) -> dict[str, Any]:
+    """A run whose outcome is known when it is recorded (a window, a failed cell, a result
+    adopted by sync): open_record then close_record."""
+    return close_record(open_record(spec, config, uri, experiment, parent_result_id,
+                                    start_time_ms, name), spec, result, summary)
 
 
 # Exported artefact suffix -> the MLflow flavour that logs it as a model (TFLite has none: its
