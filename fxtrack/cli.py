@@ -136,7 +136,13 @@ def main() -> None:
     secure_process(sys.argv)
     redact_process_output()
     try:
-        _main()
+        app = command()
+        if app is not None:  # called here, so that the job's frames start one below main
+            try:
+                app()
+            except Exception as e:  # noqa: BLE001 - anything but a config error goes on as it was
+                config_failure(e)
+                raise
     except KeyboardInterrupt:  # Ctrl-C outside a worker: one line and the shell's status
         print("fxtrack: interrupted", file=sys.stderr)
         sys.exit(130)
@@ -181,30 +187,28 @@ def exit_now(code: object) -> None:
     os._exit(code or 0)
 
 
-def _main() -> None:
+def command() -> Any:
+    """Answer ``--version``, ``--help`` and the sub-commands (returns None, or exits with the
+    sub-command's status); for a job, the checked command line's Hydra app, for main to call."""
     if sys.argv[1:2] == ["--version"]:
         from fxtrack import __version__
 
         print(f"fxtrack {__version__}")
-        return
+        return None
     if len(sys.argv) > 1 and _WORD.match(sys.argv[1]):
         # before the sub-command starts anything (fxtrack ui's server): SIGTERM then unwinds
         # through its cleanup instead of ending this process with its children left running
         exit_on_sigterm()
-        command = subcommand_parser().parse_args(sys.argv[1:2]).command  # unknown: exit 2
+        name = subcommand_parser().parse_args(sys.argv[1:2]).command  # unknown: exit 2
         sys.argv.pop(1)
-        module, _, function = SUBCOMMANDS[command][0].partition(":")
+        module, _, function = SUBCOMMANDS[name][0].partition(":")
         sys.exit(getattr(importlib.import_module(module), function)(sys.argv[1:]))
     if not (CONF_DIR / "config.yaml").is_file():
         sys.exit(f"fxtrack: no config.yaml in {CONF_DIR}: a broken install; reinstall fxtrack "
                  "(pip install fxtrack, or pip install -e . in a checkout)")
     if any(arg in ("-h", "--help") for arg in sys.argv[1:]):
         print(usage(), end="")
-        return
-    run_app()
-
-
-def run_app() -> None:
+        return None
     import hydra
 
     from fxtrack.config import register
@@ -216,30 +220,33 @@ def run_app() -> None:
     sys.argv[1:] = with_user_searchpath(sys.argv[1:], user_config_dirs())
     check_overrides(sys.argv[1:])
     check_output_dir(sys.argv[1:])
-    started: list[bool] = []
+    # Hydra prints its composition errors over several lines and exits 1; raised instead (unless
+    # the user asked for Hydra's own full traces), main reports each as one line with the config
+    # errors' exit status, 2 (config_failure).
+    if not os.environ.get("HYDRA_FULL_ERROR"):
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        _ONE_LINE_ERRORS.append(True)
+    return hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(task)
 
-    def job(cfg: Any) -> None:
-        started.append(True)  # from here on an error is the job's, not the config's
-        task(cfg)
 
-    app = hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")(job)
-    if os.environ.get("HYDRA_FULL_ERROR"):  # the user asked for Hydra's own full traces
-        app()
+_ONE_LINE_ERRORS: list[bool] = []  # HYDRA_FULL_ERROR set by fxtrack, not the user
+
+
+def config_failure(e: Exception) -> None:
+    """An error out of the Hydra app before the job started (orchestrator.app.STARTED): Hydra's
+    composition error or its output directory's, as one line and exit status 2. Returns for
+    the job's own errors and where the user set HYDRA_FULL_ERROR."""
+    from fxtrack.orchestrator import app
+
+    if app.STARTED or not _ONE_LINE_ERRORS:
         return
-    # Hydra prints its composition errors over several lines and exits 1; raised instead, each
-    # is reported as one line with the config errors' exit status, 2.
-    os.environ["HYDRA_FULL_ERROR"] = "1"
-    try:
-        app()
-    except Exception as e:  # noqa: BLE001 - anything but a config error goes on as it was
-        line = None if started else config_error_line(e)
-        if line is None and not started and isinstance(e, OSError):  # Hydra writing its
-            from fxtrack.config.validate import output_dir_error  # output directory
+    line = config_error_line(e)
+    if line is None and isinstance(e, OSError):  # Hydra writing its output directory
+        from fxtrack.config.validate import output_dir_error
 
-            print(f"fxtrack: {output_dir_error(e, os.getcwd())}", file=sys.stderr)
-            sys.exit(2)
-        if line is None:
-            raise
+        print(f"fxtrack: {output_dir_error(e, os.getcwd())}", file=sys.stderr)
+        sys.exit(2)
+    if line is not None:
         config_error(line)
 
 

@@ -255,7 +255,7 @@ def late():
 threading.Thread(target=late).start()
 print("buffered", end="")
 sys.argv[1:] = []
-cli._main = lambda: sys.exit(EXIT)
+cli.command = lambda: sys.exit(EXIT)
 cli._RAN_APP.append(True)
 cli.main()
 """

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Callable
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
@@ -41,9 +43,13 @@ def redact_hydra_files(hc, multirun: bool) -> None:
         redact_file(path)
 
 
+STARTED: list[bool] = []  # the Hydra app reached its task: an error from here on is the job's
+
+
 def task(cfg: DictConfig) -> None:
     """One job (or, for scenario=scaling, one job per device count), each run in its worker,
     spooled and logged; exits non-zero on failure when not part of a sweep."""
+    STARTED.append(True)
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
     redact_hydra_files(hc, multirun)
@@ -87,7 +93,7 @@ def task(cfg: DictConfig) -> None:
     elif conf.resume and resumed(job, conf, hc, multirun, repeating):
         return
     try:
-        name, result, run_id = dispatch(job, conf, job_dir, parent, jobs, repeating, cell)
+        name, result, run_id = dispatch(job, conf, job_dir, parent, jobs, repeating, cell)()
     except Exception as e:  # noqa: BLE001 - an orchestrator bug in one cell: the sweep goes on
         if not multirun:
             raise
@@ -125,20 +131,22 @@ def task(cfg: DictConfig) -> None:
 
 
 def dispatch(job: Job, conf: FxtrackConfig, job_dir: Path, parent: str | None,
-             jobs: Path | None, repeating: bool, cell: tuple | None):
-    """Run the cell as its scenario asks; (name, Result, run id). ``cell``: a sweep's repeat
-    (aggregate id, repeat index, resumed group or None)."""
+             jobs: Path | None, repeating: bool, cell: tuple | None
+             ) -> Callable[[], tuple[str, Result, str | None]]:
+    """The cell's run as its scenario asks, to call: it returns (name, Result, run id). A
+    partial, not a call, so the run's frames start right under the task. ``cell``: a sweep's
+    repeat (aggregate id, repeat index, resumed group or None)."""
     driver = scenarios.get(conf.scenario.name).part("driver")
     if driver is not None:  # fit's probe search, scaling's device sweep
-        return driver(job, job_dir, parent)
+        return functools.partial(driver, job, job_dir, parent)
     if repeating:
         from fxtrack.orchestrator import repeats
 
         if cell is not None:
-            return repeats.run_one(job, job_dir, parent, cell[0], cell[1], jobs,
-                                   reopen=cell[2] is not None)
-        return repeats.run_all(job, job_dir)
-    return job.run(job_dir, parent, conf.devices)
+            return functools.partial(repeats.run_one, job, job_dir, parent, cell[0], cell[1],
+                                     jobs, reopen=cell[2] is not None)
+        return functools.partial(repeats.run_all, job, job_dir)
+    return functools.partial(job.run, job_dir, parent, conf.devices)
 
 
 def resumed_repeat(job: Job, conf: FxtrackConfig, jobs: Path, hc: HydraConfig, cell: tuple,

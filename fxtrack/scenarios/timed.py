@@ -85,21 +85,56 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
               flops_per_sample: Union[int, Callable[[], Optional[float]]],
               min_steps: int = 0, min_duration_s: float = 0.0) -> list[Any]:
     """Build the model, time ``prepare()``'s step, and fill ``result`` with the figures common to
-    every scenario. Returns the step handles (warm-up included) for scenario-specific use.
-    ``flops_per_sample``: a number, or a function counting them on the built model (a user's
-    model: its framework's counter), called after the timed window. ``min_steps`` and
-    ``min_duration_s``: the window runs on past ``steps`` until both are met (time_steps)."""
-    spec = backend.spec
+    every scenario (start, time_steps, finish). Returns the step handles (warm-up included).
+    ``min_steps`` and ``min_duration_s``: the window runs on past ``steps`` until both are met
+    (time_steps)."""
+    timing = start(backend, result, prepare)
+    times = time_steps(timing.step, timing.warmup, timing.steps,
+                       **timing.options(min_steps, min_duration_s))
+    return finish(timing, result, times, flops_per_sample)
+
+
+@dataclasses.dataclass
+class Timing:
+    """A timed window about to be taken (``start``): the built model's device kind, batch and
+    step counts, the step to time, and the window's samplers."""
+
+    backend: Backend
+    kind: str
+    batch: int
+    steps: int
+    warmup: int
+    step: Callable[[], Any]
+    window: "Window"
+
+    def options(self, min_steps: int = 0, min_duration_s: float = 0.0) -> dict[str, Any]:
+        """time_steps' keywords for this window."""
+        spec = self.backend.spec
+        return dict(show=spec.progress, label=f"{spec.framework}-{spec.arch['name']}",
+                    window=self.window.sampling(), min_steps=min_steps,
+                    min_duration_s=min_duration_s)
+
+
+def start(backend: Backend, result: Result,
+          prepare: Callable[[], Callable[[], Any]]) -> Timing:
+    """Build the model, take ``prepare()``'s step, open the window's samplers (after the probe
+    of other processes' load): what time_steps needs."""
     kind, batch, steps, warmup = build(backend, result)
     step = prepare()
-    window = open_window(spec, kind)
-    times = time_steps(step, warmup, steps, show=spec.progress,
-                       label=f"{spec.framework}-{spec.arch['name']}", window=window.sampling(),
-                       min_steps=min_steps, min_duration_s=min_duration_s)
+    return Timing(backend, kind, batch, steps, warmup, step, open_window(backend.spec, kind))
+
+
+def finish(timing: Timing, result: Result, times: StepTimes,
+           flops_per_sample: Union[int, Callable[[], Optional[float]]]) -> list[Any]:
+    """Fill ``result`` with the figures common to every scenario from the window ``times``
+    took; returns the step handles (warm-up included) for scenario-specific use.
+    ``flops_per_sample``: a number, or a function counting them on the built model (a user's
+    model: its framework's counter), called after the timed window."""
+    backend, spec = timing.backend, timing.backend.spec
     if callable(flops_per_sample):
         flops_per_sample = flops_per_sample()
 
-    global_batch = batch * spec.devices * spec.nodes  # every device of every node
+    global_batch = timing.batch * spec.devices * spec.nodes  # every device of every node
     m = result.metrics
     m.update(step_metrics(times, global_batch, compiled=compiles(spec)))
     m.update(param_count=float(backend.param_count()),
@@ -108,7 +143,8 @@ def run_timed(backend: Backend, result: Result, prepare: Callable[[], Callable[[
         m["flops_per_sample"] = float(flops_per_sample)
         m["achieved_tflops"] = flops_per_sample * m["throughput_samples_per_s"] / 1e12
     # the steps timed, not asked for: min_steps / min_duration_s may have run more
-    record_window(backend, result, window, kind, global_batch * len(times.step_times_s))
+    record_window(backend, result, timing.window, timing.kind,
+                  global_batch * len(times.step_times_s))
     result.series["step_time_ms"] = [t * 1e3 for t in times.step_times_s]
     return times.loss_handles
 

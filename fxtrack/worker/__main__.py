@@ -190,7 +190,9 @@ def die_with_parent(poll_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="fxtrack-parent-watch", daemon=True).start()
 
 
-def main(argv: list[str]) -> int:
+def start(argv: list[str]) -> JobSpec | int:
+    """The job's spec, this worker set up to run it (the load sampler, the watch on its parent,
+    the framework's environment); for a probe or a bad command line, the exit status instead."""
     if len(argv) == 5 and argv[0] in ("--matmul", "--describe"):
         return answer_probe(argv[0], *argv[1:])
     if len(argv) == 2 and argv[0] == "--params":
@@ -208,7 +210,11 @@ def main(argv: list[str]) -> int:
     host_load.start_sampling(spec.cpu_threads, int(orchestrator) if orchestrator else None)
     die_with_parent()
     prepare_environment(spec)
-    result = run(spec)
+    return spec
+
+
+def finish(spec: JobSpec, result: Result) -> int:
+    """Write the job's Result (rank 0 speaks for every rank); the worker's exit status."""
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for every rank
         result.dump(Path(spec.result_path))
     if result.error:
@@ -232,5 +238,6 @@ def leave(code: int) -> None:
     os._exit(code)
 
 
-if __name__ == "__main__":
-    leave(main(sys.argv[1:]))
+if __name__ == "__main__":  # start, run, finish: run is one frame below this line
+    job = start(sys.argv[1:])
+    leave(job if isinstance(job, int) else finish(job, run(job)))

@@ -10,15 +10,18 @@ from fxtrack.frameworks.profiling import CATEGORIES
 from fxtrack.worker.protocol import Result
 from fxtrack.measure import host_load
 from fxtrack.measure.timer import time_steps
-from fxtrack.scenarios.timed import lm_metrics, run_timed, set_guard, user_flops
+from fxtrack.scenarios import timed
+from fxtrack.scenarios.timed import lm_metrics, set_guard, user_flops
 
 
 def run(backend: Backend, result: Result) -> None:
     """Fill ``result`` with the training measurements (docs/contract.md, scenario=train)."""
     counted = families.of(backend.arch).forward_flops is None  # its framework counts FLOPs
-    handles = run_timed(backend, result, lambda: backend.train_step,
-                        user_flops(backend, result, "train") if counted
-                        else flops.train_flops_per_sample(backend.arch))
+    # run_timed's three steps spelled out: the loop over the step is this scenario's own frame
+    timing = timed.start(backend, result, lambda: backend.train_step)
+    times = time_steps(timing.step, timing.warmup, timing.steps, **timing.options())
+    handles = timed.finish(timing, result, times, user_flops(backend, result, "train")
+                           if counted else flops.train_flops_per_sample(backend.arch))
     losses = [backend.loss_value(h) for h in handles]
     result.metrics.update(loss_first=losses[0], loss_last=losses[-1])
     result.metrics.update(lm_metrics(backend, result))
