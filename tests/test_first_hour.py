@@ -6,6 +6,7 @@ target."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import shutil
@@ -150,10 +151,33 @@ def test_a_csv_of_flat_rows_is_asked_the_same_way(tmp_path):
 def readme_store(tmp_path_factory):
     """The README's tiny sweep, on the two frameworks its compare example names."""
     cwd = tmp_path_factory.mktemp("readme")
+    frames = {"FXTRACK_FRAMES_OUT": str(cwd / "frames.txt"),  # tests/frames counts the run path
+              "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "tests" / "frames"),
+                                                          os.environ.get("PYTHONPATH")]))}
     done = run_fxtrack(cwd, "-m", "framework=torch,jax", "model=vit", "size=tiny", "batch_size=2",
-                       "steps=3", "warmup_steps=1", "hardware=cpu", timeout=900)
+                       "steps=3", "warmup_steps=1", "hardware=cpu", env=frames, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return cwd, done.stderr
+
+
+def test_the_run_path_is_at_most_ten_fxtrack_frames_from_the_command_to_the_step(readme_store):
+    """Issue 59: the orchestrator's frames from ``python -m fxtrack`` down to the worker's start
+    and the worker's from its ``__main__`` down to the framework's step, together, at most 10
+    (counted by tests/frames/sitecustomize.py in the README sweep's own processes)."""
+    cwd, _ = readme_store
+    lines = (cwd / "frames.txt").read_text().splitlines()
+    depth = {}
+    for line in lines:
+        where, count, *frames = line.split()
+        depth.setdefault(where, []).append((int(count), frames))
+    (orchestrator,) = depth["orchestrator"]  # one process ran the sweep
+    workers = depth["worker"]
+    assert len(workers) == 2, lines  # torch's and JAX's
+    assert orchestrator[1][:2] == ["__main__.py:<module>", "cli.py:main"], lines
+    for count, frames in workers:
+        assert frames[0] == "worker/__main__.py:<module>", lines
+        assert frames[-1].startswith("frameworks/") and frames[-1].endswith(":train_step"), lines
+        assert orchestrator[0] + count <= 10, lines
 
 
 def readme_compare() -> str:
