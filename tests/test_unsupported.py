@@ -149,6 +149,30 @@ def test_the_worker_refuses_with_the_same_message(tmp_path):
     assert result.tags["unsupported"] == "true" and "param_count" not in result.metrics
 
 
+def test_the_refusal_rules_run_once_per_job(tmp_path, monkeypatch):
+    """The orchestrator ran them (validate) for the device kind it expected, recorded in the
+    spec's refusals_checked: the worker does not run them again; for a spec without it (one
+    written by other means, or an unknown kind) the worker does, before the build."""
+    pytest.importorskip("torch")
+    from fxtrack.config.validate import validate
+    from fxtrack.orchestrator.job import job_spec as orchestrator_spec
+    from fxtrack.scenarios import rules
+    from fxtrack.worker import __main__ as worker
+    from test_config import composed
+
+    conf, arch = validate(composed("framework=torch", "model=vit", "size=tiny", "hardware=cpu"))
+    spec = orchestrator_spec(conf, arch, tmp_path)
+    assert spec.refusals_checked == "cpu"
+    calls = []
+    monkeypatch.setattr(worker.rules, "refusal", lambda *a, **k: calls.append(a) or None)
+    spec.runner = "test_unsupported:no_path"
+    assert "unsupported" in run(spec).tags  # it ran on to the runner
+    assert calls == []
+    spec.refusals_checked = None
+    run(spec)
+    assert len(calls) == 1 and calls[0][0] == rules.Combination.of(spec, "cpu")
+
+
 def _runs(cwd):
     """Every run in ``cwd/mlflow.db`` (none when no store was created)."""
     import mlflow

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fxtrack import architectures, families, scenarios
 from fxtrack.config.schema import FxtrackConfig
+from fxtrack.config.validate import expected_device_kind
 from fxtrack.frameworks.declaration import declaration
 from fxtrack.worker.protocol import JobSpec, Result, children_path, streamed_children
 from fxtrack.measure.host_load import is_contended
@@ -43,6 +44,7 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
         options=conf.scenario,  # the scenario's typed options; JSON across the boundary
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
         data=dataclasses.asdict(conf.data),
+        refusals_checked=expected_device_kind(conf.hardware.name),  # validate's refusal ran
     )
 
 
@@ -120,6 +122,8 @@ class Job:
         from fxtrack.tracking import records, spool
 
         spec = job_spec(self.conf, self.arch, job_dir)
+        if (devices, scenario or spec.scenario) != (spec.devices, spec.scenario):
+            spec.refusals_checked = None  # validate checked the config's own: the worker checks
         spec.devices = devices
         spec.scenario = scenario or spec.scenario
         if repeat is not None:

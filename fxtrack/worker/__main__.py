@@ -79,11 +79,11 @@ def run(spec: JobSpec) -> Result:
         spec.options = scenarios.options_of(spec)  # typed again after the JSON boundary
         backend = backend_cls(spec)
         result.tags["framework_version"] = backend.version()
-        # The orchestrator refused these before starting this worker; checked again (same rules,
-        # same message) for a spec written by other means, before anything is built.
+        # The refusal rules run once: here only where the orchestrator could not run them for
+        # this device kind (same rules, same message), before anything is built.
         kind = backend.device_kind()
-        why = rules.refusal(rules.Combination.of(spec, kind), framework,
-                            result.tags["framework_version"])
+        why = None if spec.refusals_checked == kind else rules.refusal(
+            rules.Combination.of(spec, kind), framework, result.tags["framework_version"])
         if why is not None:
             result.resolved["device_kind"] = kind  # filed with the runs of its hardware
             raise NotSupported(why)

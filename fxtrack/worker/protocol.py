@@ -51,6 +51,10 @@ class JobSpec:
     # model.from_run: the converge run whose trained weights scenario=inference evaluates
     # ({run_id, weights: the fetched file, eval_samples}); empty: the seeded start
     from_run: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the device kind the orchestrator's refusal rules held for, before any process started;
+    # None (unknown then: hardware=auto with a GPU; or a spec written by other means): the
+    # worker runs them once it knows the kind
+    refusals_checked: Optional[str] = None
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
