@@ -389,3 +389,7 @@ def test_a_probe_under_busy_loops_from_the_same_session_is_neither_cached_nor_us
     assert "mfu" not in run.data.metrics and run.data.tags["fxtrack.peak_contended"] == "true"
     assert "no MFU: the peak FLOP/s was calibrated while other processes used the cores" \
         in out.stderr
+    # calibration is a preflight step (issue 59): probed once, before the worker, not after
+    assert out.stderr.count("[fxtrack] calibrating peak FLOP/s on ") == 1, out.stderr
+    assert out.stderr.index("[fxtrack] calibrating peak FLOP/s") < \
+        out.stderr.index("[fxtrack] building "), out.stderr

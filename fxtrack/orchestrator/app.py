@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from fxtrack import scenarios
 from fxtrack.config.schema import FxtrackConfig
-from fxtrack.config.validate import ConfigError, Refused, validate
+from fxtrack.config.validate import ConfigError, Refused, expected_device_kind, validate
 from fxtrack.worker.protocol import Result
 from fxtrack.orchestrator import from_run
 from fxtrack.orchestrator.job import Job, job_spec
@@ -67,6 +67,12 @@ def task(cfg: DictConfig) -> None:
         print(f"fxtrack: invalid config: {e}", file=sys.stderr)
         sys.exit(2)
     preflight(conf, hc.runtime.cwd, check_server=not multirun)  # a sweep checked it once
+    if conf.quantize.value == "none":  # int8 runs have no MFU (orchestrator.job.enrich)
+        from fxtrack.orchestrator import calibration
+
+        calibration.preflight(conf.framework.name, conf.framework.python, conf.precision.name,
+                              expected_device_kind(conf.hardware.name) or "",
+                              conf.hardware.cpu_threads, scenarios.get(conf.scenario.name).mfu)
     job_dir = Path(hc.runtime.output_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     job = Job(cfg, conf, arch, hc.runtime.cwd)

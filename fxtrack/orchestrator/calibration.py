@@ -311,6 +311,16 @@ def yardstick(entries: dict[str, dict[str, Any]]) -> Optional[tuple[str, dict[st
     return max(quiet, key=lambda item: item[1]["tflops"]) if quiet else None
 
 
+def preflight(framework: str, python: Optional[str], precision: str, hardware: str,
+              threads: Optional[int], timed: bool) -> None:
+    """Before the job's worker starts: its framework's peak at its precision on this CPU,
+    probed now where the cache has none, so no probe runs after the job (mfu_metrics then
+    reads the cache). ``timed``: the run times compute (Scenario.mfu). A GPU's device name is
+    the worker's to tell: its probe stays after the job."""
+    if timed and hardware == "cpu":
+        calibrate("cpu", precision, "cpu", {framework: python}, threads=threads, only=[framework])
+
+
 def mfu_metrics(framework: str, device: str, precision: str, hardware: str, devices: int,
                 achieved_tflops: float, pythons: dict[str, Optional[str]],
                 threads: Optional[int] = None) -> tuple[dict[str, float], dict[str, str]]:

@@ -104,6 +104,9 @@ class Scenario:
     # converge's batch split and sharded start; None: the framework's own devices > 1 rules
     devices_need: Optional[str] = None
     memory_floor: bool = True  # refused when the architecture cannot fit the device (fit: no)
+    # its runs time compute (achieved_tflops), so MFU against the peak: the orchestrator makes
+    # sure of the peak before the job (calibration.preflight); False: no timed compute
+    mfu: bool = True
     trains: bool = True  # the memory check and the dataset context: a training step, or a forward
     decodes: bool = False  # a language model holds a KV cache, not a batch's logits
     reads_files: bool = False  # its data comes from files on disk (the logged dataset's source)

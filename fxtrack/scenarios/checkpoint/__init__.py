@@ -15,4 +15,4 @@ class CheckpointOptions(Options):
 
 SPEC = register(Scenario(
     "checkpoint", "saving, restoring and exporting the training state",
-    CheckpointOptions, __name__))
+    CheckpointOptions, __name__, mfu=False))

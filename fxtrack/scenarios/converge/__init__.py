@@ -76,7 +76,7 @@ def refusal(options: ConvergeOptions, family: Any, batch_size: Optional[int]) ->
 SPEC = register(Scenario(
     "converge", "training on real data to a held-out target: time, steps and samples to it",
     ConvergeOptions, __name__, parts=("runner", "check", "section"), refusal=refusal,
-    needs=("converge",), devices_need="converge_devices", real_data=True,
+    needs=("converge",), devices_need="converge_devices", real_data=True, mfu=False,
     objectives=(
         # on real data (MLPerf Training's rule: a verdict from 5 seeds, fastest and slowest dropped)
         Objective("quality", "Time to quality", ("time_to_target_s",), "common",

@@ -183,7 +183,7 @@ def refusal(options: ServeOptions, family: Any, batch_size: Optional[int]) -> Op
 SPEC = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
     ServeOptions, __name__, parts=("runner", "section"), refusal=refusal, trains=False,
-    decodes=True, from_run=True, named_options=("batching", "length_dist"),
+    mfu=False, decodes=True, from_run=True, named_options=("batching", "length_dist"),
     probe_tag="serve_probe_of", child_tags=("serve_mode", "serve_batching", "serve_buckets"),
     artifacts=("serve_requests",), objectives=(
         Objective("serve", "Serving capacity under the SLOs",
