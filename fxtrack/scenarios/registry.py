@@ -31,6 +31,35 @@ def _no_refusal(options: Any, family: Any, batch_size: Optional[int]) -> Optiona
 
 
 @dataclasses.dataclass(frozen=True)
+class Rule:
+    """A combination no framework has a path for: ``when`` it holds, the run is refused with
+    ``"<what> is not supported by <framework>: <why and the fix>"``. ``what`` and ``when`` read
+    a ``fxtrack.scenarios.rules.Combination``. A scenario's own are in its spec
+    (``Scenario.rules``), the framework-neutral ones in ``rules.RULES``."""
+
+    what: Callable[[Any], str]
+    when: Callable[[Any], bool]
+    why: str
+
+
+def is_deploy(c: Any) -> bool:
+    """The combination asks for a deployment runtime or quantisation."""
+    return c.runtime != "native" or c.quantize != "none"
+
+
+def deploy_levers(c: Any) -> str:
+    """The deployment overrides a combination sets, as typed: ``runtime=... quantize=...``."""
+    levers = [f"runtime={c.runtime}"] if c.runtime != "native" else []
+    return " ".join(levers + ([f"quantize={c.quantize}"] if c.quantize != "none" else []))
+
+
+def one_device(scenario: str, why: str) -> Rule:
+    """The rule of a scenario measured on one device."""
+    return Rule(lambda c: f"scenario={scenario} with devices={c.devices * c.nodes}",
+                lambda c: c.devices * c.nodes > 1, why)
+
+
+@dataclasses.dataclass(frozen=True)
 class Objective:
     """One block of the answer page (``fxtrack.report.answer``): which framework wins it, read
     from the runs of the scenario that declares it. Plain data, so the registry imports nothing
@@ -97,6 +126,11 @@ class Scenario:
     # the capabilities a framework must declare to run it with any model (else the framework's
     # declared reason refuses it before any work)
     needs: tuple[str, ...] = ()
+    # combinations of this scenario without a path, checked (in order) before the neutral rules
+    rules: tuple[Rule, ...] = ()
+    # (capability, what the refusal names) a combination needs beyond ``needs``, from its
+    # family (serve: a decoder LM's generate, another model's inference); None: nothing more
+    capability: Optional[Callable[[Any], Optional[tuple[str, str]]]] = None
     # (option, capability): a run that sets the option (to anything but 0, False or None) needs
     # the capability (else refused before any work, as ``needs``): train's profile_steps
     option_needs: tuple[tuple[str, str], ...] = ()

@@ -3,8 +3,10 @@
 The orchestrator checks a config against it before any worker starts (``fxtrack.config.validate``:
 a single run stops with exit 2, a sweep skips the cell); the worker checks the same rules again
 (``scenarios.deploy.check_supported``) as a backstop, with the same message and the framework's
-version. The rules are the framework-neutral ones (``RULES``: what a scenario, a runtime or a
-lever needs) and each framework's declaration (a capability it lacks, a ``Limit`` it declares).
+version. The rules are a scenario's own (``Scenario.rules`` and ``Scenario.capability``, in its
+folder), the framework-neutral ones (``RULES``: what a runtime or a lever needs) and each
+framework's declaration (a capability it lacks, a ``Limit`` it declares). No scenario is named
+here: what differs by scenario is asked of its spec.
 
 Imports no framework: a declaration never does.
 """
@@ -12,11 +14,12 @@ Imports no framework: a declaration never does.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from fxtrack import families
 from fxtrack.frameworks import user_builder
 from fxtrack.scenarios import registry
+from fxtrack.scenarios.registry import Rule, deploy_levers, is_deploy
 from fxtrack.frameworks.declaration import LEVERS, Framework
 
 ONNX_RUNTIMES = ("onnxruntime", "openvino", "tensorrt")  # they serve an ONNX file
@@ -52,48 +55,19 @@ class Combination:
                    options_set=registry.options_set(spec.scenario, spec.options))
 
 
-@dataclasses.dataclass(frozen=True)
-class Rule:
-    """A combination no framework has a path for: ``when`` it holds, the run is refused with
-    ``"<what> is not supported by <framework>: <why and the fix>"``."""
-
-    what: Callable[[Combination], str]
-    when: Callable[[Combination], bool]
-    why: str
-
-
 def _spec(c: Combination) -> Optional[families.Family]:
     return families.get(c.family) if c.family else None
 
 
-def _generates(c: Combination) -> bool:
-    """A decoder LM, or a combination whose family is not known (the worker checks again)."""
-    spec = _spec(c)
-    return spec is None or spec.generates
-
-
-def _deploy_levers(c: Combination) -> str:
-    levers = [f"runtime={c.runtime}"] if c.runtime != "native" else []
-    return " ".join(levers + ([f"quantize={c.quantize}"] if c.quantize != "none" else []))
-
-
-def _is_deploy(c: Combination) -> bool:
-    return c.runtime != "native" or c.quantize != "none"
-
-
 # The framework-neutral rules, in the order they are checked (the first that holds is reported).
 RULES: tuple[Rule, ...] = (
-    Rule(lambda c: f"scenario=serve with {_deploy_levers(c)}",
-         lambda c: _is_deploy(c) and c.scenario == "serve",
-         "scenario=serve feeds the framework's own compiled step; no exported runtime has a "
-         "serving path yet: drop the runtime/quantize override (scenario=inference measures it)"),
-    Rule(lambda c: f"{_deploy_levers(c)} with scenario={c.scenario}",
-         lambda c: _is_deploy(c) and c.scenario != "inference",
+    Rule(lambda c: f"{deploy_levers(c)} with scenario={c.scenario}",
+         lambda c: is_deploy(c) and not _deploys(c),
          "a deployment runtime or quantisation serves a model for inference only; add "
          "scenario=inference, or drop the runtime/quantize override"),
     Rule(lambda c: f"parallel=fsdp with devices={c.devices}",
-         # a scaling run's x1 child is its baseline: the same sharded step on one device
-         lambda c: c.parallel == "fsdp" and c.devices * c.nodes < 2 and c.scenario != "scaling",
+         # a device sweep's x1 child is its baseline: the same sharded step on one device
+         lambda c: c.parallel == "fsdp" and c.devices * c.nodes < 2 and not _sweeps_devices(c),
          "sharding needs more than one device; set devices=2 or more, or parallel=ddp"),
     Rule(lambda c: f"runtime={c.runtime} with precision={c.precision}",
          lambda c: c.runtime != "native" and c.precision not in EXPORT_PRECISIONS,
@@ -101,20 +75,21 @@ RULES: tuple[Rule, ...] = (
     Rule(lambda c: "runtime=tensorrt with quantize=dynamic_int8",
          lambda c: c.runtime == "tensorrt" and c.quantize == "dynamic_int8",
          "TensorRT's int8 is static (calibrated); use quantize=none"),
-    Rule(lambda c: f"scenario=generate with a {c.family or 'non-LM'} model",
-         lambda c: c.scenario == "generate" and not _generates(c),
-         "generation needs a decoder LM; use model=llama (or llama_8b)"),
-    Rule(lambda c: f"scenario=generate with devices={c.devices * c.nodes}",
-         lambda c: c.scenario == "generate" and c.devices * c.nodes > 1,
-         "generation runs on one device; set devices=1"),
-    Rule(lambda c: f"scenario=serve with devices={c.devices * c.nodes}",
-         lambda c: c.scenario == "serve" and c.devices * c.nodes > 1,
-         "serving is measured on one device; set devices=1"),
     Rule(lambda c: "runtime=tensorrt on a CPU",
          lambda c: c.runtime == "tensorrt" and c.device_kind == "cpu",
          "TensorRT needs an NVIDIA GPU (it has no CPU path); on a CPU use runtime=onnxruntime "
          "or runtime=openvino"),
 )
+
+
+def _deploys(c: Combination) -> bool:
+    scenario = registry.SCENARIOS.get(c.scenario)
+    return scenario is not None and scenario.deploys
+
+
+def _sweeps_devices(c: Combination) -> bool:
+    scenario = registry.SCENARIOS.get(c.scenario)
+    return scenario is not None and scenario.sweeps_devices
 
 
 def export_capability(c: Any) -> str:
@@ -133,26 +108,24 @@ def refusal(c: Combination, framework: Framework, version: Optional[str] = None
             ) -> Optional[str]:
     """Why ``c`` has no path (one line naming the fix), or None when it may run."""
     by = f"{framework.name} {version}" if version else framework.name
-    for rule in RULES:
+    scenario = registry.SCENARIOS.get(c.scenario)
+    for rule in (*(scenario.rules if scenario is not None else ()), *RULES):
         if rule.when(c):
             return f"{rule.what(c)} is not supported by {by}: {rule.why}"
     for (field, value), capability in LEVERS.items():
         if getattr(c, field) == value and not framework.has(capability):
             return str(framework.unsupported(capability, f"{field}={value}", version))
     spec = _spec(c)
-    decodes = spec is not None and spec.generates  # served token by token
     user = spec is not None and spec.user is not None
-    if c.scenario == "inference" and _is_deploy(c):
+    if scenario is not None and scenario.deploys and is_deploy(c):
         needed = export_capability(c)
         if not framework.has(needed):
             what = ("quantize=dynamic_int8 with runtime=native" if c.runtime == "native"
                     else f"runtime={c.runtime}") + (" with model=custom" if user else "")
             return str(framework.unsupported(needed, what, version))
-    if c.scenario == "serve" and decodes and not framework.has("generate"):
-        return str(framework.unsupported("generate", "scenario=serve with model=llama", version))
-    if c.scenario == "serve" and not decodes and not user and not framework.has("inference"):
-        return str(framework.unsupported("inference", "scenario=serve", version))
-    scenario = registry.SCENARIOS.get(c.scenario)
+    need = scenario.capability(c) if scenario is not None and scenario.capability else None
+    if need is not None and not framework.has(need[0]):
+        return str(framework.unsupported(need[0], need[1], version))
     for needed in scenario.needs if scenario is not None else ():  # e.g. keras' pipeline
         if not framework.has(needed):
             return str(framework.unsupported(needed, f"scenario={c.scenario}", version))

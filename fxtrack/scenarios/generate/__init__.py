@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from fxtrack import families
 from fxtrack.scenarios.options import Options, positive
-from fxtrack.scenarios.registry import MEASURE, Objective, Scenario, register
+from fxtrack.scenarios.registry import MEASURE, Objective, Rule, Scenario, one_device, register
 
 
 @dataclasses.dataclass
@@ -24,7 +25,13 @@ class GenerateOptions(Options):
 
 SPEC = register(Scenario(
     "generate", "greedy decoding with a KV cache: time to first token, decode tokens/s",
-    GenerateOptions, __name__, needs=("generate",), trains=False, decodes=True, objectives=(
+    GenerateOptions, __name__, needs=("generate",), trains=False, decodes=True, rules=(
+        # a family not known here (the worker checks again) may be one
+        Rule(lambda c: f"scenario=generate with a {c.family or 'non-LM'} model",
+             lambda c: bool(c.family) and not families.get(c.family).generates,
+             "generation needs a decoder LM; use model=llama (or llama_8b)"),
+        one_device("generate", "generation runs on one device; set devices=1")),
+    objectives=(
         Objective("ttft", "Generation: time to first token", ("ttft_ms_p50",), "common",
                   ("starts generating", "faster than"), MEASURE % "generate", rank=50,
                   lm_only=True),

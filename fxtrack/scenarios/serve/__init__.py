@@ -7,7 +7,17 @@ import dataclasses
 from typing import Any, Optional
 
 from fxtrack.scenarios.options import Options, apart, at_least, finite_fields, positive
-from fxtrack.scenarios.registry import MEASURE, Objective, Scenario, register
+from fxtrack import families
+from fxtrack.scenarios.registry import (
+    MEASURE,
+    Objective,
+    Rule,
+    Scenario,
+    deploy_levers,
+    is_deploy,
+    one_device,
+    register,
+)
 
 
 def number_or_search(key: str, value: str, what: str) -> float:
@@ -180,10 +190,28 @@ def refusal(options: ServeOptions, family: Any, batch_size: Optional[int]) -> Op
     return why
 
 
+def capability(c: Any) -> Optional[tuple[str, str]]:
+    """What serving the combination's model needs: a decoder LM is served token by token
+    (generate), another fxtrack model as batched forwards (inference); a user's model is the
+    user builder's to say (rules.refusal)."""
+    family = families.get(c.family) if c.family else None
+    if family is not None and family.generates:
+        return "generate", "scenario=serve with model=llama"
+    if family is None or family.user is None:
+        return "inference", "scenario=serve"
+    return None
+
+
 SPEC = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
     ServeOptions, __name__, parts=("runner", "section"), refusal=refusal, trains=False,
     mfu=False, decodes=True, from_run=True, named_options=("batching", "length_dist"),
+    rules=(Rule(lambda c: f"scenario=serve with {deploy_levers(c)}", is_deploy,
+                "scenario=serve feeds the framework's own compiled step; no exported runtime "
+                "has a serving path yet: drop the runtime/quantize override (scenario=inference "
+                "measures it)"),
+           one_device("serve", "serving is measured on one device; set devices=1")),
+    capability=capability,
     probe_tag="serve_probe_of", child_tags=("serve_mode", "serve_batching", "serve_buckets"),
     artifacts=("serve_requests",), objectives=(
         Objective("serve", "Serving capacity under the SLOs",
