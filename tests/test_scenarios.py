@@ -67,6 +67,18 @@ def composed(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
+def test_a_scenarios_own_metrics_come_and_go_with_it(toy):
+    """Declared in its folder (Scenario.own_metrics), filed under its name, gone with it."""
+    from fxtrack import metrics
+
+    widgets = metrics.lookup("toy_widgets")
+    assert widgets.scenarios == ("toy",) and widgets.direction == metrics.HIGHER
+    assert scenarios.get("toy").metrics == ("toy_widgets", "toy_loss")
+    assert metrics.lookup("serve_e2e_ms_p99").scenarios == ("serve",)  # fxtrack's own, alike
+    scenarios.unregister("toy")
+    assert metrics.lookup("toy_widgets") is None
+
+
 def test_a_registered_scenario_is_validated_with_its_own_options(toy):
     from fxtrack.config.validate import ConfigError, validate
 

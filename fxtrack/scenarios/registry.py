@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 from typing import Any, Callable, Optional
 
+from fxtrack import metrics
 from fxtrack.scenarios import options as opts
 
 
@@ -90,8 +91,6 @@ class Objective:
     @property
     def lower(self) -> bool:
         """Lower is better: the metric registry's direction of the objective's figure."""
-        from fxtrack import metrics
-
         return metrics.lookup(self.metrics[0]).lower_is_better
 
 
@@ -126,6 +125,8 @@ class Scenario:
     # the capabilities a framework must declare to run it with any model (else the framework's
     # declared reason refuses it before any work)
     needs: tuple[str, ...] = ()
+    # the metrics only this scenario logs (fxtrack.metrics.Metric; the shared ones are there)
+    own_metrics: tuple[Any, ...] = ()
     # combinations of this scenario without a path, checked (in order) before the neutral rules
     rules: tuple[Rule, ...] = ()
     # (capability, what the refusal names) a combination needs beyond ``needs``, from its
@@ -198,9 +199,7 @@ class Scenario:
     @property
     def metrics(self) -> tuple[str, ...]:
         """The metric keys it logs (the registry ``fxtrack.metrics``, the contract's notation)."""
-        from fxtrack import metrics
-
-        return tuple(m.name for m in metrics.METRICS if self.name in m.scenarios)
+        return tuple(m.name for m in metrics.registered() if self.name in m.scenarios)
 
 
 SCENARIOS: dict[str, Scenario] = {}
@@ -220,12 +219,14 @@ def register(scenario: Scenario) -> Scenario:
         raise TypeError(f"scenario {scenario.name!r}: options must be a dataclass subclassing "
                         "fxtrack.scenarios.options.Options")
     SCENARIOS[scenario.name] = scenario
+    metrics.declare(scenario.name, scenario.own_metrics)
     return scenario
 
 
 def unregister(name: str) -> None:
     """Remove a scenario (a test's toy scenario)."""
     SCENARIOS.pop(name, None)
+    metrics.declare(name, ())
 
 
 def names() -> tuple[str, ...]:

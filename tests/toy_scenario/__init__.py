@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from fxtrack.metrics import HIGHER, NEITHER, Metric
 from fxtrack.scenarios.options import Options, positive
 from fxtrack.scenarios.registry import Objective, Scenario, register
 
@@ -26,8 +27,14 @@ def refusal(options: ToyOptions, family: Any, batch_size: Optional[int]) -> Opti
     return "scenario=toy takes no model=llama" if family.generates else None
 
 
+METRICS = (  # the metrics only scenario=toy logs
+    Metric("toy_widgets", "widgets", HIGHER, "widgets made per step"),
+    Metric("toy_loss", "loss", NEITHER, "the toy model's last loss"),
+)
+
+
 SPEC = register(Scenario(
-    "toy", "widgets made per step (a test's toy)", ToyOptions, __name__,
+    "toy", "widgets made per step (a test's toy)", ToyOptions, __name__, own_metrics=METRICS,
     parts=("runner", "check", "section"), refusal=refusal, objectives=(
         Objective("widgets", "Widgets per step", ("toy_widgets",), "common",
                   ("makes", "as many widgets of"),

@@ -8,6 +8,7 @@ import dataclasses
 import math
 from typing import Any, Optional
 
+from fxtrack.metrics import HIGHER, LOWER, NEITHER, Metric
 from fxtrack.scenarios.options import Options, at_least, positive
 from fxtrack.scenarios.registry import MEASURE, Objective, Scenario, register
 
@@ -73,9 +74,32 @@ def refusal(options: ConvergeOptions, family: Any, batch_size: Optional[int]) ->
     return None
 
 
+# the metrics only scenario=converge logs (docs/contract.md's Metrics tables; fxtrack.metrics)
+METRICS = (
+Metric("time_to_target_s", "s", LOWER,
+           "training time to the first evaluation meeting the target"),
+    Metric("steps_to_target", "steps", LOWER, "optimiser steps to that evaluation"),
+    Metric("samples_to_target", "samples", LOWER, "training samples to that evaluation"),
+    Metric("reached_target", "0 or 1", HIGHER, "1 when the target was met within the budget"),
+    Metric("eval_time_s", "s", NEITHER, "time spent evaluating, kept out of the training time"),
+    Metric("train_time_s", "s", NEITHER, "training time of the whole run, compilation excluded"),
+    Metric("steps_trained", "steps", NEITHER, "optimiser steps the run took"),
+    Metric("loss_divergence_max", "ratio", LOWER,
+       "largest relative gap of the first training losses from the first framework's"),
+    Metric("final_eval_vs_fp32", "metric units", HIGHER,
+       "a lever's final metric against its framework's fp32 run, positive is better"),
+    Metric("time_to_target_x_fp32", "ratio", LOWER,
+       "a lever's time to target / its framework's fp32 run's"),
+    Metric("final_eval_accuracy", "fraction", HIGHER, "the last evaluation's accuracy"),
+    Metric("final_eval_loss", "nats", LOWER, "the last evaluation's cross-entropy"),
+    Metric("final_eval_bits_per_byte", "bits/byte", LOWER, "the last evaluation's bits per byte"),
+)
+
+
 SPEC = register(Scenario(
     "converge", "training on real data to a held-out target: time, steps and samples to it",
-    ConvergeOptions, __name__, parts=("runner", "check", "section"), refusal=refusal,
+    ConvergeOptions, __name__, own_metrics=METRICS,
+    parts=("runner", "check", "section"), refusal=refusal,
     needs=("converge",), devices_need="converge_devices", real_data=True, mfu=False,
     objectives=(
         # on real data (MLPerf Training's rule: a verdict from 5 seeds, fastest and slowest dropped)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from fxtrack import families
+from fxtrack.metrics import HIGHER, LOWER, Metric
 from fxtrack.scenarios.options import Options, positive
 from fxtrack.scenarios.registry import MEASURE, Objective, Rule, Scenario, one_device, register
 
@@ -23,9 +24,19 @@ class GenerateOptions(Options):
         positive("scenario.", prompt_len=self.prompt_len, new_tokens=self.new_tokens)
 
 
+# the metrics only scenario=generate logs (docs/contract.md's Metrics tables; fxtrack.metrics)
+METRICS = (
+    Metric("ttft_ms_{p50|p90}", "ms", LOWER, "time to the first token"),
+    Metric("decode_ms_per_token_{p50|p90}", "ms", LOWER, "one decode step through the cache"),
+    Metric("decode_tokens_per_s", "tokens/s", HIGHER, "tokens decoded per second"),
+    Metric("kv_cache_mib", "MiB", LOWER, "the KV cache's bytes"),
+)
+
+
 SPEC = register(Scenario(
     "generate", "greedy decoding with a KV cache: time to first token, decode tokens/s",
-    GenerateOptions, __name__, needs=("generate",), trains=False, decodes=True, rules=(
+    GenerateOptions, __name__, own_metrics=METRICS,
+    needs=("generate",), trains=False, decodes=True, rules=(
         # a family not known here (the worker checks again) may be one
         Rule(lambda c: f"scenario=generate with a {c.family or 'non-LM'} model",
              lambda c: bool(c.family) and not families.get(c.family).generates,

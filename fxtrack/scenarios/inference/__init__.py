@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
+from fxtrack.metrics import HIGHER, LOWER, NEITHER, Metric
 from fxtrack.scenarios.options import Options, apart, positive
 from fxtrack.scenarios.registry import MEASURE, Objective, Scenario, register
 
@@ -28,9 +29,22 @@ class InferenceOptions(Options):
         positive("scenario.", min_queries=self.min_queries, min_duration_s=self.min_duration_s)
 
 
+# the metrics only scenario=inference logs (docs/contract.md's Metrics tables; fxtrack.metrics)
+METRICS = (
+    Metric("latency_ms_{p50|p90|p99}", "ms", LOWER, "one batch's forward time"),
+    Metric("latency_percentile_queries", "count", NEITHER,
+       "the timed batches every latency percentile is taken over"),
+    Metric("output_max_abs_err", "logit units", LOWER, "largest difference from native fp32"),
+    Metric("output_rel_err", "ratio", LOWER, "that difference / the largest native logit"),
+    Metric("top1_agreement", "fraction", HIGHER, "share of samples whose top-1 matches native"),
+    Metric("artefact_mib", "MiB", LOWER, "the exported file the runtime serves"),
+    Metric("export_time_s", "s", LOWER, "export, quantisation and load of the served model"),
+)
+
+
 SPEC = register(Scenario(
     "inference", "forward-only latency per batch, in the framework or a deployment runtime",
-    InferenceOptions, __name__, trains=False, deploys=True, from_run=True,
+    InferenceOptions, __name__, own_metrics=METRICS, trains=False, deploys=True, from_run=True,
     objectives=(
         Objective("latency", "Inference latency at batch 1", ("latency_ms_p50",), "one",
                   ("answers one sample of", "faster than"),

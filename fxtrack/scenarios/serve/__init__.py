@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
+from fxtrack.metrics import HIGHER, LOWER, NEITHER, Metric
 from fxtrack.scenarios.options import Options, apart, at_least, finite_fields, positive
 from fxtrack import families
 from fxtrack.scenarios.registry import (
@@ -202,9 +203,54 @@ def capability(c: Any) -> Optional[tuple[str, str]]:
     return None
 
 
+# the metrics only scenario=serve logs (docs/contract.md's Metrics tables; fxtrack.metrics)
+METRICS = (
+    Metric("serve_e2e_ms_{p50|p90|p99}", "ms", LOWER, "arrival to last token"),
+    Metric("serve_ttft_ms_{p50|p90|p99}", "ms", LOWER, "arrival to first token"),
+    Metric("serve_tpot_ms_{p50|p90|p99}", "ms", LOWER, "time per output token after the first"),
+    Metric("serve_itl_ms_{p50|p90|p99}", "ms", LOWER, "gap between consecutive tokens"),
+    Metric("serve_requests", "count", NEITHER, "requests in the window"),
+    Metric("serve_queue_ms_{p50|p90|p99}", "ms", LOWER, "arrival to admission: waiting"),
+    Metric("serve_service_ms_{p50|p90|p99}", "ms", LOWER, "admission to last token: working"),
+Metric("serve_percentile_requests", "count", NEITHER,
+           "completed requests behind each percentile"),
+    Metric("failed_requests", "count", LOWER, "requests timed out or whose step raised"),
+    Metric("timed_out_requests", "count", LOWER, "requests dropped past scenario.timeout_ms"),
+    Metric("load_s", "s", LOWER, "cold start: the model built on the device"),
+    Metric("compile_s", "s", LOWER, "cold start: every bucket prepared and run once"),
+    Metric("first_request_ms", "ms", LOWER, "cold start: the first request, before warm-up"),
+    Metric("request_throughput_rps", "requests/s", HIGHER, "requests completed per second"),
+    Metric("output_tokens_per_s", "tokens/s", HIGHER, "output tokens per second"),
+    Metric("goodput_rps", "requests/s", HIGHER, "requests meeting every SLO per second"),
+    Metric("slo_attained_fraction", "fraction", HIGHER, "share of requests meeting every SLO"),
+    Metric("requested_rate_rps", "requests/s", NEITHER, "the arrival rate asked for"),
+    Metric("achieved_rate_rps", "requests/s", NEITHER, "the arrival rate achieved"),
+    Metric("completion_rate_rps", "requests/s", HIGHER, "how fast requests completed"),
+    Metric("admission_rate_rps", "requests/s", HIGHER,
+       "how fast the queue was drained: the saturation verdict's figure"),
+    Metric("batches", "count", NEITHER, "batches served"),
+    Metric("mean_batch_size", "count", NEITHER, "requests per batch"),
+    Metric("serve_recompiles", "count", LOWER, "compilations inside the window"),
+    Metric("max_rate_under_slo_rps", "requests/s", HIGHER, "the highest rate meeting every SLO"),
+    Metric("highest_passing_rate_rps", "requests/s", HIGHER, "the same"),
+    Metric("lowest_failing_rate_rps", "requests/s", HIGHER, "the lowest rate that failed"),
+    Metric("max_concurrency_under_slo", "clients", HIGHER,
+       "the most closed-loop clients meeting every SLO"),
+    Metric("lowest_failing_concurrency", "clients", HIGHER, "the fewest clients that failed"),
+    Metric("mismatched_requests", "count", LOWER,
+       "requests served other tokens than their prompt decoded alone"),
+Metric("first_mismatch_position", "token", NEITHER,
+           "the earliest output position that differed"),
+    Metric("serve_output_checked_requests", "count", NEITHER,
+       "requests whose tokens were checked"),
+    Metric("serve_output_check_s", "s", NEITHER, "the output check's time, outside the windows"),
+)
+
+
 SPEC = register(Scenario(
     "serve", "requests arriving at a rate, batched: latency percentiles, goodput under SLOs",
-    ServeOptions, __name__, parts=("runner", "section"), refusal=refusal, trains=False,
+    ServeOptions, __name__, own_metrics=METRICS,
+    parts=("runner", "section"), refusal=refusal, trains=False,
     mfu=False, decodes=True, from_run=True, named_options=("batching", "length_dist"),
     rules=(Rule(lambda c: f"scenario=serve with {deploy_levers(c)}", is_deploy,
                 "scenario=serve feeds the framework's own compiled step; no exported runtime "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from fxtrack.metrics import NEITHER, Metric
 from fxtrack.scenarios.options import Options, apart, at_least
 from fxtrack.scenarios.registry import MEASURE, Objective, Scenario, register
 
@@ -21,9 +22,23 @@ class TrainOptions(Options):
         at_least("scenario.", 0, profile_steps=self.profile_steps)
 
 
+# the metrics only scenario=train logs (docs/contract.md's Metrics tables; fxtrack.metrics)
+METRICS = (
+    Metric("profile_{matmul|attention|norm_elementwise|optimizer|overhead}_ms", "ms", NEITHER,
+       "scenario.profile_steps: one profiled step's time in that category (its framework's own "
+       "profiler)"),
+Metric("profile_step_ms", "ms", NEITHER,
+           "scenario.profile_steps: the profiled step's wall span"),
+    Metric("profile_timed_step_ms", "ms", NEITHER, "scenario.profile_steps: the median profiled "
+       "step as fxtrack's timer saw it, around the step annotation"),
+    Metric("profile_unprofiled_step_ms", "ms", NEITHER, "scenario.profile_steps: the median "
+       "unprofiled step timed just before and just after the profiled ones"),
+)
+
+
 SPEC = register(Scenario(
     "train", "training steps on synthetic data: throughput, step time, memory, MFU",
-    TrainOptions, __name__, option_needs=(("profile_steps", "profile"),),
+    TrainOptions, __name__, own_metrics=METRICS, option_needs=(("profile_steps", "profile"),),
     objectives=(
         Objective("train", "Training throughput", ("throughput_samples_per_s",), "common",
                   ("trains", "as fast as"), MEASURE % "train", rank=0),
