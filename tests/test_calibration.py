@@ -104,7 +104,7 @@ def _trials(monkeypatch, rates: dict, frac: float):
 
 def test_a_contended_peak_gives_no_mfu_and_the_run_says_why(tmp_path, monkeypatch):
     from fxtrack.worker.protocol import Result
-    from fxtrack.orchestrator.job import summary_line
+    from fxtrack.tracking.records import summary_line
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     _trials(monkeypatch, {"torch": 1.0}, frac=0.5)

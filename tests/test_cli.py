@@ -148,7 +148,7 @@ def test_framework_start_up_noise_stays_in_the_log_not_the_terminal(capfd):
 
 def test_summary_line_shows_what_each_scenario_measured():
     from fxtrack.worker.protocol import Result
-    from fxtrack.orchestrator.job import summary_line
+    from fxtrack.tracking.records import summary_line
 
     ckpt = Result("r", status="FINISHED", metrics={"checkpoint_save_s": 0.5, "checkpoint_restore_s": 0.25,
                                                    "checkpoint_mib": 98.0, "export_s": 1.5,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fxtrack.tracking.tracker import Tracker
 from fxtrack import architectures
 from fxtrack.scenarios.fit import check as fit_config
 from fxtrack.config.memory import GIB
@@ -308,7 +309,7 @@ def test_an_interrupted_fit_closes_its_parent_killed_with_what_it_probed(tmp_pat
         conf, arch = validate(cfg)
     job = Job(cfg, conf, arch, str(tmp_path))
     logged: list[dict] = []
-    monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
+    monkeypatch.setattr(Tracker, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
     calls = []
 
     class Probing:

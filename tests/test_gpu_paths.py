@@ -259,7 +259,7 @@ def test_one_node_needs_no_collective():
 
 def test_mfu_above_one_is_tagged_and_warned(monkeypatch, tmp_path):
     from fxtrack.orchestrator import calibration
-    from fxtrack.orchestrator.job import summary_line
+    from fxtrack.tracking.records import summary_line
 
     monkeypatch.setenv("FXTRACK_CACHE", str(tmp_path))
     monkeypatch.setattr(calibration, "_trial", lambda *a: ({"installed": False}, 0.0))

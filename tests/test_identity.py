@@ -383,7 +383,7 @@ def test_another_frameworks_probe_raises_the_yardstick_only_upward_and_names_it(
     which no other installation moves)."""
     from fxtrack.worker.protocol import Result
     from fxtrack.orchestrator import calibration
-    from fxtrack.orchestrator.job import summary_line
+    from fxtrack.tracking.records import summary_line
 
     def _trials(monkeypatch, rates, frac):  # stand-in probes: rates[fw] TFLOP/s, else not installed
         monkeypatch.setattr(calibration, "_UNCACHED", {})

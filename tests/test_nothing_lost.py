@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import fxtrack_env, run_fxtrack, seed_peak_cache
 
+from fxtrack.tracking.tracker import Tracker
 from fxtrack.worker.protocol import Result
 
 
@@ -281,7 +282,7 @@ def fit_with(tmp_path, monkeypatch, probe_run, *overrides: str, names: list | No
         conf, arch = validate(cfg)
     job = Job(cfg, conf, arch, str(tmp_path))
     logged: list[dict] = []
-    monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
+    monkeypatch.setattr(Tracker, "log", lambda self, record, artifacts: logged.append(record) or ("id",))
     calls: list[int] = []
 
     real_probe_job = getattr(fit._probe_job, "real", fit._probe_job)  # unpatched in a 2nd call
@@ -620,7 +621,7 @@ def parent_with(tmp_path, monkeypatch, second, *overrides: str):
         conf, arch = validate(cfg)
     job = Job(cfg, conf, arch, str(tmp_path))
     logged: list[dict] = []
-    monkeypatch.setattr(Job, "log", lambda self, record, artifacts: logged.append(record) or ("id", "store"))
+    monkeypatch.setattr(Tracker, "log", lambda self, record, artifacts: logged.append(record) or ("id", "store"))
     children: list[int] = []
 
     def run(self, job_dir, parent, devices, scenario=None, repeat=None, tags=None):
@@ -684,8 +685,8 @@ def test_a_jobs_fallback_is_held_before_its_worker_starts(tmp_path, monkeypatch,
             f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"])
         conf, arch = validate(cfg)
     job = job_module.Job(cfg, conf, arch, str(tmp_path))
-    monkeypatch.setattr(job_module.Job, "log", lambda self, record, artifacts: ("id", "store"))
-    monkeypatch.setattr(job_module.Job, "load_tracking", lambda self: None)
+    monkeypatch.setattr(Tracker, "log", lambda self, record, artifacts: ("id", "store"))
+    monkeypatch.setattr(Tracker, "load", lambda self: None)
     seen: dict[str, list] = {}
 
     def held() -> list[dict]:

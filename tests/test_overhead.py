@@ -212,8 +212,7 @@ def test_a_store_sqlite_cannot_answer_is_left_to_mlflow(tmp_path, monkeypatch, i
 
 
 def test_the_job_loads_tracking_once_and_never_fails_the_run_for_it(monkeypatch):
-    from fxtrack.orchestrator import job
-    from fxtrack.tracking import runs
+    from fxtrack.tracking import runs, tracker
 
     calls = []
 
@@ -222,10 +221,10 @@ def test_the_job_loads_tracking_once_and_never_fails_the_run_for_it(monkeypatch)
         raise RuntimeError("store unreadable")  # the log after the run reports it
 
     monkeypatch.setattr(runs, "client_for", client_for)
-    monkeypatch.setattr(job, "_LOADED", set())
-    fake = SimpleNamespace(uri="sqlite:////nowhere/mlflow.db")
-    job.Job.load_tracking(fake)
-    job.Job.load_tracking(fake)
+    monkeypatch.setattr(tracker, "_LOADED", set())
+    fake = tracker.Tracker("sqlite:////nowhere/mlflow.db", "fxtrack")
+    fake.load()
+    fake.load()
     assert calls == ["sqlite:////nowhere/mlflow.db"]
 
 

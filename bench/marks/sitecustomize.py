@@ -58,7 +58,9 @@ def _orchestrator() -> None:
     from fxtrack.orchestrator.job import Job
 
     _wrap(Job, "run", "job_run", "logged")
-    _wrap(Job, "load_tracking", "tracking_start", "tracking_done")
+    from fxtrack.tracking.tracker import Tracker
+
+    _wrap(Tracker, "load", "tracking_start", "tracking_done")
     atexit.register(mark, "atexit")
 
 

@@ -163,7 +163,7 @@ def _open(job, job_dir, aggregate: str, parent: Optional[str], jobs_dir, entries
     from fxtrack.tracking import records
 
     name, tags = _name_and_tags(job, job_dir)
-    job.log(records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
+    job.tracker.log(records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
                                   "RUNNING", parent), {})
     _OPEN[aggregate] = _Open(job, parent, jobs_dir, entries)
 
@@ -182,7 +182,7 @@ def _keep(job, aggregate: str, entries: list[dict[str, Any]]) -> None:
                                    "RUNNING", _OPEN[aggregate].parent,
                                    aggregate_metrics([e["metrics"] for e in done]))
     record["params"] = done[0].get("params", {})
-    job.hold_parent(record)
+    job.tracker.hold_parent(record)
 
 
 def group_of(job, conf) -> Optional[dict[str, Any]]:
@@ -366,7 +366,7 @@ def close(job, aggregate: str, parent: Optional[str], entries: list[dict[str, An
     record = records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
                                    status, parent, metrics)
     record["params"] = params
-    run_id, where = job.log(record, {})
+    run_id, where = job.tracker.log(record, {})
     print(f"{line}  [{where}]", file=sys.stderr, flush=True)
     entry = {"name": name, "status": record["status"], "metrics": metrics, "tags": tags,
              "run_id": run_id, "params": params}

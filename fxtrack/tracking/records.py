@@ -13,6 +13,7 @@ from typing import Any, Optional
 from fxtrack import families, scenarios
 from fxtrack.environment import SECRET_NAME, environment_snapshot, redact_uri_text
 from fxtrack.frameworks.declaration import declaration
+from fxtrack.measure.host_load import is_contended
 from fxtrack.worker.protocol import JobSpec, Result
 
 NOISY_CV = 0.10  # step-time coefficient of variation above which a run is tagged noisy
@@ -458,3 +459,37 @@ def adopted(record: dict[str, Any], files: list[tuple[str, Any]]
     if "fxtrack.config_id" in record["tags"]:  # the orchestrator's tag: resume=true finds it
         new["tags"]["fxtrack.config_id"] = record["tags"]["fxtrack.config_id"]
     return new, [*files, ("result.json", result_path)]
+
+
+def summary_line(name: str, result: Result) -> str:
+    """One line per run: status and the headline figures its scenario logged."""
+    if result.status != "FINISHED":
+        return f"{name}: {result.status}: {result.error}"
+    m = result.metrics
+    parts = [fmt.format(m[key]) for key, fmt in HEADLINE if key in m]
+    source = result.tags.get("peak_tflops_source", "")
+    if "mfu" in m and source.startswith("machine-best:"):  # say which yardstick the MFU is on
+        parts[-1] += f" (of this machine's best matmul rate, {source.partition(':')[2]}'s)"
+    notes = "" if result.guard == "ok" else f"  WARNING: correctness guard: {result.guard}"
+    if m.get("mfu", 0.0) > 1.0:  # impossible: the peak or the FLOP count is wrong
+        notes += (f"  WARNING: MFU {m['mfu']:.0%} > 100%: peak {m.get('peak_tflops', 0):.1f} "
+                  f"TFLOP/s ({result.tags.get('peak_tflops_source', '?')}) is below this run's rate")
+    if result.tags.get("peak_contended") == "true":
+        notes += ("  NOTE: no MFU: the peak FLOP/s was calibrated while other processes used the "
+                  "cores (not cached; a quiet run calibrates again)")
+    if m.get("reached_target") == 0.0:  # scenario=converge: FINISHED, the target not met
+        notes += "  NOTE: target not reached within the budget"
+    if result.tags.get("trajectory", "").startswith("diverged"):
+        notes += (f"  NOTE: training losses {result.tags['trajectory']} from "
+                  f"{result.tags.get('trajectory_reference')}'s")
+    if m.get("step_time_cv", 0.0) > NOISY_CV:
+        notes += f"  NOTE: noisy: step times vary {m['step_time_cv']:.0%} (CV > {NOISY_CV:.0%})"
+    if is_contended(m.get("host_other_cpu_frac")):
+        notes += (f"  CONTENDED: other processes took {m['host_other_cpu_frac']:.0%} of the "
+                  "cores during the timed window")
+    foreign = result.tags.get("gpu_foreign_processes") or result.tags.get("gpu_foreign_processes_before")
+    if foreign:
+        notes += f"  CONTENDED: other processes on the run's GPUs ({foreign})"
+    if result.tags.get("gpu_throttled"):
+        notes += f"  THROTTLED: the GPU slowed its clocks ({result.tags['gpu_throttled']})"
+    return f"{name}: " + ", ".join(parts) + notes

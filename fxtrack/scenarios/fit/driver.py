@@ -267,7 +267,7 @@ def run(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optiona
         record = records.parent_record(fit_id, job.uri, conf.tracking.experiment, name, tags,
                                        status, parent, metrics)
         job.last_record = record
-        return job.log(record, artifacts or {})[0]
+        return job.tracker.log(record, artifacts or {})[0]
 
     log_parent("RUNNING", {})
     outcome = Result(fit_id, status="FINISHED")

@@ -56,7 +56,7 @@ def run(job, job_dir: Path, parent: Optional[str]) -> tuple[str, Result, Optiona
     def log_parent(status: str, metrics: dict[str, float]) -> Optional[str]:
         record = records.parent_record(scaling_id, job.uri, conf.tracking.experiment, name, tags,
                                        status, parent, metrics)
-        return job.log(record, {})[0]
+        return job.tracker.log(record, {})[0]
 
     log_parent("RUNNING", {})
     outcome = Result(scaling_id, status="FINISHED")
