@@ -218,7 +218,6 @@ def command() -> Any:
     _RAN_APP.append(True)
     exit_on_sigterm()
     sys.argv[1:] = with_user_searchpath(sys.argv[1:], user_config_dirs())
-    check_overrides(sys.argv[1:])
     check_output_dir(sys.argv[1:])
     # Hydra prints its composition errors over several lines and exits 1; raised instead (unless
     # the user asked for Hydra's own full traces), main reports each as one line with the config
@@ -261,54 +260,32 @@ def check_output_dir(args: list[str]) -> None:
         sys.exit(2)
 
 
-def config_groups(extra: list[Path]) -> set[str]:
-    """The config groups: ``<group>/`` in fxtrack's conf/, the user's config directories and
-    ``extra`` (``--config-dir``, ``hydra.searchpath``)."""
-    return {"scenario", "model"} | {d.name for root in [CONF_DIR, *user_config_dirs(), *extra]
-                           if root.is_dir() for d in root.iterdir() if d.is_dir()}
-
-
-def check_overrides(args: list[str]) -> None:
-    """Stop (exit 2, one line) on an override Hydra cannot parse, or on a key without ``+`` that
-    no schema defines: the same did-you-mean as ``+key=value`` gets (Hydra would only advise
-    ``+``). Keys of every declared framework pass here; Hydra then checks them per framework."""
-    from hydra._internal.utils import get_args_parser
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    from fxtrack.config.frameworks import declared
-    from fxtrack.config.validate import open_prefixes, unknown_key, valid_keys
-
-    options = get_args_parser().parse_args(args)
-    try:
-        parsed = OverridesParser.create().parse_overrides(options.overrides)
-    except OverrideParseException as e:
-        config_error(f"cannot parse the overrides: {_first_line(e)}")
-    dirs = [Path(options.config_dir)] if options.config_dir else []
-    for override in (o for o in parsed if o.key_or_group == "hydra.searchpath"):
-        for entry in re.findall(r"[\w+]+://[^,\]\s]+", override.input_line or ""):
-            if not entry.startswith("file://"):
-                return  # groups we cannot list (pkg://): Hydra checks every key itself
-            dirs.append(Path(entry[len("file://"):]))
-    valid = valid_keys(declared()) | config_groups(dirs)
-    open_keys = tuple(open_prefixes())
-    for override in parsed:
-        key = override.key_or_group
-        if (override.is_hydra_override() or override.is_add() or override.is_force_add()
-                or override.package is not None or "/" in key):
-            continue  # Hydra's own, a deliberate addition (validate checks it), a package path
-        if key not in valid and not key.startswith(open_keys):
-            config_error(str(unknown_key(key, valid)))
-
-
 def config_error_line(e: BaseException) -> str | None:
     """One line for an error Hydra or OmegaConf raised while composing the config (an unknown
     option lists the options); None for any other exception."""
-    from hydra.errors import HydraException, MissingConfigException
+    from hydra.errors import (
+        ConfigCompositionException,
+        HydraException,
+        MissingConfigException,
+        OverrideParseException,
+    )
     from omegaconf.errors import OmegaConfBaseException
 
     if not isinstance(e, (HydraException, OmegaConfBaseException)):
         return None
+    if isinstance(e, OverrideParseException):
+        return f"cannot parse the overrides: {_first_line(e)}"
+    key = getattr(e.__cause__, "full_key", None)
+    if isinstance(e, ConfigCompositionException) and key:
+        # an override of a key no schema defines: the one key check's did-you-mean
+        # (validate.unknown_keys), not Hydra's advice to add it with +; a key of another
+        # framework than this one (framework.compile_mode on jax) keeps Hydra's line
+        from fxtrack.config.frameworks import declared
+        from fxtrack.config.validate import open_prefixes, unknown_key, valid_keys
+
+        valid = valid_keys(declared())
+        if key not in valid and not key.startswith(tuple(open_prefixes())):
+            return str(unknown_key(key, valid))
     if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
         group, _, option = e.missing_cfg_file.rpartition("/")
         return (f"{group}={option}: no such option; {group} is one of "

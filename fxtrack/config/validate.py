@@ -84,7 +84,8 @@ def unknown_key(name: str, valid: set[str]) -> ConfigError:
 
 def unknown_keys(cfg: DictConfig) -> None:
     """Raise ConfigError for a key no schema defines (``+batchsize=8``: Hydra's ``+`` adds any
-    key), naming the closest valid one."""
+    key), naming the closest valid one. The one key check: an override of such a key without
+    ``+`` stops Hydra's composition, whose error ``cli.config_error_line`` words the same way."""
     valid = valid_keys([str(cfg.framework.get("name", ""))])
     nested = {key.rpartition(".")[0] for key in valid if "." in key}  # e.g. scenario.slo too
     nested |= {key.partition(".")[0] for key in valid if "." in key}
