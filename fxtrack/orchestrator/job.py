@@ -82,7 +82,7 @@ class Job:
                  launch_dir: str) -> None:
         from fxtrack.tracking import records, target
 
-        self.cfg, self.conf, self.arch = cfg, conf, arch
+        self.conf, self.arch = conf, arch  # the typed config; ``config`` below: as logged
         if not conf.verbose:  # MLflow's database-migration chatter is noise to a user
             for name in ("mlflow", "alembic"):
                 logging.getLogger(name).setLevel(logging.WARNING)
