@@ -58,9 +58,12 @@ def _orchestrator() -> None:
     from fxtrack.orchestrator.job import Job
 
     _wrap(Job, "run", "job_run", "logged")
-    from fxtrack.tracking.tracker import Tracker
+    try:
+        from fxtrack.tracking.tracker import Tracker
 
-    _wrap(Tracker, "load", "tracking_start", "tracking_done")
+        _wrap(Tracker, "load", "tracking_start", "tracking_done")
+    except ImportError:  # a --compare-root from before tracking.Tracker (2026-12-07)
+        _wrap(Job, "load_tracking", "tracking_start", "tracking_done")
     atexit.register(mark, "atexit")
 
 
