@@ -200,7 +200,7 @@ def test_a_cpu_run_is_unchanged(fake):
 
 def test_the_summary_line_says_a_gpu_run_was_shared_or_throttled():
     from fxtrack.worker.protocol import Result
-    from fxtrack.orchestrator.job import summary_line
+    from fxtrack.tracking.records import summary_line
 
     r = Result("r", status="FINISHED", metrics={"throughput_samples_per_s": 10.0},
                tags={"gpu_foreign_processes": "4242:1024MiB", "gpu_throttled": "sw_power_cap"})
