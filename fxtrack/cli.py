@@ -235,11 +235,12 @@ def config_failure(e: Exception) -> None:
     """An error out of the Hydra app before the job started (orchestrator.app.STARTED): Hydra's
     composition error or its output directory's, as one line and exit status 2. Returns for
     the job's own errors and where the user set HYDRA_FULL_ERROR."""
+    from fxtrack.config.validate import composition_error
     from fxtrack.orchestrator import app
 
     if app.STARTED or not _ONE_LINE_ERRORS:
         return
-    line = config_error_line(e)
+    line = composition_error(e)
     if line is None and isinstance(e, OSError):  # Hydra writing its output directory
         from fxtrack.config.validate import output_dir_error
 
@@ -260,49 +261,10 @@ def check_output_dir(args: list[str]) -> None:
         sys.exit(2)
 
 
-def config_error_line(e: BaseException) -> str | None:
-    """One line for an error Hydra or OmegaConf raised while composing the config (an unknown
-    option lists the options); None for any other exception."""
-    from hydra.errors import (
-        ConfigCompositionException,
-        HydraException,
-        MissingConfigException,
-        OverrideParseException,
-    )
-    from omegaconf.errors import OmegaConfBaseException
-
-    if not isinstance(e, (HydraException, OmegaConfBaseException)):
-        return None
-    if isinstance(e, OverrideParseException):
-        return f"cannot parse the overrides: {_first_line(e)}"
-    key = getattr(e.__cause__, "full_key", None)
-    if isinstance(e, ConfigCompositionException) and key:
-        # an override of a key no schema defines: the one key check's did-you-mean
-        # (validate.unknown_keys), not Hydra's advice to add it with +; a key of another
-        # framework than this one (framework.compile_mode on jax) keeps Hydra's line
-        from fxtrack.config.frameworks import declared
-        from fxtrack.config.validate import open_prefixes, unknown_key, valid_keys
-
-        valid = valid_keys(declared())
-        if key not in valid and not key.startswith(tuple(open_prefixes())):
-            return str(unknown_key(key, valid))
-    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
-        group, _, option = e.missing_cfg_file.rpartition("/")
-        return (f"{group}={option}: no such option; {group} is one of "
-                f"{', '.join(sorted(e.options))}")
-    line = _first_line(e)
-    cause = _first_line(e.__cause__) if e.__cause__ is not None else ""
-    return f"{line}: {cause}" if cause and cause not in line else line
-
-
 def config_error(line: str) -> None:
     """Stop before any work as the task does for an invalid config: one line, exit status 2."""
     print(f"fxtrack: invalid config: {line}", file=sys.stderr)
     sys.exit(2)
-
-
-def _first_line(e: BaseException) -> str:
-    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
 
 
 def exit_on_sigterm() -> None:

@@ -111,6 +111,17 @@ def test_value_errors_name_the_key(overrides, message):
         validate(composed(*overrides))
 
 
+def test_an_unknown_key_swept_stops_the_sweep_in_one_line_before_any_work(tmp_path):
+    """The one key check's wording for a sweep's job too (its callback composes every job
+    first; Hydra would only warn of a callback's error), exit 2, nothing run."""
+    proc = run_fxtrack(tmp_path, "-m", "framework=torch,jax", "batchsize=8,16", timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == ("fxtrack: invalid config in job [framework=torch batchsize=8]: "
+                           "unknown config key 'batchsize'; did you mean batch_size? (python -m "
+                           "fxtrack --help lists the keys)\n"), proc.stderr
+    assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_compile_mode_is_torchs_own_setting():
     """framework.compile_mode is declared by torch (a Setting), not a key of every framework."""
     cfg = OmegaConf.to_container(composed("framework=torch", "framework.compile_mode=max-autotune"),

@@ -85,7 +85,7 @@ def unknown_key(name: str, valid: set[str]) -> ConfigError:
 def unknown_keys(cfg: DictConfig) -> None:
     """Raise ConfigError for a key no schema defines (``+batchsize=8``: Hydra's ``+`` adds any
     key), naming the closest valid one. The one key check: an override of such a key without
-    ``+`` stops Hydra's composition, whose error ``cli.config_error_line`` words the same way."""
+    ``+`` stops Hydra's composition, whose error ``composition_error`` words the same way."""
     valid = valid_keys([str(cfg.framework.get("name", ""))])
     nested = {key.rpartition(".")[0] for key in valid if "." in key}  # e.g. scenario.slo too
     nested |= {key.partition(".")[0] for key in valid if "." in key}
@@ -306,3 +306,40 @@ def family_refusal(conf: FxtrackConfig, arch: architectures.Arch) -> Optional[st
     builder unset, module not importable), one line, or None."""
     user = families.of(arch).user
     return None if user is None else import_path(user.config_check)(conf, arch)
+
+
+def composition_error(e: BaseException) -> Optional[str]:
+    """One line for an error Hydra or OmegaConf raised while composing the config (an unknown
+    option lists the options, an unknown key gets unknown_keys' did-you-mean); None for any
+    other exception. The command line's and a sweep's jobs' (orchestrator.sweep) alike."""
+    from hydra.errors import (
+        ConfigCompositionException,
+        HydraException,
+        MissingConfigException,
+        OverrideParseException,
+    )
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(e, (HydraException, OmegaConfBaseException)):
+        return None
+    if isinstance(e, OverrideParseException):
+        return f"cannot parse the overrides: {_first_line(e)}"
+    key = getattr(e.__cause__, "full_key", None)
+    if isinstance(e, ConfigCompositionException) and key:
+        # an override of a key no schema defines: the one key check's did-you-mean
+        # (validate.unknown_keys), not Hydra's advice to add it with +; a key of another
+        # framework than this one (framework.compile_mode on jax) keeps Hydra's line
+        valid = valid_keys(declared())
+        if key not in valid and not key.startswith(tuple(open_prefixes())):
+            return str(unknown_key(key, valid))
+    if isinstance(e, MissingConfigException) and e.options and e.missing_cfg_file:
+        group, _, option = e.missing_cfg_file.rpartition("/")
+        return (f"{group}={option}: no such option; {group} is one of "
+                f"{', '.join(sorted(e.options))}")
+    line = _first_line(e)
+    cause = _first_line(e.__cause__) if e.__cause__ is not None else ""
+    return f"{line}: {cause}" if cause and cause not in line else line
+
+
+def _first_line(e: BaseException) -> str:
+    return next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)

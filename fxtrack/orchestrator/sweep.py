@@ -20,7 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict, read_write
 
-from fxtrack.config.validate import ConfigError, Refused, owners, validate
+from fxtrack.config.validate import ConfigError, Refused, composition_error, owners, validate
 from fxtrack.orchestrator import from_run
 from fxtrack.tracking.records import HEADLINE, sync_advice
 
@@ -53,7 +53,15 @@ class SweepRun(Callback):
         swept: set[str] = set()  # the scenarios the jobs run
         yardsticks: dict[tuple, dict[str, str | None]] = {}  # calibrate_first's cells
         for overrides in jobs:  # fail before any work starts, naming the job
-            cfg = loader.load_sweep_config(config, list(overrides))
+            try:
+                cfg = loader.load_sweep_config(config, list(overrides))
+            except Exception as e:  # noqa: BLE001 - Hydra would only warn of it (a callback's)
+                line = composition_error(e)
+                if line is None:
+                    raise
+                print(f"fxtrack: invalid config in job [{' '.join(overrides)}]: {line}",
+                      file=sys.stderr)
+                sys.exit(2)
             with read_write(cfg), open_dict(cfg):
                 del cfg["hydra"]
             swept.add(str(cfg.scenario.name))
