@@ -158,7 +158,8 @@ class Job:
             result.tags["config_id"] = config_id(config)
             result.dump(Path(spec.result_path))  # the final word, timeouts and signals included
             summary = records.summary_line(name, result)
-            opened = records.with_context(opened)  # a worker that never started: meanwhile did not run
+            # a worker that never started: meanwhile did not run
+            opened = records.with_context(opened)
             self.last_record = record = records.close_record(opened, spec, result, summary)
             artifacts = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config)),
                          "result.json": Path(spec.result_path),
@@ -194,7 +195,8 @@ class Job:
         self.last_record = record = records.job_record(
             spec, result, config, self.uri, self.conf.tracking.experiment, parent,
             int(time.time() * 1000), name, records.summary_line(name, result))
-        return self.tracker.log(record, {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config))})[0]
+        files = {"config.yaml": OmegaConf.to_yaml(OmegaConf.create(config))}
+        return self.tracker.log(record, files)[0]
 
     def hold(self, spec: JobSpec, job_dir: Path, config: dict, opened: dict) -> Path | None:
         """The run's fallback in the spool while its worker runs (``spool.hold``): if this

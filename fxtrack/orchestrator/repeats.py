@@ -163,8 +163,8 @@ def _open(job, job_dir, aggregate: str, parent: Optional[str], jobs_dir, entries
     from fxtrack.tracking import records
 
     name, tags = _name_and_tags(job, job_dir)
-    job.tracker.log(records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name, tags,
-                                  "RUNNING", parent), {})
+    job.tracker.log(records.parent_record(aggregate, job.uri, job.conf.tracking.experiment, name,
+                                          tags, "RUNNING", parent), {})
     _OPEN[aggregate] = _Open(job, parent, jobs_dir, entries)
 
 

@@ -60,7 +60,8 @@ def _run_worker(inner):
     def run_worker(*args, **kwargs):
         if not done:
             done.append(True)
-            _write("orchestrator", _frames(sys._getframe(1)) + ["orchestrator/runner.py:run_worker"])
+            own = "orchestrator/runner.py:run_worker"
+            _write("orchestrator", _frames(sys._getframe(1)) + [own])
         return inner(*args, **kwargs)
     return run_worker
 
