@@ -41,6 +41,8 @@ built and warmed up one at a time, then timed ``--steps`` steps per round, the a
 rotated round to round, while the others wait. Reported: each arm's median samples/s with the
 95% t interval of the mean log throughput, and each arm's ratio to the reference's best per
 round (paired), its median and the 95% t interval of the mean log ratio (fxtrack/stats.py).
+``--control`` adds the reference's best once more, in a process of its own: its ratio is what
+two processes of one model read apart here, the floor under any other arm's difference.
 
     pip install transformers keras-hub          # the references; torchvision for ResNet-50 (torch)
     # no CPU torchvision for torch 2.13 on this index: its CUDA wheel's model code, off the venv
@@ -427,9 +429,11 @@ def missing(row: str) -> str | None:
     return None if importlib.util.find_spec(module) else f"{module.replace('_', '-')} not installed"
 
 
-def arms_of(row: str, modes: str, precision: str) -> list[tuple[str, dict]]:
+def arms_of(row: str, modes: str, precision: str,
+            control: bool = False) -> list[tuple[str, dict]]:
     """(label, arm spec) for the row's arms at ``precision``: the reference's best first (the
-    ratios' base)."""
+    ratios' base). ``control``: the same reference at its best again, in a process of its own,
+    last: its ratio is what the bench reads between two processes of one model (its noise)."""
     model, framework, reference, default, best, _ = ROWS[row]
     arms = [(f"{reference} {best}", dict(kind="reference", reference=reference, mode=best)),
             ("fxtrack auto", dict(kind="fxtrack", mode="auto"))]
@@ -437,6 +441,8 @@ def arms_of(row: str, modes: str, precision: str) -> list[tuple[str, dict]]:
         arms += [("fxtrack compile=true", dict(kind="fxtrack", mode="true")),
                  (f"{reference} {default}", dict(kind="reference", reference=reference,
                                                  mode=default))]
+    if control:
+        arms.append((f"{reference} {best} (control)", dict(arms[0][1])))
     return [(label, dict(spec, model=model, framework=framework, precision=precision,
                          keras_backend=keras_backend(row))) for label, spec in arms]
 
@@ -462,7 +468,7 @@ def measure_row(row: str, precision: str, args: argparse.Namespace) -> dict:
     arms: list[Arm] = []
     label = ""
     try:
-        for label, spec in arms_of(row, args.modes, precision):  # one at a time: no overlap
+        for label, spec in arms_of(row, args.modes, precision, args.control):  # one at a time
             arms.append(Arm(label, dict(spec, dims=dims, batch=batch, warmup=args.warmup), env))
         for r in range(args.rounds):
             for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
@@ -520,6 +526,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", choices=("best", "all"), default="best",
                         help="best: fxtrack's default vs the reference's best; all: also "
                              "fxtrack compile=true and the reference's default")
+    parser.add_argument("--control", action="store_true",
+                        help="add the reference's best again in a process of its own: its "
+                             "ratio is the bench's own noise between two processes")
     parser.add_argument("--image-size", type=int, default=None,
                         help="ViT's and ResNet-50's pixels (default 128; issue 26's table: 64)")
     parser.add_argument("--quick", action="store_true",

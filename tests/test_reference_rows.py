@@ -54,6 +54,19 @@ def test_every_row_has_fp32_and_bf16_arms(ref):
                 assert {a["precision"] for a in arms} == {precision}, row
 
 
+def test_the_control_arm_is_the_reference_again_after_the_others(ref):
+    """--control: the base arm's spec once more, last, so every ratio keeps its base and the
+    control's ratio is the bench's noise between two processes of one model."""
+    assert ref.parse(["--control"]).control and not ref.parse([]).control
+    for modes in ("best", "all"):
+        plain = ref.arms_of("vit-torch", modes, "bf16")
+        arms = ref.arms_of("vit-torch", modes, "bf16", control=True)
+        assert arms[:-1] == plain
+        (label, control) = arms[-1]
+        assert control == plain[0][1] and control is not plain[0][1]
+        assert label == f"{plain[0][0]} (control)"
+
+
 def test_precision_and_row_options(ref):
     assert ref.parse(["--precision", "bf16"]).precisions == ["bf16"]  # the old name still parses
     assert ref.parse(["--only", "*-keras-torch,resnet50-jax"]).rows == [
