@@ -1,8 +1,9 @@
 """Quiet-machine A/B in one process, the arms alternating: fxtrack's torch ViT (or BERT,
 MODEL=bert) as bench/reference.py builds it (compile=auto; its attention split along the
 features since 2026-12-07), the three-projection form of that attention (fx:sep, as Hugging
-Face's), and Hugging Face's model under torch.compile, at one precision (docs/measurements.md, "torch's
-ViT against Hugging Face's"). Arms: fx, fx:sep, ref; the last named is the base.
+Face's), the fused form with q, k and v made contiguous before SDPA (fx:contig), and Hugging
+Face's model under torch.compile, at one precision (docs/measurements.md, "torch's ViT against
+Hugging Face's"). Arms: fx, fx:sep, fx:contig, ref; the last named is the base.
 Printed per arm: its median step and the base's step time / the arm's, paired per round, as
 the geometric mean with the 95% t interval of the mean log ratio (fxtrack/stats.py).
 
@@ -46,7 +47,24 @@ class SepAttention(nn.Module):
         return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c))
 
 
-VARIANTS = {"sep": SepAttention}
+class ContigAttention(nn.Module):
+    """fxtrack's fused product, each of q, k, v copied to a contiguous (B, heads, T, head_dim)
+    tensor before SDPA (fx passes SDPA three strided views of the product)."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2).contiguous()
+                   for z in self.qkv(x).split(c, dim=-1))
+        return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c))
+
+
+VARIANTS = {"sep": SepAttention, "contig": ContigAttention}
 
 
 def main() -> None:
