@@ -3,6 +3,7 @@ fast with a clear message (through the real CLI, which stops before any work).""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from fxtrack import architectures
 from fxtrack.cli import CONF_DIR
 from fxtrack.config import register
 from fxtrack.config.validate import ConfigError, validate
+from fxtrack.worker.protocol import JobSpec
 
 
 def composed(*overrides: str):
@@ -53,12 +55,29 @@ def test_new_keys_reach_the_job_spec(tmp_path):
     conf, arch = validate(composed("framework=jax", "framework.compile=false", "precision=tf32",
                                    "hardware.cpu_threads=1", "parallel=fsdp", "memory=checkpoint",
                                    "runtime=onnxruntime", "quantize=dynamic_int8",
-                                   "scenario=inference", "devices=2"))
+                                   "scenario=inference", "devices=2", "seed=3", "batch_size=4",
+                                   "steps=5", "warmup_steps=2", "verbose=true",
+                                   "hardware.wait_for_idle_s=1.5", "hardware.gpu_isolation=error"))
     spec = job_spec(conf, arch, tmp_path)
+    assert (spec.framework, spec.package, spec.scenario, spec.devices, spec.launcher) == (
+        "jax", "fxtrack.frameworks.jax", "inference", 2, "process")
+    assert (spec.seed, spec.batch_size, spec.steps, spec.warmup_steps, spec.verbose) == (
+        3, 4, 5, 2, True)
+    assert (spec.wait_for_idle_s, spec.gpu_isolation, spec.hardware) == (1.5, "error", "auto")
     assert (spec.compile, spec.compile_request, spec.precision, spec.cpu_threads) == (
         False, "false", "tf32", 1)
     assert (spec.parallel, spec.memory, spec.runtime, spec.quantize) == (
         "fsdp", "checkpoint", "onnxruntime", "dynamic_int8")
+    # every field JobSpec reads from the config names a key the typed config has, and holds its
+    # value there (the config reaches the worker as JobSpec declares it, not copied by hand)
+    plain = OmegaConf.to_container(OmegaConf.structured(conf), resolve=True, enum_to_str=True)
+    read = {f.name: f.metadata["config"] for f in dataclasses.fields(JobSpec) if "config" in f.metadata}
+    assert len(read) >= 20 and "framework.package" in read.values()
+    for name, key in read.items():
+        value = plain
+        for part in key.split("."):
+            value = value[part]
+        assert getattr(spec, name) == value, (name, key)
 
 
 @pytest.mark.parametrize("model", architectures.models())

@@ -25,21 +25,14 @@ from fxtrack.tracking.tracker import Tracker
 
 
 def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> JobSpec:
+    """The worker's spec of ``conf``: its values where JobSpec names their keys, and what the
+    config does not hold (the run's id, runner, architecture, result path, the resolved
+    compile choice, the framework's own settings, the refusal rules' device kind)."""
     fw = conf.framework
-    return JobSpec(
-        result_id=uuid.uuid4().hex, framework=fw.name, package=fw.package,
-        scenario=conf.scenario.name, runner=scenarios.get(conf.scenario.name).runner_path,
-        arch=arch.to_json(),
-        precision=conf.precision.name, hardware=conf.hardware.name, devices=conf.devices,
-        compile=fw.compile != "false", compile_request=fw.compile,
-        seed=conf.seed, batch_size=conf.batch_size, steps=conf.steps,
-        warmup_steps=conf.warmup_steps, result_path=str(job_dir / "result.json"),
-        verbose=conf.verbose, progress=sys.stderr.isatty() or bool(os.environ.get("FXTRACK_PROGRESS")),
-        launcher=fw.launcher, nodes=conf.hardware.nodes, node_rank=conf.hardware.node_rank,
-        coordinator=conf.hardware.coordinator, cpu_threads=conf.hardware.cpu_threads,
-        wait_for_idle_s=conf.hardware.wait_for_idle_s,
-        gpu_isolation=conf.hardware.gpu_isolation, parallel=conf.parallel.value,
-        memory=conf.memory.value, runtime=conf.runtime.value, quantize=conf.quantize.value,
+    return JobSpec.from_config(
+        conf, result_id=uuid.uuid4().hex, runner=scenarios.get(conf.scenario.name).runner_path,
+        arch=arch.to_json(), compile=fw.compile != "false", result_path=str(job_dir / "result.json"),
+        progress=sys.stderr.isatty() or bool(os.environ.get("FXTRACK_PROGRESS")),
         options=conf.scenario,  # the scenario's typed options; JSON across the boundary
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
         data=dataclasses.asdict(conf.data),

@@ -5,45 +5,59 @@ needs neither Hydra nor MLflow, and the gate the worker waits at once its model 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import json
 import os
 from pathlib import Path
 from typing import Any, Optional
 
 
+def _config(key: str, **kw: Any) -> Any:
+    """A JobSpec field that is the resolved config's ``key`` (dotted), as it is there."""
+    return dataclasses.field(metadata={"config": key}, **kw)
+
+
 @dataclasses.dataclass
 class JobSpec:
+    """One job as the worker runs it: the resolved config's values it reads (each field marked
+    ``_config`` names its key there, and ``from_config`` fills them all), the architecture, the
+    scenario's options, where the result goes, and what the orchestrator decided for this run."""
+
     result_id: str  # unique per run; becomes the fxtrack.result_id tag
-    framework: str
-    package: str  # the framework's package (fxtrack.frameworks.<name>): its declaration
-    scenario: str
+    framework: str = _config("framework.name")
+    package: str = _config("framework.package")  # fxtrack.frameworks.<name>: its declaration
+    scenario: str = _config("scenario.name")  # a driver's own runs change it (fit, scaling)
     runner: str  # "module:function" of the scenario
     arch: dict[str, Any]  # fxtrack.architectures.Arch.to_json()
-    precision: str  # fp32 | tf32 | bf16 | fp16
-    hardware: str  # auto | cpu | gpu
-    devices: int
+    precision: str = _config("precision.name")  # fp32 | tf32 | bf16 | fp16
+    hardware: str = _config("hardware.name")  # auto | cpu | gpu
+    devices: int = _config("devices")  # a scaling sweep's runs change it
     compile: bool  # resolved in the worker from compile_request (fxtrack.policy) before build
-    seed: int
-    batch_size: Optional[int]  # None: the model's default on the device (families.Model)
-    steps: Optional[int]
-    warmup_steps: Optional[int]
+    seed: int = _config("seed")
+    # None: the model's default on the device (families.Model)
+    batch_size: Optional[int] = _config("batch_size")
+    steps: Optional[int] = _config("steps")
+    warmup_steps: Optional[int] = _config("warmup_steps")
     result_path: str
-    verbose: bool = False
+    verbose: bool = _config("verbose", default=False)
     progress: bool = True
-    launcher: str = "process"  # see FrameworkConfig.launcher
-    nodes: int = 1
-    node_rank: int = 0
-    coordinator: Optional[str] = None  # host:port of node 0
+    launcher: str = _config("framework.launcher", default="process")  # FrameworkConfig.launcher
+    nodes: int = _config("hardware.nodes", default=1)
+    node_rank: int = _config("hardware.node_rank", default=0)
+    coordinator: Optional[str] = _config("hardware.coordinator", default=None)  # node 0's host:port
     options: dict[str, Any] = dataclasses.field(default_factory=dict)  # scenario knobs
-    compile_request: str = "auto"  # framework.compile as asked: auto | true | false
-    cpu_threads: Optional[int] = None  # None: the cores this process may use
-    wait_for_idle_s: float = 0.0
-    gpu_isolation: str = "warn"  # warn | error | wait (hardware.gpu_isolation)
+    # framework.compile as asked: auto | true | false
+    compile_request: str = _config("framework.compile", default="auto")
+    # None: the cores this process may use
+    cpu_threads: Optional[int] = _config("hardware.cpu_threads", default=None)
+    wait_for_idle_s: float = _config("hardware.wait_for_idle_s", default=0.0)
+    # warn | error | wait
+    gpu_isolation: str = _config("hardware.gpu_isolation", default="warn")
     repeat: int = 0  # which of `repeats` this worker is (fxtrack.repeat)
-    parallel: str = "ddp"  # ddp | fsdp
-    memory: str = "none"  # none | checkpoint
-    runtime: str = "native"  # inference runtime
-    quantize: str = "none"  # none | dynamic_int8
+    parallel: str = _config("parallel", default="ddp")  # ddp | fsdp
+    memory: str = _config("memory", default="none")  # none | checkpoint
+    runtime: str = _config("runtime", default="native")  # inference runtime
+    quantize: str = _config("quantize", default="none")  # none | dynamic_int8
     # framework.<key> of the keys only this framework declares (Framework.settings)
     framework_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     # data.<key> (fxtrack.data): name, path, label, holdout; synthetic: today's batches
@@ -55,6 +69,20 @@ class JobSpec:
     # None (unknown then: hardware=auto with a GPU; or a spec written by other means): the
     # worker runs them once it knows the kind
     refusals_checked: Optional[str] = None
+
+    @classmethod
+    def from_config(cls, config: Any, **rest: Any) -> "JobSpec":
+        """The spec of a resolved config (any object whose attributes hold the keys: the typed
+        config), every ``_config`` field read from its key (an enum as its value); ``rest``:
+        the fields the config does not hold."""
+        def at(key: str) -> Any:
+            value = config
+            for part in key.split("."):
+                value = getattr(value, part)
+            return value.value if isinstance(value, enum.Enum) else value
+
+        return cls(**{f.name: at(f.metadata["config"]) for f in dataclasses.fields(cls)
+                      if "config" in f.metadata}, **rest)
 
     def dump(self, path: Path) -> None:
         path.write_text(json.dumps(dataclasses.asdict(self), indent=2))
