@@ -106,18 +106,26 @@ def all_cores() -> set[int]:
 # The heaviest test files first, so the two xdist workers finish together: --dist loadfile hands
 # out files in order (xdist's default order, by test count, put the 63 s test_tracking_team
 # last, and one worker ran it alone for 81 s while the other's core idled). Seconds per file
-# summed over its tests in one `.ci/run`-style run on the 2-core Xeon (2026-12-06; test_slurm from
-# the run before, whose cluster was up); a file not listed (under 25 s) runs after these.
+# summed over its tests in one `.ci/run`-style run (JUnit XML) on the 2-core AMD EPYC
+# (2026-12-07); a file not listed (under 20 s) runs after these.
 FILE_SECONDS = {
-    "test_conformance.py": 201, "test_keras.py": 167, "test_converge.py": 158,
-    "test_nothing_lost.py": 107, "test_byom_examples.py": 101, "test_jax.py": 96,
-    "test_fairness.py": 89, "test_measurement.py": 82, "test_byom_stateful.py": 76,
-    "test_tracking.py": 72, "test_byom.py": 72, "test_tensorflow.py": 67, "test_slurm.py": 65,
-    "test_tracking_team.py": 64, "test_memory_levers.py": 58, "test_tracking_trust.py": 57,
-    "test_scaling.py": 57, "test_cli.py": 56, "test_byom_levers.py": 46, "test_compare.py": 40,
-    "test_claims.py": 39, "test_profile.py": 38, "test_from_run.py": 38, "test_batching.py": 37,
-    "test_serve.py": 35, "test_torch.py": 34, "test_llama_jax.py": 33, "test_runtimes.py": 33,
-    "test_system_metrics.py": 30, "test_tracking_ui.py": 29}
+    "test_converge.py": 403, "test_conformance.py": 373, "test_keras.py": 264,
+    "test_nothing_lost.py": 243, "test_jax.py": 221, "test_byom_examples.py": 181,
+    "test_tracking_team.py": 166, "test_measurement.py": 164, "test_fairness.py": 164,
+    "test_byom.py": 155, "test_repeats_chaos.py": 149, "test_tracking.py": 148,
+    "test_byom_stateful.py": 140, "test_serve_outputs.py": 139, "test_scaling.py": 132,
+    "test_tensorflow.py": 128, "test_memory_levers.py": 114, "test_slurm.py": 112,
+    "test_batching.py": 106, "test_tracking_trust.py": 102, "test_byom_levers.py": 99,
+    "test_claims.py": 95, "test_compare.py": 90, "test_serve.py": 88, "test_cli.py": 86,
+    "test_secrets.py": 85, "test_from_run.py": 81, "test_tracking_ui.py": 81,
+    "test_profile.py": 77, "test_torch.py": 71, "test_llama_jax.py": 69, "test_answer.py": 67,
+    "test_byom_pipeline.py": 66, "test_system_metrics.py": 65, "test_runtimes.py": 61,
+    "test_first_hour.py": 56, "test_calibration.py": 48, "test_figures.py": 45,
+    "test_tracking_load.py": 43, "test_overhead.py": 42, "test_packaging.py": 38,
+    "test_llama_torch.py": 36, "test_tracking_faults.py": 33, "test_byom_lm.py": 29,
+    "test_byom_checkpoint.py": 27, "test_concurrency_search.py": 27, "test_fit.py": 27,
+    "test_unsupported.py": 25, "test_bad_inputs.py": 25, "test_report.py": 21,
+    "test_mfu_bench.py": 21}
 
 
 def pytest_collection_modifyitems(config, items):
