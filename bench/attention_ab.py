@@ -29,6 +29,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
 from fxtrack import stats  # noqa: E402
+from fxtrack.frameworks.torch.models import SelfAttention as FusedAttention  # noqa: E402
 
 
 class SepAttention(nn.Module):
@@ -47,15 +48,9 @@ class SepAttention(nn.Module):
         return self.proj(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, t, c))
 
 
-class ContigAttention(nn.Module):
+class ContigAttention(FusedAttention):
     """fxtrack's fused product, each of q, k, v copied to a contiguous (B, heads, T, head_dim)
     tensor before SDPA (fx passes SDPA three strided views of the product)."""
-
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
