@@ -71,7 +71,8 @@ def test_new_keys_reach_the_job_spec(tmp_path):
     # every field JobSpec reads from the config names a key the typed config has, and holds its
     # value there (the config reaches the worker as JobSpec declares it, not copied by hand)
     plain = OmegaConf.to_container(OmegaConf.structured(conf), resolve=True, enum_to_str=True)
-    read = {f.name: f.metadata["config"] for f in dataclasses.fields(JobSpec) if "config" in f.metadata}
+    read = {f.name: f.metadata["config"] for f in dataclasses.fields(JobSpec)
+            if "config" in f.metadata}
     assert len(read) >= 20 and "framework.package" in read.values()
     for name, key in read.items():
         value = plain

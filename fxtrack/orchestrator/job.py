@@ -31,7 +31,8 @@ def job_spec(conf: FxtrackConfig, arch: architectures.Arch, job_dir: Path) -> Jo
     fw = conf.framework
     return JobSpec.from_config(
         conf, result_id=uuid.uuid4().hex, runner=scenarios.get(conf.scenario.name).runner_path,
-        arch=arch.to_json(), compile=fw.compile != "false", result_path=str(job_dir / "result.json"),
+        arch=arch.to_json(), compile=fw.compile != "false",
+        result_path=str(job_dir / "result.json"),
         progress=sys.stderr.isatty() or bool(os.environ.get("FXTRACK_PROGRESS")),
         options=conf.scenario,  # the scenario's typed options; JSON across the boundary
         framework_settings={key: getattr(fw, key) for key in declaration(fw.package).settings},
