@@ -283,7 +283,8 @@ def open_record(spec: JobSpec, config: dict[str, Any], uri: str, experiment: str
     (their import, about 0.8 s, must not delay a fallback held before the worker starts: add
     them later with run_tags). Built once per run; close_record gives it its outcome."""
     return {"kind": "job", "result_id": spec.result_id,
-            **_target(uri, experiment, parent_result_id), "run_name": name or run_name(spec), "parent_result_id": parent_result_id,
+            **_target(uri, experiment, parent_result_id), "run_name": name or run_name(spec),
+            "parent_result_id": parent_result_id,
             "start_time_ms": start_time_ms, "params": config_params(config),
             "tags": run_tags() if context else {}, "context": context}
 
