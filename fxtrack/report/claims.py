@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import sys
 from pathlib import Path
@@ -175,7 +176,14 @@ class Verdict:
     status: str
     detail: str
     run_ids: list[str] = dataclasses.field(default_factory=list)
-    commands: list[str] = dataclasses.field(default_factory=list)
+    machine: str = "cpu"  # the machine kind its commands are planned for
+
+    @functools.cached_property
+    def commands(self) -> list[str]:
+        """The lines that would measure the claim here, each checked as a run is (a Hydra
+        composition per cell: seconds for all claims). Planned when asked, by ``claims``: the
+        report's section shows verdicts only, and planned them for nothing at every sweep's end."""
+        return plan(self.claim, self.machine)
 
 
 @dataclasses.dataclass
@@ -338,27 +346,26 @@ def evaluate(claim: Claim, frame: pd.DataFrame, machine: str) -> Verdict:
         # e.g. no device-memory figure on a CPU: the ratio form may still stand on peak RSS
         alt = rank(groups(claim, frame, claim.fallback))
         found, metric = (alt, claim.fallback) if alt else (found, metric)
-    commands = plan(claim, machine)
     if not found:
-        return Verdict(claim, UNMEASURED, "no runs of its arms yet", [], commands)
+        return Verdict(claim, UNMEASURED, "no runs of its arms yet", [], machine)
     best = found[0]
     lacking = _on_claimed_hardware(claim, best)
     where = f"measured on {_under(best)}"
     if claim.test == "on_device" and lacking:
         return Verdict(claim, UNTESTABLE, f"{lacking}; here ({_under(best)}, {metric}) "
-                       f"{_ratio_form(claim, best)}", best.run_ids, commands)
+                       f"{_ratio_form(claim, best)}", best.run_ids, machine)
     if metric != claim.metric:  # the claimed hardware, but only the fallback figure: no verdict
         return Verdict(claim, UNTESTABLE, f"no {claim.metric} in these runs; {metric} "
-                       f"{_ratio_form(claim, best)}; {where}", best.run_ids, commands)
+                       f"{_ratio_form(claim, best)}; {where}", best.run_ids, machine)
     if not best.complete:
         missing = [claim.label(a) for a, s in zip(claim.arms, best.samples) if s is None]
         return Verdict(claim, UNMEASURED, f"{', '.join(missing)} not measured yet ({where})",
-                       best.run_ids, commands)
+                       best.run_ids, machine)
     if claim.kind in ("ratio", "lever"):
         status, text = _judge_ratio(claim, best)
     else:
         status, text = _judge_figures(claim, best)
-    return Verdict(claim, status, f"{text}; {where}", best.run_ids, commands)
+    return Verdict(claim, status, f"{text}; {where}", best.run_ids, machine)
 
 
 # --- the report section and the command -------------------------------------------------------
