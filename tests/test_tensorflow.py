@@ -362,3 +362,27 @@ def test_continuous_slots_decode_each_request_as_its_own_greedy_run(compiled):
             seq[0, length + i] = int(np.argmax(logits[0, length + i - 1]))
         assert got[name] == seq[0, length:length + len(got[name])].tolist(), name
     assert len(set(got["a"] + got["b"])) > 2  # not one repeated token: the check can fail
+
+
+@pytest.mark.parametrize("framework", ["tensorflow", "keras"])
+def test_a_tensorflow_worker_imports_no_jax_yet_a_model_may(framework):
+    """``import tensorflow`` brought all of JAX along, for TFLite's from_jax and a Keras shim for
+    an older JAX (about 1 s per worker: fxtrack.frameworks.tf_import); the worker's hook refuses
+    those two importers only, so a user's own ``import jax`` still works."""
+    settings = {"keras_backend": "tensorflow"} if framework == "keras" else {}
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, "tests")
+        from conftest import job_spec
+        from fxtrack.worker.__main__ import prepare_environment
+        prepare_environment(job_spec({framework!r}, "vit", framework_settings={settings!r}))
+        import keras, tensorflow
+        print("jax with tensorflow:", "jax" in sys.modules, keras.backend.backend())
+        import jax.numpy as jnp
+        print("jax after:", float(jnp.ones(3).sum()))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines() == ["jax with tensorflow: False tensorflow", "jax after: 3.0"]
