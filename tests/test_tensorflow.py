@@ -367,8 +367,8 @@ def test_continuous_slots_decode_each_request_as_its_own_greedy_run(compiled):
 @pytest.mark.parametrize("framework", ["tensorflow", "keras"])
 def test_a_tensorflow_worker_imports_no_jax_yet_a_model_may(framework):
     """``import tensorflow`` brought all of JAX along, for TFLite's from_jax and a Keras shim for
-    an older JAX (about 1 s per worker: fxtrack.frameworks.tf_import); the worker's hook refuses
-    those two importers only, so a user's own ``import jax`` still works."""
+    an older JAX (0.4 s and 100 MB of a tiny run: fxtrack.frameworks.tf_import); the worker's
+    hook refuses those two importers only, so a user's own ``import jax`` still works."""
     settings = {"keras_backend": "tensorflow"} if framework == "keras" else {}
     code = textwrap.dedent(f"""
         import sys

@@ -1,8 +1,8 @@
 """TensorFlow's import without the JAX imports two of its modules make for nothing fxtrack calls:
-where JAX is installed, ``import tensorflow`` (and Keras on it) imported all of JAX too, about
-1 s of CPU and 110 MB of RSS in every TensorFlow worker (docs/measurements.md, "TensorFlow's
-import without JAX", 2026-12-07). No TensorFlow import here: the declarations'
-``prepare_environment`` hooks call ``skip_tflite_jax`` before it."""
+where JAX is installed, ``import tensorflow`` (and Keras on it) imported all of JAX too, 0.4 s of
+a tiny run's wall and about 100 MB of its RSS (docs/measurements.md, "A sweep's end without the
+claims' plans; TensorFlow without JAX"). No TensorFlow import here: the declarations'
+``prepare_environment`` hooks call ``skip_optional_jax`` before it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ IMPORTERS = {
 }
 
 
-class _NoJaxForTFLite:
+class _RefuseOptionalJax:
     """A ``sys.meta_path`` finder that refuses ``jax`` to ``IMPORTERS`` only."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Optional[Any]:
@@ -32,8 +32,8 @@ class _NoJaxForTFLite:
         return None
 
 
-def skip_tflite_jax() -> None:
+def skip_optional_jax() -> None:
     """Refuse those optional JAX imports in this process (once; JAX imported already: nothing
     to save)."""
-    if "jax" not in sys.modules and not any(isinstance(f, _NoJaxForTFLite) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoJaxForTFLite())
+    if "jax" not in sys.modules and not any(isinstance(f, _RefuseOptionalJax) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RefuseOptionalJax())

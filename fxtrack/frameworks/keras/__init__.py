@@ -9,7 +9,7 @@ from typing import Any, MutableMapping
 
 from fxtrack import policy
 from fxtrack.frameworks.declaration import CompileRule, Framework, Limit, Setting, append_xla_flag
-from fxtrack.frameworks.tf_import import skip_tflite_jax
+from fxtrack.frameworks.tf_import import skip_optional_jax
 
 KERAS_BACKENDS = ("jax", "torch", "tensorflow")
 ONE_DEVICE = ("keras.distribution.DataParallel (JAX only) shards one global batch with batch "
@@ -39,7 +39,7 @@ def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
     env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # JAX: peak memory, not the pool
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")  # TF: likewise
     if name == "tensorflow":
-        skip_tflite_jax()  # TensorFlow's import brought JAX along for nothing
+        skip_optional_jax()  # TensorFlow's import brought JAX along for nothing
     # XLA:CPU takes no thread count: at one thread its multi-threaded Eigen path is switched off
     # (as framework=jax does)
     if name == "jax" and policy.threads_per_process(policy.cpu_threads(spec.cpu_threads)) == 1:

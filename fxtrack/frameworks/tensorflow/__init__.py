@@ -4,7 +4,7 @@ fxtrack.frameworks.declaration)."""
 from typing import Any, MutableMapping
 
 from fxtrack.frameworks.declaration import CompileRule, Framework, Limit
-from fxtrack.frameworks.tf_import import skip_tflite_jax
+from fxtrack.frameworks.tf_import import skip_optional_jax
 
 # Refused before any work (the Limit below) and by parallel.strategy as a backstop.
 ONE_REPLICA_PER_CPU_WORKER = ("its MultiWorkerMirroredStrategy runs one replica per CPU worker; "
@@ -15,7 +15,7 @@ def prepare_environment(spec: Any, env: MutableMapping[str, str]) -> None:
     """What TensorFlow reads when it starts: grow GPU memory as needed (the peak, not the pool);
     and no JAX imported with it."""
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-    skip_tflite_jax()
+    skip_optional_jax()
 
 
 # Where each compile rule's figure, interval, machine and command live (or its source)
