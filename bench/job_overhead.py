@@ -33,6 +33,12 @@ per phase: each arm's median and the paired difference's median [95% t interval 
 
     python bench/job_overhead.py --frameworks torch --rounds 8 --itemise
 
+``--new-store`` gives every fxtrack run a store that does not exist yet, as a first run in a
+new directory has (the README's command on a fresh checkout): the store's creation is timed
+with the job.
+
+    python bench/job_overhead.py --frameworks torch --rounds 8 --new-store --compare-root /tmp/before
+
 Target (issue 26): fxtrack at most ~1.5 s above the bare script per tiny job.
 """
 
@@ -109,8 +115,14 @@ def with_root(env: dict[str, str], root: Path) -> dict[str, str]:
     return dict(env, PYTHONPATH=os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")])))
 
 
+NEW_STORE = "{new store}"  # in a command: a store path no run has used
+
+
 def timed_run(cmd: list[str], cwd: Path, env: dict[str, str]) -> float | dict[str, float]:
     """The run's wall time; with marks (``FXTRACK_BENCH_MARKS`` in ``env``), its phases."""
+    if any(NEW_STORE in c for c in cmd):
+        store = Path(tempfile.mkdtemp(prefix="store-", dir=cwd)) / "mlflow.db"
+        cmd = [c.replace(NEW_STORE, str(store)) for c in cmd]
     marks = env.get("FXTRACK_BENCH_MARKS")
     if marks:
         Path(marks).unlink(missing_ok=True)
@@ -173,16 +185,19 @@ def phases(text: str, start: float, end: float) -> dict[str, float]:
 
 
 def arms_of(framework: str, scratch: Path, compare: Path | None = None,
-            itemise: bool = False) -> dict[str, tuple[list[str], dict[str, str]]]:
+            itemise: bool = False, new_store: bool = False
+            ) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Each arm's command and environment: fxtrack's tiny job, the bare script, and fxtrack
-    from ``compare``; with ``itemise``, every process marks its phases (bench/marks)."""
+    from ``compare``; with ``itemise``, every process marks its phases (bench/marks); with
+    ``new_store``, each fxtrack run creates its store."""
     env = with_root(dict(os.environ, FXTRACK_HOME=str(scratch / "home")), ROOT)  # a scratch
     env.pop("MLFLOW_TRACKING_URI", None)  # spool; the peak FLOP/s cache is the user's own
     if itemise:
         env = dict(with_root(env, MARKS), FXTRACK_BENCH_MARKS=str(scratch / "marks.txt"))
     spec = compose_spec(framework, scratch)
     fx = [sys.executable, "-m", "fxtrack", f"framework={framework}", *OVERRIDES,
-          f"tracking.uri=sqlite:///{scratch / 'mlflow.db'}", "tracking.experiment=overhead"]
+          f"tracking.uri=sqlite:///{NEW_STORE if new_store else scratch / 'mlflow.db'}",
+          "tracking.experiment=overhead"]
     arms = {"fxtrack": (fx, env),
             "bare": ([sys.executable, str(Path(__file__).resolve()), "--bare", str(spec)], env)}
     if compare is not None:
@@ -191,8 +206,8 @@ def arms_of(framework: str, scratch: Path, compare: Path | None = None,
 
 
 def measure(framework: str, rounds: int, scratch: Path, compare: Path | None = None,
-            itemise: bool = False) -> dict:
-    arms = arms_of(framework, scratch, compare, itemise)
+            itemise: bool = False, new_store: bool = False) -> dict:
+    arms = arms_of(framework, scratch, compare, itemise, new_store)
     for cmd, arm_env in arms.values():  # untimed: file cache, the store, a calibration
         timed_run(cmd, scratch, arm_env)
     got: dict[str, list[float]] = {arm: [] for arm in arms}
@@ -252,6 +267,8 @@ def main() -> None:
     parser.add_argument("--itemise", action="store_true",
                         help="time each phase of both arms (bench/marks) and print where the "
                              "difference goes")
+    parser.add_argument("--new-store", action="store_true",
+                        help="every fxtrack run creates its store, as a first run does")
     parser.add_argument("--bare", metavar="SPEC", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.bare:
@@ -264,8 +281,10 @@ def main() -> None:
             print(f"{fw}: not installed, skipped")
             continue
         with tempfile.TemporaryDirectory(prefix="fxtrack-overhead-") as tmp:
-            rows.append(measure(fw, args.rounds, Path(tmp), args.compare_root, args.itemise))
-    print(f"\n{' '.join(OVERRIDES)}, whole-process wall time, {args.rounds} paired rounds, "
+            rows.append(measure(fw, args.rounds, Path(tmp), args.compare_root, args.itemise,
+                                args.new_store))
+    store = ", each fxtrack run on a new store" if args.new_store else ""
+    print(f"\n{' '.join(OVERRIDES)}{store}, whole-process wall time, {args.rounds} paired rounds, "
           f"{os.cpu_count()} cores; difference = fxtrack - bare per round: median [95% t interval "
           "of the mean]")
     print(f"{'framework':<22} {'rounds':>6} {'fxtrack s':>11} {'bare s':>8}  {'difference s':<24} "

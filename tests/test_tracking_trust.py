@@ -262,6 +262,42 @@ def test_four_first_runs_on_a_new_sqlite_store_all_land(home, tmp_path):
     assert len(runs(uri)) == 4
 
 
+def test_a_new_sqlite_store_appears_whole_and_opens_with_sqlites_defaults(home, tmp_path,
+                                                                        monkeypatch):
+    """A new store is built unjournaled beside its name and renamed onto it: a build cut short
+    leaves no store and no part file, a stale part of a killed build is removed, and the store
+    then writes with SQLite's own journal and fsyncs (nothing of the build's settings leaks)."""
+    import sqlite3
+
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    from fxtrack.tracking import runs
+
+    db = tmp_path / "new" / "mlflow.db"
+    uri = f"sqlite:///{db}"
+    real_init = SqlAlchemyStore.__init__
+
+    def cut_short(self, db_uri, *args, **kwargs):
+        real_init(self, db_uri, *args, **kwargs)
+        raise RuntimeError("the build is cut short")
+
+    monkeypatch.setattr(SqlAlchemyStore, "__init__", cut_short)
+    with pytest.raises(RuntimeError, match="cut short"):
+        client_for(uri)
+    assert sorted(p.name for p in db.parent.iterdir()) == ["mlflow.db.lock"]  # no store, no part
+    monkeypatch.setattr(SqlAlchemyStore, "__init__", real_init)
+
+    (db.parent / ".mlflow.db.building-1").write_text("a killed build's part")
+    runs._CLIENTS.pop(uri, None)
+    client = client_for(uri)
+    assert sorted(p.name for p in db.parent.iterdir()) == ["mlflow.db", "mlflow.db.lock"]
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    with SqlAlchemyStore._engine_map[uri].connect() as conn:  # the store's own pooled connection
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL, SQLite's default
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "delete"
+    assert sqlite3.connect(db).execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
 def test_a_locked_sqlite_store_keeps_the_entry_without_a_traceback(home, tmp_path):
     import sqlite3
 

@@ -41,6 +41,8 @@ def client_for(uri: str) -> MlflowClient:
             db = Path(uri[len("sqlite:///"):])
             db.parent.mkdir(parents=True, exist_ok=True)
             with FileLock(f"{db}.lock", timeout=600):
+                if not db.exists() or db.stat().st_size == 0:
+                    _build_sqlite_store(db)
                 _sqlite_store(uri)
         client = _CLIENTS[uri] = MlflowClient(uri)
     return client
@@ -53,6 +55,52 @@ def _sqlite_store(uri: str):
 
     root = (Path(uri[len("sqlite:///"):]).parent / "mlruns").as_uri()
     return _get_store(uri, artifact_uri=root)  # cached per (uri, root) by MLflow
+
+
+def _build_sqlite_store(db: Path) -> None:
+    """A new sqlite store built beside ``db`` and renamed onto it, whole: MLflow's ~100
+    migrations each commit, and each commit's fsync made a new store 10 s of wall where it
+    takes 4 (docs/measurements.md, 2026-12-08). The file under construction holds nothing
+    yet, so it is built without the journal and fsyncs (SQLite's ``synchronous=OFF``,
+    ``journal_mode=MEMORY``), synced once and renamed: a build cut short leaves no store,
+    never a half-migrated one. Its connections are closed before the store opens under its
+    own name with SQLite's defaults. Called under the store's lock."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    for stale in db.parent.glob(f".{db.name}.building-*"):  # a build killed before its rename
+        stale.unlink(missing_ok=True)
+    part = db.parent.resolve() / f".{db.name}.building-{os.getpid()}"
+    part_uri = f"sqlite:///{part}"
+
+    def unjournaled(dbapi_connection, _record) -> None:
+        if Path(dbapi_connection.execute("PRAGMA database_list").fetchone()[2]) == part:
+            dbapi_connection.execute("PRAGMA synchronous=OFF")
+            dbapi_connection.execute("PRAGMA journal_mode=MEMORY")
+
+    event.listen(Engine, "connect", unjournaled)
+    try:
+        try:
+            SqlAlchemyStore(part_uri, (db.parent / "mlruns").as_uri())
+        finally:  # the build's connections closed, whole or not
+            event.remove(Engine, "connect", unjournaled)
+            engine = SqlAlchemyStore._engine_map.pop(part_uri, None)
+            if engine is not None:
+                engine.dispose()
+        _fsync(part)
+        os.replace(part, db)
+        _fsync(db.parent)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def experiment_id(client: MlflowClient, name: str, uri: str) -> str:
