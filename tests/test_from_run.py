@@ -5,6 +5,7 @@ held-out split per runtime and quantize; bad model.from_run input is one line be
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,6 +66,39 @@ def test_a_converge_run_logs_its_trained_model(converged):
     assert "weights.npz" in files
     if ORT:  # torch exports ONNX: the same logged model has the mlflow.onnx flavour
         assert {"model.onnx", "MLmodel"} <= files
+
+
+def test_an_onnx_model_is_logged_with_its_flavours_requirements_not_inferred(tmp_path,
+                                                                          monkeypatch):
+    """The ONNX logged model's requirements are mlflow.onnx's own: MLflow's inference (the
+    model loaded in a Python process of its own) is never asked for them."""
+    onnx = pytest.importorskip("onnx")
+    import mlflow
+    from mlflow.utils import requirements_utils
+
+    from fxtrack.tracking import artifacts
+
+    def inferred(*args, **kwargs):
+        raise AssertionError("MLflow inferred the requirements in a process of its own")
+
+    monkeypatch.setattr(requirements_utils, "_infer_requirements", inferred)
+    value = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
+                                   [value], [onnx.helper.make_tensor_value_info(
+                                       "y", onnx.TensorProto.FLOAT, [1])])
+    path = tmp_path / "model.onnx"
+    onnx.save(onnx.helper.make_model(graph), str(path))
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    client = mlflow.MlflowClient(uri)
+    exp_id = client.create_experiment("x")
+    run_id = client.create_run(exp_id).info.run_id
+    artifacts.log_model(uri, exp_id, run_id, path)
+    (model,) = client.search_logged_models([exp_id])
+    got = mlflow.artifacts.download_artifacts(f"{model.artifact_location}/requirements.txt",
+                                              dst_path=str(tmp_path / "got"), tracking_uri=uri)
+    lines = [line for line in Path(got).read_text().splitlines()
+             if not line.startswith("mlflow")]
+    assert lines == mlflow.onnx.get_default_pip_requirements()
 
 
 @pytest.mark.slow
