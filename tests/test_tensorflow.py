@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 PARITY_MODELS = ("resnet50", "bert", "vit")
 # ResNet-50 at 32 px ends on a 1x1 map, where training-mode BN normalises over the batch alone
 # (4 values): the backward pass is so ill-conditioned that fp32 torch is itself 1.2% off the
-# float64 gradient norm (TF 0.2%; both agree to 1e-14 in float64). At 64 px (2x2 maps) fp32 is
-# within 3e-4 of float64 in both, so the parity tolerances test the implementation, not rounding.
-PARITY_OVERRIDES = {"resnet50": dict(image_size=64)}
+# float64 gradient norm (TF 0.2%; both agree to 1e-14 in float64). At 64 px (2x2 maps) an
+# AVX2-only AMD EPYC still put fp32 TF on one core 2.9e-3 off float64 (torch 8e-4); at 128 px
+# (4x4 maps) both are within 3.2e-4 of it on one core and on two (2026-12-08), so the parity
+# tolerances test the implementation, not rounding.
+PARITY_OVERRIDES = {"resnet50": dict(image_size=128)}
 
 
 def _count(model: keras.Model) -> int:
@@ -251,7 +253,11 @@ def test_bf16_matmul_under_xla_matches_the_plain_product(w_transposed):
     v3, _ = tf.function(value_and_grads(fast))(x, w)  # a plain graph: Keras' matmul
     assert dx1.dtype == tf.bfloat16 and dw1.dtype == tf.bfloat16 and dw1.shape == w.shape
     np.testing.assert_allclose(float(v1), float(v2), rtol=1e-2)
-    np.testing.assert_allclose(float(v3), float(v2), rtol=1e-2)
+    # Keras' bf16 matmul rounds its own way (oneDNN's kernel differs per CPU: 1.5% of this
+    # loss on an AVX2-only AMD EPYC): within the rounding bound of bf16 outputs, 2^-8 of each
+    # |y * g| summed, where a wrong product would be off by a multiple of it.
+    y = tf.matmul(tf.cast(x, tf.float32), tf.cast(w, tf.float32), transpose_b=w_transposed)
+    assert abs(float(v3) - float(v2)) <= 2.0 ** -8 * float(tf.reduce_sum(tf.abs(y * g)))
     for a, b in ((dx1, dx2), (dw1, dw2)):
         a, b = np.asarray(tf.cast(a, tf.float32)), np.asarray(tf.cast(b, tf.float32))
         assert np.abs(a - b).max() <= 2e-2 * np.abs(b).max()
