@@ -291,7 +291,8 @@ def test_a_new_sqlite_store_appears_whole_and_opens_with_sqlites_defaults(home, 
     runs._CLIENTS.pop(uri, None)
     client = client_for(uri)
     assert sorted(p.name for p in db.parent.iterdir()) == ["mlflow.db", "mlflow.db.lock"]
-    assert [e.name for e in client.search_experiments()] == ["Default"]
+    (default,) = client.search_experiments()  # its artifacts beside the store, as before
+    assert default.artifact_location == (db.parent / "mlruns" / "0").as_uri()
     with SqlAlchemyStore._engine_map[uri].connect() as conn:  # the store's own pooled connection
         assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL, SQLite's default
         assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "delete"

@@ -59,19 +59,19 @@ def _sqlite_store(uri: str):
 
 def _build_sqlite_store(db: Path) -> None:
     """A new sqlite store built beside ``db`` and renamed onto it, whole: MLflow's ~100
-    migrations each commit, and each commit's fsync made a new store 10 s of wall where it
-    takes 4 (docs/measurements.md, 2026-12-08). The file under construction holds nothing
-    yet, so it is built without the journal and fsyncs (SQLite's ``synchronous=OFF``,
-    ``journal_mode=MEMORY``), synced once and renamed: a build cut short leaves no store,
-    never a half-migrated one. Its connections are closed before the store opens under its
-    own name with SQLite's defaults. Called under the store's lock."""
+    migrations each commit with a journal file and an fsync, seconds of wall per new store
+    while other processes write (docs/measurements.md, 2026-12-08). The file under
+    construction holds nothing yet, so it is built without the journal and fsyncs (SQLite's
+    ``synchronous=OFF``, ``journal_mode=MEMORY``), synced once and renamed: a build cut short
+    leaves no store, never a half-migrated one. Its connections are closed before the store
+    opens under its own name with SQLite's defaults. Called under the store's lock."""
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
     from sqlalchemy import event
     from sqlalchemy.engine import Engine
 
     for stale in db.parent.glob(f".{db.name}.building-*"):  # a build killed before its rename
         stale.unlink(missing_ok=True)
-    part = db.parent.resolve() / f".{db.name}.building-{os.getpid()}"
+    part = db.parent.absolute() / f".{db.name}.building-{os.getpid()}"
     part_uri = f"sqlite:///{part}"
 
     def unjournaled(dbapi_connection, _record) -> None:
@@ -82,7 +82,7 @@ def _build_sqlite_store(db: Path) -> None:
     event.listen(Engine, "connect", unjournaled)
     try:
         try:
-            SqlAlchemyStore(part_uri, (db.parent / "mlruns").as_uri())
+            SqlAlchemyStore(part_uri, (part.parent / "mlruns").as_uri())  # as _sqlite_store
         finally:  # the build's connections closed, whole or not
             event.remove(Engine, "connect", unjournaled)
             engine = SqlAlchemyStore._engine_map.pop(part_uri, None)
