@@ -53,8 +53,12 @@ def _sqlite_store(uri: str):
     (``<db dir>/mlruns``, then ``<experiment id>/<run id>/artifacts``), whatever the cwd."""
     from mlflow.tracking._tracking_service.utils import _get_store
 
-    root = (Path(uri[len("sqlite:///"):]).parent / "mlruns").as_uri()
+    root = _artifact_root(Path(uri[len("sqlite:///"):]))
     return _get_store(uri, artifact_uri=root)  # cached per (uri, root) by MLflow
+
+
+def _artifact_root(db: Path) -> str:
+    return (db.parent / "mlruns").as_uri()
 
 
 def _build_sqlite_store(db: Path) -> None:
@@ -82,7 +86,7 @@ def _build_sqlite_store(db: Path) -> None:
     event.listen(Engine, "connect", unjournaled)
     try:
         try:
-            SqlAlchemyStore(part_uri, (part.parent / "mlruns").as_uri())  # as _sqlite_store
+            SqlAlchemyStore(part_uri, _artifact_root(part))  # the store's own, beside it
         finally:  # the build's connections closed, whole or not
             event.remove(Engine, "connect", unjournaled)
             engine = SqlAlchemyStore._engine_map.pop(part_uri, None)
